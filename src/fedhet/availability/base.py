@@ -1,0 +1,70 @@
+"""Who can take part in a round: the availability interface and the simple processes."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from pydantic import ConfigDict, Field, PrivateAttr
+from torch import Tensor
+
+from fedhet.registry import Component, Registry
+from fedhet.seeding import torch_gen
+
+
+class Availability(Component):
+    """A process over rounds that says which clients are online.
+
+    ``available(round_)`` is called once per round, in order; stateful processes (Markov chains) keep their
+    state in private attributes and expose it through ``state_dict`` for exact resumption.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+    _num_clients: int = PrivateAttr(0)
+    _seed: int = PrivateAttr(0)
+
+    def setup(self, num_clients: int, seed: int) -> None:
+        self._num_clients, self._seed = num_clients, seed
+
+    def available(self, round_: int) -> Tensor:
+        """A (K,) bool mask of the clients online in `round_`."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
+AVAILABILITY: Registry[Availability] = Registry("availability")
+
+
+@AVAILABILITY.register
+class Always(Availability):
+    """Every client is online in every round."""
+
+    name: ClassVar[str] = "always"
+    description: ClassVar[str] = "every client is available in every round"
+
+    def available(self, round_: int) -> Tensor:
+        return torch.ones(self._num_clients, dtype=torch.bool)
+
+
+@AVAILABILITY.register
+class Bernoulli(Availability):
+    """Client k is online independently in each round with probability p_k (one p for all, or a list)."""
+
+    name: ClassVar[str] = "bernoulli"
+    description: ClassVar[str] = "each client is online independently with probability p each round"
+    p: float | list[float] = Field(0.5, description="probability of being online (scalar or one per client)")
+
+    def _probabilities(self) -> Tensor:
+        p = torch.as_tensor(self.p, dtype=torch.float64).expand(self._num_clients)
+        if len(p) != self._num_clients or bool(((p < 0) | (p > 1)).any()):
+            raise ValueError(f"availability.p needs {self._num_clients} probabilities in [0, 1]")
+        return p
+
+    def available(self, round_: int) -> Tensor:
+        u = torch.rand(self._num_clients, generator=torch_gen(self._seed, "availability", round_), dtype=torch.float64)
+        return u < self._probabilities()

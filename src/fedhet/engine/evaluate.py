@@ -1,0 +1,72 @@
+"""Evaluation of models on every client's data in a few large batches, never client by client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.func import vmap
+
+from fedhet.data.dataset import ClientData
+from fedhet.engine.functional import FlatModel
+
+
+@dataclass
+class ClientScores:
+    """Per-client mean loss and accuracy (K,) of a model, and the client sizes they average over."""
+
+    loss: Tensor
+    accuracy: Tensor
+    count: Tensor
+
+
+@torch.no_grad()
+def score_clients(model: FlatModel, params: Tensor, data: ClientData, batch_size: int = 8192) -> ClientScores:
+    """Loss and accuracy of ONE model (P,) on every client's data: per-sample results scattered by owner."""
+    model.module.eval()
+    n, k = len(data.y), data.num_clients
+    loss_sum = torch.zeros(k, dtype=torch.float64)
+    correct = torch.zeros(k, dtype=torch.float64)
+    owner = data.owner
+    for lo in range(0, n, batch_size):
+        x, y = data.x[lo : lo + batch_size], data.y[lo : lo + batch_size]
+        logits = model.logits(params, x)
+        losses = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+        who = owner[lo : lo + batch_size]
+        loss_sum.index_add_(0, who, losses.double())
+        correct.index_add_(0, who, (logits.argmax(1) == y).double())
+    count = data.sizes.double()
+    denom = count.clamp_min(1)
+    return ClientScores((loss_sum / denom).float(), (correct / denom).float(), data.sizes)
+
+
+@torch.no_grad()
+def score_own_models(
+    model: FlatModel, params: Tensor, data: ClientData, clients: Tensor, chunk_size: int = 64
+) -> ClientScores:
+    """Loss and accuracy of client i's OWN model params[i] on client clients[i]'s data (vmap over padded data)."""
+    model.module.eval()
+    m = len(clients)
+    loss, acc = torch.zeros(m), torch.zeros(m)
+    sizes = data.sizes[clients]
+
+    def one(w: Tensor, x: Tensor, y: Tensor, wt: Tensor) -> tuple[Tensor, Tensor]:
+        logits = model.logits(w, x)
+        per = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+        denom = wt.sum().clamp_min(1)
+        return (per * wt).sum() / denom, ((logits.argmax(1) == y).float() * wt).sum() / denom
+
+    vone = vmap(one)
+    for lo in range(0, m, chunk_size):
+        ids = clients[lo : lo + chunk_size]
+        width = int(data.sizes[ids].max()) if len(ids) else 0
+        if width == 0:
+            continue
+        pos = torch.arange(width)
+        start = data.offsets[ids].unsqueeze(1)
+        valid = pos.unsqueeze(0) < data.sizes[ids].unsqueeze(1)
+        rows = torch.where(valid, start + pos, start)
+        l_, a_ = vone(params[lo : lo + chunk_size], data.x[rows], data.y[rows], valid.float())
+        loss[lo : lo + chunk_size], acc[lo : lo + chunk_size] = l_, a_
+    return ClientScores(loss, acc, sizes)

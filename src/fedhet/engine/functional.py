@@ -1,0 +1,65 @@
+"""A model seen as a function of one flat parameter vector, so clients' models stack into one (m, P) tensor."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+
+class FlatModel:
+    """Wraps an `nn.Module`; parameters live outside it as a flat float32 vector of length `size`."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        named = list(module.named_parameters())
+        self.names = [n for n, _ in named]
+        self.shapes = [p.shape for _, p in named]
+        self.numels = [p.numel() for _, p in named]
+        self.size = sum(self.numels)
+        self.has_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in module.modules())
+        with torch.no_grad():
+            self._initial = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).clone()
+        self._bound: tuple[Tensor, Tensor] | None = None
+
+    def bound_buffers(self) -> tuple[Tensor, Tensor]:
+        """Flat (params, grads) buffers that the module's own parameters and gradients are views of.
+
+        Writing into the params buffer changes the module in place, and ``loss.backward()`` accumulates
+        straight into the grads buffer: the sequential backend trains with plain autograd and no copies.
+        """
+        if self._bound is None:
+            flat, grads = self.initial_params(), torch.zeros(self.size)
+            for p, view, gview in zip(
+                self.module.parameters(), self.unflatten(flat).values(), self.unflatten(grads).values(), strict=True
+            ):
+                p.data = view
+                p.grad = gview
+            self._bound = (flat, grads)
+        return self._bound
+
+    def initial_params(self) -> Tensor:
+        """The module's parameters at construction (its initialisation) as a new flat vector."""
+        return self._initial.clone()
+
+    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
+        """Views of `flat` shaped like the module's parameters (works under vmap)."""
+        chunks = torch.split(flat, self.numels)
+        return {n: c.view(s) for n, c, s in zip(self.names, chunks, self.shapes, strict=True)}
+
+    def logits(self, flat: Tensor, x: Tensor) -> Tensor:
+        return functional_call(self.module, self.unflatten(flat), (x,))
+
+    def sample_losses(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        """Per-sample cross-entropy losses."""
+        return F.cross_entropy(self.logits(flat, x), y, reduction="none")
+
+    def module_batch_loss(self, x: Tensor, y: Tensor, weight: Tensor) -> Tensor:
+        """`batch_loss` with the module's own (bound) parameters, for plain autograd."""
+        losses = F.cross_entropy(self.module(x), y, reduction="none")
+        return (losses * weight).sum() / weight.sum().clamp_min(1.0)
+
+    def batch_loss(self, flat: Tensor, x: Tensor, y: Tensor, weight: Tensor) -> Tensor:
+        """Weighted mean loss of a (possibly padded) mini-batch; padded rows have weight 0."""
+        return (self.sample_losses(flat, x, y) * weight).sum() / weight.sum().clamp_min(1.0)

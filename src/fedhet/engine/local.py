@@ -1,0 +1,179 @@
+"""Local training of a cohort: one pure update rule, run client by client or vectorised with `torch.func`.
+
+Both backends call the same `_step` on the same mini-batches (drawn by `batches.local_batches`), so they give
+the same numbers up to float rounding. Dropout masks are seeded per (round, step), identical across clients
+and backends (vmap with ``randomness="same"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import Tensor
+from torch.func import grad, grad_and_value, vmap
+
+from fedhet.data.dataset import ClientData
+from fedhet.engine.batches import local_batches, stats_samples
+from fedhet.engine.functional import FlatModel
+from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.seeding import derive_seed
+
+Backend = Literal["sequential", "vectorised"]
+StepFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor]]
+
+
+def make_step(model: FlatModel, prox_mu: float, weight_decay: float) -> StepFn:
+    """The local SGD step of `LocalPlan`'s docstring, for one client (vmap it for many)."""
+    loss_grad = grad_and_value(model.batch_loss)
+
+    def step(
+        w: Tensor, w0: Tensor, x: Tensor, y: Tensor, wt: Tensor, lr: Tensor, corr: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        g, loss = loss_grad(w, x, y, wt)
+        if prox_mu:
+            g = g + prox_mu * (w - w0)
+        if weight_decay:
+            g = g + weight_decay * w
+        if corr is not None:
+            g = g + corr
+        return w - lr * g, loss
+
+    return step
+
+
+def _seed_dropout(model: FlatModel, seed: int, round_: int, t: int) -> None:
+    if model.has_dropout:
+        torch.manual_seed(derive_seed(seed, "dropout", round_, t))
+
+
+def train_sequential(
+    model: FlatModel, data: ClientData, w0: Tensor, plan: LocalPlan, seed: int, round_: int
+) -> tuple[Tensor, Tensor]:
+    """Clients one after another with plain autograd on one module whose parameters are views of a flat
+    buffer (no model copies). Same update as `make_step`. Returns (params (m, P), mean loss (m,))."""
+    index, weight = local_batches(data.offsets, plan.clients, plan.steps, plan.batch_size, seed, round_)
+    w, g = model.bound_buffers()
+    params = w0.unsqueeze(0).repeat(len(plan.clients), 1)
+    losses = torch.full((len(plan.clients),), float("nan"))
+    for i in range(len(plan.clients)):
+        tau = int(plan.steps[i])
+        if tau == 0:
+            continue
+        corr = plan.correction[i] if plan.correction is not None else None
+        lr = plan.lr[i]
+        total = torch.zeros(())
+        with torch.no_grad():
+            w.copy_(w0)
+        for t in range(tau):
+            _seed_dropout(model, seed, round_, t)
+            rows = index[i, t]
+            g.zero_()
+            loss = model.module_batch_loss(data.x[rows], data.y[rows], weight[i, t])
+            loss.backward()
+            with torch.no_grad():
+                direction = g
+                if plan.prox_mu:
+                    direction = direction + plan.prox_mu * (w - w0)
+                if plan.weight_decay:
+                    direction = direction + plan.weight_decay * w
+                if corr is not None:
+                    direction = direction + corr
+                w.copy_(w - lr * direction)
+            total = total + loss.detach()
+        params[i] = w
+        losses[i] = total / tau
+    return params, losses
+
+
+def train_vectorised(
+    model: FlatModel,
+    data: ClientData,
+    w0: Tensor,
+    plan: LocalPlan,
+    seed: int,
+    round_: int,
+    chunk_size: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """Many clients at once: `vmap` of the step over stacked parameters, in chunks of `chunk_size` clients."""
+    m = len(plan.clients)
+    chunk = chunk_size if chunk_size > 0 else max(m, 1)
+    params = w0.unsqueeze(0).repeat(m, 1)
+    losses = torch.full((m,), float("nan"))
+    step = make_step(model, plan.prox_mu, plan.weight_decay)
+    randomness = "same" if model.has_dropout else "error"
+    corr_dim = 0 if plan.correction is not None else None
+    vstep = vmap(step, in_dims=(0, None, 0, 0, 0, 0, corr_dim), randomness=randomness)
+    for lo in range(0, m, chunk):
+        sel = slice(lo, min(lo + chunk, m))
+        clients, steps, lr = plan.clients[sel], plan.steps[sel], plan.lr[sel]
+        corr = plan.correction[sel] if plan.correction is not None else None
+        index, weight = local_batches(data.offsets, clients, steps, plan.batch_size, seed, round_)
+        w, total = params[sel].clone(), torch.zeros(len(clients))
+        for t in range(index.shape[1]):
+            _seed_dropout(model, seed, round_, t)
+            active = steps > t
+            if bool(active.all()):
+                rows = index[:, t]
+                w, loss = vstep(w, w0, data.x[rows], data.y[rows], weight[:, t], lr, corr)
+                total = total + loss
+            else:
+                ids = torch.nonzero(active).flatten()
+                rows = index[ids, t]
+                c = corr[ids] if corr is not None else None
+                w_new, loss = vstep(w[ids], w0, data.x[rows], data.y[rows], weight[ids, t], lr[ids], c)
+                w[ids] = w_new
+                total[ids] += loss
+        params[sel] = w
+        losses[sel] = torch.where(steps > 0, total / steps.clamp_min(1), torch.nan)
+    return params, losses
+
+
+def gradient_statistics(
+    model: FlatModel, data: ClientData, w0: Tensor, clients: Tensor, count: int, seed: int, round_: int
+) -> tuple[Tensor, Tensor]:
+    """Mean g̃_k and per-coordinate variance diag Σ̃_k of `count` per-sample gradients at `w0` (m, P) each.
+
+    Per-sample gradients come from `vmap(grad)` over the samples; the variance divides by the number of
+    samples used (population variance).
+    """
+    index, weight = stats_samples(data.offsets, clients, count, seed, round_)
+    per_sample = vmap(
+        grad(lambda w, x, y: model.sample_losses(w, x.unsqueeze(0), y.unsqueeze(0)).sum()),
+        in_dims=(None, 0, 0),
+    )
+    means, variances = [], []
+    for i in range(len(clients)):
+        g = per_sample(w0, data.x[index[i]], data.y[index[i]])
+        wt = weight[i].unsqueeze(1)
+        n = wt.sum()
+        mean = (g * wt).sum(0) / n
+        means.append(mean)
+        variances.append((((g - mean) ** 2) * wt).sum(0) / n)
+    return torch.stack(means), torch.stack(variances)
+
+
+def train_cohort(
+    model: FlatModel,
+    data: ClientData,
+    w0: Tensor,
+    plan: LocalPlan,
+    *,
+    backend: Backend,
+    seed: int,
+    round_: int,
+    chunk_size: int = 0,
+) -> LocalResult:
+    """Run `plan` on `backend` and package the result."""
+    model.module.train()
+    if backend == "sequential":
+        params, losses = train_sequential(model, data, w0, plan, seed, round_)
+    else:
+        params, losses = train_vectorised(model, data, w0, plan, seed, round_, chunk_size)
+    grad_mean = grad_var = None
+    if plan.grad_stats_samples > 0:
+        model.module.eval()
+        grad_mean, grad_var = gradient_statistics(model, data, w0, plan.clients, plan.grad_stats_samples, seed, round_)
+    model.module.eval()
+    return LocalResult(plan.clients, params.detach(), losses.detach(), plan.steps, plan.lr, grad_mean, grad_var)

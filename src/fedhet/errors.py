@@ -1,0 +1,17 @@
+"""Errors meant for people: each says what is wrong and how to fix it."""
+
+
+class FedhetError(Exception):
+    """Base class of every error fedhet reports to a user (the CLI prints it on one line, exit code 2)."""
+
+
+class ConfigError(FedhetError):
+    """A configuration value is unknown, of the wrong type or out of range."""
+
+
+class DataError(FedhetError):
+    """A dataset file is missing or corrupt, or a partition is impossible."""
+
+
+class DivergenceError(FedhetError):
+    """Training produced a NaN or exploding loss."""

@@ -1,0 +1,104 @@
+"""Build the objects of a run from a validated `RunConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhet.attacks.base import Attack
+from fedhet.availability.base import Availability
+from fedhet.catalog import ATTACKS, AVAILABILITY, DATASETS, METRIC_PLUGINS, MODELS, PARTITIONERS, STRATEGIES
+from fedhet.data.dataset import FederatedData
+from fedhet.data.federate import federate
+from fedhet.data.labels import corrupt_labels
+from fedhet.data.partition import Partitioner
+from fedhet.data.sources import DatasetSource
+from fedhet.engine.engine import Engine
+from fedhet.engine.functional import FlatModel
+from fedhet.experiments.config import COMPONENT_KEYS, RunConfig
+from fedhet.metrics.base import Metric
+from fedhet.models.base import ModelSpec
+from fedhet.registry import Component, spec_of
+from fedhet.seeding import derive_seed
+from fedhet.strategies.base import LocalSettings, ServerContext, Strategy
+
+
+@dataclass
+class Experiment:
+    """A run's live objects."""
+
+    config: RunConfig
+    data: FederatedData
+    engine: Engine
+    strategy: Strategy
+    availability: Availability
+    metrics: list[Metric]
+
+    def resolved_config(self) -> dict[str, Any]:
+        """The config with every component's parameters filled in (written to ``config.yaml``)."""
+        raw = self.config.model_dump(mode="json")
+        parts = components(self.config)
+        for key, component in parts.items():
+            raw[key] = spec_of(component)
+        raw["metrics"] = [spec_of(m) for m in parts.metrics]
+        return raw
+
+
+@dataclass
+class Components:
+    """The validated components of a config."""
+
+    algorithm: Strategy
+    dataset: DatasetSource
+    partition: Partitioner
+    model: ModelSpec
+    availability: Availability
+    attack: Attack
+    metrics: list[Metric]
+
+    def items(self) -> list[tuple[str, Component]]:
+        return [(key, getattr(self, key)) for key in COMPONENT_KEYS]
+
+
+def components(config: RunConfig) -> Components:
+    """Validate every component of `config` (errors name the key, e.g. ``partition.alpha``)."""
+    return Components(
+        algorithm=STRATEGIES.build(config.spec("algorithm"), where="algorithm"),
+        dataset=DATASETS.build(config.spec("dataset"), where="dataset"),
+        partition=PARTITIONERS.build(config.spec("partition"), where="partition"),
+        model=MODELS.build(config.spec("model"), where="model"),
+        availability=AVAILABILITY.build(config.spec("availability"), where="availability"),
+        attack=ATTACKS.build(config.spec("attack"), where="attack"),
+        metrics=[METRIC_PLUGINS.build(spec, where=f"metrics[{i}]") for i, spec in enumerate(config.metrics)],
+    )
+
+
+def build(config: RunConfig) -> Experiment:
+    """Load and federate the data, build the model, engine, strategy and availability process."""
+    parts = components(config)
+    dataset = parts.dataset.load(Path(config.data_dir), download=config.download)
+    data = federate(
+        dataset,
+        parts.partition,
+        config.num_clients,
+        unseen_clients=config.unseen_clients,
+        test_fraction=config.test_fraction,
+        seed=config.seed,
+    )
+    data = corrupt_labels(data, config.label_noise, config.seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(derive_seed(config.seed, "model-init"))
+        module = parts.model.build(data.input_shape, data.num_classes)
+    engine = Engine(FlatModel(module), data, backend=config.backend, seed=config.seed, chunk_size=config.chunk_size)
+    strategy = parts.algorithm
+    local = LocalSettings(config.local.steps, config.local.lr, config.local.batch_size, config.local.weight_decay)
+    parts.attack.setup(data.num_clients, config.seed)
+    strategy.setup(ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack))
+    availability = parts.availability
+    availability.setup(data.num_clients, config.seed)
+    for plugin in parts.metrics:
+        plugin.setup(engine, config.seed)
+    return Experiment(config, data, engine, strategy, availability, parts.metrics)

@@ -1,0 +1,124 @@
+"""The run configuration: a YAML file and/or flags, validated into typed objects with one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fedhet.data.labels import LabelNoise
+from fedhet.errors import ConfigError
+from fedhet.registry import format_validation_error
+
+ComponentSpec = str | dict[str, Any]
+COMPONENT_KEYS = ("algorithm", "dataset", "partition", "model", "availability", "attack")
+
+
+class LocalConfig(BaseModel):
+    """Default local training of every client (a strategy may change it per client)."""
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(10, ge=1, description="local SGD steps per round")
+    lr: float = Field(0.05, gt=0, description="local learning rate")
+    batch_size: int = Field(10, ge=1, description="mini-batch size")
+    weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ added to the local gradient as λw")
+
+
+class RunConfig(BaseModel):
+    """Everything that defines a run. Components are a name or a mapping ``{name: ..., <params>}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    algorithm: ComponentSpec = "fedavg"
+    dataset: ComponentSpec = "digits"
+    partition: ComponentSpec = {"name": "dirichlet", "alpha": 0.5}
+    model: ComponentSpec = "mlp"
+    availability: ComponentSpec = "always"
+    attack: ComponentSpec = "none"
+    metrics: list[ComponentSpec] = Field(default_factory=list, description="metric plugins, e.g. [appeal]")
+    num_clients: int = Field(20, ge=1, description="clients that train (seen clients)")
+    unseen_clients: int = Field(0, ge=0, description="held-out clients that are only evaluated")
+    label_noise: LabelNoise = Field(default_factory=LabelNoise, description="corrupt some clients' labels")
+    test_fraction: float = Field(0.2, ge=0, lt=1, description="share of each client's samples kept for test")
+    clients_per_round: int = Field(10, ge=1)
+    rounds: int = Field(20, ge=1)
+    local: LocalConfig = Field(default_factory=LocalConfig)
+    eval_every: int = Field(1, ge=1)
+    seed: int = Field(0, ge=0)
+    backend: Literal["auto", "sequential", "vectorised"] = "auto"
+    chunk_size: int = Field(0, ge=0, description="clients per vectorised chunk (0: whole cohort)")
+    data_dir: str = "data"
+    download: bool = False
+    checkpoint_every: int = Field(1, ge=1)
+    max_loss: float = Field(1e4, gt=0, description="stop as diverged when the local loss exceeds this")
+
+    @field_validator(*COMPONENT_KEYS, mode="before")
+    @classmethod
+    def _spec(cls, value: Any) -> Any:
+        if isinstance(value, str | dict):
+            return value
+        raise ValueError("must be a name or a mapping with a 'name' key")
+
+    def spec(self, key: str) -> dict[str, Any]:
+        """The component `key` as a ``{name: ..., **params}`` mapping."""
+        value = getattr(self, key)
+        return {"name": value} if isinstance(value, str) else dict(value)
+
+
+def parse_config(raw: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig(**raw)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, "", RunConfig)) from None
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
+    return data
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one ``dotted.key=value`` (value parsed as YAML) to the raw config mapping in place."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set '{assignment}' must look like key=value, e.g. local.lr=0.1")
+    key, text = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set '{assignment}': empty key")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if isinstance(child, str) and depth == 0 and part in COMPONENT_KEYS:
+            child = {"name": child}
+        elif child is None:
+            default = RunConfig.model_fields[part].default if part in COMPONENT_KEYS else {}
+            child = {"name": default} if isinstance(default, str) else dict(default or {})
+        elif not isinstance(child, dict):
+            raise ConfigError(f"--set '{assignment}': '{part}' is not a section")
+        node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def set_component(raw: dict[str, Any], key: str, name: str) -> None:
+    """Choose component `name` for `key` (a flag such as --algorithm), keeping params only if it is unchanged."""
+    current = raw.get(key)
+    if isinstance(current, dict) and current.get("name") == name:
+        return
+    raw[key] = name
+
+
+def dump_yaml(data: dict[str, Any]) -> str:
+    return yaml.safe_dump(data, sort_keys=False)

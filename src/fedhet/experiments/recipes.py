@@ -1,0 +1,131 @@
+"""Recipes: a paper's experiment as several methods × seeds, summarised as a markdown table and figures.
+
+`fedhet reproduce NAME` runs every (method, seed) into ``OUT/<method>/seed<k>/`` (a normal run folder, so
+`fedhet compare` works on them), then writes ``OUT/table.md`` (mean ± std over seeds) and the figures.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedhet.errors import ConfigError
+from fedhet.experiments.callbacks import Callback
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.runner import RunState, run
+from fedhet.registry import closest
+from fedhet.report.tables import markdown_table
+
+
+def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `base` with `changes` merged in (nested mappings merged, other values replaced)."""
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+@dataclass
+class Recipe:
+    """An experiment: a base config, the methods (config changes), seeds, and what to report."""
+
+    name: str
+    description: str
+    base: dict[str, Any]
+    methods: dict[str, dict[str, Any]]
+    columns: dict[str, str]  # metric → column header
+    seeds: tuple[int, ...] = (0, 1, 2)
+    quick: dict[str, Any] = field(default_factory=dict)  # changes for --quick (fewer rounds, clients)
+    figures: dict[str, str] = field(default_factory=dict)  # metric → figure file name
+    summarise: Callable[[RunState], dict[str, float]] | None = None  # extra per-run numbers for the table
+
+    def config(self, method: str, seed: int, quick: bool) -> dict[str, Any]:
+        raw = deep_merge(self.base, self.methods[method])
+        if quick:
+            raw = deep_merge(raw, self.quick)
+        raw["seed"] = seed
+        return raw
+
+
+RECIPES: dict[str, Callable[[], Recipe]] = {}
+
+
+def register_recipe(factory: Callable[[], Recipe]) -> Callable[[], Recipe]:
+    RECIPES[factory().name] = factory
+    return factory
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise ConfigError(
+            f"unknown recipe '{name}'{closest(name, sorted(RECIPES))}; choose one of: {', '.join(sorted(RECIPES))}"
+        )
+    return RECIPES[name]()
+
+
+@dataclass
+class RecipeResult:
+    table: str
+    values: dict[str, dict[str, list[float]]]  # method → column → one value per seed
+    runs: dict[str, list[RunState]]
+
+
+def run_recipe(
+    recipe: Recipe,
+    out: Path,
+    *,
+    quick: bool = False,
+    seeds: tuple[int, ...] | None = None,
+    callbacks: Callable[[str, int], list[Callback]] | None = None,
+) -> RecipeResult:
+    """Run every method over every seed and write ``table.md`` and the figures into `out`."""
+    seeds = seeds or recipe.seeds
+    values: dict[str, dict[str, list[float]]] = {}
+    runs: dict[str, list[RunState]] = {}
+    for method in recipe.methods:
+        for seed in seeds:
+            cfg = parse_config(recipe.config(method, seed, quick))
+            state = run(cfg, out / method / f"seed{seed}", callbacks(method, seed) if callbacks else None)
+            numbers = dict(state.final)
+            if recipe.summarise is not None:
+                numbers.update(recipe.summarise(state))
+            runs.setdefault(method, []).append(state)
+            for column in recipe.columns:
+                values.setdefault(method, {}).setdefault(column, []).append(numbers.get(column, float("nan")))
+    header = ["method", *recipe.columns.values()]
+    rows = [[method, *(mean_std(values[method][c]) for c in recipe.columns)] for method in recipe.methods]
+    table = f"### {recipe.description}\n\nseeds: {', '.join(map(str, seeds))}" + (" (quick)" if quick else "")
+    table += "\n\n" + markdown_table(header, rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(table)
+    _figures(recipe, runs, out)
+    return RecipeResult(table, values, runs)
+
+
+def mean_std(values: list[float]) -> str:
+    arr = np.asarray(values, dtype=float)
+    if len(arr) == 1:
+        return f"{arr[0]:.4f}"
+    return f"{arr.mean():.4f} ± {arr.std(ddof=1):.4f}"
+
+
+def _figures(recipe: Recipe, runs: dict[str, list[RunState]], out: Path) -> None:
+    if not recipe.figures:
+        return
+    from fedhet.report.plots import plot_mean_curves
+
+    for metric, filename in recipe.figures.items():
+        curves = {
+            method: [[row.get(metric, float("nan")) for row in s.history] for s in states]
+            for method, states in runs.items()
+        }
+        rounds = {method: [row["round"] for row in states[0].history] for method, states in runs.items()}
+        plot_mean_curves(curves, rounds, metric, out / filename, title=recipe.description)

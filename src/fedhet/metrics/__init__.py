@@ -1,0 +1,23 @@
+"""Metric names written to ``metrics.csv`` (a row per evaluated round), in one place.
+
+Client-level numbers are averaged over clients with equal weight (the papers' "average user accuracy");
+``*_pooled`` variants weight clients by their number of samples. Unless prefixed with ``unseen_``, metrics
+are over the seen (training) clients.
+"""
+
+METRICS: dict[str, str] = {
+    "round": "number of completed rounds (1-based)",
+    "test_accuracy": "mean over clients of the global model's accuracy on each client's test data",
+    "test_accuracy_std": "standard deviation of per-client test accuracy (fairness)",
+    "test_accuracy_worst10": "mean test accuracy of the worst 10% of clients",
+    "test_accuracy_best10": "mean test accuracy of the best 10% of clients",
+    "test_accuracy_pooled": "test accuracy over all clients' test samples pooled (sample-weighted)",
+    "test_loss": "mean over clients of the global model's test loss",
+    "train_loss": "mean over clients of the global model's loss on each client's training data",
+    "train_accuracy": "mean over clients of the global model's training accuracy",
+    "local_loss": "mean over the cohort of the mini-batch loss during local training",
+    "participants": "number of clients that trained this round",
+    "available": "number of clients online this round",
+    "unseen_test_accuracy": "as test_accuracy, over the unseen (held-out) clients",
+    "unseen_test_loss": "as test_loss, over the unseen (held-out) clients",
+}

@@ -1,0 +1,53 @@
+"""Metric plugins: extra numbers computed at each evaluated round (GM-appeal, improved users, ...).
+
+A run lists them in its config (``metrics: [improved_users, {name: appeal, ...}]``); each returns round
+metrics (columns of ``metrics.csv``) and optional per-client columns (of ``clients.csv``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import ConfigDict
+from torch import Tensor
+
+from fedhet.engine.engine import Engine
+from fedhet.engine.evaluate import ClientScores
+from fedhet.engine.plan import LocalResult
+from fedhet.registry import Component, Registry
+
+
+@dataclass
+class RoundView:
+    """What a metric may look at after round `round` (1-based count of completed rounds)."""
+
+    round: int
+    engine: Engine
+    params: Tensor  # global model after the round
+    previous: Tensor  # global model before the round
+    result: LocalResult | None  # the cohort's local training (None when nobody trained)
+    test: ClientScores  # of `params` on every client's test data
+    train: ClientScores  # of `params` on every client's train data
+    history: list[dict[str, float]]  # earlier evaluated rounds
+
+
+class Metric(Component):
+    """Base of metric plugins; may keep state across rounds in private attributes (then override
+    ``state_dict``/``load_state_dict``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    def setup(self, engine: Engine, seed: int) -> None:
+        """Called once before the first round (precompute per-client thresholds and the like)."""
+
+    def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, object]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        del state
+
+
+METRIC_PLUGINS: Registry[Metric] = Registry("metric")

@@ -1,0 +1,101 @@
+"""Named, typed components (datasets, partitioners, models, strategies, availability).
+
+Every component is a pydantic model whose fields are its parameters; a registry maps a name to the class,
+and `build` validates a ``{"name": ..., **params}`` mapping into an instance with one-line errors.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fedhet.errors import ConfigError
+
+
+class Component(BaseModel):
+    """Base of every configurable component: its fields are its parameters (unknown keys are errors)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+
+C = TypeVar("C", bound=Component)
+
+
+def closest(word: str, options: list[str]) -> str:
+    """A ' (did you mean X?)' suffix when `word` looks like one of `options`, else ''."""
+    match = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def format_validation_error(err: ValidationError, where: str, cls: type[BaseModel]) -> str:
+    """Turn pydantic's multi-line error into one line naming the key and what is allowed."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    key = f"{where}.{loc}" if where and loc else (where or loc)
+    if first["type"] == "extra_forbidden":
+        owner: type[BaseModel] = cls
+        for part in first["loc"][:-1]:  # walk into nested models to list the right keys
+            annotation = owner.model_fields[str(part)].annotation if str(part) in owner.model_fields else None
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                owner = annotation
+        allowed = sorted(owner.model_fields)
+        hint = closest(str(first["loc"][-1]), allowed)
+        return f"unknown key '{key}'{hint}; allowed keys: {', '.join(allowed)}"
+    got = first.get("input")
+    got_text = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+    return f"invalid value for '{key}': {first['msg']}{got_text}"
+
+
+class Registry(Generic[C]):
+    """A name → component-class map for one kind of component."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._classes: dict[str, type[C]] = {}
+
+    def register(self, cls: type[C]) -> type[C]:
+        """Class decorator: register `cls` under its ``name`` class variable."""
+        if not cls.name:
+            raise TypeError(f"{cls.__name__} needs a non-empty `name` class variable")
+        if cls.name in self._classes:
+            raise TypeError(f"{self.kind} '{cls.name}' is registered twice")
+        self._classes[cls.name] = cls
+        return cls
+
+    def names(self) -> list[str]:
+        return sorted(self._classes)
+
+    def __iter__(self) -> Iterator[type[C]]:
+        return iter(self._classes[n] for n in self.names())
+
+    def get(self, name: str) -> type[C]:
+        if name not in self._classes:
+            raise ConfigError(
+                f"unknown {self.kind} '{name}'{closest(name, self.names())}; choose one of: {', '.join(self.names())}"
+            )
+        return self._classes[name]
+
+    def build(self, spec: str | Mapping[str, Any], where: str | None = None) -> C:
+        """Validate ``spec`` (a name, or a mapping with ``name`` and parameters) into a component."""
+        where = where or self.kind
+        if isinstance(spec, str):
+            spec = {"name": spec}
+        params = dict(spec)
+        name = params.pop("name", None)
+        if not isinstance(name, str):
+            raise ConfigError(f"'{where}.name' is required; choose one of: {', '.join(self.names())}")
+        cls = self.get(name)
+        try:
+            return cls(**params)
+        except ValidationError as err:
+            raise ConfigError(format_validation_error(err, where, cls)) from None
+
+
+def spec_of(component: Component) -> dict[str, Any]:
+    """The ``{"name": ..., **params}`` mapping that rebuilds `component` (for resolved configs)."""
+    return {"name": component.name, **component.model_dump(mode="json")}

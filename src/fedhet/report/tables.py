@@ -1,0 +1,40 @@
+"""Tables of final metrics (rich for the terminal, markdown for reports)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from fedhet.report.runs import RunRecord
+
+DEFAULT_COLUMNS = (
+    "test_accuracy",
+    "test_accuracy_std",
+    "test_accuracy_worst10",
+    "test_accuracy_best10",
+    "test_loss",
+    "train_loss",
+)
+
+
+def final_rows(records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_COLUMNS) -> list[list[str]]:
+    rows = []
+    for rec in records:
+        final = rec.summary.get("final", {})
+        head = [rec.label, str(rec.summary.get("algorithm", "")), str(rec.summary.get("rounds", ""))]
+        rows.append(head + [f"{final[c]:.4f}" if c in final else "-" for c in columns])
+    return rows
+
+
+def compare_table(records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_COLUMNS) -> Table:
+    table = Table(title="final metrics")
+    for name in ("run", "algorithm", "rounds", *columns):
+        table.add_column(name, justify="left" if name in ("run", "algorithm") else "right")
+    for row in final_rows(records, columns):
+        table.add_row(*row)
+    return table
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,98 @@
+"""The command line as a user types it: outputs, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedhet.cli.main import app
+
+runner = CliRunner()
+FAST = ["--dataset", "digits", "--rounds", "3", "--set", "num_clients=6", "--set", "model.hidden=[8]"]
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_run_writes_folder_and_prints_summary(tmp_path: Path) -> None:
+    code, out = invoke(
+        "run", "--algorithm", "fedprox", "--set", "algorithm.mu=0.1", *FAST, "--out", str(tmp_path / "r")
+    )
+    assert code == 0, out
+    assert "test_accuracy" in out and "run folder" in out
+    summary = json.loads((tmp_path / "r/summary.json").read_text())
+    assert summary["algorithm"] == "fedprox" and summary["rounds"] == 3
+
+
+def test_yaml_config_and_flags(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algorithm: scaffold\nrounds: 50\nnum_clients: 6\nmodel: {name: logistic}\n")
+    code, out = invoke("run", str(cfg), "--rounds", "2", "--quiet", "--out", str(tmp_path / "r"))
+    assert code == 0, out
+    assert json.loads((tmp_path / "r/summary.json").read_text())["rounds"] == 2
+
+
+def test_refuses_to_overwrite_and_resumes(tmp_path: Path) -> None:
+    out_dir = str(tmp_path / "r")
+    assert invoke("run", *FAST, "--quiet", "--out", out_dir)[0] == 0
+    code, out = invoke("run", *FAST, "--quiet", "--out", out_dir)
+    assert code == 2 and "--resume" in out
+    code, out = invoke("run", "--resume", out_dir, "--quiet")
+    assert code == 0, out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--algorithm", "fedavgg"], "unknown algorithm 'fedavgg' (did you mean 'fedavg'?)"),
+        (["run", "--set", "rouns=3"], "unknown key 'rouns' (did you mean 'rounds'?)"),
+        (["run", "--rounds", "-5"], "invalid value for 'rounds'"),
+        (["run", "--dataset", "mnist", "--data-dir", "/nonexistent-fedhet"], "mnist"),
+        (["run", "--resume", "/nonexistent-fedhet"], "not a run folder"),
+        (["list", "algos"], "did you mean 'algorithms'?"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    code, out = invoke(*args)
+    assert code == 2, out
+    assert message in out
+    assert "Traceback" not in out
+    assert len(out.strip().splitlines()) == 1, out
+
+
+def test_corrupt_dataset_file(tmp_path: Path) -> None:
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    for name in (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ):
+        (folder / name).write_bytes(b"\x00\x00\x08\x03garbage")
+    code, out = invoke("run", "--dataset", "mnist", "--data-dir", str(tmp_path), "--rounds", "1")
+    assert code == 2 and "Traceback" not in out and len(out.strip().splitlines()) == 1, out
+
+
+def test_list_compare_and_plot(tmp_path: Path) -> None:
+    code, out = invoke("list")
+    assert code == 0
+    for name in ("fedavg", "fedprox", "scaffold", "digits", "synthetic", "dirichlet", "mlp", "bernoulli"):
+        assert name in out
+    runs = []
+    for algorithm in ("fedavg", "fedprox"):
+        path = tmp_path / algorithm
+        assert invoke("run", "--algorithm", algorithm, *FAST, "--quiet", "--out", str(path))[0] == 0
+        runs.append(str(path))
+    code, out = invoke("compare", *runs, "--plot", str(tmp_path / "cmp.png"))
+    assert code == 0, out
+    assert "fedprox" in out and (tmp_path / "cmp.png").stat().st_size > 1000
+    code, out = invoke("plot", *runs, "--metric", "test_loss", "-o", str(tmp_path / "loss.png"))
+    assert code == 0 and (tmp_path / "loss.png").stat().st_size > 1000
+    code, out = invoke("plot", *runs, "--metric", "nope", "-o", str(tmp_path / "x.png"))
+    assert code == 2 and "available" in out

@@ -1,0 +1,51 @@
+"""Shared fixtures: a tiny federated dataset and models small enough for hand-checked numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedhet.data.dataset import ClientData, Dataset, FederatedData
+from fedhet.data.embedded import Digits
+from fedhet.data.federate import federate
+from fedhet.engine.engine import Engine
+from fedhet.engine.functional import FlatModel
+from fedhet.strategies.base import LocalSettings, ServerContext
+
+
+@pytest.fixture(scope="session")
+def digits() -> Dataset:
+    return Digits().load(None)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def digits_fed(digits: Dataset) -> FederatedData:
+    from fedhet.catalog import PARTITIONERS
+
+    part = PARTITIONERS.build({"name": "dirichlet", "alpha": 0.5, "min_size": 20})
+    return federate(digits, part, 12, test_fraction=0.25, seed=3)
+
+
+def tiny_data(sizes: list[int], dim: int = 3, classes: int = 2, seed: int = 0) -> FederatedData:
+    """Clients with `sizes` random samples each (train = test data)."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, dim, generator=gen) for n in sizes]
+    ys = [torch.randint(0, classes, (n,), generator=gen) for n in sizes]
+    part = ClientData.from_parts(xs, ys)
+    return FederatedData("tiny", part, part, classes, torch.ones(len(sizes), dtype=torch.bool))
+
+
+def linear_model(dim: int = 3, classes: int = 2, seed: int = 0) -> FlatModel:
+    torch.manual_seed(seed)
+    return FlatModel(nn.Linear(dim, classes))
+
+
+def make_context(engine: Engine, steps: int = 5, lr: float = 0.1, batch: int = 4, m: int = 3) -> ServerContext:
+    return ServerContext(engine, LocalSettings(steps, lr, batch), seed=0, clients_per_round=m)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)

@@ -1,0 +1,256 @@
+"""The papers' models: shapes, parameter counts, and per-client gradients under `vmap(grad)`."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from fedhet.engine.functional import FlatModel
+from fedhet.errors import ConfigError
+from fedhet.models.base import MODELS
+from fedhet.models.zoo import image_shape
+from fedhet.registry import spec_of
+
+CLIENTS = 3
+BATCH = 4
+
+# (spec, input shape, classes, token inputs?) for every model, small where the defaults are slow to test.
+CASES: list[tuple[dict[str, Any], tuple[int, ...], int, bool]] = [
+    ({"name": "logistic"}, (784,), 10, False),
+    ({"name": "logistic", "bias": False}, (1, 28, 28), 10, False),
+    ({"name": "mlp"}, (1, 28, 28), 10, False),
+    ({"name": "mlp", "hidden": [64, 30], "activation": "tanh", "dropout": 0.5}, (784,), 10, False),
+    (
+        {"name": "mlp", "hidden": [16, 8], "activation": "sigmoid", "dropout": 0.2, "dropout_after": "all"},
+        (60,),
+        5,
+        False,
+    ),
+    ({"name": "mlp", "hidden": [32], "activation": "gelu"}, (3, 8, 8), 4, False),
+    ({"name": "cnn_mnist"}, (1, 28, 28), 10, False),
+    ({"name": "cnn_mnist", "channels": [4, 8], "hidden": 16, "padding": "valid"}, (784,), 10, False),
+    ({"name": "lenet_cifar"}, (3, 32, 32), 10, False),
+    ({"name": "lenet_cifar"}, (3072,), 10, False),
+    ({"name": "cnn_cifar"}, (3, 32, 32), 10, False),
+    ({"name": "char_lstm"}, (8,), 80, True),
+    ({"name": "char_lstm", "embed_dim": 4, "hidden": 12, "layers": 3}, (5,), 20, True),
+    ({"name": "char_lstm", "hidden": 16, "fused": True}, (6,), 30, True),
+]
+IDS = [f"{c[0]['name']}-{i}" for i, c in enumerate(CASES)]
+
+
+def build(spec: dict[str, Any], shape: tuple[int, ...], classes: int, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return MODELS.build(spec).build(shape, classes)
+
+
+def inputs(shape: tuple[int, ...], classes: int, tokens: bool, *lead: int, seed: int = 1) -> Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if tokens:
+        return torch.randint(0, classes, (*lead, *shape), generator=gen)
+    return torch.randn(*lead, *shape, generator=gen)
+
+
+def n_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def stacked_params(module: nn.Module, clients: int = CLIENTS, spread: float = 0.05) -> dict[str, Tensor]:
+    """Each parameter stacked `clients` times along a new first axis, client k's copy nudged by k * spread."""
+    gen = torch.Generator().manual_seed(7)
+    return {
+        name: torch.stack([p.detach() + k * spread * torch.randn(p.shape, generator=gen) for k in range(clients)])
+        for name, p in module.named_parameters()
+    }
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+@pytest.mark.parametrize(("spec", "shape", "classes", "tokens"), CASES, ids=IDS)
+def test_output_shape(spec: dict[str, Any], shape: tuple[int, ...], classes: int, tokens: bool) -> None:
+    model = build(spec, shape, classes).eval()
+    out = model(inputs(shape, classes, tokens, 5))
+    assert out.shape == (5, classes)
+    assert out.dtype == torch.float32
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    assert not list(model.buffers())
+
+
+def test_image_models_accept_flat_and_image_batches() -> None:
+    for spec, shape in [("cnn_mnist", (1, 28, 28)), ("lenet_cifar", (3, 32, 32)), ("cnn_cifar", (3, 32, 32))]:
+        model = build({"name": spec}, shape, 10).eval()
+        x = torch.randn(2, *shape)
+        torch.testing.assert_close(model(x), model(x.reshape(2, -1)))
+    assert image_shape((784,), "m") == (1, 28, 28)
+    assert image_shape((3072,), "m") == (3, 32, 32)
+    assert image_shape((28, 28), "m") == (1, 28, 28)
+    with pytest.raises(ConfigError, match="image inputs"):
+        image_shape((10,), "cnn_mnist")
+    with pytest.raises(ConfigError, match="too small"):
+        MODELS.build("lenet_cifar").build((3, 8, 8), 10)
+    with pytest.raises(ConfigError, match="token sequences"):
+        MODELS.build("char_lstm").build((1, 28, 28), 10)
+
+
+@pytest.mark.parametrize(
+    ("spec", "shape", "classes", "expected"),
+    [
+        ({"name": "logistic"}, (784,), 10, 7_850),
+        ({"name": "logistic", "bias": False}, (1, 28, 28), 10, 7_840),
+        ({"name": "mlp"}, (784,), 10, 159_010),
+        ({"name": "mlp", "hidden": [200, 200]}, (784,), 10, 199_210),  # FedAvg's 2NN
+        ({"name": "mlp", "hidden": [64, 30], "dropout": 0.5}, (784,), 10, 52_500),  # MaxFL
+        ({"name": "mlp", "hidden": []}, (784,), 10, 7_850),
+        ({"name": "cnn_mnist"}, (1, 28, 28), 10, 1_663_370),  # McMahan et al. 2017
+        ({"name": "cnn_mnist"}, (784,), 10, 1_663_370),
+        ({"name": "cnn_mnist", "padding": "valid"}, (1, 28, 28), 10, 582_026),
+        ({"name": "lenet_cifar"}, (3, 32, 32), 10, 62_006),
+        ({"name": "cnn_cifar"}, (3, 32, 32), 10, 2_156_490),
+        ({"name": "char_lstm"}, (80,), 80, 819_920),  # LEAF Shakespeare, 80 characters
+        ({"name": "char_lstm", "fused": True}, (80,), 80, 819_920),
+    ],
+)
+def test_parameter_counts(spec: dict[str, Any], shape: tuple[int, ...], classes: int, expected: int) -> None:
+    assert n_params(build(spec, shape, classes)) == expected
+
+
+def test_known_counts_by_hand() -> None:
+    assert 784 * 64 + 64 + 64 * 30 + 30 + 30 * 10 + 10 == 52_500
+    # embedding 80x8, LSTM layers 4*256*(8+256+2) and 4*256*(256+256+2), read-out 256*80+80
+    assert 80 * 8 + 4 * 256 * (8 + 256 + 2) + 4 * 256 * (256 + 256 + 2) + 256 * 80 + 80 == 819_920
+
+
+@pytest.mark.parametrize(("spec", "shape", "classes", "tokens"), CASES, ids=IDS)
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # fused nn.LSTM under vmap
+def test_vmap_grad_matches_per_client_autograd(
+    spec: dict[str, Any], shape: tuple[int, ...], classes: int, tokens: bool
+) -> None:
+    model = build(spec, shape, classes).eval()  # eval: dropout off
+    params = stacked_params(model)
+    x = inputs(shape, classes, tokens, CLIENTS, BATCH)
+    y = torch.randint(0, classes, (CLIENTS, BATCH), generator=torch.Generator().manual_seed(2))
+
+    def loss_fn(p: dict[str, Tensor], xb: Tensor, yb: Tensor) -> Tensor:
+        return F.cross_entropy(functional_call(model, p, (xb,)), yb)
+
+    batched = vmap(grad(loss_fn))(params, x, y)
+
+    for k in range(CLIENTS):
+        local = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, p in local.named_parameters():
+                p.copy_(params[name][k])
+        local.zero_grad()
+        F.cross_entropy(local(x[k]), y[k]).backward()
+        for name, p in local.named_parameters():
+            assert p.grad is not None
+            torch.testing.assert_close(batched[name][k], p.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+def test_engine_flat_model_runs_every_model() -> None:
+    """The engine's own path: one flat parameter vector per client, stacked, under vmap(grad)."""
+    for spec, shape, classes, tokens in CASES:
+        flat = FlatModel(build(spec, shape, classes).eval())
+        theta = flat.initial_params().repeat(CLIENTS, 1)
+        x = inputs(shape, classes, tokens, CLIENTS, BATCH)
+        y = torch.randint(0, classes, (CLIENTS, BATCH))
+        w = torch.ones(CLIENTS, BATCH)
+        g = vmap(grad(flat.batch_loss))(theta, x, y, w)
+        assert g.shape == (CLIENTS, flat.size)
+        assert torch.isfinite(g).all()
+
+
+def test_mlp_dropout_train_mode_under_vmap() -> None:
+    spec = {"name": "mlp", "hidden": [64, 30], "dropout": 0.5}
+    model = build(spec, (784,), 10).train()
+    assert sum(isinstance(m, nn.Dropout) for m in model.modules()) == 1  # after the first hidden layer only
+    params = stacked_params(model)
+    x = torch.randn(CLIENTS, BATCH, 784)
+    y = torch.randint(0, 10, (CLIENTS, BATCH))
+
+    def loss_fn(p: dict[str, Tensor], xb: Tensor, yb: Tensor) -> Tensor:
+        return F.cross_entropy(functional_call(model, p, (xb,)), yb)
+
+    for randomness in ("same", "different"):
+        torch.manual_seed(0)
+        g = vmap(grad(loss_fn), randomness=randomness)(params, x, y)
+        assert all(torch.isfinite(v).all() for v in g.values())
+    # dropout is really on in train mode: the same batch gives different gradients on two draws
+    torch.manual_seed(0)
+    g1 = vmap(grad(loss_fn), randomness="same")(params, x, y)
+    g2 = vmap(grad(loss_fn), randomness="same")(params, x, y)
+    assert not torch.allclose(g1["1.weight"], g2["1.weight"])
+
+    all_layers = build({**spec, "dropout_after": "all"}, (784,), 10)
+    assert sum(isinstance(m, nn.Dropout) for m in all_layers.modules()) == 2
+    assert not any(isinstance(m, nn.Dropout) for m in build({"name": "mlp"}, (784,), 10).modules())
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+def test_char_lstm_loop_matches_torch_lstm() -> None:
+    """The hand-written LSTM has nn.LSTM's parameters (names, order, initialisation) and computes the same."""
+    spec = {"name": "char_lstm", "embed_dim": 6, "hidden": 10, "layers": 2}
+    loop = build(spec, (7,), 20, seed=4).eval()
+    fused = build({**spec, "fused": True}, (7,), 20, seed=4).eval()
+    assert isinstance(fused.get_submodule("lstm"), nn.LSTM)
+    assert not isinstance(loop.get_submodule("lstm"), nn.LSTM)
+    loop_params, fused_params = dict(loop.named_parameters()), dict(fused.named_parameters())
+    assert list(loop_params) == list(fused_params)
+    for name, p in loop_params.items():
+        torch.testing.assert_close(p, fused_params[name], rtol=0, atol=0, msg=name)
+    assert all(p.abs().max() <= 1 / math.sqrt(10) for p in loop.get_submodule("lstm").parameters())
+
+    x = torch.randint(0, 20, (4, 7))
+    torch.testing.assert_close(loop(x), fused(x))
+    # and under vmap(grad) over stacked parameters
+    params = stacked_params(loop)
+    xs = torch.randint(0, 20, (CLIENTS, BATCH, 7))
+    ys = torch.randint(0, 20, (CLIENTS, BATCH))
+    grads = [
+        vmap(grad(lambda p, xb, yb, m=m: F.cross_entropy(functional_call(m, p, (xb,)), yb)))(params, xs, ys)
+        for m in (loop, fused)
+    ]
+    for name in params:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"name": "mlp", "dropout": 1.0}, "mlp.dropout"),
+        ({"name": "mlp", "activation": "swish"}, "mlp.activation"),
+        ({"name": "mlp", "hidden": [0]}, "mlp.hidden"),
+        ({"name": "cnn_mnist", "channels": [32]}, "cnn_mnist.channels"),
+        ({"name": "char_lstm", "layers": 0}, "char_lstm.layers"),
+        ({"name": "logistic", "hiden": 3}, "unknown key"),
+    ],
+)
+def test_invalid_parameters(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        MODELS.build(spec, where=spec["name"])
+
+
+def test_registered_with_descriptions_and_round_trip() -> None:
+    names = {"logistic", "mlp", "cnn_mnist", "lenet_cifar", "cnn_cifar", "char_lstm"}
+    assert names <= set(MODELS.names())
+    for name in names:
+        cls = MODELS.get(name)
+        assert cls.description and "\n" not in cls.description
+        assert cls.__doc__
+        spec = MODELS.build(name)
+        assert MODELS.build(spec_of(spec)) == spec
+    mlp = MODELS.build({"name": "mlp", "hidden": [64, 30], "dropout": 0.5})
+    assert spec_of(mlp) == {
+        "name": "mlp",
+        "hidden": [64, 30],
+        "activation": "relu",
+        "dropout": 0.5,
+        "dropout_after": "first",
+    }
