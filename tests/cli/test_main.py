@@ -15,7 +15,7 @@ FAST = ["--dataset", "digits", "--rounds", "3", "--set", "num_clients=6", "--set
 
 
 def invoke(*args: str) -> tuple[int, str]:
-    result = runner.invoke(app, list(args))
+    result = runner.invoke(app, list(args), env={"COLUMNS": "200"})
     return result.exit_code, result.output
 
 

@@ -200,6 +200,9 @@ def reproduce(
     out: Annotated[Path | None, typer.Option(help="folder for the runs, table.md and figures")] = None,
     quick: Annotated[bool, typer.Option(help="a reduced version (fewer rounds and clients)")] = False,
     seeds: Annotated[int | None, typer.Option(help="number of seeds (default: the recipe's)")] = None,
+    embedded: Annotated[
+        bool | None, typer.Option("--embedded/--paper-data", help="force the embedded dataset, or the paper's")
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bars")] = False,
 ) -> None:
     """Rerun a paper's experiment: every method over several seeds, a markdown table and figures."""
@@ -210,7 +213,13 @@ def reproduce(
     out = out or Path("runs") / recipe
     seed_list = tuple(range(seeds)) if seeds is not None else None
     result = run_recipe(
-        chosen, out, quick=quick, seeds=seed_list, callbacks=None if quiet else (lambda method, seed: [_progress()])
+        chosen,
+        out,
+        quick=quick,
+        seeds=seed_list,
+        embedded=embedded,
+        callbacks=None if quiet else (lambda method, seed: [_progress()]),
+        say=lambda text: console.print(f"[yellow]{text}[/]"),
     )
     console.print(result.table)
     console.print(f"results: [bold]{out}[/] (table.md, figures, one run folder per method and seed)")

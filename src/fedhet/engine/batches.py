@@ -9,7 +9,7 @@ from fedhet.seeding import torch_gen
 
 
 def local_batches(
-    offsets: Tensor, clients: Tensor, steps: Tensor, batch_size: int, seed: int, round_: int
+    offsets: Tensor, clients: Tensor, steps: Tensor, batch_size: int, seed: int, round_: int, stream: str = "train"
 ) -> tuple[Tensor, Tensor]:
     """Row indices (m, T, b) into the concatenated training data, and weights (m, T, b).
 
@@ -26,7 +26,7 @@ def local_batches(
         tau = int(steps[i])
         if tau == 0 or n == 0:
             continue
-        gen = torch_gen(seed, "batches", round_, k)
+        gen = torch_gen(seed, f"batches/{stream}", round_, k)
         eff = min(b, n)
         per_epoch = n // eff
         epochs = -(-tau // per_epoch)

@@ -42,6 +42,7 @@ class Engine:
         self.backend: Backend = resolve_backend(backend, model)
         self.seed = seed
         self.chunk_size = chunk_size
+        self.cache: dict[str, object] = {}  # per-run values computed once (e.g. MaxFL's client requirements)
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         """Local training of the plan's cohort from `global_params`."""

@@ -43,9 +43,9 @@ def make_step(model: FlatModel, prox_mu: float, weight_decay: float) -> StepFn:
     return step
 
 
-def _seed_dropout(model: FlatModel, seed: int, round_: int, t: int) -> None:
+def _seed_dropout(model: FlatModel, seed: int, round_: int, t: int, stream: str) -> None:
     if model.has_dropout:
-        torch.manual_seed(derive_seed(seed, "dropout", round_, t))
+        torch.manual_seed(derive_seed(seed, f"dropout/{stream}", round_, t))
 
 
 def train_sequential(
@@ -53,7 +53,7 @@ def train_sequential(
 ) -> tuple[Tensor, Tensor]:
     """Clients one after another with plain autograd on one module whose parameters are views of a flat
     buffer (no model copies). Same update as `make_step`. Returns (params (m, P), mean loss (m,))."""
-    index, weight = local_batches(data.offsets, plan.clients, plan.steps, plan.batch_size, seed, round_)
+    index, weight = local_batches(data.offsets, plan.clients, plan.steps, plan.batch_size, seed, round_, plan.stream)
     w, g = model.bound_buffers()
     params = w0.unsqueeze(0).repeat(len(plan.clients), 1)
     losses = torch.full((len(plan.clients),), float("nan"))
@@ -67,7 +67,7 @@ def train_sequential(
         with torch.no_grad():
             w.copy_(w0)
         for t in range(tau):
-            _seed_dropout(model, seed, round_, t)
+            _seed_dropout(model, seed, round_, t, plan.stream)
             rows = index[i, t]
             g.zero_()
             loss = model.module_batch_loss(data.x[rows], data.y[rows], weight[i, t])
@@ -109,10 +109,10 @@ def train_vectorised(
         sel = slice(lo, min(lo + chunk, m))
         clients, steps, lr = plan.clients[sel], plan.steps[sel], plan.lr[sel]
         corr = plan.correction[sel] if plan.correction is not None else None
-        index, weight = local_batches(data.offsets, clients, steps, plan.batch_size, seed, round_)
+        index, weight = local_batches(data.offsets, clients, steps, plan.batch_size, seed, round_, plan.stream)
         w, total = params[sel].clone(), torch.zeros(len(clients))
         for t in range(index.shape[1]):
-            _seed_dropout(model, seed, round_, t)
+            _seed_dropout(model, seed, round_, t, plan.stream)
             active = steps > t
             if bool(active.all()):
                 rows = index[:, t]

@@ -27,6 +27,7 @@ class LocalPlan:
     weight_decay: float = 0.0
     correction: Tensor | None = None  # (m, P)
     grad_stats_samples: int = 0
+    stream: str = "train"  # names the random stream of mini-batches (e.g. "finetune" for evaluation-time tuning)
 
     def __post_init__(self) -> None:
         m = len(self.clients)

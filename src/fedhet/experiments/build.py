@@ -93,6 +93,9 @@ def build(config: RunConfig) -> Experiment:
         torch.manual_seed(derive_seed(config.seed, "model-init"))
         module = parts.model.build(data.input_shape, data.num_classes)
     engine = Engine(FlatModel(module), data, backend=config.backend, seed=config.seed, chunk_size=config.chunk_size)
+    engine.cache["requirements/settings"] = (config.requirements, config.local.lr, config.local.batch_size)
+    engine.cache["local"] = (config.local.lr, config.local.batch_size)
+    engine.cache["rounds"] = config.rounds
     strategy = parts.algorithm
     local = LocalSettings(config.local.steps, config.local.lr, config.local.batch_size, config.local.weight_decay)
     parts.attack.setup(data.num_clients, config.seed)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedhet.data.labels import LabelNoise
 from fedhet.errors import ConfigError
+from fedhet.metrics.requirements import RequirementsConfig
 from fedhet.registry import format_validation_error
 
 ComponentSpec = str | dict[str, Any]
@@ -40,6 +41,9 @@ class RunConfig(BaseModel):
     num_clients: int = Field(20, ge=1, description="clients that train (seen clients)")
     unseen_clients: int = Field(0, ge=0, description="held-out clients that are only evaluated")
     label_noise: LabelNoise = Field(default_factory=LabelNoise, description="corrupt some clients' labels")
+    requirements: RequirementsConfig = Field(
+        default_factory=RequirementsConfig, description="client requirements ρ_k (MaxFL, appeal metrics)"
+    )
     test_fraction: float = Field(0.2, ge=0, lt=1, description="share of each client's samples kept for test")
     clients_per_round: int = Field(10, ge=1)
     rounds: int = Field(20, ge=1)

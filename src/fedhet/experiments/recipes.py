@@ -46,9 +46,13 @@ class Recipe:
     quick: dict[str, Any] = field(default_factory=dict)  # changes for --quick (fewer rounds, clients)
     figures: dict[str, str] = field(default_factory=dict)  # metric → figure file name
     summarise: Callable[[RunState], dict[str, float]] | None = None  # extra per-run numbers for the table
+    fallback: dict[str, Any] | None = None  # changes to an embedded dataset when the paper's files are missing
+    custom: Callable[[Path, bool, tuple[int, ...]], str] | None = None  # a study that is not a set of runs
 
-    def config(self, method: str, seed: int, quick: bool) -> dict[str, Any]:
+    def config(self, method: str, seed: int, quick: bool, embedded: bool = False) -> dict[str, Any]:
         raw = deep_merge(self.base, self.methods[method])
+        if embedded and self.fallback is not None:
+            raw = deep_merge(raw, self.fallback)
         if quick:
             raw = deep_merge(raw, self.quick)
         raw["seed"] = seed
@@ -84,15 +88,34 @@ def run_recipe(
     *,
     quick: bool = False,
     seeds: tuple[int, ...] | None = None,
+    embedded: bool | None = None,
     callbacks: Callable[[str, int], list[Callback]] | None = None,
+    say: Callable[[str], None] = print,
 ) -> RecipeResult:
-    """Run every method over every seed and write ``table.md`` and the figures into `out`."""
+    """Run every method over every seed and write ``table.md`` and the figures into `out`.
+
+    `embedded`: True forces the embedded fallback dataset, None uses it only when the paper's dataset files
+    are missing (and says so).
+    """
     seeds = seeds or recipe.seeds
+    out.mkdir(parents=True, exist_ok=True)
+    if recipe.custom is not None:
+        table = recipe.custom(out, quick, seeds)
+        (out / "table.md").write_text(table)
+        return RecipeResult(table, {}, {})
+    if embedded is None:
+        embedded = recipe.fallback is not None and not _dataset_available(recipe.base)
+        if embedded:
+            say(
+                f"the paper's dataset ({recipe.base.get('dataset')}) is not in "
+                f"'{recipe.base.get('data_dir', 'data')}'; running on the embedded fallback: "
+                f"{recipe.fallback.get('dataset') if recipe.fallback else ''}"
+            )
     values: dict[str, dict[str, list[float]]] = {}
     runs: dict[str, list[RunState]] = {}
     for method in recipe.methods:
         for seed in seeds:
-            cfg = parse_config(recipe.config(method, seed, quick))
+            cfg = parse_config(recipe.config(method, seed, quick, embedded))
             state = run(cfg, out / method / f"seed{seed}", callbacks(method, seed) if callbacks else None)
             numbers = dict(state.final)
             if recipe.summarise is not None:
@@ -102,12 +125,26 @@ def run_recipe(
                 values.setdefault(method, {}).setdefault(column, []).append(numbers.get(column, float("nan")))
     header = ["method", *recipe.columns.values()]
     rows = [[method, *(mean_std(values[method][c]) for c in recipe.columns)] for method in recipe.methods]
+    data_note = f"; embedded data: {recipe.fallback.get('dataset')}" if embedded and recipe.fallback else ""
     table = f"### {recipe.description}\n\nseeds: {', '.join(map(str, seeds))}" + (" (quick)" if quick else "")
+    table += data_note
     table += "\n\n" + markdown_table(header, rows)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table)
     _figures(recipe, runs, out)
     return RecipeResult(table, values, runs)
+
+
+def _dataset_available(base: dict[str, Any]) -> bool:
+    """Whether the base config's dataset loads (files present)."""
+    from fedhet.catalog import DATASETS
+    from fedhet.errors import DataError
+
+    try:
+        DATASETS.build(base.get("dataset", "digits"), where="dataset").load(Path(base.get("data_dir", "data")))
+    except DataError:
+        return False
+    return True
 
 
 def mean_std(values: list[float]) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedhet.engine.plan import LocalResult
 from fedhet.errors import ConfigError, DivergenceError
 from fedhet.experiments.build import Experiment, build
 from fedhet.experiments.callbacks import Callback, CSVWriter, write_csv
@@ -148,15 +149,17 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             t = state.round
             available = exp.availability.available(t) & seen
             clients = exp.strategy.select(t, available)
-            plan = exp.strategy.configure(t, clients, state.params)
-            result = exp.engine.train(state.params, plan, t)
-            result = exp.strategy.ctx.attack.corrupt_updates(result, state.params, t)
             previous = state.params
-            if len(clients):
+            result: LocalResult | None = None
+            if len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
+                plan = exp.strategy.configure(t, clients, state.params)
+                result = exp.engine.train(state.params, plan, t)
+                result = exp.strategy.ctx.attack.corrupt_updates(result, state.params, t)
                 state.params = exp.strategy.aggregate(t, state.params, result).detach()
-            losses = result.train_loss[result.steps > 0]
+            losses = result.train_loss[result.steps > 0] if result is not None else torch.zeros(0)
             local_loss = float(losses.double().mean()) if len(losses) else float("nan")
             _check_divergence(state, losses)
+            exp.availability.observe(t, exp.engine, state.params)
             state.round = t + 1
             metrics: dict[str, float] | None = None
             if state.round % cfg.eval_every == 0 or state.round == cfg.rounds:

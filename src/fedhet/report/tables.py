@@ -28,7 +28,7 @@ def final_rows(records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_COLU
 def compare_table(records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_COLUMNS) -> Table:
     table = Table(title="final metrics")
     for name in ("run", "algorithm", "rounds", *columns):
-        table.add_column(name, justify="left" if name in ("run", "algorithm") else "right")
+        table.add_column(name, justify="left" if name in ("run", "algorithm") else "right", overflow="fold")
     for row in final_rows(records, columns):
         table.add_row(*row)
     return table

@@ -1,0 +1,45 @@
+"""Appeal-driven participation (MaxFL §5, "flexible participation").
+
+During the first ``mandatory_rounds`` every client is available. After that a client is in the pool only if
+the current global model appeals to it (F_k(w) < ρ_k, on its training data by default), re-checked after every
+round, so clients opt out and back in. The server then samples m clients from the pool; when fewer than m are
+in it, all of them train; when none is, the round trains nobody and the model stays as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field, PrivateAttr
+from torch import Tensor
+
+from fedhet.availability.base import AVAILABILITY, Availability
+from fedhet.engine.engine import Engine
+from fedhet.metrics.requirements import requirements
+
+
+@AVAILABILITY.register
+class AppealParticipation(Availability):
+    name: ClassVar[str] = "appeal"
+    description: ClassVar[str] = "all clients for the first rounds, then only those the global model appeals to"
+    mandatory_rounds: int = Field(10, ge=0)
+    split: Literal["train", "test"] = "train"
+
+    _pool: Tensor | None = PrivateAttr(None)
+
+    def available(self, round_: int) -> Tensor:
+        if round_ < self.mandatory_rounds or self._pool is None:
+            return torch.ones(self._num_clients, dtype=torch.bool)
+        return self._pool.clone()
+
+    def observe(self, round_: int, engine: Engine, params: Tensor) -> None:
+        if round_ + 1 >= self.mandatory_rounds:
+            losses = engine.scores(params, self.split).loss
+            self._pool = losses < requirements(engine).rho
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pool": self._pool}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._pool = state["pool"]
