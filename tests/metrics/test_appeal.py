@@ -10,8 +10,7 @@ import torch
 from conftest import linear_model, tiny_data
 from fedhet.availability.appeal import AppealParticipation
 from fedhet.engine.engine import Engine
-from fedhet.errors import ConfigError
-from fedhet.metrics.requirements import (
+from fedhet.engine.requirements import (
     CACHE_KEY,
     Requirements,
     RequirementsConfig,
@@ -19,6 +18,7 @@ from fedhet.metrics.requirements import (
     gm_appeal,
     preferred_accuracy,
 )
+from fedhet.errors import ConfigError
 
 
 def test_gm_appeal_is_strict() -> None:
@@ -33,21 +33,19 @@ def test_preferred_accuracy_picks_the_appealing_model() -> None:
 def test_requirements_from_local_training_constant_and_file(tmp_path: Path) -> None:
     data = tiny_data([10, 10, 10], seed=3)
     engine = Engine(linear_model(), data)
-    req = compute_requirements(engine, RequirementsConfig(steps=30), lr=0.3, batch_size=5)
+    req = compute_requirements(engine, RequirementsConfig(steps=30, lr=0.3, batch_size=5))
     initial = engine.losses_at(engine.initial_params(), torch.arange(3))
     assert bool((req.rho < initial).all())  # solo training lowers each client's own loss
     assert req.local_params is not None and req.local_params.shape == (3, engine.model.size)
-    assert torch.equal(
-        compute_requirements(engine, RequirementsConfig(constant=0.4), 0.1, 5).rho, torch.full((3,), 0.4)
-    )
+    assert torch.equal(compute_requirements(engine, RequirementsConfig(constant=0.4)).rho, torch.full((3,), 0.4))
     f = tmp_path / "rho.csv"
     f.write_text("0.1\n0.2\n0.3\n")
     torch.testing.assert_close(
-        compute_requirements(engine, RequirementsConfig(file=str(f)), 0.1, 5).rho, torch.tensor([0.1, 0.2, 0.3])
+        compute_requirements(engine, RequirementsConfig(file=str(f))).rho, torch.tensor([0.1, 0.2, 0.3])
     )
     f.write_text("0.1\n")
     with pytest.raises(ConfigError, match="expected one per client"):
-        compute_requirements(engine, RequirementsConfig(file=str(f)), 0.1, 5)
+        compute_requirements(engine, RequirementsConfig(file=str(f)))
 
 
 def test_pool_is_everyone_before_the_mandatory_rounds_then_appealing_clients_only() -> None:

@@ -9,7 +9,7 @@ import torch
 from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
-from fedhet.metrics.requirements import CACHE_KEY, Requirements
+from fedhet.engine.requirements import CACHE_KEY, Requirements
 from fedhet.strategies.mwfed import MWFed, multiplicative_update, scaled_steps
 
 

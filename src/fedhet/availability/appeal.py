@@ -16,7 +16,7 @@ from torch import Tensor
 
 from fedhet.availability.base import AVAILABILITY, Availability
 from fedhet.engine.engine import Engine
-from fedhet.metrics.requirements import requirements
+from fedhet.engine.requirements import requirements
 
 
 @AVAILABILITY.register

@@ -10,7 +10,7 @@ from fedhet.data.dataset import FederatedData
 from fedhet.engine.evaluate import ClientScores, score_clients, score_own_models
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import Backend, train_cohort
-from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
 
 BackendChoice = Literal["auto", "sequential", "vectorised"]
 
@@ -36,12 +36,14 @@ class Engine:
         backend: BackendChoice = "auto",
         seed: int = 0,
         chunk_size: int = 0,
+        local: LocalSettings | None = None,
     ) -> None:
         self.model = model
         self.data = data
         self.backend: Backend = resolve_backend(backend, model)
         self.seed = seed
         self.chunk_size = chunk_size
+        self.local = local or LocalSettings(steps=10, lr=0.05, batch_size=10)  # the run's default local training
         self.cache: dict[str, object] = {}  # per-run values computed once (e.g. MaxFL's client requirements)
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:

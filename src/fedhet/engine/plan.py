@@ -8,6 +8,16 @@ import torch
 from torch import Tensor
 
 
+@dataclass(frozen=True)
+class LocalSettings:
+    """A run's default local training (the config's ``local`` section)."""
+
+    steps: int
+    lr: float
+    batch_size: int
+    weight_decay: float = 0.0
+
+
 @dataclass
 class LocalPlan:
     """Instructions for one round's cohort.

@@ -18,12 +18,13 @@ from fedhet.data.partition import Partitioner
 from fedhet.data.sources import DatasetSource
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.plan import LocalSettings
 from fedhet.experiments.config import COMPONENT_KEYS, RunConfig
 from fedhet.metrics.base import Metric
 from fedhet.models.base import ModelSpec
 from fedhet.registry import Component, spec_of
 from fedhet.seeding import derive_seed
-from fedhet.strategies.base import LocalSettings, ServerContext, Strategy
+from fedhet.strategies.base import ServerContext, Strategy
 
 
 @dataclass
@@ -92,10 +93,11 @@ def build(config: RunConfig) -> Experiment:
     with torch.random.fork_rng():
         torch.manual_seed(derive_seed(config.seed, "model-init"))
         module = parts.model.build(data.input_shape, data.num_classes)
-    engine = Engine(FlatModel(module), data, backend=config.backend, seed=config.seed, chunk_size=config.chunk_size)
-    engine.cache["requirements/settings"] = (config.requirements, config.local.lr, config.local.batch_size)
-    engine.cache["local"] = (config.local.lr, config.local.batch_size)
-    engine.cache["rounds"] = config.rounds
+    local = LocalSettings(config.local.steps, config.local.lr, config.local.batch_size, config.local.weight_decay)
+    engine = Engine(
+        FlatModel(module), data, backend=config.backend, seed=config.seed, chunk_size=config.chunk_size, local=local
+    )
+    engine.cache["requirements/settings"] = config.requirements
     strategy = parts.algorithm
     local = LocalSettings(config.local.steps, config.local.lr, config.local.batch_size, config.local.weight_decay)
     parts.attack.setup(data.num_clients, config.seed)

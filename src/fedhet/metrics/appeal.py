@@ -11,8 +11,8 @@ from torch import Tensor
 from fedhet.engine.engine import Engine
 from fedhet.engine.evaluate import ClientScores
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.requirements import gm_appeal, preferred_accuracy, requirements
 from fedhet.metrics.base import METRIC_PLUGINS, Metric, RoundView
-from fedhet.metrics.requirements import gm_appeal, preferred_accuracy, requirements
 
 
 def _group_metrics(
@@ -57,11 +57,11 @@ class Appeal(Metric):
         for prefix, ids in groups.items():
             if len(ids):
                 out.update(_group_metrics(prefix, ids, view.test, view.train, req.rho, req.local_test_accuracy))
-        final = view.round == view.engine.cache.get("rounds")
-        if self.finetune_steps and (self.finetune_every == "every" or final):
-            local = view.engine.cache["local"]
-            assert isinstance(local, tuple)
-            test, train = finetuned_scores(view.engine, view.params, self.finetune_steps, *local, view.round)
+        if self.finetune_steps and (self.finetune_every == "every" or view.final):
+            local = view.engine.local
+            test, train = finetuned_scores(
+                view.engine, view.params, self.finetune_steps, local.lr, local.batch_size, view.round
+            )
             for prefix, ids in groups.items():
                 if len(ids):
                     tuned = _group_metrics(prefix, ids, test, train, req.rho, req.local_test_accuracy)

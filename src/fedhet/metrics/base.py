@@ -29,6 +29,7 @@ class RoundView:
     test: ClientScores  # of `params` on every client's test data
     train: ClientScores  # of `params` on every client's train data
     history: list[dict[str, float]]  # earlier evaluated rounds
+    final: bool = False  # the last round of the run
 
 
 class Metric(Component):

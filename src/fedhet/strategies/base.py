@@ -22,19 +22,11 @@ from torch import Tensor
 
 from fedhet.attacks.base import Attack, NoAttack
 from fedhet.engine.engine import Engine
-from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
+
+__all__ = ["STRATEGIES", "LocalSettings", "ServerContext", "Strategy", "weighted_update"]
 from fedhet.registry import Component, Registry
 from fedhet.seeding import numpy_rng
-
-
-@dataclass(frozen=True)
-class LocalSettings:
-    """The run's default local-training settings (from the config's ``local`` section)."""
-
-    steps: int
-    lr: float
-    batch_size: int
-    weight_decay: float = 0.0
 
 
 @dataclass

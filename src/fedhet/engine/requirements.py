@@ -43,7 +43,7 @@ class Requirements:
     local_test_accuracy: Tensor | None
 
 
-def compute_requirements(engine: Engine, cfg: RequirementsConfig, lr: float, batch_size: int) -> Requirements:
+def compute_requirements(engine: Engine, cfg: RequirementsConfig) -> Requirements:
     k = engine.data.num_clients
     if cfg.file is not None:
         path = Path(cfg.file)
@@ -56,7 +56,10 @@ def compute_requirements(engine: Engine, cfg: RequirementsConfig, lr: float, bat
     if cfg.constant is not None:
         return Requirements(torch.full((k,), float(cfg.constant)), None, None)
     clients = torch.arange(k)
-    plan = LocalPlan.uniform(clients, cfg.steps, cfg.lr or lr, cfg.batch_size or batch_size, stream="requirements")
+    defaults = engine.local
+    plan = LocalPlan.uniform(
+        clients, cfg.steps, cfg.lr or defaults.lr, cfg.batch_size or defaults.batch_size, stream="requirements"
+    )
     local = engine.train(engine.initial_params(), plan, 0).params
     rho = engine.own_scores(local, clients, "train").loss
     return Requirements(rho, local, engine.own_scores(local, clients, "test").accuracy)
@@ -67,10 +70,9 @@ def requirements(engine: Engine) -> Requirements:
     cached = engine.cache.get(CACHE_KEY)
     if isinstance(cached, Requirements):
         return cached
-    settings = engine.cache.get(CACHE_KEY + "/settings")
-    if not isinstance(settings, tuple):
-        raise RuntimeError("requirements settings missing: build the engine through fedhet.experiments.build")
-    result = compute_requirements(engine, *settings)
+    settings = engine.cache.get(CACHE_KEY + "/settings", RequirementsConfig())
+    assert isinstance(settings, RequirementsConfig)
+    result = compute_requirements(engine, settings)
     engine.cache[CACHE_KEY] = result
     return result
 
