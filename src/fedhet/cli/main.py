@@ -225,5 +225,46 @@ def reproduce(
     console.print(f"results: [bold]{out}[/] (table.md, figures, one run folder per method and seed)")
 
 
+@app.command()
+@friendly
+def bench(
+    quick: Annotated[bool, typer.Option(help="fewer repetitions and smaller sweeps (under two minutes)")] = False,
+    json_file: Annotated[Path | None, typer.Option("--json", help="write every row to this JSON file")] = None,
+    workload: Annotated[list[str] | None, typer.Option(help="only these workloads (repeatable)")] = None,
+) -> None:
+    """Time whole rounds on fedhet's backends, a naive reference, Flower (if installed) and the machine limit."""
+    from fedhet.bench.run import run_bench
+
+    rows = run_bench(quick=quick, json_path=json_file, progress=console.print, only=tuple(workload or ()))
+    table = Table(title="median seconds per round (local training + aggregation + evaluation)")
+    for name in (
+        "workload",
+        "backend",
+        "median s",
+        "× vs naive",
+        "× vs Flower",
+        "/ best backend",
+        "FLOP frac",
+        "peak MB",
+    ):
+        table.add_column(name, justify="left" if name in ("workload", "backend") else "right")
+
+    def fmt(value: float | None, pattern: str = "{:.2f}") -> str:
+        return "-" if value is None or value != value else pattern.format(value)
+
+    for r in rows:
+        table.add_row(
+            r.workload,
+            r.backend,
+            f"{r.median_s:.4f}",
+            fmt(r.ratio_to_naive),
+            fmt(r.ratio_to_flower),
+            fmt(r.ratio_to_best_backend),
+            fmt(r.flop_fraction, "{:.3f}"),
+            fmt(r.peak_mem_mb, "{:.0f}"),
+        )
+    console.print(table)
+
+
 def main() -> None:  # pragma: no cover
     sys.exit(app())

@@ -15,7 +15,7 @@ from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
 BackendChoice = Literal["auto", "sequential", "vectorised"]
 
 # Above this many parameters a client's step is compute-bound and vmap gains nothing on a CPU.
-VECTORISE_MAX_PARAMS = 50_000
+VECTORISE_MAX_PARAMS = 60_000
 
 
 def resolve_backend(choice: BackendChoice, model: FlatModel) -> Backend:
