@@ -17,7 +17,7 @@ $(BIN)/fedhet: pyproject.toml
 install: $(BIN)/fedhet
 
 demo: install
-	$(BIN)/fedhet run --algorithm fedavg --dataset digits --rounds 30 --seed 1 --out runs/demo
+	$(BIN)/fedhet run --algorithm fedavg --dataset digits --rounds 30 --seed 1 --out runs/demo --overwrite
 
 lint: install
 	$(BIN)/ruff check src tests

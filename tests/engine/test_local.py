@@ -111,8 +111,9 @@ def test_gradient_statistics_match_per_sample_autograd() -> None:
     torch.testing.assert_close(var[0], chosen.var(0, unbiased=False), atol=1e-6, rtol=1e-5)
 
 
-def test_auto_backend_prefers_vectorised_for_small_models() -> None:
-    assert resolve_backend("auto", linear_model()) == "vectorised"
+def test_auto_backend_prefers_vectorised_for_small_models_and_large_cohorts() -> None:
+    assert resolve_backend("auto", linear_model(), cohort=100) == "vectorised"
+    assert resolve_backend("auto", linear_model(), cohort=5) == "sequential"
     big = FlatModel(nn.Linear(1000, 100))
-    assert resolve_backend("auto", big) == "sequential"
-    assert resolve_backend("sequential", linear_model()) == "sequential"
+    assert resolve_backend("auto", big, cohort=100) == "sequential"
+    assert resolve_backend("sequential", linear_model(), cohort=100) == "sequential"

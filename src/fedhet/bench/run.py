@@ -124,7 +124,7 @@ def bench_workload(w: Workload, data: FederatedData, rate: float, reps: int, war
         median, n = _time(fedhet_round(engine, strategy, w), 0 if big else warmup, 1 if big else reps)
         times[backend] = median
         rows.append(Row(w.name, backend, median, n, flops, flops / median / rate, _peak_mb()))
-    auto = resolve_backend("auto", model)
+    auto = resolve_backend("auto", model, w.clients)
     rows.append(
         Row(
             w.name,

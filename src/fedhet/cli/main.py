@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -63,6 +64,7 @@ def run(
     download: Annotated[bool, typer.Option(help="download missing dataset files")] = False,
     resume: Annotated[Path | None, typer.Option(help="continue the interrupted run in this folder")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar or table")] = False,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing run in --out")] = False,
 ) -> None:
     """Run one experiment and write its run folder."""
     from fedhet.experiments.config import apply_override, load_yaml, parse_config, set_component
@@ -97,8 +99,12 @@ def run(
             Path("runs")
             / f"{cfg.spec('algorithm')['name']}_{cfg.spec('dataset')['name']}_seed{cfg.seed}_{int(time.time())}"
         )
+    if (out / CHECKPOINT).exists() and overwrite:
+        shutil.rmtree(out)
     if (out / CHECKPOINT).exists():
-        raise FedhetError(f"'{out}' already holds a run; continue it with --resume {out} or choose another --out")
+        raise FedhetError(
+            f"'{out}' already holds a run; continue it with --resume {out} or choose another --out (or --overwrite)"
+        )
     state = start_run(cfg, out, callbacks)
     _report(state, quiet)
 
@@ -113,7 +119,10 @@ def _report(state: Any, quiet: bool) -> None:
     if quiet:
         console.print(str(state.out))
         return
-    backend = state.experiment.engine.backend
+    from fedhet.engine.engine import resolve_backend
+
+    engine = state.experiment.engine
+    backend = resolve_backend(engine.backend, engine.model, state.config.clients_per_round)
     table = Table(title=f"{state.status}: {state.round} rounds in {state.wall_time_s:.1f} s ({backend} backend)")
     table.add_column("metric")
     table.add_column("final", justify="right")

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedhet.engine.engine import resolve_backend
 from fedhet.engine.plan import LocalResult
 from fedhet.errors import ConfigError, DivergenceError
 from fedhet.experiments.build import Experiment, build
@@ -117,7 +118,9 @@ def _write_outputs(state: RunState) -> None:
         "rounds": state.round,
         "rounds_planned": cfg.rounds,
         "status": state.status,
-        "backend": state.experiment.engine.backend,
+        "backend": resolve_backend(
+            state.experiment.engine.backend, state.experiment.engine.model, cfg.clients_per_round
+        ),
         "wall_time_s": round(state.wall_time_s, 3),
         "final": state.final,
     }
