@@ -14,6 +14,14 @@ DEFAULT_COLUMNS = (
     "test_loss",
     "train_loss",
 )
+SHORT = {
+    "test_accuracy": "acc",
+    "test_accuracy_std": "acc std",
+    "test_accuracy_worst10": "worst 10%",
+    "test_accuracy_best10": "best 10%",
+    "test_loss": "test loss",
+    "train_loss": "train loss",
+}
 
 
 def final_rows(records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_COLUMNS) -> list[list[str]]:
@@ -26,9 +34,10 @@ def final_rows(records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_COLU
 
 
 def compare_table(records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_COLUMNS) -> Table:
-    table = Table(title="final metrics")
-    for name in ("run", "algorithm", "rounds", *columns):
-        table.add_column(name, justify="left" if name in ("run", "algorithm") else "right", overflow="fold")
+    table = Table(title="final metrics (test accuracy averaged over clients)")
+    for name in ("run", "algorithm", "rounds", *(SHORT.get(c, c) for c in columns)):
+        text = name in ("run", "algorithm")
+        table.add_column(name, justify="left" if text else "right", overflow="fold", no_wrap=not text)
     for row in final_rows(records, columns):
         table.add_row(*row)
     return table
