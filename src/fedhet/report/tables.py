@@ -37,7 +37,10 @@ def compare_table(records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_C
     table = Table(title="final metrics (test accuracy averaged over clients)")
     for name in ("run", "algorithm", "rounds", *(SHORT.get(c, c) for c in columns)):
         text = name in ("run", "algorithm")
-        table.add_column(name, justify="left" if text else "right", overflow="fold", no_wrap=not text)
+        width = min(24, max([len(name)] + [len(r.label) for r in records])) if name == "run" else None
+        table.add_column(
+            name, justify="left" if text else "right", overflow="fold", no_wrap=not text, min_width=width or 6
+        )
     for row in final_rows(records, columns):
         table.add_row(*row)
     return table
