@@ -28,15 +28,15 @@ def final_rows(records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_COLU
     rows = []
     for rec in records:
         final = rec.summary.get("final", {})
-        head = [rec.label, str(rec.summary.get("algorithm", "")), str(rec.summary.get("rounds", ""))]
+        head = [rec.label, str(rec.summary.get("rounds", ""))]
         rows.append(head + [f"{final[c]:.4f}" if c in final else "-" for c in columns])
     return rows
 
 
 def compare_table(records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_COLUMNS) -> Table:
     table = Table(title="final metrics (test accuracy averaged over clients)")
-    for name in ("run", "algorithm", "rounds", *(SHORT.get(c, c) for c in columns)):
-        text = name in ("run", "algorithm")
+    for name in ("run", "rounds", *(SHORT.get(c, c) for c in columns)):
+        text = name == "run"
         width = min(24, max([len(name)] + [len(r.label) for r in records])) if name == "run" else None
         table.add_column(
             name, justify="left" if text else "right", overflow="fold", no_wrap=not text, min_width=width or 6
