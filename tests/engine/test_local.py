@@ -117,3 +117,17 @@ def test_auto_backend_prefers_vectorised_for_small_models_and_large_cohorts() ->
     big = FlatModel(nn.Linear(1000, 100))
     assert resolve_backend("auto", big, cohort=100) == "sequential"
     assert resolve_backend("sequential", linear_model(), cohort=100) == "sequential"
+
+
+def test_each_epoch_is_a_permutation_and_streams_differ() -> None:
+    offsets = torch.tensor([0, 6, 13])
+    index, weight = local_batches(offsets, torch.tensor([0, 1]), torch.tensor([4, 4]), 3, seed=0, round_=1)
+    for epoch in range(2):
+        rows = index[0, 2 * epoch : 2 * epoch + 2].flatten().tolist()
+        assert sorted(rows) == list(range(6))  # 6 samples, batch 3: two steps per epoch cover all once
+    assert len(set(index[1, :2].flatten().tolist())) == 6  # 7 samples: 6 distinct per epoch
+    assert bool((weight == 1).all())
+    other, _ = local_batches(offsets, torch.tensor([0, 1]), torch.tensor([4, 4]), 3, seed=0, round_=2)
+    assert not torch.equal(other, index)
+    finetune, _ = local_batches(offsets, torch.tensor([0, 1]), torch.tensor([4, 4]), 3, 0, 1, stream="finetune")
+    assert not torch.equal(finetune, index)

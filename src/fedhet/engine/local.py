@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor
-from torch.func import grad, grad_and_value, vmap
+from torch.func import functional_call, grad, grad_and_value, vmap
 
 from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import local_batches, stats_samples
@@ -87,6 +87,47 @@ def train_sequential(
     return params, losses
 
 
+Tree = dict[str, Tensor]
+
+
+def make_tree_step(model: FlatModel, prox_mu: float, weight_decay: float) -> Callable[..., tuple[Tree, Tensor]]:
+    """`make_step` on parameter dictionaries (cheaper under vmap than one flat vector: no split and cat per
+    step). Same update, element by element."""
+
+    def batch_loss(w: Tree, x: Tensor, y: Tensor, wt: Tensor) -> Tensor:
+        losses = torch.nn.functional.cross_entropy(functional_call(model.module, w, (x,)), y, reduction="none")
+        return (losses * wt).sum() / wt.sum().clamp_min(1.0)
+
+    loss_grad = grad_and_value(batch_loss)
+
+    def step(w: Tree, w0: Tree, x: Tensor, y: Tensor, wt: Tensor, lr: Tensor, corr: Tree | None) -> tuple[Tree, Tensor]:
+        g, loss = loss_grad(w, x, y, wt)
+        out = {}
+        for name, value in w.items():
+            direction = g[name]
+            if prox_mu:
+                direction = direction + prox_mu * (value - w0[name])
+            if weight_decay:
+                direction = direction + weight_decay * value
+            if corr is not None:
+                direction = direction + corr[name]
+            out[name] = value - lr * direction
+        return out, loss
+
+    return step
+
+
+def _tree(model: FlatModel, flat: Tensor) -> Tree:
+    """Views of stacked flat parameters (m, P) as a dictionary of (m, *shape) tensors."""
+    chunks = torch.split(flat, model.numels, dim=-1)
+    lead = flat.shape[:-1]
+    return {n: c.reshape(*lead, *s) for n, c, s in zip(model.names, chunks, model.shapes, strict=True)}
+
+
+def _flat(tree: Tree, m: int) -> Tensor:
+    return torch.cat([t.reshape(m, -1) for t in tree.values()], dim=1)
+
+
 def train_vectorised(
     model: FlatModel,
     data: ClientData,
@@ -101,31 +142,35 @@ def train_vectorised(
     chunk = chunk_size if chunk_size > 0 else max(m, 1)
     params = w0.unsqueeze(0).repeat(m, 1)
     losses = torch.full((m,), float("nan"))
-    step = make_step(model, plan.prox_mu, plan.weight_decay)
+    step = make_tree_step(model, plan.prox_mu, plan.weight_decay)
     randomness = "same" if model.has_dropout else "error"
     corr_dim = 0 if plan.correction is not None else None
     vstep = vmap(step, in_dims=(0, None, 0, 0, 0, 0, corr_dim), randomness=randomness)
+    w0_tree = _tree(model, w0)
     for lo in range(0, m, chunk):
         sel = slice(lo, min(lo + chunk, m))
         clients, steps, lr = plan.clients[sel], plan.steps[sel], plan.lr[sel]
-        corr = plan.correction[sel] if plan.correction is not None else None
+        size = len(clients)
+        corr = _tree(model, plan.correction[sel]) if plan.correction is not None else None
         index, weight = local_batches(data.offsets, clients, steps, plan.batch_size, seed, round_, plan.stream)
-        w, total = params[sel].clone(), torch.zeros(len(clients))
+        w, total = _tree(model, params[sel].clone()), torch.zeros(size)
         for t in range(index.shape[1]):
             _seed_dropout(model, seed, round_, t, plan.stream)
             active = steps > t
             if bool(active.all()):
                 rows = index[:, t]
-                w, loss = vstep(w, w0, data.x[rows], data.y[rows], weight[:, t], lr, corr)
+                w, loss = vstep(w, w0_tree, data.x[rows], data.y[rows], weight[:, t], lr, corr)
                 total = total + loss
             else:
                 ids = torch.nonzero(active).flatten()
                 rows = index[ids, t]
-                c = corr[ids] if corr is not None else None
-                w_new, loss = vstep(w[ids], w0, data.x[rows], data.y[rows], weight[ids, t], lr[ids], c)
-                w[ids] = w_new
+                c = {k: v[ids] for k, v in corr.items()} if corr is not None else None
+                sub = {k: v[ids] for k, v in w.items()}
+                new, loss = vstep(sub, w0_tree, data.x[rows], data.y[rows], weight[ids, t], lr[ids], c)
+                for k in w:
+                    w[k] = w[k].index_put((ids,), new[k])
                 total[ids] += loss
-        params[sel] = w
+        params[sel] = _flat(w, size)
         losses[sel] = torch.where(steps > 0, total / steps.clamp_min(1), torch.nan)
     return params, losses
 
