@@ -180,10 +180,11 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
                     exp.engine,
                     state.params,
                     previous,
-                    result if len(clients) else None,
+                    result,
                     test,
                     train,
                     state.history,
+                    final=state.round == cfg.rounds,
                 )
                 for plugin in exp.metrics:
                     extra, columns = plugin.compute(view)
