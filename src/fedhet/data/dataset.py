@@ -1,0 +1,134 @@
+"""In-memory datasets and their federated layout.
+
+A `Dataset` is a whole dataset as two tensors. A `FederatedData` holds every client's samples concatenated in
+one contiguous tensor (sorted by client, with offsets), so the engine gathers mini-batches for many clients
+with one indexing operation and evaluates all clients in a few large batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A whole dataset: inputs `x` (float features or long tokens) and integer labels `y`.
+
+    `users` optionally gives each sample's natural owner (LEAF users, speaking roles, domains); the
+    `natural` partitioner uses it.
+    """
+
+    name: str
+    x: Tensor
+    y: Tensor
+    num_classes: int
+    users: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"{self.name}: {len(self.x)} inputs but {len(self.y)} labels")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """Samples of many clients, concatenated client after client; client k owns rows offsets[k]:offsets[k+1]."""
+
+    x: Tensor
+    y: Tensor
+    offsets: Tensor  # (K + 1,) int64, offsets[0] == 0
+
+    @staticmethod
+    def from_parts(xs: list[Tensor], ys: list[Tensor]) -> ClientData:
+        sizes = torch.tensor([len(y) for y in ys], dtype=torch.long)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
+        return ClientData(torch.cat(xs).contiguous(), torch.cat(ys).contiguous(), offsets)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def sizes(self) -> Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    @property
+    def owner(self) -> Tensor:
+        """The client index of every row (N,)."""
+        return torch.repeat_interleave(torch.arange(self.num_clients), self.sizes)
+
+    def client(self, k: int) -> tuple[Tensor, Tensor]:
+        lo, hi = int(self.offsets[k]), int(self.offsets[k + 1])
+        return self.x[lo:hi], self.y[lo:hi]
+
+    def select(self, clients: Tensor) -> ClientData:
+        """The data of `clients` only, in that order."""
+        parts = [self.client(int(k)) for k in clients]
+        return ClientData.from_parts([p[0] for p in parts], [p[1] for p in parts])
+
+
+@dataclass
+class FederatedData:
+    """Every client's train and test data, and which clients take part in training (seen) or not (unseen)."""
+
+    name: str
+    train: ClientData
+    test: ClientData
+    num_classes: int
+    seen: Tensor  # (K,) bool: True for clients that may be sampled for training
+    info: dict[str, Tensor] = field(default_factory=dict)  # per-client tags, e.g. "flipped" (K,) bool
+
+    def __post_init__(self) -> None:
+        if self.train.num_clients != self.test.num_clients or len(self.seen) != self.train.num_clients:
+            raise ValueError("train, test and seen must describe the same clients")
+
+    @property
+    def num_clients(self) -> int:
+        return self.train.num_clients
+
+    @property
+    def seen_ids(self) -> Tensor:
+        return torch.nonzero(self.seen).flatten()
+
+    @property
+    def unseen_ids(self) -> Tensor:
+        return torch.nonzero(~self.seen).flatten()
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train.x.shape[1:])
+
+    @property
+    def input_is_tokens(self) -> bool:
+        return not torch.is_floating_point(self.train.x)
+
+    def summary(self) -> dict[str, float]:
+        sizes = self.train.sizes.double()
+        return {
+            "clients": float(self.num_clients),
+            "seen_clients": float(self.seen.sum()),
+            "train_samples": float(sizes.sum()),
+            "test_samples": float(self.test.sizes.sum()),
+            "min_train_per_client": float(sizes.min()),
+            "max_train_per_client": float(sizes.max()),
+        }
+
+
+def split_indices(indices: np.ndarray, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Shuffle one client's sample indices and cut them into (train, test); both keep at least one sample
+    when the client has two or more."""
+    perm = rng.permutation(indices)
+    n_test = int(round(len(perm) * test_fraction))
+    if len(perm) >= 2:
+        n_test = min(max(n_test, 1 if test_fraction > 0 else 0), len(perm) - 1)
+    return perm[n_test:], perm[:n_test]

@@ -1,0 +1,84 @@
+"""Label corruption of a share of clients (MaxFL's label flipping, label swapping, noisy clients)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from fedhet.data.dataset import ClientData, FederatedData
+from fedhet.seeding import numpy_rng
+
+
+class LabelNoise(BaseModel):
+    """Which clients get corrupted labels, and how.
+
+    Mappings: ``reverse`` y → C−1−y; ``shift`` y → (y+1) mod C; ``permutation`` one fixed random derangement
+    of the classes (the same for every affected client); ``pairs`` swaps the listed label pairs;
+    ``random`` replaces the label by a uniformly drawn other class (label noise).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    fraction: float = Field(0.0, ge=0, le=1, description="share of clients whose labels are corrupted")
+    mapping: Literal["reverse", "shift", "permutation", "pairs", "random"] = "reverse"
+    pairs: list[tuple[int, int]] = Field(default_factory=list, description="label pairs swapped by 'pairs'")
+    rate: float = Field(1.0, ge=0, le=1, description="share of an affected client's samples that are changed")
+    splits: Literal["both", "train"] = "both"
+
+
+def label_map(spec: LabelNoise, num_classes: int, rng: np.random.Generator) -> Tensor | None:
+    """The class → class table of a deterministic mapping (None for ``random``)."""
+    classes = np.arange(num_classes)
+    if spec.mapping == "reverse":
+        table = num_classes - 1 - classes
+    elif spec.mapping == "shift":
+        table = (classes + 1) % num_classes
+    elif spec.mapping == "permutation":
+        table = classes.copy()
+        order = rng.permutation(num_classes)
+        table[order] = np.roll(order, 1)  # a cycle through a random order: no class maps to itself
+    elif spec.mapping == "pairs":
+        table = classes.copy()
+        for a, b in spec.pairs:
+            table[a], table[b] = b, a
+    else:
+        return None
+    return torch.as_tensor(table, dtype=torch.long)
+
+
+def _corrupt(
+    part: ClientData, clients: Tensor, table: Tensor | None, rate: float, num_classes: int, rng: np.random.Generator
+) -> ClientData:
+    y = part.y.clone()
+    for k in clients.tolist():
+        lo, hi = int(part.offsets[k]), int(part.offsets[k + 1])
+        chosen = np.flatnonzero(rng.random(hi - lo) < rate) + lo
+        rows = torch.as_tensor(chosen, dtype=torch.long)
+        if table is not None:
+            y[rows] = table[y[rows]]
+        else:
+            offset = torch.as_tensor(rng.integers(1, num_classes, len(rows)), dtype=torch.long)
+            y[rows] = (y[rows] + offset) % num_classes
+    return ClientData(part.x, y, part.offsets)
+
+
+def corrupt_labels(data: FederatedData, spec: LabelNoise, seed: int) -> FederatedData:
+    """Apply `spec` to ``round(fraction · K)`` clients drawn uniformly without replacement; marks them in
+    ``data.info["corrupted"]``."""
+    count = int(round(spec.fraction * data.num_clients))
+    flags = torch.zeros(data.num_clients, dtype=torch.bool)
+    if count == 0:
+        data.info["corrupted"] = flags
+        return data
+    rng = numpy_rng(seed, "label-noise")
+    clients = torch.as_tensor(np.sort(rng.choice(data.num_clients, size=count, replace=False)), dtype=torch.long)
+    flags[clients] = True
+    table = label_map(spec, data.num_classes, rng)
+    train = _corrupt(data.train, clients, table, spec.rate, data.num_classes, rng)
+    test = (
+        data.test if spec.splits == "train" else _corrupt(data.test, clients, table, spec.rate, data.num_classes, rng)
+    )
+    return FederatedData(data.name, train, test, data.num_classes, data.seen, {**data.info, "corrupted": flags})
