@@ -18,7 +18,9 @@ def test_split_and_unseen(digits: Dataset) -> None:
     ratio = fed.test.sizes.double() / (fed.train.sizes + fed.test.sizes).double()
     assert bool(((ratio - 0.25).abs() < 0.02).all())
     # rows of client k are contiguous and the owner map agrees with the offsets
-    assert torch.equal(fed.train.owner[: int(fed.train.sizes[0])], torch.zeros(int(fed.train.sizes[0]), dtype=torch.long))
+    assert torch.equal(
+        fed.train.owner[: int(fed.train.sizes[0])], torch.zeros(int(fed.train.sizes[0]), dtype=torch.long)
+    )
     again = federate(digits, PARTITIONERS.build("iid"), 8, unseen_clients=4, test_fraction=0.25, seed=1)
     assert torch.equal(fed.train.x, again.train.x) and torch.equal(fed.seen, again.seen)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from conftest import tiny_data
 
+from conftest import tiny_data
 from fedhet.data.labels import LabelNoise, corrupt_labels, label_map
 
 

@@ -45,7 +45,11 @@ def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
 def write_mnist(folder: Path, n_train: int = 5, n_test: int = 3, compress: bool = False, prefix: str = "") -> None:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    names = MNIST_FILES if not prefix else [f"{prefix}-{p}-{k}-ubyte" for p in ("train", "test") for k in ("images-idx3", "labels-idx1")]
+    names = (
+        MNIST_FILES
+        if not prefix
+        else [f"{prefix}-{p}-{k}-ubyte" for p in ("train", "test") for k in ("images-idx3", "labels-idx1")]
+    )
     write_idx(folder / names[0], rng.integers(0, 256, (n_train, 28, 28)), compress)
     write_idx(folder / names[1], np.arange(n_train) % 10, compress)
     write_idx(folder / names[2], rng.integers(0, 256, (n_test, 28, 28)), compress)
@@ -131,7 +135,10 @@ def test_leaf_femnist_and_shakespeare(tmp_path: Path) -> None:
 
 
 def test_sent140_with_glove(tmp_path: Path) -> None:
-    leaf(tmp_path / "sent140", {"u1": ([["id", "date", "q", "user", "Good day"], ["i", "d", "q", "u", "zzz"]], ["1", "0"])})
+    leaf(
+        tmp_path / "sent140",
+        {"u1": ([["id", "date", "q", "user", "Good day"], ["i", "d", "q", "u", "zzz"]], ["1", "0"])},
+    )
     with pytest.raises(DataError, match="GloVe"):
         Sent140().load(tmp_path)
     (tmp_path / "sent140" / "glove.txt").write_text("good 1.0 0.0\nday 0.0 1.0\n")
@@ -143,10 +150,19 @@ def test_sent140_with_glove(tmp_path: Path) -> None:
 def test_adult_csv(tmp_path: Path) -> None:
     folder = tmp_path / "adult"
     folder.mkdir()
-    row = "39, State-gov, 77516, {edu}, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, {label}"
-    (folder / "adult.data").write_text("\n".join([row.format(edu="Bachelors", label="<=50K"),
-                                                  row.format(edu="Doctorate", label=">50K"),
-                                                  row.replace("State-gov", "?").format(edu="Masters", label="<=50K")]))
+    row = (
+        "39, State-gov, 77516, {edu}, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, "
+        "United-States, {label}"
+    )
+    (folder / "adult.data").write_text(
+        "\n".join(
+            [
+                row.format(edu="Bachelors", label="<=50K"),
+                row.format(edu="Doctorate", label=">50K"),
+                row.replace("State-gov", "?").format(edu="Masters", label="<=50K"),
+            ]
+        )
+    )
     (folder / "adult.test").write_text("|1x3 Cross validator\n" + row.format(edu="Doctorate", label=">50K."))
     ds = Adult().load(tmp_path)
     assert len(ds) == 3 and ds.y.tolist() == [0, 1, 1]
@@ -167,8 +183,9 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     httpd.server_close()
 
 
-def test_download_from_a_local_mirror_and_checksum(server: tuple[str, Path], tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_download_from_a_local_mirror_and_checksum(
+    server: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     base, root = server
     write_mnist(root, compress=True)
     monkeypatch.setenv("FEDHET_MIRROR", base)

@@ -128,7 +128,7 @@ def split_indices(indices: np.ndarray, test_fraction: float, rng: np.random.Gene
     """Shuffle one client's sample indices and cut them into (train, test); both keep at least one sample
     when the client has two or more."""
     perm = rng.permutation(indices)
-    n_test = int(round(len(perm) * test_fraction))
+    n_test = round(len(perm) * test_fraction)
     if len(perm) >= 2:
         n_test = min(max(n_test, 1 if test_fraction > 0 else 0), len(perm) - 1)
     return perm[n_test:], perm[:n_test]

@@ -68,7 +68,7 @@ def _corrupt(
 def corrupt_labels(data: FederatedData, spec: LabelNoise, seed: int) -> FederatedData:
     """Apply `spec` to ``round(fraction · K)`` clients drawn uniformly without replacement; marks them in
     ``data.info["corrupted"]``."""
-    count = int(round(spec.fraction * data.num_clients))
+    count = round(spec.fraction * data.num_clients)
     flags = torch.zeros(data.num_clients, dtype=torch.bool)
     if count == 0:
         data.info["corrupted"] = flags
