@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import torch
 from torch import nn
@@ -11,7 +12,7 @@ from conftest import linear_model, tiny_data
 from fedhet.engine.batches import local_batches
 from fedhet.engine.engine import Engine, resolve_backend
 from fedhet.engine.functional import FlatModel
-from fedhet.engine.local import gradient_statistics, make_step
+from fedhet.engine.local import _flat, _tree, gradient_statistics, make_step
 from fedhet.engine.plan import LocalPlan
 
 
@@ -30,7 +31,9 @@ def test_step_adds_proximal_term_correction_and_weight_decay() -> None:
     corr = torch.linspace(-1, 1, model.size)
     g = manual_grad(model, w, x, y)
     mu, lam, lr = 0.5, 0.01, torch.tensor(0.2)
-    new_w, loss = make_step(model, mu, lam)(w, w0, x, y, torch.ones(4), lr, corr)
+    tree = partial(_tree, model)
+    new_tree, loss = make_step(model, mu, lam)(tree(w), tree(w0), x, y, torch.ones(4), lr, tree(corr))
+    new_w = _flat({k: v.unsqueeze(0) for k, v in new_tree.items()}, 1)[0]
     prox = mu * (w - w0)
     assert float(prox.abs().min()) > 0.1
     expected = w - lr * (g + prox + lam * w + corr)
@@ -43,9 +46,11 @@ def test_padded_rows_do_not_count() -> None:
     w = model.initial_params()
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
     step = make_step(model, 0.0, 0.0)
-    full, _ = step(w, w, x[:2], y[:2], torch.ones(2), torch.tensor(0.1), None)
-    padded, _ = step(w, w, x, y, torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor(0.1), None)
-    torch.testing.assert_close(full, padded)
+    t = _tree(model, w)
+    full, _ = step(t, t, x[:2], y[:2], torch.ones(2), torch.tensor(0.1), None)
+    padded, _ = step(t, t, x, y, torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor(0.1), None)
+    for name in full:
+        torch.testing.assert_close(full[name], padded[name])
 
 
 def test_batches_are_epochs_without_replacement_and_padded() -> None:

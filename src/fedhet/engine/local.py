@@ -21,26 +21,6 @@ from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.seeding import derive_seed
 
 Backend = Literal["sequential", "vectorised"]
-StepFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor]]
-
-
-def make_step(model: FlatModel, prox_mu: float, weight_decay: float) -> StepFn:
-    """The local SGD step of `LocalPlan`'s docstring, for one client (vmap it for many)."""
-    loss_grad = grad_and_value(model.batch_loss)
-
-    def step(
-        w: Tensor, w0: Tensor, x: Tensor, y: Tensor, wt: Tensor, lr: Tensor, corr: Tensor | None
-    ) -> tuple[Tensor, Tensor]:
-        g, loss = loss_grad(w, x, y, wt)
-        if prox_mu:
-            g = g + prox_mu * (w - w0)
-        if weight_decay:
-            g = g + weight_decay * w
-        if corr is not None:
-            g = g + corr
-        return w - lr * g, loss
-
-    return step
 
 
 def _seed_dropout(model: FlatModel, seed: int, round_: int, t: int, stream: str) -> None:
@@ -90,9 +70,9 @@ def train_sequential(
 Tree = dict[str, Tensor]
 
 
-def make_tree_step(model: FlatModel, prox_mu: float, weight_decay: float) -> Callable[..., tuple[Tree, Tensor]]:
-    """`make_step` on parameter dictionaries (cheaper under vmap than one flat vector: no split and cat per
-    step). Same update, element by element."""
+def make_step(model: FlatModel, prox_mu: float, weight_decay: float) -> Callable[..., tuple[Tree, Tensor]]:
+    """The local SGD step of `LocalPlan`'s docstring for one client, on a parameter dictionary (vmap it for
+    many; dictionaries are cheaper under vmap than one flat vector: no split and cat per step)."""
 
     def batch_loss(w: Tree, x: Tensor, y: Tensor, wt: Tensor) -> Tensor:
         losses = torch.nn.functional.cross_entropy(functional_call(model.module, w, (x,)), y, reduction="none")
@@ -142,7 +122,7 @@ def train_vectorised(
     chunk = chunk_size if chunk_size > 0 else max(m, 1)
     params = w0.unsqueeze(0).repeat(m, 1)
     losses = torch.full((m,), float("nan"))
-    step = make_tree_step(model, plan.prox_mu, plan.weight_decay)
+    step = make_step(model, plan.prox_mu, plan.weight_decay)
     randomness = "same" if model.has_dropout else "error"
     corr_dim = 0 if plan.correction is not None else None
     vstep = vmap(step, in_dims=(0, None, 0, 0, 0, 0, corr_dim), randomness=randomness)

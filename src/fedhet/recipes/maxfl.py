@@ -37,6 +37,12 @@ EMBEDDED: dict[str, Any] = {
     "rounds": 100,
 }
 QUICK: dict[str, Any] = {"rounds": 30}
+SEEN_UNSEEN: dict[str, str] = {
+    "test_accuracy": "seen test acc",
+    "gm_appeal": "seen GM-appeal",
+    "unseen_test_accuracy": "unseen test acc",
+    "unseen_gm_appeal": "unseen GM-appeal",
+}
 METHODS: dict[str, dict[str, Any]] = {
     "FedAvg": {"algorithm": "fedavg"},
     "FedProx": {"algorithm": {"name": "fedprox", "mu": 0.01}},
@@ -69,12 +75,7 @@ def table1() -> Recipe:
         description="MaxFL Table 1: flexible participation, avg test accuracy and GM-appeal, seen and unseen",
         base=PAPER,
         methods=_available(_methods(tuple(METHODS))),
-        columns={
-            "test_accuracy": "seen test acc",
-            "gm_appeal": "seen GM-appeal",
-            "unseen_test_accuracy": "unseen test acc",
-            "unseen_gm_appeal": "unseen GM-appeal",
-        },
+        columns=SEEN_UNSEEN,
         fallback=EMBEDDED,
         quick=QUICK,
         figures={"gm_appeal": "gm_appeal.png", "test_accuracy": "test_accuracy.png"},
@@ -130,12 +131,7 @@ def byzantine() -> Recipe:
         description="MaxFL Byzantine table: clients report +10 loss and add N(0, 1) noise to their updates",
         base=PAPER,
         methods=methods,
-        columns={
-            "test_accuracy": "seen test acc",
-            "gm_appeal": "seen GM-appeal",
-            "unseen_test_accuracy": "unseen test acc",
-            "unseen_gm_appeal": "unseen GM-appeal",
-        },
+        columns=SEEN_UNSEEN,
         fallback=EMBEDDED,
         quick=QUICK,
     )

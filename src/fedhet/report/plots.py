@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from fedhet.errors import ConfigError
 from fedhet.report.runs import RunRecord, metric_names
+
+
+def save_figure(fig: Figure, ax: Axes, out: Path, legend: bool = True) -> Path:
+    """Grid, legend, tight layout, write `out` (creating its folder) and close the figure."""
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
 
 
 def plot_curves(records: list[RunRecord], metric: str, out: Path, title: str | None = None) -> Path:
@@ -25,14 +42,7 @@ def plot_curves(records: list[RunRecord], metric: str, out: Path, title: str | N
     ax.set_xlabel("round")
     ax.set_ylabel(metric)
     ax.set_title(title or metric)
-    ax.grid(alpha=0.3)
-    if len(records) > 1:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return save_figure(fig, ax, out, legend=len(records) > 1)
 
 
 def plot_mean_curves(
@@ -55,10 +65,4 @@ def plot_mean_curves(
     ax.set_xlabel("round")
     ax.set_ylabel(metric)
     ax.set_title(title or metric, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return save_figure(fig, ax, out)

@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from fedhet.report.plots import save_figure
 from fedhet.studies.mean_estimation import MAXFL_LOWER_BOUND, AppealCurve, fedavg_bound
 
 
@@ -23,10 +24,4 @@ def plot_two_client_curve(curve: AppealCurve, out: Path) -> Path:
     ax.set_xlabel("heterogeneity γ_G²")
     ax.set_ylabel("expected GM-appeal")
     ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return save_figure(fig, ax, out)
