@@ -6,89 +6,171 @@ import numpy as np
 import pytest
 
 from fedhet.catalog import PARTITIONERS
-from fedhet.errors import DataError
+from fedhet.errors import ConfigError, DataError
 
 LABELS = np.repeat(np.arange(10), 100)  # 1,000 samples, 10 balanced classes
+USERS = np.random.default_rng(7).integers(0, 40, len(LABELS))  # 40 natural users
 
 
-def split(spec: dict, k: int = 20, seed: int = 0, labels: np.ndarray = LABELS, users: np.ndarray | None = None):
+def split(
+    spec: dict, k: int = 20, seed: int = 0, labels: np.ndarray = LABELS, users: np.ndarray | None = None
+) -> list[np.ndarray]:
     return PARTITIONERS.build(spec).split(labels, k, np.random.default_rng(seed), users=users)
 
 
 def check_disjoint(parts: list[np.ndarray], n: int) -> None:
     flat = np.concatenate(parts)
-    assert len(flat) == len(set(flat.tolist())) and flat.min() >= 0 and flat.max() < n
+    assert all(p.dtype == np.int64 for p in parts)
+    assert len(flat) == len(np.unique(flat)) and flat.min() >= 0 and flat.max() < n
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [
-        {"name": "iid"},
-        {"name": "dirichlet", "alpha": 0.3},
-        {"name": "shards", "shards_per_client": 2},
-        {"name": "label_k", "labels_per_client": 2},
-        {"name": "label_clusters"},
-        {"name": "pareto", "shape": 1.0},
-        {"name": "nonbalance", "sigma": 1.0},
-    ],
-)
-def test_disjoint_deterministic_and_complete(spec: dict) -> None:
-    parts = split(spec)
+def sizes_of(parts: list[np.ndarray]) -> np.ndarray:
+    return np.array([len(p) for p in parts])
+
+
+def distinct_labels(parts: list[np.ndarray], labels: np.ndarray = LABELS) -> list[int]:
+    return [len(np.unique(labels[p])) for p in parts]
+
+
+ALL_SPECS = [
+    {"name": "iid"},
+    {"name": "dirichlet", "alpha": 0.3},
+    {"name": "shards", "shards_per_client": 2},
+    {"name": "label_k", "labels_per_client": 2},
+    {"name": "label_clusters"},
+    {"name": "pareto", "shape": 1.0},
+    {"name": "nonbalance", "sigma": 1.0},
+    {"name": "natural"},
+]
+
+
+def test_every_partitioner_is_registered_with_a_one_line_description() -> None:
+    assert {s["name"] for s in ALL_SPECS} <= set(PARTITIONERS.names())
+    for cls in PARTITIONERS:
+        assert cls.description and "\n" not in cls.description and cls.__doc__
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=[s["name"] for s in ALL_SPECS])
+def test_disjoint_deterministic_and_right_count(spec: dict) -> None:
+    parts = split(spec, users=USERS)
     assert len(parts) == 20 and all(len(p) > 0 for p in parts)
     check_disjoint(parts, len(LABELS))
-    again = split(spec)
+    again = split(spec, users=USERS)
     assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
-    other = split(spec, seed=1)
+    other = split(spec, seed=1, users=USERS)
     assert not all(np.array_equal(a, b) for a, b in zip(parts, other, strict=True))
 
 
+def test_iid_is_even_and_complete() -> None:
+    sizes = sizes_of(split({"name": "iid"}, k=7))
+    assert sizes.sum() == len(LABELS) and sizes.max() - sizes.min() <= 1
+    with pytest.raises(DataError, match="1001 clients"):
+        split({"name": "iid"}, k=1001)
+
+
+def test_parameters_are_validated() -> None:
+    with pytest.raises(ConfigError, match="alpha"):
+        PARTITIONERS.build({"name": "dirichlet", "alpha": 0})
+    with pytest.raises(ConfigError, match="shards_per_client"):
+        PARTITIONERS.build({"name": "shards", "shards_per_client": 0})
+    with pytest.raises(ConfigError, match="unknown key"):
+        PARTITIONERS.build({"name": "pareto", "alpha": 1.0})
+
+
 def test_dirichlet_skew_grows_as_alpha_shrinks_and_min_size_holds() -> None:
-    def distinct(alpha: float) -> float:
+    def mean_distinct(alpha: float) -> float:
         parts = split({"name": "dirichlet", "alpha": alpha, "min_size": 5})
-        assert min(len(p) for p in parts) >= 5
-        return float(np.mean([len(np.unique(LABELS[p])) for p in parts]))
+        assert sizes_of(parts).min() >= 5 and sizes_of(parts).sum() == len(LABELS)
+        return float(np.mean(distinct_labels(parts)))
 
-    assert distinct(0.05) < distinct(100.0)
-    assert distinct(100.0) > 9
+    assert mean_distinct(0.05) < 4 < 9 < mean_distinct(100.0)
 
 
-def test_dirichlet_terminates_at_scale_with_repair() -> None:
+def test_dirichlet_handles_arbitrary_label_values() -> None:
+    labels = LABELS * 7 + 3
+    parts = split({"name": "dirichlet", "alpha": 0.5, "min_size": 10}, labels=labels)
+    assert sizes_of(parts).min() >= 10 and sizes_of(parts).sum() == len(labels)
+
+
+def test_dirichlet_repair_meets_min_size_and_keeps_skew() -> None:
+    parts = split({"name": "dirichlet", "alpha": 0.01, "min_size": 20, "retries": 1}, k=40)
+    assert sizes_of(parts).min() >= 20 and sizes_of(parts).sum() == len(LABELS)
+    check_disjoint(parts, len(LABELS))
+    assert np.mean(distinct_labels(parts)) < 2.5
+    exact = split({"name": "dirichlet", "alpha": 0.01, "min_size": 10, "retries": 1}, k=100)
+    assert sizes_of(exact).tolist() == [10] * 100  # 100 clients × 10 = every sample
+
+
+def test_dirichlet_terminates_at_scale() -> None:
     labels = np.random.default_rng(0).integers(0, 10, 100_000)
-    parts = split({"name": "dirichlet", "alpha": 0.01, "min_size": 5, "retries": 2}, k=10_000, labels=labels)
-    assert len(parts) == 10_000 and min(len(p) for p in parts) >= 5
+    parts = split({"name": "dirichlet", "alpha": 0.01, "min_size": 5}, k=10_000, labels=labels)
+    assert len(parts) == 10_000 and sizes_of(parts).min() >= 5 and sizes_of(parts).sum() == len(labels)
     check_disjoint(parts, len(labels))
+    assert np.mean(distinct_labels(parts, labels)) < 2  # the repair keeps the strong label skew
 
 
 def test_dirichlet_impossible_is_a_clear_error() -> None:
-    with pytest.raises(DataError, match=r"dirichlet: 200 clients × min_size 10 needs 2000 samples.*lower"):
+    message = r"dirichlet: 200 clients × min_size 10 needs 2000 samples but the dataset has 1000; lower .*min_size"
+    with pytest.raises(DataError, match=message):
         split({"name": "dirichlet", "min_size": 10}, k=200)
 
 
-def test_shards_and_label_k_limit_labels_per_client() -> None:
-    for p in split({"name": "shards", "shards_per_client": 2}):
-        assert len(np.unique(LABELS[p])) <= 2
+def test_shards_limit_labels_per_client() -> None:
+    parts = split({"name": "shards", "shards_per_client": 2})
+    assert all(n <= 2 for n in distinct_labels(parts))
+    assert set(sizes_of(parts).tolist()) == {50} and sizes_of(parts).sum() == len(LABELS)
+    with pytest.raises(DataError, match=r"needs 1005 samples but the dataset has 1000; lower shards_per_client"):
+        split({"name": "shards", "shards_per_client": 5}, k=201)
+
+
+def test_label_k_gives_exactly_k_labels_used_evenly() -> None:
     parts = split({"name": "label_k", "labels_per_client": 3})
-    assert all(len(np.unique(LABELS[p])) == 3 for p in parts)
-    with pytest.raises(DataError, match="11 labels per client"):
+    assert all(n == 3 for n in distinct_labels(parts))
+    holders = np.bincount(np.concatenate([np.unique(LABELS[p]) for p in parts]), minlength=10)
+    assert holders.tolist() == [6] * 10  # 20 clients × 3 labels over 10 classes
+    check_disjoint(parts, len(LABELS))
+    assert sizes_of(parts).sum() == len(LABELS)
+    with pytest.raises(DataError, match="11 labels per client but the dataset has 10 classes"):
         split({"name": "label_k", "labels_per_client": 11})
 
 
 def test_label_clusters_share_no_label_across_clusters() -> None:
-    parts = split({"name": "label_clusters", "num_clusters": 5, "labels_per_cluster": 2})
-    label_sets = {frozenset(np.unique(LABELS[p]).tolist()) for p in parts}
-    assert len(label_sets) == 5 and all(len(s) == 2 for s in label_sets)
-    assert len(frozenset().union(*label_sets)) == 10
-    with pytest.raises(DataError, match="12 labels needed"):
+    parts = split({"name": "label_clusters", "num_clusters": 5, "labels_per_cluster": 2}, k=23)
+    assert all(n <= 2 for n in distinct_labels(parts))
+    label_sets = [frozenset(np.unique(LABELS[p]).tolist()) for p in parts]
+    clusters = set(label_sets)
+    assert len(clusters) == 5 and len(frozenset().union(*clusters)) == 10  # disjoint pairs cover the 10 classes
+    members = sorted(sum(s == c for s in label_sets) for c in clusters)
+    assert members == [4, 4, 5, 5, 5]  # every cluster has clients, sizes differ by at most one
+    one_each = split({"name": "label_clusters", "num_clusters": 5, "labels_per_cluster": 2}, k=5)
+    assert [len(p) for p in one_each] == [200] * 5
+    with pytest.raises(DataError, match="12 labels needed but the dataset has 10 classes"):
         split({"name": "label_clusters", "num_clusters": 6, "labels_per_cluster": 2})
+    with pytest.raises(DataError, match="3 clients for 5 clusters"):
+        split({"name": "label_clusters"}, k=3)
 
 
-def test_quantity_skew_sizes() -> None:
-    for spec in ({"name": "pareto", "shape": 0.8, "min_size": 5}, {"name": "nonbalance", "sigma": 1.5, "min_size": 5}):
-        sizes = np.array([len(p) for p in split(spec)])
-        assert sizes.sum() == len(LABELS) and sizes.min() >= 5
-        assert sizes.max() / sizes.min() > 4
-    with pytest.raises(DataError, match="lower min_size"):
-        split({"name": "pareto", "min_size": 100}, k=20)
+@pytest.mark.parametrize(
+    "spec", [{"name": "pareto", "shape": 0.8, "min_size": 5}, {"name": "nonbalance", "sigma": 1.5, "min_size": 5}]
+)
+def test_quantity_skew_sizes_are_skewed_and_labels_balanced(spec: dict) -> None:
+    labels = np.repeat(np.arange(10), 1000)
+    parts = split(spec, labels=labels)
+    sizes = sizes_of(parts)
+    assert sizes.sum() == len(labels) and sizes.min() >= 5
+    assert sizes.max() / sizes.min() > 4
+    largest = labels[parts[int(np.argmax(sizes))]]
+    assert np.abs(np.bincount(largest, minlength=10) / len(largest) - 0.1).max() < 0.05
+
+
+def test_quantity_skew_extremes() -> None:
+    assert set(sizes_of(split({"name": "nonbalance", "sigma": 0.0, "min_size": 0})).tolist()) == {50}
+    heavy = sizes_of(split({"name": "pareto", "shape": 0.01, "min_size": 3}, k=300))  # no overflow
+    assert heavy.sum() == len(LABELS) and heavy.min() >= 3
+    with pytest.raises(DataError, match=r"pareto: 20 clients × min_size 100 needs 2000 samples.*lower .*min_size"):
+        split({"name": "pareto", "min_size": 100})
+    with pytest.raises(DataError, match="nonbalance: 20 clients × min_size 60"):
+        split({"name": "nonbalance", "min_size": 60})
 
 
 def test_natural_users() -> None:
@@ -99,7 +181,9 @@ def test_natural_users() -> None:
     assert all(len(np.unique(users[p])) == 1 for p in parts)
     few = split({"name": "natural", "min_size": 4}, k=3, labels=labels, users=users)
     assert all(len(p) >= 4 for p in few) and len(few) == 3
-    with pytest.raises(DataError, match="no natural users"):
+    with pytest.raises(DataError, match="no natural users; choose another partitioner"):
         split({"name": "natural"}, k=3, labels=labels)
-    with pytest.raises(DataError, match="at most 8"):
+    with pytest.raises(DataError, match=r"9 clients requested but the dataset has 8 users; .*at most 8"):
         split({"name": "natural"}, k=9, labels=labels, users=users)
+    with pytest.raises(DataError, match=r"has 5 users with at least 4 samples; .*at most 5"):
+        split({"name": "natural", "min_size": 4}, k=6, labels=labels, users=users)

@@ -1,4 +1,4 @@
-"""Real datasets from small files written in their standard formats; downloads from a local HTTP server."""
+"""Real datasets from tiny files written in their standard formats; downloads from a local HTTP server."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import hashlib
 import http.server
 import json
 import pickle
+import tarfile
 import threading
+import zipfile
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -16,94 +18,61 @@ import numpy as np
 import pytest
 import torch
 
-from fedhet.data.files import download, read_idx
+from fedhet.data.files import RemoteFile, read_idx
 from fedhet.data.real import (
+    ALL_LETTERS,
     CIFAR10,
+    CIFAR10_BATCHES,
     EMNIST,
     FEMNIST,
     MNIST,
     MNIST_FILES,
-    SHAKESPEARE_LETTERS,
     Adult,
     FashionMNIST,
+    LeafSyntheticFiles,
     Sent140,
     Shakespeare,
 )
+from fedhet.data.sources import DATASETS
 from fedhet.errors import DataError
+
+# ---------------------------------------------------------------------------------------------- helpers
 
 
 def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
     header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
     payload = header + array.astype(np.uint8).tobytes()
     if compress:
-        path = path.with_name(path.name + ".gz")
-        path.write_bytes(gzip.compress(payload))
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(payload))
     else:
         path.write_bytes(payload)
 
 
-def write_mnist(folder: Path, n_train: int = 5, n_test: int = 3, compress: bool = False, prefix: str = "") -> None:
+def idx_names(prefix: str = "") -> list[str]:
+    if not prefix:
+        return list(MNIST_FILES)
+    return [f"{prefix}-{p}-{k}-ubyte" for p in ("train", "test") for k in ("images-idx3", "labels-idx1")]
+
+
+def write_mnist(
+    folder: Path, n_train: int = 5, n_test: int = 3, compress: bool = False, prefix: str = "", first_label: int = 0
+) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    names = (
-        MNIST_FILES
-        if not prefix
-        else [f"{prefix}-{p}-{k}-ubyte" for p in ("train", "test") for k in ("images-idx3", "labels-idx1")]
-    )
+    names = idx_names(prefix)
     write_idx(folder / names[0], rng.integers(0, 256, (n_train, 28, 28)), compress)
-    write_idx(folder / names[1], np.arange(n_train) % 10, compress)
+    write_idx(folder / names[1], first_label + np.arange(n_train) % 10, compress)
     write_idx(folder / names[2], rng.integers(0, 256, (n_test, 28, 28)), compress)
-    write_idx(folder / names[3], (np.arange(n_test) + 1) % 10, compress)
+    write_idx(folder / names[3], first_label + (np.arange(n_test) + 1) % 10, compress)
 
 
-@pytest.mark.parametrize("compress", [False, True])
-def test_mnist_and_fashion_from_idx(tmp_path: Path, compress: bool) -> None:
-    write_mnist(tmp_path / "mnist", compress=compress)
-    ds = MNIST().load(tmp_path)
-    assert ds.x.shape == (8, 1, 28, 28) and ds.x.dtype == torch.float32 and ds.num_classes == 10
-    assert ds.y.tolist() == [0, 1, 2, 3, 4, 1, 2, 3]
-    assert MNIST(flatten=True).load(tmp_path).x.shape == (8, 784)
-    write_mnist(tmp_path / "fashion_mnist", compress=compress)
-    assert len(FashionMNIST().load(tmp_path)) == 8
-
-
-def test_emnist_is_transposed_and_letters_shift(tmp_path: Path) -> None:
-    folder = tmp_path / "emnist"
-    write_mnist(folder, prefix="emnist-letters")
-    raw = read_idx(folder / "emnist-letters-train-images-idx3-ubyte")
-    ds = EMNIST(split="letters").load(tmp_path)
-    first = torch.tensor(raw[0].T.astype(np.float32)) / 255
-    torch.testing.assert_close((ds.x[0, 0] * 0.3317 + 0.1736), first, atol=1e-5, rtol=0)
-    assert ds.y[:5].tolist() == [-1, 0, 1, 2, 3] and ds.num_classes == 26
-
-
-def test_missing_and_corrupt_idx(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"missing dataset file 'train-images-idx3-ubyte' in .*--download"):
-        MNIST().load(tmp_path)
-    write_mnist(tmp_path / "mnist")
-    (tmp_path / "mnist" / "t10k-images-idx3-ubyte").write_bytes(b"\x01\x02\x03\x04garbage")
-    with pytest.raises(DataError, match="bad magic number"):
-        MNIST().load(tmp_path)
-    write_mnist(tmp_path / "mnist")
-    path = tmp_path / "mnist" / "t10k-images-idx3-ubyte"
-    path.write_bytes(path.read_bytes()[:-10])
-    with pytest.raises(DataError, match="truncated"):
-        MNIST().load(tmp_path)
-
-
-def test_cifar10_pickles(tmp_path: Path) -> None:
-    folder = tmp_path / "cifar10" / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {b"data": np.full((2, 3072), 128, dtype=np.uint8), b"labels": [3, 7]}
+def write_cifar(folder: Path, per_batch: int = 2) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(CIFAR10_BATCHES):
+        data = np.zeros((per_batch, 3072), dtype=np.uint8)
+        data[:, :1024], data[:, 1024:2048], data[:, 2048:] = 0, 128, 255  # R, G, B planes
+        batch = {b"data": data, b"labels": [i % 10, 9 - i % 10][:per_batch], b"batch_label": name.encode()}
         (folder / name).write_bytes(pickle.dumps(batch))
-    ds = CIFAR10().load(tmp_path)
-    assert ds.x.shape == (12, 3, 32, 32) and ds.y.tolist()[:2] == [3, 7]
-    expected = (128 / 255 - 0.4914) / 0.2470
-    assert abs(float(ds.x[0, 0, 0, 0]) - expected) < 1e-5
-    (folder / "test_batch").write_bytes(b"not a pickle")
-    with pytest.raises(DataError, match="test_batch"):
-        CIFAR10().load(tmp_path)
 
 
 def leaf(folder: Path, users: dict[str, tuple[list[object], list[object]]], part: str = "train") -> None:
@@ -113,89 +82,347 @@ def leaf(folder: Path, users: dict[str, tuple[list[object], list[object]]], part
         "num_samples": [len(v[1]) for v in users.values()],
         "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()},
     }
-    (folder / part / "data.json").write_text(json.dumps(payload))
+    (folder / part / f"{part}_data.json").write_text(json.dumps(payload))
 
 
-def test_leaf_femnist_and_shakespeare(tmp_path: Path) -> None:
-    leaf(tmp_path / "femnist", {"b": ([[0.5] * 784], [3]), "a": ([[0.1] * 784, [0.2] * 784], [1, 2])})
-    leaf(tmp_path / "femnist", {"a": ([[0.3] * 784], [4])}, part="test")
+ADULT_ROW = (
+    "{age}, State-gov, 77516, {edu}, 13, Never-married, Adm-clerical, Not-in-family, White, {sex}, 2174, 0, 40, "
+    "United-States, {label}"
+)
+
+
+def adult_row(age: int | str = 39, edu: str = "Bachelors", sex: str = "Male", label: str = "<=50K") -> str:
+    return ADULT_ROW.format(age=age, edu=edu, sex=sex, label=label)
+
+
+def write_adult(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    data = [
+        adult_row(30, "Bachelors", "Male", "<=50K"),
+        adult_row(50, "Doctorate", "Female", ">50K"),
+        adult_row(40, "Masters", "Male", "<=50K").replace("State-gov", "?"),
+    ]
+    (folder / "adult.data").write_text("\n".join(data) + "\n\n")
+    test = [
+        "|1x3 Cross validator",
+        adult_row(60, "Doctorate", "Male", ">50K."),
+        adult_row(20, "HS-grad", label="<=50K."),
+    ]
+    (folder / "adult.test").write_text("\n".join(test) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- registry
+
+
+def test_sources_are_registered_with_one_line_descriptions() -> None:
+    names = {"mnist", "fashion_mnist", "emnist", "cifar10", "femnist", "shakespeare", "sent140", "leaf_synthetic"}
+    assert names | {"adult"} <= set(DATASETS.names())
+    for name in [*names, "adult"]:
+        cls = DATASETS.get(name)
+        assert cls.description and "\n" not in cls.description
+        assert DATASETS.build(name).name == name
+    assert DATASETS.build({"name": "emnist", "split": "letters"}) == EMNIST(split="letters")
+
+
+# ---------------------------------------------------------------------------------------------- IDX
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_mnist_and_fashion_from_idx(tmp_path: Path, compress: bool) -> None:
+    write_mnist(tmp_path / "mnist", compress=compress)
+    ds = MNIST().load(tmp_path)
+    assert ds.x.shape == (8, 1, 28, 28) and ds.x.dtype == torch.float32 and ds.num_classes == 10
+    assert ds.y.dtype == torch.int64 and ds.y.tolist() == [0, 1, 2, 3, 4, 1, 2, 3]
+    raw = read_idx(tmp_path / "mnist" / ("train-images-idx3-ubyte" + (".gz" if compress else "")))
+    torch.testing.assert_close(ds.x[:5, 0] * 0.3081 + 0.1307, torch.tensor(raw / 255, dtype=torch.float32))
+    flat = MNIST(flatten=True).load(tmp_path)
+    assert flat.x.shape == (8, 784) and torch.equal(flat.x, ds.x.reshape(8, -1))
+    write_mnist(tmp_path / "fashion_mnist", compress=compress)
+    fashion = FashionMNIST().load(tmp_path)
+    torch.testing.assert_close(fashion.x * 0.3530 + 0.2860, ds.x * 0.3081 + 0.1307)
+
+
+def test_emnist_is_transposed_and_letters_shift(tmp_path: Path) -> None:
+    folder = tmp_path / "emnist"
+    write_mnist(folder, prefix="emnist-letters", first_label=1)
+    raw = read_idx(folder / "emnist-letters-train-images-idx3-ubyte")
+    ds = EMNIST(split="letters").load(tmp_path)
+    upright = torch.tensor(raw[0].T / 255, dtype=torch.float32)
+    torch.testing.assert_close(ds.x[0, 0] * 0.3317 + 0.1736, upright)
+    assert not torch.allclose(ds.x[0, 0] * 0.3317 + 0.1736, upright.T)
+    assert ds.y.tolist() == [0, 1, 2, 3, 4, 1, 2, 3] and ds.num_classes == 26
+    write_mnist(folder, prefix="emnist-byclass", compress=True)
+    byclass = EMNIST().load(tmp_path)
+    assert byclass.num_classes == 62 and byclass.x.shape == (8, 1, 28, 28)
+    with pytest.raises(DataError, match="emnist-balanced-train-images-idx3-ubyte"):
+        EMNIST(split="balanced").load(tmp_path)
+
+
+def test_emnist_letters_label_zero_is_rejected(tmp_path: Path) -> None:
+    write_mnist(tmp_path / "emnist", prefix="emnist-letters", first_label=0)  # 0 is not a letter label
+    with pytest.raises(DataError, match=r"emnist-letters-train-labels-idx1-ubyte.*labels -1\.\.3, expected 0\.\.25"):
+        EMNIST(split="letters").load(tmp_path)
+
+
+def test_missing_and_corrupt_idx(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as err:
+        MNIST().load(tmp_path)
+    message = str(err.value)
+    assert "'train-images-idx3-ubyte'" in message and str(tmp_path / "mnist") in message
+    assert "MNIST" in message and "--download" in message and "\n" not in message
+    write_mnist(tmp_path / "mnist")
+    (tmp_path / "mnist" / "t10k-images-idx3-ubyte").write_bytes(b"\x01\x02\x03\x04garbage")
+    with pytest.raises(DataError, match=r"t10k-images-idx3-ubyte.*bad magic number"):
+        MNIST().load(tmp_path)
+    write_mnist(tmp_path / "mnist")
+    path = tmp_path / "mnist" / "t10k-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(DataError, match=r"t10k-images-idx3-ubyte' is truncated"):
+        MNIST().load(tmp_path)
+
+
+def test_idx_shape_mismatches(tmp_path: Path) -> None:
+    write_mnist(tmp_path / "mnist")
+    write_idx(tmp_path / "mnist" / "t10k-labels-idx1-ubyte", np.zeros(2))  # 3 images, 2 labels
+    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte.*do not belong together"):
+        MNIST().load(tmp_path)
+    write_mnist(tmp_path / "mnist")
+    write_idx(tmp_path / "mnist" / "train-images-idx3-ubyte", np.zeros((5, 32, 32)))
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte.*expected \(N, 28, 28\)"):
+        MNIST().load(tmp_path)
+    write_mnist(tmp_path / "mnist")
+    write_idx(tmp_path / "mnist" / "train-labels-idx1-ubyte", np.full(5, 12))
+    with pytest.raises(DataError, match=r"expected 0\.\.9"):
+        MNIST().load(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- CIFAR-10
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_cifar10_pickles(tmp_path: Path, nested: bool) -> None:
+    write_cifar(tmp_path / "cifar10" / "cifar-10-batches-py" if nested else tmp_path / "cifar10")
+    ds = CIFAR10().load(tmp_path)
+    assert ds.x.shape == (12, 3, 32, 32) and ds.x.dtype == torch.float32 and ds.num_classes == 10
+    assert ds.y.dtype == torch.int64 and ds.y.tolist()[:4] == [0, 9, 1, 8]
+    for channel, pixel in enumerate((0, 128, 255)):
+        expected = (pixel / 255 - CIFAR10.mean[channel]) / CIFAR10.std[channel]
+        assert torch.allclose(ds.x[:, channel], torch.tensor(expected, dtype=torch.float32))
+
+
+def test_cifar10_missing_and_corrupt(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"'data_batch_1'.*cifar10.*cifar-10-python\.tar\.gz"):
+        CIFAR10().load(tmp_path)
+    folder = tmp_path / "cifar10" / "cifar-10-batches-py"
+    write_cifar(folder)
+    (folder / "test_batch").write_bytes(b"not a pickle")
+    with pytest.raises(DataError, match="test_batch"):
+        CIFAR10().load(tmp_path)
+    (folder / "test_batch").write_bytes(pickle.dumps({b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]}))
+    with pytest.raises(DataError, match=r"test_batch.*expected \(N, 3072\)"):
+        CIFAR10().load(tmp_path)
+    (folder / "test_batch").write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0]}))
+    with pytest.raises(DataError, match="1 labels for 2 images"):
+        CIFAR10().load(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- LEAF
+
+
+def test_leaf_femnist_merges_train_and_test_by_user(tmp_path: Path) -> None:
+    folder = tmp_path / "femnist"
+    leaf(folder, {"f_b": ([[0.5] * 784], [3]), "f_a": ([[0.1] * 784, [0.2] * 784], [1, 2])})
+    leaf(folder, {"f_a": ([[0.3] * 784], [4]), "f_c": ([[0.9] * 784], [61])}, part="test")
+    leaf(folder, {"f_a": ([[0.0] * 784] * 9, [0] * 9)}, part="all_data")  # repeats the samples: ignored
     ds = FEMNIST().load(tmp_path)
-    assert ds.x.shape == (4, 1, 28, 28) and ds.users is not None
-    assert ds.users.tolist() == [0, 0, 0, 1] and sorted(ds.y[:3].tolist()) == [1, 2, 4] and int(ds.y[3]) == 3
-    assert len(SHAKESPEARE_LETTERS) == 80
-    leaf(tmp_path / "shakespeare", {"ROMEO": (["a" * 79 + "b"], ["c"])})
-    sh = Shakespeare().load(tmp_path)
-    assert sh.x.shape == (1, 80) and sh.num_classes == 80
-    assert sh.y.tolist() == [SHAKESPEARE_LETTERS.index("c")]
-    (tmp_path / "shakespeare" / "train" / "data.json").write_text("{broken")
+    assert ds.x.shape == (5, 1, 28, 28) and ds.x.dtype == torch.float32 and ds.num_classes == 62
+    assert ds.users is not None and ds.users.dtype == torch.int64
+    assert ds.users.tolist() == [0, 0, 0, 1, 2]  # f_a, f_b, f_c
+    assert ds.y.tolist() == [1, 2, 4, 3, 61]
+    torch.testing.assert_close(ds.x[:, 0, 0, 0], torch.tensor([0.1, 0.2, 0.3, 0.5, 0.9]))
+    leaf(folder, {"f_d": ([[0.5] * 100], [3])}, part="test")
+    with pytest.raises(DataError, match=r"test_data\.json.*expected \(N, 784\)"):
+        FEMNIST().load(tmp_path)
+
+
+def test_leaf_without_train_test_folders_reads_every_json(tmp_path: Path) -> None:
+    leaf(tmp_path / "leaf_synthetic", {"u1": ([[1.0, 2.0]], [0])}, part="one")
+    leaf(tmp_path / "leaf_synthetic", {"u0": ([[3.0, 4.0], [5.0, 6.0]], [4, 1])}, part="two")
+    ds = LeafSyntheticFiles().load(tmp_path)
+    assert ds.x.dtype == torch.float32 and ds.x.tolist() == [[3.0, 4.0], [5.0, 6.0], [1.0, 2.0]]
+    assert ds.num_classes == 5 and ds.y.tolist() == [4, 1, 0]
+    assert ds.users is not None and ds.users.tolist() == [0, 0, 1]
+    assert LeafSyntheticFiles(num_classes=10).load(tmp_path).num_classes == 10
+    with pytest.raises(DataError, match=r"expected 0\.\.2"):
+        LeafSyntheticFiles(num_classes=3).load(tmp_path)
+
+
+def test_shakespeare_characters(tmp_path: Path) -> None:
+    assert len(ALL_LETTERS) == 80 and len(set(ALL_LETTERS)) == 80
+    line = "To be, or not to be: that is the question.\n" + "é" + "x" * 36
+    assert len(line) == 80
+    leaf(tmp_path / "shakespeare", {"HAMLET": ([line, "a" * 80], ["W", "\n"]), "ROMEO": (["b" * 80], ["~"])})
+    ds = Shakespeare().load(tmp_path)
+    assert ds.x.shape == (3, 80) and ds.x.dtype == torch.int64 and ds.num_classes == 80
+    assert ds.x[0, :2].tolist() == [ALL_LETTERS.index("T"), ALL_LETTERS.index("o")]
+    assert int(ds.x[0, 42]) == ALL_LETTERS.index("\n") and int(ds.x[0, 43]) == ALL_LETTERS.index(" ")  # é → space
+    assert ds.y.tolist() == [ALL_LETTERS.index("W"), ALL_LETTERS.index("\n"), ALL_LETTERS.index(" ")]
+    assert ds.users is not None and ds.users.tolist() == [0, 0, 1]
+    leaf(tmp_path / "shakespeare", {"X": (["short"], ["a"])}, part="test")
+    with pytest.raises(DataError, match="80-character"):
+        Shakespeare().load(tmp_path)
+    (tmp_path / "shakespeare" / "test" / "test_data.json").unlink()
+    (tmp_path / "shakespeare" / "train" / "train_data.json").write_text("{broken")
     with pytest.raises(DataError, match="not valid JSON"):
         Shakespeare().load(tmp_path)
-    with pytest.raises(DataError, match="no LEAF JSON"):
-        FEMNIST().load(tmp_path / "elsewhere")
+
+
+def test_leaf_missing_files_explain_how_to_generate_them(tmp_path: Path) -> None:
+    for source, script in ((FEMNIST(), "data/femnist/preprocess.sh"), (LeafSyntheticFiles(), "data/synthetic/")):
+        with pytest.raises(DataError) as err:
+            source.load(tmp_path, download=True)
+        message = str(err.value)
+        assert script in message and str(tmp_path / source.name) in message and "TalwalkarLab/leaf" in message
+    (tmp_path / "femnist").mkdir()
+    (tmp_path / "femnist" / "x.json").write_text('{"users": []}')
+    with pytest.raises(DataError, match="no 'user_data'"):
+        FEMNIST().load(tmp_path)
 
 
 def test_sent140_with_glove(tmp_path: Path) -> None:
-    leaf(
-        tmp_path / "sent140",
-        {"u1": ([["id", "date", "q", "user", "Good day"], ["i", "d", "q", "u", "zzz"]], ["1", "0"])},
-    )
-    with pytest.raises(DataError, match="GloVe"):
+    tweets: list[object] = [["1", "date", "NO_QUERY", "u1", "Good day!"], ["2", "d", "q", "u1", "zzz qqq"], "GOOD good"]
+    leaf(tmp_path / "sent140", {"u1": (tweets[:2], [1, 0]), "u0": ([tweets[2]], ["1"])})
+    with pytest.raises(DataError) as err:
         Sent140().load(tmp_path)
-    (tmp_path / "sent140" / "glove.txt").write_text("good 1.0 0.0\nday 0.0 1.0\n")
+    assert str(tmp_path / "sent140" / "glove.txt") in str(err.value) and "GloVe" in str(err.value)
+    (tmp_path / "sent140" / "glove.txt").write_text("3 2\ngood 1.0 0.0\nday 0.0 1.0\n! 0.5 0.5\nunused 9 9\n")
     ds = Sent140().load(tmp_path)
-    torch.testing.assert_close(ds.x, torch.tensor([[0.5, 0.5], [0.0, 0.0]]))
-    assert ds.y.tolist() == [1, 0]
+    # users sorted: u0 first; "good good" → good; "good day !" → mean of three; unknown words → zeros
+    torch.testing.assert_close(ds.x, torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.0, 0.0]]))
+    assert ds.x.dtype == torch.float32 and ds.y.tolist() == [1, 1, 0] and ds.num_classes == 2
+    assert ds.users is not None and ds.users.tolist() == [0, 1, 1]
+    other = tmp_path / "vectors.txt"
+    other.write_text("good 2.0 0.0 0.0\n")
+    assert Sent140(glove_file=str(other)).load(tmp_path).x.shape == (3, 3)
+    other.write_text("good 2.0 0.0 0.0\nday 1.0\n")
+    with pytest.raises(DataError, match=r"vectors\.txt' line 2"):
+        Sent140(glove_file=str(other)).load(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- Adult
 
 
 def test_adult_csv(tmp_path: Path) -> None:
-    folder = tmp_path / "adult"
-    folder.mkdir()
-    row = (
-        "39, State-gov, 77516, {edu}, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, "
-        "United-States, {label}"
-    )
-    (folder / "adult.data").write_text(
-        "\n".join(
-            [
-                row.format(edu="Bachelors", label="<=50K"),
-                row.format(edu="Doctorate", label=">50K"),
-                row.replace("State-gov", "?").format(edu="Masters", label="<=50K"),
-            ]
-        )
-    )
-    (folder / "adult.test").write_text("|1x3 Cross validator\n" + row.format(edu="Doctorate", label=">50K."))
+    write_adult(tmp_path / "adult")
     ds = Adult().load(tmp_path)
-    assert len(ds) == 3 and ds.y.tolist() == [0, 1, 1]
-    assert ds.users is not None and ds.users.tolist() == [0, 1, 1]
+    assert len(ds) == 4 and ds.num_classes == 2 and ds.x.dtype == torch.float32
+    assert ds.y.tolist() == [0, 1, 1, 0]
+    assert ds.users is not None and ds.users.tolist() == [0, 1, 1, 0]
+    # 6 numeric columns + one-hot: workclass 1, education 3, marital 1, occupation 1, relationship 1, race 1,
+    # sex 2, country 1
+    assert ds.x.shape == (4, 6 + 11)
+    torch.testing.assert_close(ds.x[:, 0].mean(), torch.tensor(0.0), atol=1e-6, rtol=0)
+    ages = torch.tensor([30.0, 50.0, 60.0, 20.0])
+    torch.testing.assert_close(ds.x[:, 0], (ages - ages.mean()) / ages.std(unbiased=False))
+    assert set(ds.x[:, 6:].unique().tolist()) == {0.0, 1.0} and torch.all(ds.x[:, 6:].sum(1) == 8)
+
+
+def test_adult_missing_and_corrupt(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"'adult\.data'.*UCI"):
+        Adult().load(tmp_path)
+    write_adult(tmp_path / "adult")
+    (tmp_path / "adult" / "adult.test").write_text("1, 2, 3\n")
+    with pytest.raises(DataError, match=r"adult\.test' line 1 has 3 fields"):
+        Adult().load(tmp_path)
+    (tmp_path / "adult" / "adult.test").write_text(adult_row(age="old") + "\n")
+    with pytest.raises(DataError, match="'age'"):
+        Adult().load(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- downloads
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A local HTTP server serving the returned folder, with FEDHET_MIRROR pointing at it."""
     root = tmp_path / "served"
     root.mkdir()
     handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", root
+    monkeypatch.setenv("FEDHET_MIRROR", f"http://127.0.0.1:{httpd.server_address[1]}/")
+    yield root
     httpd.shutdown()
     httpd.server_close()
+    thread.join(5)
 
 
-def test_download_from_a_local_mirror_and_checksum(
-    server: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    base, root = server
-    write_mnist(root, compress=True)
-    monkeypatch.setenv("FEDHET_MIRROR", base)
-    md5 = {f: hashlib.md5((root / f"{f}.gz").read_bytes()).hexdigest() for f in MNIST_FILES}
-    monkeypatch.setattr(MNIST, "md5", md5)
+def with_digests(table: tuple[RemoteFile, ...], root: Path) -> tuple[RemoteFile, ...]:
+    """`table` with the md5 of the fixture files served from `root` (the real table keeps the official digests)."""
+    return tuple(r._replace(md5=hashlib.md5((root / r.filename).read_bytes()).hexdigest()) for r in table)
+
+
+def test_official_tables_are_intact() -> None:
+    assert [r.filename for r in MNIST.files] == [f"{f}.gz" for f in MNIST_FILES]
+    assert all(r.url.startswith("https://ossci-datasets.s3.amazonaws.com/mnist/") and r.md5 for r in MNIST.files)
+    assert all(
+        r.url.startswith("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/") for r in FashionMNIST.files
+    )
+    assert CIFAR10.files[0].md5 == "c58f30108f718f92721af3b95e74349a"
+    assert EMNIST.files[0].url == "https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip"
+
+
+def test_mnist_download(mirror: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_mnist(mirror, compress=True)
+    monkeypatch.setattr(MNIST, "files", with_digests(MNIST.files, mirror))
     ds = MNIST().load(tmp_path / "data", download=True)
-    assert len(ds) == 8 and (tmp_path / "data" / "mnist" / "train-images-idx3-ubyte.gz").is_file()
-    dest = tmp_path / "bad" / "x.gz"
+    assert len(ds) == 8 and ds.y.tolist() == [0, 1, 2, 3, 4, 1, 2, 3]
+    assert sorted(p.name for p in (tmp_path / "data" / "mnist").iterdir()) == sorted(f"{f}.gz" for f in MNIST_FILES)
+
+
+def test_download_checksum_mismatch_leaves_nothing(mirror: Path, tmp_path: Path) -> None:
+    write_mnist(mirror, compress=True)  # the official md5s do not match these fixture files
     with pytest.raises(DataError, match="md5 check"):
-        download(f"{base}/train-images-idx3-ubyte.gz", dest, md5="0" * 32)
-    assert not dest.exists() and not list(dest.parent.glob("*.part"))
-    with pytest.raises(DataError, match="cannot download"):
-        download(f"{base}/missing.gz", tmp_path / "m" / "missing.gz")
+        MNIST().load(tmp_path / "data", download=True)
+    assert list((tmp_path / "data" / "mnist").iterdir()) == []
+
+
+def test_cifar10_download_unpacks_the_tar(mirror: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_cifar(tmp_path / "src" / "cifar-10-batches-py")
+    with tarfile.open(mirror / "cifar-10-python.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "src" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    monkeypatch.setattr(CIFAR10, "files", with_digests(CIFAR10.files, mirror))
+    ds = CIFAR10().load(tmp_path / "data", download=True)
+    assert ds.x.shape == (12, 3, 32, 32)
+    assert (tmp_path / "data" / "cifar10" / "cifar-10-batches-py" / "test_batch").is_file()
+
+
+def test_emnist_download_unpacks_the_split(mirror: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_mnist(tmp_path / "src", prefix="emnist-digits", compress=True)
+    write_mnist(tmp_path / "src", prefix="emnist-mnist", compress=True)
+    with zipfile.ZipFile(mirror / "gzip.zip", "w") as z:
+        for path in sorted((tmp_path / "src").iterdir()):
+            z.write(path, f"gzip/{path.name}")
+    monkeypatch.setattr(EMNIST, "files", with_digests(EMNIST.files, mirror))
+    ds = EMNIST(split="digits").load(tmp_path / "data", download=True)
+    assert len(ds) == 8 and ds.num_classes == 10
+    folder = tmp_path / "data" / "emnist"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [f"{n}.gz" for n in idx_names("emnist-digits")] + ["gzip.zip"]
+    )
+    (mirror / "gzip.zip").unlink()  # a second split comes from the archive already downloaded
+    assert len(EMNIST(split="mnist").load(tmp_path / "data", download=True)) == 8
+
+
+def test_adult_download(mirror: Path, tmp_path: Path) -> None:
+    write_adult(mirror)
+    ds = Adult().load(tmp_path / "data", download=True)
+    assert len(ds) == 4 and (tmp_path / "data" / "adult" / "adult.test").is_file()
+
+
+def test_download_error_is_one_line(mirror: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataError) as err:  # the mirror serves nothing
+        Adult().load(tmp_path / "data", download=True)
+    assert "adult.data" in str(err.value) and "\n" not in str(err.value)

@@ -1,4 +1,8 @@
-"""Partitioners: how a dataset's samples are split among clients."""
+"""Partitioners: how a dataset's samples are split among clients.
+
+Every partitioner is deterministic given its `numpy.random.Generator` and returns one int64 index array per
+client; the arrays are disjoint. Impossible requests raise `fedhet.errors.DataError` with a one-line message.
+"""
 
 from __future__ import annotations
 
@@ -33,33 +37,106 @@ class Partitioner(Component):
 PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
 
 
-def _sizes_from_weights(weights: np.ndarray, total: int, min_size: int, what: str) -> np.ndarray:
-    """Integer client sizes ∝ `weights`, summing to `total`, each ≥ `min_size` (largest remainders)."""
-    k = len(weights)
-    if k * min_size > total:
+# ----------------------------------------------------------------------------------------------------------------
+# Shared helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _check_clients(num_clients: int, what: str) -> None:
+    if num_clients < 1:
+        raise DataError(f"{what}: the number of clients must be at least 1 (got {num_clients})")
+
+
+def _check_room(num_clients: int, min_size: int, total: int, what: str) -> None:
+    """Raise when `num_clients` clients of at least `min_size` samples cannot fit in `total` samples."""
+    if num_clients * min_size > total:
         raise DataError(
-            f"{what}: {k} clients × min_size {min_size} needs {k * min_size} samples but the dataset has {total}; "
-            "lower min_size or the number of clients"
+            f"{what}: {num_clients} clients × min_size {min_size} needs {num_clients * min_size} samples but the "
+            f"dataset has {total}; lower partition.min_size or the number of clients"
         )
-    spare = total - k * min_size
-    share = weights / weights.sum() * spare
-    sizes = np.floor(share).astype(np.int64)
-    remainder = spare - int(sizes.sum())
-    sizes[np.argsort(share - sizes)[::-1][:remainder]] += 1
-    return sizes + min_size
+
+
+def _round_shares(proportions: np.ndarray, totals: np.ndarray | int) -> np.ndarray:
+    """Integer counts ≈ `proportions` × `totals` along the last axis, summing exactly to `totals`.
+
+    Cuts at the rounded cumulative proportions (the usual "split by cumulative proportions"), so every count is
+    within one of its exact share, and exact shares (e.g. equal weights) come out exactly despite float error.
+    Works on one vector or on a (rows, k) matrix with one total per row.
+    """
+    totals_arr = np.asarray(totals, dtype=np.int64)
+    cum = np.rint(np.cumsum(proportions, axis=-1) * totals_arr[..., None]).astype(np.int64)
+    cum = np.minimum(cum, totals_arr[..., None])
+    cum[..., -1] = totals_arr
+    return np.diff(cum, axis=-1, prepend=0)
+
+
+def _sizes_from_log_weights(log_weights: np.ndarray, total: int, min_size: int, what: str) -> np.ndarray:
+    """Client sizes: `min_size` each plus the rest of `total` shared ∝ exp(`log_weights`); they sum to `total`.
+
+    Working with log-weights keeps heavy tails (e.g. Pareto with a tiny index) free of overflow.
+    """
+    _check_room(len(log_weights), min_size, total, what)
+    weights = np.exp(log_weights - log_weights.max())
+    return _round_shares(weights / weights.sum(), total - len(log_weights) * min_size) + min_size
 
 
 def _cut(indices: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """Consecutive pieces of `indices` with the given `sizes` (as int64 arrays)."""
     return [part.astype(np.int64) for part in np.split(indices, np.cumsum(sizes)[:-1])]
 
 
 def _split_evenly(indices: np.ndarray, parts: int) -> list[np.ndarray]:
+    """`parts` consecutive pieces of `indices` whose sizes differ by at most one."""
     return [p.astype(np.int64) for p in np.array_split(indices, parts)]
+
+
+def _by_class(labels: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(class index of each sample, all indices grouped by class and shuffled within, samples per class).
+
+    Class indices are 0..C-1 in the order of `np.unique(labels)`; one sort instead of a scan per class.
+    """
+    _, y = np.unique(labels, return_inverse=True)
+    y = y.reshape(-1).astype(np.int64)
+    shuffled = rng.permutation(len(y))
+    order = shuffled[np.argsort(y[shuffled], kind="stable")]
+    return y, order, np.bincount(y)
+
+
+def _group(owner: np.ndarray, order: np.ndarray, k: int) -> list[np.ndarray]:
+    """Indices of each of `k` clients given each sample's `owner`, listed in the (shuffled) `order`."""
+    shuffled_owner = owner[order]
+    sort = np.argsort(shuffled_owner, kind="stable")
+    return _cut(order[sort], np.bincount(shuffled_owner, minlength=k))
+
+
+def _water_fill(sizes: np.ndarray, need: int, floor: int) -> np.ndarray:
+    """How many samples each client gives so that `need` samples come from the largest clients only.
+
+    Donors are cut down to a common level L ≥ `floor` (the largest that still frees `need` samples), a few of them
+    to L + 1 so that exactly `need` are given. Requires ``sum(max(sizes - floor, 0)) >= need``.
+    """
+
+    def freed(level: int) -> int:
+        return int(np.maximum(sizes - level, 0).sum())
+
+    lo, hi = floor, int(sizes.max())  # freed(lo) >= need > freed(hi) = 0 when need > 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if freed(mid) >= need else (lo, mid)
+    give = np.maximum(sizes - lo, 0)
+    excess = int(give.sum()) - need  # < number of clients above lo, since freed(lo + 1) < need
+    give[np.flatnonzero(sizes > lo)[:excess]] -= 1
+    return give
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Partitioners
+# ----------------------------------------------------------------------------------------------------------------
 
 
 @PARTITIONERS.register
 class IID(Partitioner):
-    """Shuffle and split as evenly as possible."""
+    """Shuffle and split as evenly as possible (sizes differ by at most one)."""
 
     name: ClassVar[str] = "iid"
     description: ClassVar[str] = "independent and identically distributed: a random even split"
@@ -67,6 +144,7 @@ class IID(Partitioner):
     def split(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, users: np.ndarray | None = None
     ) -> list[np.ndarray]:
+        _check_clients(num_clients, self.name)
         if num_clients > len(labels):
             raise DataError(f"iid: {num_clients} clients but only {len(labels)} samples; use fewer clients")
         return _split_evenly(rng.permutation(len(labels)), num_clients)
@@ -74,213 +152,247 @@ class IID(Partitioner):
 
 @PARTITIONERS.register
 class Dirichlet(Partitioner):
-    """Label proportions per client from Dir(α) (Hsu et al. 2019), at least `min_size` samples per client.
+    """Label skew with class proportions from Dir(α) (Hsu et al. 2019, "Measuring the effects of non-identical
+    data distribution"), at least `min_size` samples per client.
 
-    Each class is split among clients by proportions p ~ Dir(α·1). Draws are repeated (at most `retries`
-    times) until every client has `min_size` samples; if none succeeds, samples move from the largest clients
-    to the smallest (the largest client's most frequent class first), which keeps most of the skew and always
-    terminates.
+    For each class, p ~ Dir(α·1_K) over the K clients and the class's samples are cut at the cumulative
+    proportions. All classes are drawn at once; the draw is repeated (at most `retries` times) until every client
+    has `min_size` samples. If no draw succeeds, the best one is repaired: the largest clients are cut down to a
+    common level, giving their most frequent classes first, and the freed samples, sorted by class, are dealt in
+    contiguous runs to the clients short of `min_size`. Most of the skew survives and the split always terminates.
     """
 
     name: ClassVar[str] = "dirichlet"
     description: ClassVar[str] = "label skew: class proportions per client from Dirichlet(alpha)"
     alpha: float = Field(0.5, gt=0, description="concentration: small α, strong label skew")
     min_size: int = Field(10, ge=0, description="minimum number of samples per client")
-    retries: int = Field(20, ge=1)
+    retries: int = Field(100, ge=1, description="draws to try before repairing the best one")
 
     def split(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, users: np.ndarray | None = None
     ) -> list[np.ndarray]:
+        _check_clients(num_clients, self.name)
         n = len(labels)
-        if num_clients * self.min_size > n:
-            raise DataError(
-                f"dirichlet: {num_clients} clients × min_size {self.min_size} needs {num_clients * self.min_size} "
-                f"samples but the dataset has {n}; lower partition.min_size or the number of clients"
-            )
-        classes = np.unique(labels)
-        by_class = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
-        owner = np.empty(n, dtype=np.int64)
+        _check_room(num_clients, self.min_size, n, self.name)
+        y, order, per_class = _by_class(labels, rng)
+        best: np.ndarray | None = None
+        best_deficit = -1
         for _ in range(self.retries):
-            for idx in by_class:
-                p = rng.dirichlet(np.full(num_clients, self.alpha))
-                counts = np.floor(p * len(idx)).astype(np.int64)
-                counts[np.argsort(p * len(idx) - counts)[::-1][: len(idx) - int(counts.sum())]] += 1
-                owner[idx] = np.repeat(np.arange(num_clients), counts)
-            sizes = np.bincount(owner, minlength=num_clients)
-            if sizes.min() >= self.min_size:
+            p = rng.dirichlet(np.full(num_clients, self.alpha), size=len(per_class))
+            counts = _round_shares(p, per_class)  # (classes, clients)
+            deficit = int(np.maximum(self.min_size - counts.sum(axis=0), 0).sum())
+            if best is None or deficit < best_deficit:
+                best, best_deficit = counts, deficit
+            if deficit == 0:
                 break
-        else:
-            owner = self._repair(owner, labels, num_clients, rng)
-        order = rng.permutation(n)
-        return _group(owner, order, num_clients)
+        assert best is not None  # retries >= 1
+        owner = np.empty(n, dtype=np.int64)
+        owner[order] = np.repeat(np.tile(np.arange(num_clients), len(per_class)), best.ravel())
+        if best_deficit > 0:
+            self._repair(owner, y, num_clients, rng)
+        return _group(owner, rng.permutation(n), num_clients)
 
-    def _repair(self, owner: np.ndarray, labels: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    def _repair(self, owner: np.ndarray, y: np.ndarray, k: int, rng: np.random.Generator) -> None:
+        """Move samples (in place) from the largest clients to those below `min_size`; vectorised."""
         sizes = np.bincount(owner, minlength=k)
-        for small in np.flatnonzero(sizes < self.min_size):
-            while sizes[small] < self.min_size:
-                big = int(np.argmax(sizes))
-                rows = np.flatnonzero(owner == big)
-                common = np.bincount(labels[rows]).argmax()
-                pick = rows[labels[rows] == common]
-                take = min(self.min_size - sizes[small], len(pick), sizes[big] - self.min_size)
-                chosen = rng.choice(pick, size=take, replace=False)
-                owner[chosen] = small
-                sizes[big] -= take
-                sizes[small] += take
-        return owner
-
-
-def _group(owner: np.ndarray, order: np.ndarray, k: int) -> list[np.ndarray]:
-    """Indices of each client, in the shuffled `order` (one sort instead of k scans)."""
-    shuffled_owner = owner[order]
-    sort = np.argsort(shuffled_owner, kind="stable")
-    counts = np.bincount(shuffled_owner, minlength=k)
-    return _cut(order[sort], counts)
+        short = np.maximum(self.min_size - sizes, 0)
+        give = _water_fill(sizes, int(short.sum()), self.min_size)
+        rows = np.flatnonzero(give[owner] > 0)
+        donor = owner[rows]
+        # Within each donor: its most frequent class first (ties by class, then at random).
+        _, pair, pair_count = np.unique(donor * (int(y.max()) + 1) + y[rows], return_inverse=True, return_counts=True)
+        rank_key = (rng.random(len(rows)), y[rows], -pair_count[pair.reshape(-1)], donor)
+        rows = rows[np.lexsort(rank_key)]
+        donor = owner[rows]
+        first = np.searchsorted(donor, donor, side="left")
+        freed = rows[np.arange(len(rows)) - first < give[donor]]
+        freed = freed[np.argsort(y[freed], kind="stable")]
+        takers = rng.permutation(np.flatnonzero(short))
+        owner[freed] = np.repeat(takers, short[takers])
 
 
 @PARTITIONERS.register
 class Shards(Partitioner):
-    """McMahan et al. (2017) "pathological" non-IID: sort by label, cut into equal shards, deal
-    `shards_per_client` random shards to each client (FedMGDA+: 100 users × 5 shards)."""
+    """McMahan et al. (2017) "pathological" non-IID: sort by label, cut into `num_clients × shards_per_client`
+    equal shards, deal `shards_per_client` random shards to each client (FedMGDA+: 100 users × 5 shards).
+
+    A client holds at most `shards_per_client` labels when shards do not straddle class boundaries.
+    """
 
     name: ClassVar[str] = "shards"
     description: ClassVar[str] = "pathological non-IID: each client gets a few shards of label-sorted data"
-    shards_per_client: int = Field(2, ge=1)
+    shards_per_client: int = Field(2, ge=1, description="shards (label-sorted blocks) per client")
 
     def split(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, users: np.ndarray | None = None
     ) -> list[np.ndarray]:
+        _check_clients(num_clients, self.name)
         shards = num_clients * self.shards_per_client
         if shards > len(labels):
-            raise DataError(f"shards: {shards} shards but only {len(labels)} samples; lower shards_per_client")
-        order = np.argsort(labels, kind="stable")
-        pieces = _split_evenly(order, shards)
+            raise DataError(
+                f"shards: {num_clients} clients × {self.shards_per_client} shards needs {shards} samples but the "
+                f"dataset has {len(labels)}; lower shards_per_client or the number of clients"
+            )
+        pieces = _split_evenly(np.argsort(labels, kind="stable"), shards)
         deal = rng.permutation(shards).reshape(num_clients, self.shards_per_client)
         return [np.concatenate([pieces[s] for s in row]) for row in deal]
 
 
 @PARTITIONERS.register
 class LabelK(Partitioner):
-    """Each client holds exactly k classes ("Label-k", FedGSNR's "Label 2"); classes are dealt so that each is
-    used as evenly as possible, and a class's samples are split evenly among the clients holding it."""
+    """Each client holds exactly k classes ("Label-k"; FedGSNR's "Label 2").
+
+    After a random permutation π of the C classes, client i holds π[(i·k + j) mod C] for j < k, so every class is
+    used by as many clients as possible alike; a class's samples are split evenly among the clients holding it.
+    A client has exactly k labels whenever every class has at least as many samples as holders.
+    """
 
     name: ClassVar[str] = "label_k"
     description: ClassVar[str] = "each client holds k classes (e.g. Label 2)"
-    labels_per_client: int = Field(2, ge=1)
+    labels_per_client: int = Field(2, ge=1, description="distinct classes per client (k)")
 
     def split(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, users: np.ndarray | None = None
     ) -> list[np.ndarray]:
-        classes = np.unique(labels)
-        k = self.labels_per_client
-        if k > len(classes):
-            raise DataError(f"label_k: {k} labels per client but the dataset has {len(classes)} classes")
-        order = rng.permutation(classes)
-        held = [[order[(i * k + j) % len(classes)] for j in range(k)] for i in range(num_clients)]
-        holders: dict[int, list[int]] = {int(c): [] for c in classes}
-        for client, cs in enumerate(held):
-            for c in cs:
-                holders[int(c)].append(client)
+        _check_clients(num_clients, self.name)
+        _, order, per_class = _by_class(labels, rng)
+        classes, k = len(per_class), self.labels_per_client
+        if k > classes:
+            raise DataError(
+                f"label_k: {k} labels per client but the dataset has {classes} classes; "
+                f"set labels_per_client to at most {classes}"
+            )
+        perm = rng.permutation(classes)
+        held = perm[(np.arange(num_clients)[:, None] * k + np.arange(k)) % classes]  # (clients, k)
+        flat = held.ravel()
+        by_holder = np.argsort(flat, kind="stable")  # slots grouped by class, clients ascending
+        holders = np.split(by_holder // k, np.cumsum(np.bincount(flat, minlength=classes))[:-1])
         parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-        for c, owners in holders.items():
-            if owners:
-                for client, piece in zip(
-                    owners, _split_evenly(rng.permutation(np.flatnonzero(labels == c)), len(owners)), strict=True
-                ):
+        for members, samples in zip(holders, _cut(order, per_class), strict=True):
+            if len(members):
+                for client, piece in zip(members, _split_evenly(samples, len(members)), strict=True):
                     parts[client].append(piece)
         return [np.concatenate(p) for p in parts]
 
 
 @PARTITIONERS.register
 class LabelClusters(Partitioner):
-    """MaxFL's cluster partition: clusters own disjoint label sets; clients are assigned to clusters at random
-    (each cluster at least one client) and share their cluster's samples IID."""
+    """MaxFL's cluster partition (Lee et al. 2023, "5 clusters × 2 labels"): clusters own disjoint label sets
+    (a random permutation of the classes), clients are assigned to clusters at random by a shuffled round-robin
+    (so each cluster has at least one client and cluster sizes differ by at most one), and each cluster's samples
+    are split IID and evenly among its clients. Classes left over when C > clusters × labels are not used.
+    """
 
     name: ClassVar[str] = "label_clusters"
     description: ClassVar[str] = "clusters of clients with disjoint label sets (MaxFL: 5 clusters x 2 labels)"
-    num_clusters: int = Field(5, ge=1)
-    labels_per_cluster: int = Field(2, ge=1)
+    num_clusters: int = Field(5, ge=1, description="number of client clusters")
+    labels_per_cluster: int = Field(2, ge=1, description="classes owned by each cluster")
 
     def split(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, users: np.ndarray | None = None
     ) -> list[np.ndarray]:
-        classes = np.unique(labels)
+        _check_clients(num_clients, self.name)
+        _, order, per_class = _by_class(labels, rng)
         need = self.num_clusters * self.labels_per_cluster
-        if need > len(classes):
-            raise DataError(f"label_clusters: {need} labels needed but the dataset has {len(classes)} classes")
+        if need > len(per_class):
+            raise DataError(
+                f"label_clusters: {self.num_clusters} clusters × {self.labels_per_cluster} labels = {need} labels "
+                f"needed but the dataset has {len(per_class)} classes; lower num_clusters or labels_per_cluster"
+            )
         if num_clients < self.num_clusters:
-            raise DataError(f"label_clusters: {num_clients} clients for {self.num_clusters} clusters; use more clients")
-        label_sets = rng.permutation(classes)[:need].reshape(self.num_clusters, self.labels_per_cluster)
+            raise DataError(
+                f"label_clusters: {num_clients} clients for {self.num_clusters} clusters; "
+                "use at least one client per cluster"
+            )
+        by_class = _cut(order, per_class)
+        label_sets = rng.permutation(len(per_class))[:need].reshape(self.num_clusters, self.labels_per_cluster)
         cluster_of = rng.permutation(np.arange(num_clients) % self.num_clusters)
         parts: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * num_clients
-        for c in range(self.num_clusters):
+        for c, label_set in enumerate(label_sets):
             members = np.flatnonzero(cluster_of == c)
-            rows = rng.permutation(np.flatnonzero(np.isin(labels, label_sets[c])))
+            rows = rng.permutation(np.concatenate([by_class[label] for label in label_set]))
             for client, piece in zip(members, _split_evenly(rows, len(members)), strict=True):
                 parts[client] = piece
         return parts
 
 
 class _QuantitySkew(Partitioner):
-    """Client sizes from random weights (rescaled, each ≥ `min_size`); samples assigned IID."""
+    """Quantity skew: client sizes ∝ random weights (`min_size` each plus a share of the rest), labels IID."""
 
-    min_size: int = Field(10, ge=0)
+    min_size: int = Field(10, ge=0, description="minimum number of samples per client")
 
-    def weights(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
-        raise NotImplementedError
+    @abstractmethod
+    def log_weights(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
+        """Logarithms of the random client weights."""
 
     def split(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, users: np.ndarray | None = None
     ) -> list[np.ndarray]:
-        sizes = _sizes_from_weights(self.weights(num_clients, rng), len(labels), self.min_size, self.name)
+        _check_clients(num_clients, self.name)
+        sizes = _sizes_from_log_weights(self.log_weights(num_clients, rng), len(labels), self.min_size, self.name)
         return _cut(rng.permutation(len(labels)), sizes)
 
 
 @PARTITIONERS.register
 class Pareto(_QuantitySkew):
-    """Quantity skew with client sizes ∝ Pareto(shape) draws (FedGSNR App. D "Pareto")."""
+    """Quantity skew with client sizes ∝ Pareto draws (FedGSNR appendix, "Pareto"), labels IID.
+
+    Weights are ``rng.pareto(shape) + 1`` (a Pareto law with tail index `shape` and scale 1), drawn in log space
+    (log w = E / shape, E ~ Exp(1): the same draws) so that tiny tail indices cannot overflow. Each client gets
+    `min_size` samples plus a share of the remaining samples proportional to its weight.
+    """
 
     name: ClassVar[str] = "pareto"
     description: ClassVar[str] = "quantity skew: client sizes from a Pareto law, labels IID"
     shape: float = Field(1.0, gt=0, description="Pareto tail index (small: heavier skew)")
 
-    def weights(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
-        return rng.pareto(self.shape, num_clients) + 1.0
+    def log_weights(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.standard_exponential(num_clients) / self.shape
 
 
 @PARTITIONERS.register
 class NonBalance(_QuantitySkew):
-    """Quantity skew with client sizes ∝ LogNormal(0, σ) draws (FedGSNR App. D "NonBalance"; the common
-    "unbalanced" convention of NIID-Bench/FedLab)."""
+    """Quantity skew where client sizes differ strongly (FedGSNR's "NonBalance"), labels IID.
+
+    The reference is the FedGSNR paper's appendix, which describes the setting only qualitatively; we follow the
+    "unbalance" convention of NIID-Bench (Li et al. 2022) and FedLab: weights ~ LogNormal(0, σ), and each client
+    gets `min_size` samples plus a share of the remaining samples proportional to its weight (σ = 0: equal sizes).
+    """
 
     name: ClassVar[str] = "nonbalance"
     description: ClassVar[str] = "quantity skew: client sizes from a log-normal law, labels IID"
     sigma: float = Field(1.0, ge=0, description="log-normal σ (0: equal sizes)")
 
-    def weights(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
-        return rng.lognormal(0.0, self.sigma, num_clients)
+    def log_weights(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.normal(0.0, self.sigma, num_clients)
 
 
 @PARTITIONERS.register
 class Natural(Partitioner):
-    """One client per natural user (LEAF users, speaking roles, domains). With fewer clients than users, a
-    random subset of the users with at least `min_size` samples is taken."""
+    """One client per natural user (LEAF writers/users, speaking roles, domains), from the dataset's `users`.
+
+    Users with fewer than `min_size` samples are dropped. If fewer clients are asked for than users remain, a
+    uniformly random subset of `num_clients` users is taken (clients ordered by user id); more clients than
+    users is an error.
+    """
 
     name: ClassVar[str] = "natural"
     description: ClassVar[str] = "one client per natural user of the dataset (LEAF users, roles, domains)"
-    min_size: int = Field(0, ge=0)
+    min_size: int = Field(0, ge=0, description="drop users with fewer samples than this")
 
     def split(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, users: np.ndarray | None = None
     ) -> list[np.ndarray]:
+        _check_clients(num_clients, self.name)
         if users is None:
             raise DataError("natural: this dataset has no natural users; choose another partitioner (e.g. dirichlet)")
         ids, counts = np.unique(users, return_counts=True)
         eligible = ids[counts >= self.min_size]
         if num_clients > len(eligible):
+            kept = f" with at least {self.min_size} samples" if self.min_size > 0 else ""
             raise DataError(
-                f"natural: {num_clients} clients requested but the dataset has {len(eligible)} users with at least "
-                f"{self.min_size} samples; set num_clients to at most {len(eligible)}"
+                f"natural: {num_clients} clients requested but the dataset has {len(eligible)} users{kept}; "
+                f"set num_clients to at most {len(eligible)}"
             )
         chosen = eligible if num_clients == len(eligible) else np.sort(rng.choice(eligible, num_clients, replace=False))
         order = np.argsort(users, kind="stable")
