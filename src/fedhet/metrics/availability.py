@@ -1,0 +1,108 @@
+"""Metrics of CA-Fed's experiments (Rodio et al. 2023, Sec. V-B, Table I, Figs. 1–3).
+
+* ``alpha_accuracy`` plugin: the α-weighted test accuracy Σ_k α_k acc_k over all clients (α_k ∝ samples), and
+  the Table I summaries up to each round: maximum, time average, and standard deviation over the second
+  half of the rounds so far (variability over time, not across clients).
+* `ParticipationWriter` callback: writes ``availability.npz`` into the run folder, the per round × client arrays
+  the server saw and decided (active, selected, applied weights, π̂, λ̂, α) and the availability process's true
+  π, λ and client classes, for Figs. 1 and 2.
+* `importance`: the share of aggregation weight each client received over a run (Fig. 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+from torch import Tensor
+
+from fedhet.availability.markov import ClientClasses, MarkovChains
+from fedhet.experiments.callbacks import Callback
+from fedhet.metrics.base import METRIC_PLUGINS, Metric, RoundView
+
+if TYPE_CHECKING:
+    from fedhet.experiments.runner import RunState
+
+PARTICIPATION_FILE = "availability.npz"
+
+
+def weighted_mean(values: Tensor, weights: np.ndarray) -> float:
+    """Σ_k w_k v_k / Σ_k w_k."""
+    v = values.double().numpy()
+    return float(np.dot(weights, v) / weights.sum())
+
+
+def time_average(values: list[float] | np.ndarray) -> np.ndarray:
+    """The running mean (1/t) Σ_{s≤t} a_s of a per-round series (Fig. 3's y-axis)."""
+    arr = np.asarray(values, dtype=np.float64)
+    return np.cumsum(arr) / np.arange(1, len(arr) + 1) if len(arr) else arr
+
+
+def second_half_std(rounds: list[float] | np.ndarray, values: list[float] | np.ndarray, total: float) -> float:
+    """Population std of `values` at the rounds after total/2 (Table I's "standard deviation")."""
+    r, v = np.asarray(rounds, dtype=np.float64), np.asarray(values, dtype=np.float64)
+    late = v[r > total / 2]
+    return float(late.std()) if len(late) else float("nan")
+
+
+def importance(weights: np.ndarray) -> np.ndarray:
+    """p_k = Σ_t w_k^(t) / Σ_{t,h} w_h^(t): each client's share of the aggregation weight over a run (Fig. 2);
+    `weights` is rounds × clients with w_k^(t) = q_k 1{k ∈ S_t}."""
+    total = np.asarray(weights, dtype=np.float64).sum(axis=0)
+    return total / total.sum() if total.sum() > 0 else total
+
+
+@METRIC_PLUGINS.register
+class AlphaAccuracy(Metric):
+    """``alpha_test_accuracy`` = Σ_k α_k acc_k (all clients, CA-Fed's logged metric), with ``alpha_test_loss``,
+    ``alpha_train_loss``; and up to each round its maximum (``max_accuracy``), time average
+    (``time_avg_accuracy``) and second-half standard deviation (``second_half_std``)."""
+
+    name: ClassVar[str] = "alpha_accuracy"
+    description: ClassVar[str] = "alpha-weighted accuracy and its max, time average and second-half std"
+    weighting: Literal["samples", "uniform"] = Field("samples", description="α_k ∝ train samples, or uniform")
+
+    def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
+        data = view.engine.data
+        alpha = data.train.sizes.double().numpy() if self.weighting == "samples" else np.ones(data.num_clients)
+        acc = weighted_mean(view.test.accuracy, alpha)
+        rows = [r for r in view.history if "alpha_test_accuracy" in r]
+        rounds = [r["round"] for r in rows] + [float(view.round)]
+        series = [r["alpha_test_accuracy"] for r in rows] + [acc]
+        out = {
+            "alpha_test_accuracy": acc,
+            "alpha_test_loss": weighted_mean(view.test.loss, alpha),
+            "alpha_train_loss": weighted_mean(view.train.loss, alpha),
+            "max_accuracy": float(np.max(series)),
+            "time_avg_accuracy": float(time_average(series)[-1]),
+            "second_half_std": second_half_std(rounds, series, float(view.round)),
+        }
+        return out, {}
+
+
+class ParticipationWriter(Callback):
+    """At the end of a run, writes ``availability.npz`` (see the module docstring) into the run folder."""
+
+    def on_run_end(self, state: RunState) -> None:
+        if state.out is not None:
+            write_participation(state, state.out / PARTICIPATION_FILE)
+
+
+def participation_arrays(state: RunState) -> dict[str, np.ndarray]:
+    """The arrays of ``availability.npz`` for a run (empty when its strategy logs no participation)."""
+    exp = state.experiment
+    log = getattr(exp.strategy, "participation_log", None)
+    out: dict[str, np.ndarray] = dict(log()) if callable(log) else {}
+    process = exp.availability
+    if isinstance(process, MarkovChains):
+        out["pi"], out["lambda"], out["chain"] = process.client_pi, process.client_lambda, process.member
+    if isinstance(process, ClientClasses):
+        out["group"], out["more_available"], out["correlated"] = process.classes()
+    return out
+
+
+def write_participation(state: RunState, path: Path) -> Path:
+    np.savez_compressed(path, **participation_arrays(state))  # type: ignore[arg-type]
+    return path
