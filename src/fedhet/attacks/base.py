@@ -1,9 +1,9 @@
 """Malicious clients: what they report (inflated losses) and what they send (corrupted updates).
 
-An attack picks ``round(fraction · K)`` malicious clients once (from the seed). The runner passes every
-cohort's `LocalResult` through ``corrupt_updates`` before aggregation, and strategies obtain client losses
-through `ServerContext.client_losses`, which passes them through ``report_losses``. So any strategy can be
-attacked without knowing about it.
+An attack picks ``round(fraction · K)`` malicious clients once (from the seed), or the listed ``clients``.
+The runner passes every cohort's `LocalResult` through ``corrupt_updates`` before aggregation, and strategies
+obtain client losses through `ServerContext.client_losses`, which passes them through ``report_losses``. So any
+strategy can be attacked without knowing about it.
 
 Update attacks (on Δ_k = w_global − w_k of malicious clients): ``gaussian`` adds N(0, σ²) noise, ``scale``
 multiplies by `factor`, ``sign_flip`` multiplies by −`factor`, ``replace`` sends pure N(0, σ²) noise.
@@ -21,6 +21,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalResult
+from fedhet.errors import ConfigError
 from fedhet.registry import Component, Registry
 from fedhet.seeding import numpy_rng, torch_gen
 
@@ -69,9 +70,15 @@ class MaliciousClients(Attack):
     factor: float = Field(10.0, description="multiplier of the update (scale, sign_flip)")
     loss_bias: float = Field(0.0, description="added to the reported loss")
     loss_scale: float = Field(1.0, ge=0, description="multiplies the reported loss (after the bias)")
+    clients: list[int] = Field(default_factory=list, description="ids of the malicious clients (overrides fraction)")
 
     def setup(self, num_clients: int, seed: int) -> None:
         super().setup(num_clients, seed)
+        if self.clients:  # a chosen attacker, e.g. FedMGDA+'s PhD domain on Adult (Table 7)
+            if min(self.clients) < 0 or max(self.clients) >= num_clients:
+                raise ConfigError(f"attack.clients {self.clients} must be client ids in 0..{num_clients - 1}")
+            self._malicious[torch.as_tensor(self.clients, dtype=torch.long)] = True
+            return
         count = round(self.fraction * num_clients)
         chosen = np.sort(numpy_rng(seed, "malicious").choice(num_clients, size=count, replace=False))
         self._malicious[torch.as_tensor(chosen, dtype=torch.long)] = True
