@@ -1,0 +1,597 @@
+"""FedGSNR's experiments (§5, Appendix D) as recipes: Tables 1 and 3, Table 2, and Figs. 3, 5b, 6/10 and 7.
+
+Paper settings: CIFAR-10 with LeNet, 30 clients (all active), batch 64, E_const = 20 local steps, FedProx μ = 0.01,
+rounds to reach 0.5 test accuracy and the speedup S = T_old / T_new over the same base strategy (Table 1), the best
+test accuracy (Table 3); NonBalance with 100 clients and 10/20/100% active (Table 2). Not given by the paper and
+chosen here: learning rate 0.05 (constant), 1000 rounds, evaluation every 5 rounds (its round counts are multiples
+of 5), each client's data split 5:1 into train and test (a 10,000-image test set overall, as CIFAR-10's), p_k by
+sample count, and the accuracy of the global model on all clients' test data pooled (a global test set).
+
+Without the CIFAR-10 files the recipes run on scikit-learn's digits (1,797 images, 8×8) and say so: an MLP with
+one hidden layer of 64, batch 10 (clients hold ≈ 48 training images), learning rate 0.01, 60 rounds evaluated
+every round, and a target of 0.85 (the paper's 0.5 is 75–85% of its best accuracies, 0.85 is ≈ 90% of digits').
+
+Speedups are paired by seed (same partition and initialisation) and averaged over the seeds where both methods
+reached the target; the "average speedup" is the mean over the table's finite cells, as the paper's 1.69×.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedhet.errors import DataError
+from fedhet.experiments.callbacks import Callback, write_csv
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.recipes import Recipe, deep_merge, register_recipe
+from fedhet.experiments.runner import RunState, run
+from fedhet.metrics.contribution import Contribution, contribution_scores
+from fedhet.metrics.speed import speedup
+from fedhet.report.tables import markdown_table
+
+ACCURACY = "test_accuracy_pooled"
+PAPER: dict[str, Any] = {
+    "dataset": "cifar10",
+    "model": "lenet_cifar",
+    "num_clients": 30,
+    "clients_per_round": 30,
+    "test_fraction": 1 / 6,
+    "rounds": 1000,
+    "eval_every": 5,
+    "local": {"steps": 20, "lr": 0.05, "batch_size": 64},
+    "metrics": [{"name": "target_accuracy", "target": 0.5, "column": ACCURACY}],
+}
+EMBEDDED: dict[str, Any] = {
+    "dataset": "digits",
+    "model": {"name": "mlp", "hidden": [64]},
+    "rounds": 60,
+    "eval_every": 1,
+    "local": {"steps": 20, "lr": 0.01, "batch_size": 10},
+    "metrics": [{"name": "target_accuracy", "target": 0.85, "column": ACCURACY}],
+}
+QUICK_PAPER: dict[str, Any] = {"rounds": 100}
+QUICK_EMBEDDED: dict[str, Any] = {"rounds": 25}
+SEEDS = (0, 1, 2)
+
+PARTITIONS: dict[str, dict[str, Any]] = {
+    "α = 0.5": {"name": "dirichlet", "alpha": 0.5, "min_size": 10},
+    "α = 0.1": {"name": "dirichlet", "alpha": 0.1, "min_size": 10},
+    "Label 2": {"name": "label_k", "labels_per_client": 2},
+    "NonBalance": {"name": "nonbalance"},
+    "Pareto": {"name": "pareto"},
+}
+IID: dict[str, Any] = {"name": "iid"}
+BASES: dict[str, str | dict[str, Any]] = {
+    "FedAvg": "fedavg",
+    "FedProx": {"name": "fedprox", "mu": 0.01},
+    "Scaffold": "scaffold",
+}
+
+# The paper's numbers, shown next to ours (CIFAR-10, LeNet).
+PAPER_TABLE1 = {
+    "FedAvg": ["170 (1.0×)", "355 (1.0×)", "470 (1.0×)", "210 (1.0×)", "550 (1.0×)"],
+    "FedGSNR with FedAvg": ["115 (1.5×)", "285 (1.3×)", "340 (1.4×)", "155 (1.4×)", "170 (3.2×)"],
+    "FedProx": ["185 (1.0×)", "430 (1.0×)", "500 (1.0×)", "220 (1.0×)", "385 (1.0×)"],
+    "FedGSNR with FedProx": ["140 (1.3×)", "300 (1.4×)", "405 (1.2×)", "180 (1.2×)", "210 (1.8×)"],
+    "Scaffold": ["385 (1.0×)", "770 (1.0×)", "870 (1.0×)", "390 (1.0×)", ">1K"],
+    "FedGSNR with Scaffold": ["140 (2.7×)", "425 (1.8×)", "770 (1.1×)", "170 (2.3×)", ">1K"],
+}
+PAPER_TABLE3 = {
+    "FedAvg": ["67.06", "57.44", "58.25", "65.48", "57.23"],
+    "FedGSNR with FedAvg": ["66.23", "61.41", "57.69", "66.42", "63.38"],
+    "FedProx": ["63.14", "57.80", "58.84", "63.87", "56.96"],
+    "FedGSNR with FedProx": ["63.5", "59.39", "58.39", "68.17", "63.39"],
+    "Scaffold": ["62.05", "53.98", "50.38", "62.79", "40.73"],
+    "FedGSNR with Scaffold": ["63.53", "58.95", "55.48", "64.96", "39.83"],
+}
+PAPER_TABLE2 = {
+    "FedAvg": ["210 (1.0×)", "140 (1.0×)", "100 (1.0×)"],
+    "FedNova": ["235 (0.9×)", "140 (1.0×)", "80 (1.2×)"],
+    "Scaffold": ["230 (0.9×)", "-", "-"],
+    "FedGSNR with FedAvg": ["150 (1.4×)", "80 (1.7×)", "55 (1.8×)"],
+}
+PARTITION_NOTE = (
+    "Partitions: `nonbalance` and `pareto` in fedhet are quantity skews with IID labels, while the paper's NonBalance "
+    "and Pareto (App. D.1) give clients different numbers of classes; see the FedGSNR report."
+)
+
+
+def gsnr(base: str | dict[str, Any]) -> dict[str, Any]:
+    """The FedGSNR wrapper around `base`."""
+    return {"name": "gsnr", "base": base}
+
+
+def paired_methods(bases: dict[str, str | dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each base strategy followed by FedGSNR with it (Table 1's rows)."""
+    methods: dict[str, dict[str, Any]] = {}
+    for name, spec in bases.items():
+        methods[name] = {"algorithm": spec}
+        methods[f"FedGSNR with {name}"] = {"algorithm": gsnr(spec)}
+    return methods
+
+
+def slug(text: str) -> str:
+    """A folder name for a table label ("α = 0.5" → "alpha-0.5", "FedGSNR with FedAvg" → "fedgsnr-with-fedavg")."""
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower().replace("α", "alpha")).strip("-")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running a grid of runs
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class ContributionWriter(Callback):
+    """Writes ``contribution.csv`` (one row per evaluated round, one column per client: its GSNR r) into the run
+    folder when the run has the `contribution` metric."""
+
+    def on_run_end(self, state: RunState) -> None:
+        plugin = next((m for m in state.experiment.metrics if isinstance(m, Contribution)), None)
+        if state.out is None or plugin is None:
+            return
+        rounds, history = plugin.history()
+        write_csv(state.out / "contribution.csv", contribution_rows(rounds, history))
+
+
+def contribution_rows(rounds: Tensor, history: Tensor) -> list[dict[str, float]]:
+    """Rows ``{round, client_0, client_1, ...}`` of the (R, K) GSNR history."""
+    return [
+        {"round": float(r), **{f"client_{k}": float(v) for k, v in enumerate(row.tolist())}}
+        for r, row in zip(rounds.tolist(), history, strict=True)
+    ]
+
+
+@dataclass
+class RunSummary:
+    """What the tables and figures need from one run (the run's data is not kept)."""
+
+    history: list[dict[str, float]]
+    final: dict[str, float]
+    contribution: Tensor | None = None  # (R, K) GSNR per evaluated round and client
+    corrupted: Tensor | None = None  # (K,) bool
+    label_counts: Tensor | None = None  # (K, C) training labels per client
+
+    def curve(self, metric: str) -> tuple[list[float], list[float]]:
+        rows = [row for row in self.history if metric in row]
+        return [row["round"] for row in rows], [row[metric] for row in rows]
+
+
+def summarise(state: RunState) -> RunSummary:
+    data = state.experiment.data
+    plugin = next((m for m in state.experiment.metrics if isinstance(m, Contribution)), None)
+    counts = torch.zeros(data.num_clients, data.num_classes)
+    counts.index_put_((data.train.owner, data.train.y), torch.ones(len(data.train.y)), accumulate=True)
+    return RunSummary(
+        history=list(state.history),
+        final=dict(state.final),
+        contribution=plugin.history()[1] if plugin is not None else None,
+        corrupted=data.info.get("corrupted"),
+        label_counts=counts,
+    )
+
+
+def paper_data_present(base: dict[str, Any]) -> bool:
+    """Whether the paper's dataset files load from the config's data folder."""
+    from fedhet.catalog import DATASETS
+
+    try:
+        DATASETS.build(base["dataset"], where="dataset").load(Path(base.get("data_dir", "data")))
+    except DataError:
+        return False
+    return True
+
+
+def setting(quick: bool, embedded: bool | None, changes: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """The base config (the paper's, or the embedded fallback), and a line saying which data is used."""
+    if embedded is None:
+        embedded = not paper_data_present(PAPER)
+    raw = deep_merge(PAPER, EMBEDDED) if embedded else dict(PAPER)
+    if quick:
+        raw = deep_merge(raw, QUICK_EMBEDDED if embedded else QUICK_PAPER)
+    raw = deep_merge(raw, changes or {})
+    target = next(m["target"] for m in raw["metrics"] if isinstance(m, dict) and m["name"] == "target_accuracy")
+    note = "embedded data: digits (the CIFAR-10 files are missing)" if embedded else "data: CIFAR-10"
+    note += f"; {raw['num_clients']} clients; target test accuracy {target}; {raw['rounds']} rounds"
+    return raw, note + (" (quick)" if quick else "")
+
+
+Cells = dict[tuple[str, str], dict[str, Any]]  # (row, column) → config
+
+
+def run_cells(
+    out: Path, cells: Cells, seeds: tuple[int, ...], say: Callable[[str], None] = print
+) -> dict[tuple[str, str], list[RunSummary]]:
+    """Run every cell's config for every seed into ``out/<column>/<row>/seed<k>/``."""
+    results: dict[tuple[str, str], list[RunSummary]] = {}
+    for (row, col), raw in cells.items():
+        for seed in seeds:
+            folder = out / slug(col) / slug(row) / f"seed{seed}"
+            state = run(parse_config({**raw, "seed": seed}), folder, [ContributionWriter()])
+            summary = summarise(state)
+            results.setdefault((row, col), []).append(summary)
+            reached, best = summary.final.get("rounds_to_target"), summary.final.get("best_test_accuracy")
+            say(f"{col} | {row} | seed {seed}: rounds to target {reached}, best accuracy {best:.4f}")
+    return results
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Table cells
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def rounds_of(runs: list[RunSummary]) -> list[float]:
+    return [float(r.final.get("rounds_to_target", float("nan"))) for r in runs]
+
+
+def paired_speedups(old: list[float], new: list[float]) -> list[float]:
+    """S = T_old / T_new per seed, where both methods reached the target."""
+    pairs = [speedup(a, b) for a, b in zip(old, new, strict=True)]
+    return [s for s in pairs if not math.isnan(s)]
+
+
+def format_rounds(values: list[float], cap: int) -> str:
+    """Mean ± std of the rounds to target over the seeds that reached it; ">cap" when none did."""
+    reached = np.asarray([v for v in values if not math.isnan(v)])
+    if len(reached) == 0:
+        return f">{cap}"
+    text = f"{reached.mean():.1f}" + (f" ± {reached.std(ddof=1):.1f}" if len(reached) > 1 else "")
+    return text + (f" [{len(reached)}/{len(values)} reached]" if len(reached) < len(values) else "")
+
+
+def format_speedup(values: list[float]) -> str:
+    return f"{np.mean(values):.2f}×" if values else "–"
+
+
+def format_accuracy(values: list[float]) -> str:
+    arr = 100 * np.asarray(values, dtype=float)
+    return f"{arr.mean():.2f}" + (f" ± {arr.std(ddof=1):.2f}" if len(arr) > 1 else "")
+
+
+def speed_table(
+    results: dict[tuple[str, str], list[RunSummary]],
+    rows: list[str],
+    columns: list[str],
+    baseline: Callable[[str], str],
+    cap: int,
+) -> tuple[str, list[float]]:
+    """Rounds to target with the speedup against each row's baseline (Table 1/2 layout), and the finite cell
+    speedups (for the average)."""
+    body, finite = [], []
+    for row in rows:
+        cells = []
+        for col in columns:
+            mine = rounds_of(results[(row, col)])
+            base = baseline(row)
+            if base == row:
+                cells.append(f"{format_rounds(mine, cap)} (1.0×)")
+                continue
+            s = paired_speedups(rounds_of(results[(base, col)]), mine)
+            if s:
+                finite.append(float(np.mean(s)))
+            cells.append(f"{format_rounds(mine, cap)} ({format_speedup(s)})")
+        body.append([row, *cells])
+    return markdown_table(["Algorithms", *columns], body), finite
+
+
+def accuracy_table(results: dict[tuple[str, str], list[RunSummary]], rows: list[str], columns: list[str]) -> str:
+    """Best test accuracy in % (Table 3 layout)."""
+    body = [
+        [row, *(format_accuracy([r.final["best_test_accuracy"] for r in results[(row, col)]]) for col in columns)]
+        for row in rows
+    ]
+    return markdown_table(["Algorithms", *columns], body)
+
+
+def write_results(out: Path, results: dict[tuple[str, str], list[RunSummary]], seeds: tuple[int, ...]) -> None:
+    """``results.csv``: one line per run with its rounds to target and best accuracy."""
+    lines = ["row,column,seed,rounds_to_target,best_test_accuracy"]
+    for (row, col), runs in results.items():
+        for seed, summary in zip(seeds, runs, strict=True):
+            f = summary.final
+            lines.append(f'"{row}","{col}",{seed},{f.get("rounds_to_target")},{f.get("best_test_accuracy")}')
+    (out / "results.csv").write_text("\n".join(lines) + "\n")
+
+
+def accuracy_figures(out: Path, results: dict[tuple[str, str], list[RunSummary]], rows: list[str], col: str) -> None:
+    from fedhet.report.plots import plot_mean_curves
+
+    curves = {row: [r.curve(ACCURACY)[1] for r in results[(row, col)]] for row in rows}
+    rounds = {row: results[(row, col)][0].curve(ACCURACY)[0] for row in rows}
+    plot_mean_curves(curves, rounds, ACCURACY, out / f"accuracy_{slug(col)}.png", title=f"test accuracy, {col}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Studies
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def table1_study(
+    out: Path,
+    quick: bool,
+    seeds: tuple[int, ...],
+    *,
+    embedded: bool | None = None,
+    changes: dict[str, Any] | None = None,
+    partitions: dict[str, dict[str, Any]] | None = None,
+    bases: dict[str, str | dict[str, Any]] | None = None,
+) -> str:
+    """Tables 1 and 3: every base strategy with and without FedGSNR on every partition."""
+    base, note = setting(quick, embedded, changes)
+    partitions = partitions or PARTITIONS
+    methods = paired_methods(bases or BASES)
+    cells = {
+        (m, p): deep_merge(deep_merge(base, {"partition": spec}), change)
+        for p, spec in partitions.items()
+        for m, change in methods.items()
+    }
+    results = run_cells(out, cells, seeds)
+    rows, columns = list(methods), list(partitions)
+    speed, finite = speed_table(results, rows, columns, lambda r: r.removeprefix("FedGSNR with "), base["rounds"])
+    for col in columns:
+        accuracy_figures(out, results, rows, col)
+    write_results(out, results, seeds)
+    average = f"{np.mean(finite):.2f}×" if finite else "–"
+    text = f"### FedGSNR Table 1: rounds to reach the target test accuracy (speedup S = T_old/T_new)\n\n{note}; "
+    text += f"seeds: {', '.join(map(str, seeds))}; mean ± std over seeds\n\n{speed}\n"
+    text += f"Average speedup over the finite cells: {average} (paper: 1.69×)\n\n"
+    text += "### FedGSNR Table 3: best test accuracy (%)\n\n" + accuracy_table(results, rows, columns)
+    text += f"\n{PARTITION_NOTE}\n\n### The paper's Table 1 (CIFAR-10, LeNet, target 0.5)\n\n"
+    text += markdown_table(["Algorithms", *PARTITIONS], [[k, *v] for k, v in PAPER_TABLE1.items()])
+    text += "\n### The paper's Table 3 (best test accuracy, %)\n\n"
+    text += markdown_table(["Algorithms", *PARTITIONS], [[k, *v] for k, v in PAPER_TABLE3.items()])
+    return text
+
+
+TABLE2_METHODS: dict[str, dict[str, Any]] = {
+    "FedAvg": {"algorithm": "fedavg"},
+    "FedNova": {"algorithm": "fednova"},
+    "Scaffold": {"algorithm": "scaffold"},
+    "FedGSNR with FedAvg": {"algorithm": gsnr("fedavg")},
+}
+TABLE2_FRACTIONS = {"10%": 0.1, "20%": 0.2, "100%": 1.0}
+
+
+def table2_study(
+    out: Path,
+    quick: bool,
+    seeds: tuple[int, ...],
+    *,
+    embedded: bool | None = None,
+    changes: dict[str, Any] | None = None,
+    fractions: dict[str, float] | None = None,
+) -> str:
+    """Table 2: NonBalance with 100 clients, 10/20/100% of them active each round."""
+    base, note = setting(
+        quick, embedded, deep_merge({"num_clients": 100, "partition": PARTITIONS["NonBalance"]}, changes or {})
+    )
+    fractions = fractions or TABLE2_FRACTIONS
+    cells = {
+        (m, f): deep_merge(base, {**change, "clients_per_round": max(1, round(frac * base["num_clients"]))})
+        for f, frac in fractions.items()
+        for m, change in TABLE2_METHODS.items()
+    }
+    results = run_cells(out, cells, seeds)
+    rows, columns = list(TABLE2_METHODS), list(fractions)
+    speed, _ = speed_table(results, rows, columns, lambda r: "FedAvg", base["rounds"])
+    for col in columns:
+        accuracy_figures(out, results, rows, col)
+    write_results(out, results, seeds)
+    text = "### FedGSNR Table 2: rounds to the target test accuracy, NonBalance, varying active clients\n\n"
+    text += f"{note}; seeds: {', '.join(map(str, seeds))}; speedup against FedAvg in the same column\n\n{speed}\n"
+    text += "### Best test accuracy (%)\n\n" + accuracy_table(results, rows, columns)
+    text += f"\n{PARTITION_NOTE}\n\n### The paper's Table 2 (CIFAR-10, 100 clients, target 0.5)\n\n"
+    text += markdown_table(["Algorithms", *TABLE2_FRACTIONS], [[k, *v] for k, v in PAPER_TABLE2.items()])
+    return text
+
+
+def figures_study(
+    out: Path,
+    quick: bool,
+    seeds: tuple[int, ...],
+    *,
+    embedded: bool | None = None,
+    changes: dict[str, Any] | None = None,
+    partitions: dict[str, dict[str, Any]] | None = None,
+    flip_partitions: tuple[str, ...] = ("IID", "NonBalance"),
+) -> str:
+    """Fig. 3 (entropy of the step allocation per partition), Figs. 5b/7 (GSNR per client and partition) and
+    Figs. 6/10 (GSNR and accuracy when one client's labels are shifted)."""
+    base, note = setting(quick, embedded, changes)
+    base = deep_merge(base, {"metrics": [*base["metrics"], "contribution"]})
+    partitions = {"IID": IID, **(partitions or PARTITIONS)}
+    entropy_cells = {
+        ("FedGSNR with FedAvg", p): deep_merge(base, {"partition": spec, "algorithm": gsnr("fedavg")})
+        for p, spec in partitions.items()
+    }
+    entropy = run_cells(out / "entropy", entropy_cells, seeds)
+    flip = {"fraction": 1 / base["num_clients"], "mapping": "shift"}
+    flip_methods: dict[str, dict[str, Any]] = {
+        "FedAvg": {"algorithm": "fedavg"},
+        "FedGSNR with FedAvg": {"algorithm": gsnr("fedavg")},
+    }
+    flip_cells = {
+        (m, p): deep_merge(base, {"partition": partitions[p], "label_noise": flip, **change})
+        for p in flip_partitions
+        for m, change in flip_methods.items()
+    }
+    flipped = run_cells(out / "label-flip", flip_cells, seeds)
+
+    log_n = math.log(base["clients_per_round"])
+    plot_entropy({p: entropy[("FedGSNR with FedAvg", p)] for p in partitions}, log_n, out / "entropy.png")
+    plot_partition_gsnr({p: entropy[("FedGSNR with FedAvg", p)] for p in partitions}, out / "gsnr_partitions.png")
+    pareto = entropy.get(("FedGSNR with FedAvg", "Pareto"))
+    if pareto:
+        plot_contribution(pareto[0], out / "contribution_pareto.png", "GSNR per client, Pareto (seed 0)")
+    rows = []
+    for p in partitions:
+        runs = entropy[("FedGSNR with FedAvg", p)]
+        h = [np.nanmean([row.get("gsnr_entropy", float("nan")) for row in r.history]) for r in runs]
+        mean_r = [float(contribution_scores(r.contribution).nanmean()) for r in runs if r.contribution is not None]
+        rows.append([p, f"{np.mean(h):.3f}", f"{log_n:.3f}", f"{np.mean(mean_r):.3f}"])
+    text = f"### FedGSNR Fig. 3 / Fig. 7: allocation entropy and GSNR per partition (FedGSNR with FedAvg)\n\n{note}; "
+    text += f"seeds: {', '.join(map(str, seeds))}\n\n"
+    text += markdown_table(["partition", "mean entropy H over rounds", "log N (uniform)", "mean client GSNR"], rows)
+    flip_rows = []
+    for (m, p), flip_runs in flipped.items():
+        for seed, r in zip(seeds, flip_runs, strict=True):
+            assert r.contribution is not None and r.corrupted is not None
+            score = contribution_scores(r.contribution)
+            bad = r.corrupted
+            rank = int((score < score[bad].max()).sum()) + 1  # 1 = lowest score
+            clean = score[~bad]
+            flip_rows.append(
+                [
+                    p,
+                    m,
+                    str(seed),
+                    f"{float(score[bad].mean()):.3f}",
+                    f"{float(clean.mean()):.3f} ± {float(clean.std()):.3f}",
+                    f"{rank} of {len(score)}",
+                    f"{r.final['best_test_accuracy']:.4f}",
+                ]
+            )
+        plot_contribution(
+            flip_runs[0], out / f"contribution_flip_{slug(p)}_{slug(m)}.png", f"GSNR per client, {p}, {m}"
+        )
+    for p in flip_partitions:
+        accuracy_figures(out / "label-flip", flipped, ["FedAvg", "FedGSNR with FedAvg"], p)
+    text += "\n### FedGSNR Figs. 6 / 10: one client's labels shifted (l → l + 1 mod C): its GSNR and the accuracy\n\n"
+    text += markdown_table(
+        [
+            "partition",
+            "method",
+            "seed",
+            "flipped client's score",
+            "clean clients' score",
+            "rank (1 = lowest)",
+            "best acc",
+        ],
+        flip_rows,
+    )
+    text += f"\n{PARTITION_NOTE}\n"
+    return text
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Figures
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def plot_entropy(runs: dict[str, list[RunSummary]], log_n: float, out: Path) -> Path:
+    """Fig. 3: the entropy H of the step allocation per round (mean over seeds) per partition, and log N."""
+    import matplotlib.pyplot as plt
+
+    from fedhet.report.plots import save_figure
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    for partition, summaries in runs.items():
+        curves = [s.curve("gsnr_entropy") for s in summaries]
+        length = min(len(c[1]) for c in curves)
+        mean = np.mean([c[1][:length] for c in curves], axis=0)
+        ax.plot(curves[0][0][:length], mean, label=partition, linewidth=1.3)
+    ax.axhline(log_n, color="tab:blue", linestyle="--", linewidth=1.0, label="uniform (equal steps): log N")
+    ax.set_xlabel("round")
+    ax.set_ylabel("entropy H of p(C_k) = n_k / Σ n_i")
+    ax.set_title("FedGSNR step allocation per partition (Fig. 3)", fontsize=9)
+    return save_figure(fig, ax, out)
+
+
+def plot_partition_gsnr(runs: dict[str, list[RunSummary]], out: Path) -> Path:
+    """Fig. 7: the spread of the clients' contribution scores (mean GSNR over rounds) per partition."""
+    import matplotlib.pyplot as plt
+
+    from fedhet.report.plots import save_figure
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    data = [
+        np.concatenate([contribution_scores(s.contribution).numpy() for s in summaries if s.contribution is not None])
+        for summaries in runs.values()
+    ]
+    ax.boxplot(data)
+    ax.set_xticks(range(1, len(runs) + 1), list(runs), fontsize=8)
+    ax.set_ylabel("client GSNR (mean over rounds)")
+    ax.set_title("GSNR of the clients per partition (Fig. 7)", fontsize=9)
+    return save_figure(fig, ax, out, legend=False)
+
+
+def plot_contribution(summary: RunSummary, out: Path, title: str) -> Path:
+    """Figs. 5b / 6: each client's GSNR (mean over rounds, bar; ± std over rounds) with corrupted clients in red,
+    above each client's training-label histogram."""
+    import matplotlib.pyplot as plt
+
+    from fedhet.report.plots import save_figure
+
+    assert summary.contribution is not None and summary.label_counts is not None
+    history = summary.contribution
+    k = history.shape[1]
+    mean = contribution_scores(history).numpy()
+    std = np.nanstd(history.numpy(), axis=0)
+    bad = summary.corrupted.numpy() if summary.corrupted is not None else np.zeros(k, dtype=bool)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.0, 5.0), dpi=120, sharex=True, height_ratios=(2, 1))
+    colours = ["tab:red" if b else "tab:blue" for b in bad]
+    top.bar(range(k), mean, yerr=std, color=colours, capsize=2)
+    top.set_ylabel("GSNR r (mean over rounds)")
+    top.set_title(title + (" — red: corrupted labels" if bad.any() else ""), fontsize=9)
+    top.grid(alpha=0.3)
+    counts = summary.label_counts.numpy()
+    bottom_edge = np.zeros(k)
+    cmap = plt.get_cmap("tab10" if counts.shape[1] <= 10 else "tab20")
+    for c in range(counts.shape[1]):
+        bottom.bar(range(k), counts[:, c], bottom=bottom_edge, color=cmap(c % cmap.N), width=0.8)
+        bottom_edge += counts[:, c]
+    bottom.set_xlabel("client")
+    bottom.set_ylabel("training labels")
+    return save_figure(fig, bottom, out, legend=False)
+
+
+def _custom(study: Callable[..., str]) -> Callable[[Path, bool, tuple[int, ...]], str]:
+    def go(out: Path, quick: bool, seeds: tuple[int, ...]) -> str:
+        return study(out, quick, seeds)
+
+    return go
+
+
+@register_recipe
+def table1() -> Recipe:
+    return Recipe(
+        name="fedgsnr-table1",
+        description="FedGSNR Tables 1 and 3: rounds to target, speedup and best accuracy per partition and base",
+        base={},
+        methods={},
+        columns={},
+        seeds=SEEDS,
+        custom=_custom(table1_study),
+    )
+
+
+@register_recipe
+def table2() -> Recipe:
+    return Recipe(
+        name="fedgsnr-table2",
+        description="FedGSNR Table 2: NonBalance with 100 clients, rounds to target for 10/20/100% active clients",
+        base={},
+        methods={},
+        columns={},
+        seeds=SEEDS,
+        custom=_custom(table2_study),
+    )
+
+
+@register_recipe
+def figures() -> Recipe:
+    return Recipe(
+        name="fedgsnr-figures",
+        description="FedGSNR figures: step-allocation entropy, GSNR per client and partition, label-flip detection",
+        base={},
+        methods={},
+        columns={},
+        seeds=SEEDS,
+        custom=_custom(figures_study),
+    )

@@ -1,0 +1,236 @@
+"""FedGSNR: statistics, eqs. (8)–(9), Theorem 3.7, Definition 4.1 and the step redistribution, by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import linear_model, make_context, tiny_data
+from fedhet.catalog import STRATEGIES
+from fedhet.data.dataset import ClientData, FederatedData
+from fedhet.engine.engine import Engine
+from fedhet.engine.functional import FlatModel
+from fedhet.engine.plan import LocalResult
+from fedhet.errors import ConfigError
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.runner import run
+from fedhet.strategies.fedavg import FedAvg
+from fedhet.strategies.gsnr import (
+    GSNR,
+    allocation_entropy,
+    global_statistics,
+    gsnr_ratio,
+    gsnr_terms,
+    min_distance,
+    optimal_steps,
+    proportional_steps,
+    redistribute_steps,
+)
+
+
+def hand_problem() -> Engine:
+    """Logistic regression without bias, 1 feature, 2 classes, at w = 0 (softmax ½, ½):
+    ∇_W CE = (softmax − onehot) x, so a sample (x, y=0) has gradient (−x/2, x/2) and (x, y=1) has (x/2, −x/2).
+
+    Client 0: x = 1, 2, 4 with y = 0, 1, 0 → gradients on W₀: −½, 1, −2 → g̃₀ = (−½, ½), v₀ = (3/2, 3/2).
+    Client 1: x = 1, 1 with y = 1, 1 → g̃₁ = (½, −½), v₁ = (0, 0).
+    """
+    xs = [torch.tensor([[1.0], [2.0], [4.0]]), torch.tensor([[1.0], [1.0]])]
+    ys = [torch.tensor([0, 1, 0]), torch.tensor([1, 1])]
+    part = ClientData.from_parts(xs, ys)
+    data = FederatedData("hand", part, part, 2, torch.ones(2, dtype=torch.bool))
+    module = nn.Linear(1, 2, bias=False)
+    with torch.no_grad():
+        module.weight.zero_()
+    return Engine(FlatModel(module), data, backend="sequential")
+
+
+def test_client_statistics_by_hand() -> None:
+    from fedhet.strategies.gsnr import measure
+
+    engine = hand_problem()
+    ctx = make_context(engine, steps=5, batch=2, m=2)
+    mean, var = measure(ctx, torch.zeros(2), torch.tensor([0, 1]), 3, 0)
+    torch.testing.assert_close(mean, torch.tensor([[-0.5, 0.5], [0.5, -0.5]]))
+    torch.testing.assert_close(var, torch.tensor([[1.5, 1.5], [0.0, 0.0]]))  # population (1/B) variance
+
+
+def test_global_statistics_eqs_8_9() -> None:
+    means = torch.tensor([[-0.5, 0.5], [0.5, -0.5]])
+    variances = torch.tensor([[1.5, 1.5], [0.0, 0.0]])
+    g, v = global_statistics(means, variances, torch.tensor([3.0, 2.0]))  # p = (0.6, 0.4)
+    torch.testing.assert_close(g, torch.tensor([-0.1, 0.1], dtype=torch.float64))
+    # 0.6·1.5 + 0.4·0 + 0.6·0.4² + 0.4·0.6² = 0.9 + 0.096 + 0.144
+    torch.testing.assert_close(v, torch.tensor([1.14, 1.14], dtype=torch.float64))
+
+
+def test_terms_optimal_steps_and_gsnr_by_hand() -> None:
+    g = torch.tensor([-0.1, 0.1], dtype=torch.float64)
+    v = torch.tensor([1.14, 1.14], dtype=torch.float64)
+    means = torch.tensor([[-0.5, 0.5], [0.5, -0.5]])
+    variances = torch.tensor([[1.5, 1.5], [0.0, 0.0]])
+    big_l, big_m, big_n = gsnr_terms(means, variances, g, v, batch=2)
+    assert float(big_l) == pytest.approx(0.02 + 2.28 / 2)  # ‖g̃‖² + Σv/B
+    m0 = 0.1 + math.sqrt(1.5 * 1.14)  # g̃₀ᵀg̃ + Σ√(v₀v)/B = 0.1 + 2√1.71/2
+    torch.testing.assert_close(big_m, torch.tensor([m0, -0.1], dtype=torch.float64))
+    torch.testing.assert_close(big_n, torch.tensor([0.5 + 1.5, 0.5], dtype=torch.float64))
+    n_opt = optimal_steps(big_m, big_n)
+    torch.testing.assert_close(n_opt, torch.tensor([m0 / 2.0, 0.0], dtype=torch.float64))  # client 1: max(0, ·)
+    r = gsnr_ratio(big_l, big_m, big_n)
+    assert float(r[0]) == pytest.approx(m0 / math.sqrt(2.0 * 1.16 - m0**2))
+    assert float(r[1]) == 0.0
+    assert float(min_distance(big_l, big_m, big_n)[0]) == pytest.approx(1.16 - m0**2 / 2.0)
+
+
+def test_optimal_steps_minimise_the_wasserstein_distance() -> None:
+    """Theorem 3.7: n = M/N is the argmin over n ≥ 0 of ‖μ_g − nμ_l‖² + Σ(√(v_g/B) − n√(v_l/B))², min = Δ²."""
+    gen = torch.Generator().manual_seed(1)
+    mu_l, mu_g = torch.randn(1, 40, generator=gen, dtype=torch.float64), torch.randn(40, generator=gen).double()
+    mu_l = mu_l + mu_g  # positively correlated
+    v_l, v_g = torch.rand(1, 40, generator=gen).double(), torch.rand(40, generator=gen).double()
+    batch = 16
+    big_l, big_m, big_n = gsnr_terms(mu_l, v_l, mu_g, v_g, batch)
+    grid = torch.linspace(0, 3, 30001, dtype=torch.float64)
+    d2 = ((mu_g - grid[:, None] * mu_l) ** 2).sum(1) + (
+        ((v_g / batch).sqrt() - grid[:, None] * (v_l / batch).sqrt()) ** 2
+    ).sum(1)
+    assert float(grid[d2.argmin()]) == pytest.approx(float(optimal_steps(big_m, big_n)), abs=2e-4)
+    assert float(d2.min()) == pytest.approx(float(min_distance(big_l, big_m, big_n)), rel=1e-6)
+    # r = cot θ of the stacked R vectors (μ, √(v/B)) (Definition 4.1, Fig. 2)
+    r_l = torch.cat([mu_l[0], (v_l[0] / batch).sqrt()])
+    r_g = torch.cat([mu_g, (v_g / batch).sqrt()])
+    cos = float(r_l @ r_g / (r_l.norm() * r_g.norm()))
+    assert float(gsnr_ratio(big_l, big_m, big_n)) == pytest.approx(cos / math.sqrt(1 - cos**2), rel=1e-9)
+
+
+def test_identical_statistics_give_one_step_and_a_large_finite_gsnr() -> None:
+    mu, v = torch.tensor([[0.3, -0.2]]), torch.tensor([[0.5, 0.1]])
+    big_l, big_m, big_n = gsnr_terms(mu, v, mu[0], v[0], 4)
+    assert float(optimal_steps(big_m, big_n)) == pytest.approx(1.0)  # Appendix C: n = 1 when Δ² = 0
+    assert 1e5 < float(gsnr_ratio(big_l, big_m, big_n)) < math.inf
+
+
+def test_redistribution_keeps_total_computation() -> None:
+    n_opt = torch.tensor([0.0, 0.2, 0.5, 0.3], dtype=torch.float64)
+    steps = redistribute_steps(n_opt, torch.full((4,), 20))
+    assert steps.tolist() == [0, 16, 40, 24]  # N·E_const·n_k/Σn = 80·(0, .2, .5, .3)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        n = torch.rand(7, generator=gen, dtype=torch.float64) * (torch.rand(7, generator=gen) > 0.3)
+        e = redistribute_steps(n, torch.full((7,), 13))
+        assert int(e.sum()) == 7 * 13  # the baseline's total, exactly
+        exact = 91 * n / n.sum() if float(n.sum()) > 0 else torch.full((7,), 13.0, dtype=torch.float64)
+        assert bool(((e.double() - exact).abs() < 1).all())  # each within one step of its exact share
+        assert bool((e[n == 0] == 0).all()) or float(n.sum()) == 0
+    torch.testing.assert_close(redistribute_steps(torch.zeros(3), torch.tensor([5, 5, 5])), torch.tensor([5, 5, 5]))
+    assert proportional_steps(torch.tensor([0.26, 1.5]), torch.tensor([10, 10]), max_steps=12).tolist() == [3, 12]
+
+
+def test_allocation_entropy() -> None:
+    assert allocation_entropy(torch.ones(5)) == pytest.approx(math.log(5))
+    assert allocation_entropy(torch.tensor([0.0, 2.0, 0.0])) == pytest.approx(0.0)
+    assert allocation_entropy(torch.tensor([2.0, 1.0, 1.0])) == pytest.approx(1.5 * math.log(2))
+
+
+def test_wrapper_configure_on_the_hand_problem() -> None:
+    """E_const = 5 for 2 clients: client 1 (n = 0) gets no steps, client 0 all 10; aggregation skips client 1."""
+    engine = hand_problem()
+    strategy = GSNR(base="fedavg", samples=3)
+    strategy.setup(make_context(engine, steps=5, lr=0.1, batch=2, m=2))
+    plan = strategy.configure(0, torch.tensor([0, 1]), torch.zeros(2))
+    assert plan.steps.tolist() == [10, 0]
+    last = strategy.last_allocation()
+    m0 = 0.1 + math.sqrt(1.5 * 1.14)
+    assert float(last["n_opt"][0]) == pytest.approx(m0 / 2.0)
+    metrics = strategy.round_metrics()
+    assert metrics["gsnr_excluded"] == 1.0 and metrics["gsnr_entropy"] == pytest.approx(0.0)
+    assert metrics["gsnr_steps_total"] == 10.0
+    result = engine.train(torch.zeros(2), plan, 0)
+    new = strategy.aggregate(0, torch.zeros(2), result)
+    torch.testing.assert_close(new, result.params[0])  # only client 0, re-normalised weight 1
+
+
+def test_filtering_renormalises_the_base_weights() -> None:
+    data = tiny_data([2, 4, 6])
+    engine = Engine(linear_model(), data)
+    strategy = GSNR(base={"name": "fedavg"})
+    strategy.setup(make_context(engine, m=3))
+    p = engine.model.size
+    x = torch.zeros(p)
+    params = torch.stack([torch.full((p,), 1.0), torch.full((p,), 2.0), torch.full((p,), 5.0)])
+    result = LocalResult(torch.tensor([0, 1, 2]), params, torch.zeros(3), torch.tensor([3, 0, 1]), torch.ones(3))
+    # clients 0 and 2 (sizes 2 and 6) → weights 1/4, 3/4
+    torch.testing.assert_close(strategy.aggregate(0, x, result), torch.full((p,), 0.25 * 1.0 + 0.75 * 5.0))
+
+
+def test_wrapper_keeps_the_base_rule_and_state() -> None:
+    data = tiny_data([5, 5, 5, 5], seed=2)
+    engine = Engine(linear_model(), data)
+    ctx = make_context(engine, steps=4, batch=3, m=4)
+    prox = GSNR(base={"name": "fedprox", "mu": 0.3})
+    prox.setup(ctx)
+    plan = prox.configure(0, torch.arange(4), engine.initial_params())
+    assert plan.prox_mu == 0.3 and int(plan.steps.sum()) == 16
+    assert prox.base == {"name": "fedprox", "server_lr": 1.0, "weighting": "samples", "mu": 0.3}  # resolved spec
+    scaffold = GSNR(base="scaffold")
+    scaffold.setup(ctx)
+    w = engine.initial_params()
+    plan = scaffold.configure(0, torch.arange(4), w)
+    assert plan.correction is not None
+    scaffold.aggregate(0, w, engine.train(w, plan, 0))
+    state = scaffold.state_dict()
+    assert len(state["base"]["client_ids"]) == int((plan.steps > 0).sum())  # only trained clients get c_i
+    fresh = GSNR(base="scaffold")
+    fresh.setup(ctx)
+    fresh.load_state_dict(state)
+    torch.testing.assert_close(fresh.state_dict()["base"]["c"], state["base"]["c"])
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ConfigError, match="base"):
+        STRATEGIES.build({"name": "gsnr", "base": "fedavgg"}, where="algorithm")
+    with pytest.raises(ConfigError, match="itself"):
+        STRATEGIES.build({"name": "gsnr", "base": "gsnr"}, where="algorithm")
+    with pytest.raises(ConfigError, match="server_lr"):
+        STRATEGIES.build({"name": "gsnr", "server_lr": 0.5}, where="algorithm")
+    assert isinstance(STRATEGIES.build({"name": "gsnr"}).inner, FedAvg)
+
+
+def test_allocation_is_more_concentrated_under_label_skew() -> None:
+    """§5 / Fig. 3: the entropy of p(C_k) = n_k/Σn is near log N for IID data and lower under Dirichlet(0.1)."""
+    raw = {
+        "algorithm": "gsnr",
+        "dataset": "digits",
+        "model": {"name": "mlp", "hidden": [16]},
+        "num_clients": 20,
+        "clients_per_round": 20,
+        "rounds": 4,
+        "local": {"steps": 5, "lr": 0.05, "batch_size": 10},
+    }
+    entropy = {}
+    for name, partition in {"iid": "iid", "dir": {"name": "dirichlet", "alpha": 0.1, "min_size": 10}}.items():
+        history = run(parse_config({**raw, "partition": partition})).history
+        entropy[name] = sum(row["gsnr_entropy"] for row in history) / len(history)
+    assert math.log(20) - 0.05 < entropy["iid"] <= math.log(20)
+    assert entropy["dir"] < entropy["iid"] - 0.05
+
+
+def test_run_keeps_total_steps_and_backends_agree() -> None:
+    raw = {
+        "algorithm": {"name": "gsnr", "base": "fedavg"},
+        "dataset": "digits",
+        "partition": {"name": "dirichlet", "alpha": 0.1, "min_size": 20},
+        "model": {"name": "mlp", "hidden": [8]},
+        "num_clients": 6,
+        "clients_per_round": 4,
+        "rounds": 3,
+        "local": {"steps": 5, "lr": 0.05, "batch_size": 8},
+    }
+    seq = run(parse_config({**raw, "backend": "sequential"}))
+    vec = run(parse_config({**raw, "backend": "vectorised"}))
+    assert all(row["gsnr_steps_total"] == 4 * 5 for row in seq.history)
+    assert all(0 <= row["gsnr_entropy"] <= row["gsnr_entropy_max"] + 1e-9 for row in seq.history)
+    torch.testing.assert_close(seq.params, vec.params, atol=1e-5, rtol=1e-4)
