@@ -1,16 +1,38 @@
-"""Imports every built-in component so that the registries are complete (import this, not the modules)."""
+"""Imports every built-in component so that the registries are complete (import this, not the modules).
+
+The module imports register the components (side effects); ruff's F401 is switched off for this file.
+"""
 
 from fedhet.attacks.base import ATTACKS
-from fedhet.availability import appeal, markov  # noqa: F401
+from fedhet.availability import appeal, markov
 from fedhet.availability.base import AVAILABILITY
-from fedhet.data import cafed_synthetic, embedded, partition, real, shakespeare_text  # noqa: F401  (registration side effects)
+from fedhet.data import cafed_synthetic, embedded, partition, real, shakespeare_text
 from fedhet.data.partition import PARTITIONERS
 from fedhet.data.sources import DATASETS
-from fedhet.metrics import appeal as appeal_metrics  # noqa: F401
-from fedhet.metrics import availability, contribution, fairness, speed  # noqa: F401
+from fedhet.metrics import appeal as appeal_metrics
+from fedhet.metrics import availability, contribution, fairness, speed
 from fedhet.metrics.base import METRIC_PLUGINS
-from fedhet.models import zoo  # noqa: F401
+from fedhet.models import zoo
 from fedhet.models.base import MODELS
+from fedhet.strategies import (
+    adafed,
+    afl,
+    cafed,
+    f3ast,
+    fedavg,
+    fedmgda,
+    fednova,
+    fedprox,
+    gsnr,
+    maxfl,
+    mwfed,
+    perfedavg,
+    pfedme,
+    qffl,
+    robust,
+    scaffold,
+    unbiased,
+)
 from fedhet.strategies.base import STRATEGIES
 
 __all__ = ["ATTACKS", "AVAILABILITY", "DATASETS", "METRIC_PLUGINS", "MODELS", "PARTITIONERS", "STRATEGIES"]

@@ -18,6 +18,7 @@ from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import local_batches, stats_samples
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.rules import LocalRule
 from fedhet.seeding import derive_seed
 
 Backend = Literal["sequential", "vectorised"]
@@ -70,15 +71,20 @@ def train_sequential(
 Tree = dict[str, Tensor]
 
 
-def make_step(model: FlatModel, prox_mu: float, weight_decay: float) -> Callable[..., tuple[Tree, Tensor]]:
-    """The local SGD step of `LocalPlan`'s docstring for one client, on a parameter dictionary (vmap it for
-    many; dictionaries are cheaper under vmap than one flat vector: no split and cat per step)."""
+def _loss_grad(model: FlatModel) -> Callable[[Tree, Tensor, Tensor, Tensor], tuple[Tree, Tensor]]:
+    """(∇ of the weighted mean mini-batch loss, the loss) at a parameter dictionary."""
 
     def batch_loss(w: Tree, x: Tensor, y: Tensor, wt: Tensor) -> Tensor:
         losses = torch.nn.functional.cross_entropy(functional_call(model.module, w, (x,)), y, reduction="none")
         return (losses * wt).sum() / wt.sum().clamp_min(1.0)
 
-    loss_grad = grad_and_value(batch_loss)
+    return grad_and_value(batch_loss)
+
+
+def make_step(model: FlatModel, prox_mu: float, weight_decay: float) -> Callable[..., tuple[Tree, Tensor]]:
+    """The local SGD step of `LocalPlan`'s docstring for one client, on a parameter dictionary (vmap it for
+    many; dictionaries are cheaper under vmap than one flat vector: no split and cat per step)."""
+    loss_grad = _loss_grad(model)
 
     def step(w: Tree, w0: Tree, x: Tensor, y: Tensor, wt: Tensor, lr: Tensor, corr: Tree | None) -> tuple[Tree, Tensor]:
         g, loss = loss_grad(w, x, y, wt)
@@ -93,6 +99,20 @@ def make_step(model: FlatModel, prox_mu: float, weight_decay: float) -> Callable
                 direction = direction + corr[name]
             out[name] = value - lr * direction
         return out, loss
+
+    return step
+
+
+def make_rule_step(model: FlatModel, rule: LocalRule, weight_decay: float) -> Callable[..., tuple[Tree, Tensor]]:
+    """A `LocalRule`'s step with `make_step`'s signature; x, y, wt carry the rule's mini-batches on dim 0."""
+    loss_grad = _loss_grad(model)
+
+    def step(w: Tree, w0: Tree, x: Tensor, y: Tensor, wt: Tensor, lr: Tensor, corr: Tree | None) -> tuple[Tree, Tensor]:
+        def grad_fn(v: Tree, i: int) -> tuple[Tree, Tensor]:
+            g, loss = loss_grad(v, x[i], y[i], wt[i])
+            return ({n: g[n] + weight_decay * v[n] for n in g} if weight_decay else g), loss
+
+        return rule.step(grad_fn, w, lr)
 
     return step
 
@@ -122,7 +142,10 @@ def train_vectorised(
     chunk = chunk_size if chunk_size > 0 else max(m, 1)
     params = w0.unsqueeze(0).repeat(m, 1)
     losses = torch.full((m,), float("nan"))
-    step = make_step(model, plan.prox_mu, plan.weight_decay)
+    if plan.rule is None:
+        step, per_step = make_step(model, plan.prox_mu, plan.weight_decay), 1
+    else:
+        step, per_step = make_rule_step(model, plan.rule, plan.weight_decay), plan.rule.batches_per_step
     randomness = "same" if model.has_dropout else "error"
     corr_dim = 0 if plan.correction is not None else None
     vstep = vmap(step, in_dims=(0, None, 0, 0, 0, 0, corr_dim), randomness=randomness)
@@ -132,21 +155,24 @@ def train_vectorised(
         clients, steps, lr = plan.clients[sel], plan.steps[sel], plan.lr[sel]
         size = len(clients)
         corr = _tree(model, plan.correction[sel]) if plan.correction is not None else None
-        index, weight = local_batches(data.offsets, clients, steps, plan.batch_size, seed, round_, plan.stream)
+        index, weight = local_batches(
+            data.offsets, clients, steps * per_step, plan.batch_size, seed, round_, plan.stream
+        )
         w, total = _tree(model, params[sel].clone()), torch.zeros(size)
-        for t in range(index.shape[1]):
+        for t in range(index.shape[1] // per_step):
             _seed_dropout(model, seed, round_, t, plan.stream)
+            at = t if plan.rule is None else slice(t * per_step, (t + 1) * per_step)  # a rule's batches on dim 1
             active = steps > t
             if bool(active.all()):
-                rows = index[:, t]
-                w, loss = vstep(w, w0_tree, data.x[rows], data.y[rows], weight[:, t], lr, corr)
+                rows = index[:, at]
+                w, loss = vstep(w, w0_tree, data.x[rows], data.y[rows], weight[:, at], lr, corr)
                 total = total + loss
             else:
                 ids = torch.nonzero(active).flatten()
-                rows = index[ids, t]
+                rows = index[ids, at]
                 c = {k: v[ids] for k, v in corr.items()} if corr is not None else None
                 sub = {k: v[ids] for k, v in w.items()}
-                new, loss = vstep(sub, w0_tree, data.x[rows], data.y[rows], weight[ids, t], lr[ids], c)
+                new, loss = vstep(sub, w0_tree, data.x[rows], data.y[rows], weight[ids, at], lr[ids], c)
                 for k in w:
                     w[k] = w[k].index_put((ids,), new[k])
                 total[ids] += loss
@@ -192,8 +218,10 @@ def train_cohort(
 ) -> LocalResult:
     """Run `plan` on `backend` and package the result."""
     model.module.train()
-    if backend == "sequential":
+    if backend == "sequential" and plan.rule is None:
         params, losses = train_sequential(model, data, w0, plan, seed, round_)
+    elif backend == "sequential":  # a rule runs client by client through the same functional step
+        params, losses = train_vectorised(model, data, w0, plan, seed, round_, chunk_size=1)
     else:
         params, losses = train_vectorised(model, data, w0, plan, seed, round_, chunk_size)
     grad_mean = grad_var = None

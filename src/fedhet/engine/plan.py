@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fedhet.engine.rules import LocalRule
+
 
 @dataclass(frozen=True)
 class LocalSettings:
@@ -38,6 +40,7 @@ class LocalPlan:
     correction: Tensor | None = None  # (m, P)
     grad_stats_samples: int = 0
     stream: str = "train"  # names the random stream of mini-batches (e.g. "finetune" for evaluation-time tuning)
+    rule: LocalRule | None = None  # a non-SGD local step (Per-FedAvg, pFedMe), see `fedhet.engine.rules`
 
     def __post_init__(self) -> None:
         m = len(self.clients)
@@ -47,6 +50,8 @@ class LocalPlan:
             raise ValueError("correction needs one row per client")
         if bool((self.steps < 0).any()):
             raise ValueError("local steps must be >= 0")
+        if self.rule is not None and (self.prox_mu or self.correction is not None):
+            raise ValueError(f"{type(self.rule).__name__} does not combine with a proximal term or a correction")
 
     @staticmethod
     def uniform(clients: Tensor, steps: int, lr: float, batch_size: int, **extra: object) -> LocalPlan:

@@ -13,7 +13,6 @@ from typing import Any
 
 from fedhet.experiments.recipes import Recipe, register_recipe
 
-BASELINES = ("fedavg", "fedprox", "scaffold", "qffl", "mwfed")
 PAPER: dict[str, Any] = {
     "dataset": "fashion_mnist",
     "partition": {"name": "dirichlet", "alpha": 0.5, "min_size": 50},
@@ -47,6 +46,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "FedAvg": {"algorithm": "fedavg"},
     "FedProx": {"algorithm": {"name": "fedprox", "mu": 0.01}},
     "SCAFFOLD": {"algorithm": "scaffold"},
+    "Per-FedAvg": {"algorithm": "perfedavg"},
+    "pFedMe": {"algorithm": "pfedme"},
     "q-FFL (q=1)": {"algorithm": {"name": "qffl", "q": 1.0}},
     "MW-Fed": {"algorithm": "mwfed"},
     "MaxFL": {"algorithm": "maxfl"},
@@ -57,24 +58,13 @@ def _methods(names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     return {name: METHODS[name] for name in names}
 
 
-def _available(methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Keep the methods whose algorithm is registered (q-FFL comes with the FedMGDA+ work)."""
-    from fedhet.catalog import STRATEGIES
-
-    def algo(changes: dict[str, Any]) -> str:
-        spec = changes["algorithm"]
-        return spec if isinstance(spec, str) else spec["name"]
-
-    return {k: v for k, v in methods.items() if algo(v) in STRATEGIES.names()}
-
-
 @register_recipe
 def table1() -> Recipe:
     return Recipe(
         name="maxfl-table1",
         description="MaxFL Table 1: flexible participation, avg test accuracy and GM-appeal, seen and unseen",
         base=PAPER,
-        methods=_available(_methods(tuple(METHODS))),
+        methods=METHODS,
         columns=SEEN_UNSEEN,
         fallback=EMBEDDED,
         quick=QUICK,
@@ -88,7 +78,7 @@ def unseen() -> Recipe:
         name="maxfl-unseen",
         description="MaxFL unseen clients (cluster partition): GM-appeal and preferred-model accuracy",
         base={**PAPER, "partition": {"name": "label_clusters", "num_clusters": 5, "labels_per_cluster": 2}},
-        methods=_available(_methods(("FedAvg", "FedProx", "SCAFFOLD", "MW-Fed", "MaxFL"))),
+        methods=_methods(("FedAvg", "FedProx", "SCAFFOLD", "Per-FedAvg", "MW-Fed", "MaxFL")),
         columns={"unseen_gm_appeal": "unseen GM-appeal", "unseen_preferred_accuracy": "unseen preferred acc"},
         fallback={**EMBEDDED, "partition": {"name": "label_clusters", "num_clusters": 5, "labels_per_cluster": 2}},
         quick=QUICK,
@@ -103,7 +93,7 @@ def finetuning() -> Recipe:
         name="maxfl-finetune",
         description="MaxFL Table 3: GM-appeal after 5 local tuning steps from the final global model",
         base={**PAPER, "partition": cluster},
-        methods=_available(_methods(("FedAvg", "FedProx", "SCAFFOLD", "MW-Fed", "MaxFL"))),
+        methods=_methods(("FedAvg", "FedProx", "SCAFFOLD", "Per-FedAvg", "MW-Fed", "MaxFL")),
         columns={
             "ft_gm_appeal": "seen GM-appeal (tuned)",
             "ft_unseen_gm_appeal": "unseen GM-appeal (tuned)",

@@ -1,0 +1,33 @@
+"""Per-FedAvg: the plan carries the MAML rule; aggregation is FedAvg's over the MAML-trained models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import linear_model, make_context, tiny_data
+from fedhet.engine.engine import Engine
+from fedhet.engine.plan import LocalPlan
+from fedhet.engine.rules import PerFedAvgRule
+from fedhet.errors import ConfigError
+from fedhet.strategies.base import STRATEGIES
+from fedhet.strategies.perfedavg import PerFedAvg
+
+
+def test_plan_carries_the_rule_and_the_round_averages_maml_models() -> None:
+    engine = Engine(linear_model(), tiny_data([6, 10]))
+    strategy = PerFedAvg(alpha=0.3, hessian_free=True, delta=1e-2)
+    strategy.setup(make_context(engine, steps=2, lr=0.2, batch=4, m=2))
+    w = engine.initial_params()
+    plan = strategy.configure(0, torch.tensor([0, 1]), w)
+    assert plan.rule == PerFedAvgRule(0.3, True, 1e-2)
+    result = engine.train(w, plan, 0)
+    sgd = engine.train(w, LocalPlan.uniform(plan.clients, 2, 0.2, 4), 0)
+    assert float((result.params - sgd.params).abs().max()) > 1e-4  # the MAML step is not plain SGD
+    expected = w - (6 * (w - result.params[0]) + 10 * (w - result.params[1])) / 16
+    torch.testing.assert_close(strategy.aggregate(0, w, result), expected)
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ConfigError, match="alpha"):
+        STRATEGIES.build({"name": "perfedavg", "alpha": -1})
