@@ -1,7 +1,7 @@
 """Local update rules other than plain SGD, for personalisation baselines (Per-FedAvg, pFedMe).
 
-A rule is one pure function of a client's parameters and ``batches_per_step`` mini-batches; both backends run
-it (the sequential backend client by client, the vectorised one under `vmap`), so they agree. ``grad_fn(w, i)``
+A rule is one pure function of a client's parameters and ``batches_per_step`` mini-batches, run for the whole
+cohort under `vmap` whichever backend is chosen (so both give the same numbers). ``grad_fn(w, i)``
 returns the gradient (plus the plan's L2 penalty λw) and the loss of the i-th mini-batch of the step at ``w``.
 """
 
