@@ -179,10 +179,10 @@ def test_wrapper_keeps_the_base_rule_and_state() -> None:
     scaffold.setup(ctx)
     w = engine.initial_params()
     plan = scaffold.configure(0, torch.arange(4), w)
-    assert plan.correction is not None
+    assert plan.client_state is not None
     scaffold.aggregate(0, w, engine.train(w, plan, 0))
     state = scaffold.state_dict()
-    assert len(state["base"]["client_ids"]) == int((plan.steps > 0).sum())  # only trained clients get c_i
+    assert len(engine.client_state.clients("scaffold/c_i")) == int((plan.steps > 0).sum())  # only trained get c_i
     fresh = GSNR(base="scaffold")
     fresh.setup(ctx)
     fresh.load_state_dict(state)

@@ -28,18 +28,42 @@ def test_round_updates_model_and_global_variate() -> None:
     p = engine.model.size
     x = torch.zeros(p)
     plan = strategy.configure(0, torch.tensor([1, 3]), x)
-    torch.testing.assert_close(plan.correction, torch.zeros(2, p))  # c = c_i = 0 at the start
+    assert plan.client_state is not None and plan.correction is None  # the client adds −c_i itself
+    torch.testing.assert_close(plan.client_state.c, torch.zeros(p))
     y = torch.stack([torch.full((p,), -1.0), torch.full((p,), -3.0)])
-    result = LocalResult(torch.tensor([1, 3]), y, torch.zeros(2), torch.tensor([2, 2]), torch.tensor([0.5, 0.5]))
+    # the clients' c_i⁺ = (x − y)/(2 · 0.5) = 1 and 3 (from c_i = 0): they return Δc_i = 1 and 3
+    delta_c = torch.stack([torch.full((p,), 1.0), torch.full((p,), 3.0)])
+    result = LocalResult(
+        torch.tensor([1, 3]), y, torch.zeros(2), torch.tensor([2, 2]), torch.tensor([0.5, 0.5]), state_delta=delta_c
+    )
     new = strategy.aggregate(0, x, result)
     torch.testing.assert_close(new, torch.full((p,), 0.5 * -2.0))  # x + η_g mean(y − x)
-    # c_i+ = (x − y)/(2 · 0.5) = 1 and 3; c = 0 + (1/N)(1 + 3) = 1
-    state = strategy.state_dict()
-    torch.testing.assert_close(state["c"], torch.full((p,), 1.0))
-    torch.testing.assert_close(state["client_c"], torch.stack([torch.full((p,), 1.0), torch.full((p,), 3.0)]))
-    # next round's correction for client 1 is c − c_1 = 1 − 1 = 0, for a new client 0 it is c − 0 = 1
+    torch.testing.assert_close(strategy.state_dict()["c"], torch.full((p,), 1.0))  # c = 0 + (1/N)(1 + 3)
+    assert set(strategy.state_dict()) == {"c"}  # the c_i stay with the clients
+
+
+def test_clients_keep_their_variates_in_the_engine() -> None:
+    """The engine applies c − c_i, stores c_i⁺ (option II) and returns Δc_i; the next round reads c_i⁺."""
+    data = tiny_data([4, 4, 4], seed=2)
+    engine = Engine(linear_model(), data, backend="sequential")
+    strategy = Scaffold()
+    strategy.setup(make_context(engine, batch=2, steps=2, lr=0.1, m=2))
+    x = engine.initial_params()
+    plan = strategy.configure(0, torch.tensor([0, 2]), x)
+    result = engine.train(x, plan, 0)
+    expected = scaffold_client_variates(
+        torch.zeros(2, x.numel()), torch.zeros(x.numel()), x, result.params, result.steps, result.lr
+    )
+    assert result.state_delta is not None
+    torch.testing.assert_close(result.state_delta, expected)
+    stored = engine.client_state.read("scaffold/c_i", torch.tensor([0, 1, 2]), 1, torch.zeros(x.numel()))
+    torch.testing.assert_close(stored, torch.stack([expected[0], torch.zeros(x.numel()), expected[1]]))
+    new = strategy.aggregate(0, x, result)
     plan = strategy.configure(1, torch.tensor([0, 1]), new)
-    torch.testing.assert_close(plan.correction, torch.stack([torch.full((p,), 1.0), torch.zeros(p)]))
+    again = engine.train(new, plan, 1)  # client 0 now corrects by c − c_0⁺, client 1 by c
+    c = strategy.state_dict()["c"]
+    torch.testing.assert_close(c, expected.sum(0) / 3)
+    assert again.state_delta is not None and bool((again.state_delta[0] != 0).any())
 
 
 def test_correction_removes_drift_on_a_shared_quadratic_view() -> None:
@@ -58,9 +82,8 @@ def test_correction_removes_drift_on_a_shared_quadratic_view() -> None:
     g0, g1 = full_grad(0), full_grad(1)
     strategy = Scaffold()
     strategy.setup(make_context(engine, batch=6, steps=1, lr=0.3, m=2))
-    strategy.load_state_dict(
-        {"c": (g0 + g1) / 2, "client_ids": torch.tensor([0, 1]), "client_c": torch.stack([g0, g1])}
-    )
+    strategy.load_state_dict({"c": (g0 + g1) / 2})
+    engine.client_state.write("scaffold/c_i", torch.tensor([0, 1]), torch.stack([g0, g1]), -1)
     plan = strategy.configure(0, torch.tensor([0, 1]), x)
     result = engine.train(x, plan, 0)
     expected = x - 0.3 * (g0 + g1) / 2

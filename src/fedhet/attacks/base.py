@@ -13,6 +13,7 @@ then × `loss_scale`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -100,9 +101,7 @@ class MaliciousClients(Attack):
             else:
                 delta[row] = -self.factor * delta[row]
         params = global_params.unsqueeze(0) - delta
-        return LocalResult(
-            result.clients, params, result.train_loss, result.steps, result.lr, result.grad_mean, result.grad_var
-        )
+        return dataclasses.replace(result, params=params)
 
     def report_losses(self, clients: Tensor, losses: Tensor) -> Tensor:
         bad = self._malicious[clients]

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import replace
+from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from fedhet.data.dataset import FederatedData
-from fedhet.engine.evaluate import ClientScores, score_clients, score_own_models
+from fedhet.engine.evaluate import ClientScores, sampled_losses, score_clients, score_own_models
 from fedhet.engine.functional import FlatModel
-from fedhet.engine.local import Backend, train_cohort
+from fedhet.engine.local import Backend, gradient_statistics, train_cohort
 from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
+from fedhet.engine.state import ClientStore
 
 BackendChoice = Literal["auto", "sequential", "vectorised"]
 
@@ -30,7 +33,12 @@ def resolve_backend(choice: BackendChoice, model: FlatModel, cohort: int = VECTO
 
 
 class Engine:
-    """Local training and evaluation for every algorithm (strategies never write a training loop)."""
+    """Local training and evaluation for every algorithm (strategies never write a training loop).
+
+    Everything a strategy or metric asks of the clients goes through these methods (`train`, `scores`,
+    `losses_at`, `own_scores`, `gradient_statistics`, `sampled_losses`), so that an engine-shaped proxy can
+    send the same calls to the machines that hold the data (`fedhet.flower.remote.RemoteEngine`).
+    """
 
     def __init__(
         self,
@@ -49,10 +57,16 @@ class Engine:
         self.chunk_size = chunk_size
         self.local = local or LocalSettings(steps=10, lr=0.05, batch_size=10)  # the run's default local training
         self.cache: dict[str, object] = {}  # per-run values computed once (e.g. MaxFL's client requirements)
+        self.client_state = ClientStore()  # state the clients keep between rounds (see `fedhet.engine.state`)
+        self.state_history = 1  # rounds a run may be rewound by and still find the clients' state (a checkpoint's age)
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
-        """Local training of the plan's cohort from `global_params`."""
-        return train_cohort(
+        """Local training of the plan's cohort from `global_params` (with its client-state rule, if any)."""
+        rule = plan.client_state
+        if rule is not None:
+            old = self.client_state.read(rule.key, plan.clients, round_, torch.zeros(self.model.size))
+            plan = replace(plan, correction=rule.correction(old), client_state=None)
+        result = train_cohort(
             self.model,
             self.data.train,
             global_params,
@@ -62,6 +76,14 @@ class Engine:
             round_=round_,
             chunk_size=self.chunk_size,
         )
+        if rule is not None:
+            trained = result.steps > 0
+            new = rule.update(old, global_params, result.params, result.steps, result.lr)
+            new = torch.where(trained.unsqueeze(1), new, old)
+            self.client_state.write(rule.key, plan.clients[trained], new[trained], round_)
+            self.client_state.prune(round_ + 1 - self.state_history)
+            result.state_delta = new - old
+        return result
 
     def scores(self, params: Tensor, split: Literal["train", "test"] = "test") -> ClientScores:
         """Loss and accuracy of one model on every client's `split` data."""
@@ -75,5 +97,22 @@ class Engine:
         """Loss and accuracy of client i's own model params[i] on its own `split` data."""
         return score_own_models(self.model, params, getattr(self.data, split), clients)
 
+    def gradient_statistics(self, params: Tensor, clients: Tensor, samples: int, round_: int) -> tuple[Tensor, Tensor]:
+        """Mean and per-coordinate variance (m, P) of `samples` per-sample gradients of each client at `params`
+        (no dropout), from the round's "grad-stats" sample stream."""
+        self.model.module.eval()
+        return gradient_statistics(self.model, self.data.train, params, clients, samples, self.seed, round_)
+
+    def sampled_losses(self, params: Tensor, clients: Tensor, batch: int, round_: int, stream: str) -> Tensor:
+        """Each client's mean loss of `params` on `batch` of its training samples drawn from `stream` (m,)."""
+        return sampled_losses(self.model, self.data.train, params, clients, batch, self.seed, round_, stream)
+
     def initial_params(self) -> Tensor:
         return self.model.initial_params()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must keep of the engine: the clients' state."""
+        return {"client_state": self.client_state.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.client_state.load_state_dict(state.get("client_state", {}))

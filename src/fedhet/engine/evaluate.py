@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.func import vmap
 
 from fedhet.data.dataset import ClientData
 from fedhet.engine.functional import FlatModel
+from fedhet.seeding import numpy_rng
 
 
 @dataclass
@@ -70,3 +72,25 @@ def score_own_models(
         l_, a_ = vone(params[lo : lo + chunk_size], data.x[rows], data.y[rows], valid.float())
         loss[lo : lo + chunk_size], acc[lo : lo + chunk_size] = l_, a_
     return ClientScores(loss, acc, sizes)
+
+
+@torch.no_grad()
+def sampled_losses(
+    model: FlatModel, data: ClientData, params: Tensor, clients: Tensor, batch: int, seed: int, round_: int, stream: str
+) -> Tensor:
+    """(1/|B_k|) Σ_{ξ ∈ B_k} f(w, ξ) for each client, B_k drawn without replacement from its data by
+    ``numpy_rng(seed, stream, round_, k)`` (the whole data when it is smaller than `batch`)."""
+    model.module.eval()
+    rows, owner = [], []
+    for i, k in enumerate(clients.tolist()):
+        lo, hi = int(data.offsets[k]), int(data.offsets[k + 1])
+        size = min(batch, hi - lo)
+        rows.append(lo + numpy_rng(seed, stream, round_, k).choice(hi - lo, size=size, replace=False))
+        owner.append(np.full(size, i))
+    if not rows:
+        return torch.zeros(0)
+    index = torch.as_tensor(np.concatenate(rows), dtype=torch.long)
+    per_sample = model.sample_losses(params, data.x[index], data.y[index]).double()
+    group = torch.as_tensor(np.concatenate(owner), dtype=torch.long)
+    sums = torch.zeros(len(clients), dtype=torch.float64).index_add_(0, group, per_sample)
+    return (sums / torch.bincount(group, minlength=len(clients)).double()).float()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
 
 from fedhet.engine.rules import LocalRule
+from fedhet.engine.state import ClientStateRule
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class LocalPlan:
     grad_stats_samples: int = 0
     stream: str = "train"  # names the random stream of mini-batches (e.g. "finetune" for evaluation-time tuning)
     rule: LocalRule | None = None  # a non-SGD local step (Per-FedAvg, pFedMe), see `fedhet.engine.rules`
+    client_state: ClientStateRule | None = None  # state kept on the client (SCAFFOLD's c_i), `fedhet.engine.state`
 
     def __post_init__(self) -> None:
         m = len(self.clients)
@@ -50,7 +52,9 @@ class LocalPlan:
             raise ValueError("correction needs one row per client")
         if bool((self.steps < 0).any()):
             raise ValueError("local steps must be >= 0")
-        if self.rule is not None and (self.prox_mu or self.correction is not None):
+        if self.client_state is not None and self.correction is not None:
+            raise ValueError("a client-state rule sets the correction itself; do not pass both")
+        if self.rule is not None and (self.prox_mu or self.correction is not None or self.client_state is not None):
             raise ValueError(f"{type(self.rule).__name__} does not combine with a proximal term or a correction")
 
     @staticmethod
@@ -77,6 +81,13 @@ class LocalResult:
     lr: Tensor  # (m,)
     grad_mean: Tensor | None = None  # (m, P) mean per-sample gradient at the received model
     grad_var: Tensor | None = None  # (m, P) per-coordinate variance of those gradients
+    state_delta: Tensor | None = None  # (m, P) change of the client state (plan.client_state), 0 where steps = 0
+
+    def rows(self, keep: Tensor) -> LocalResult:
+        """The clients selected by `keep` (a bool mask or indices), every per-client field included."""
+        return replace(
+            self, **{f.name: getattr(self, f.name)[keep] for f in fields(self) if getattr(self, f.name) is not None}
+        )
 
     def updates(self, global_params: Tensor) -> Tensor:
         """Δ_k = w_global − w_k (so that w_global − η Σ p_k Δ_k is a descent step)."""

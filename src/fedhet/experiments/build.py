@@ -77,9 +77,8 @@ def components(config: RunConfig) -> Components:
     )
 
 
-def build(config: RunConfig) -> Experiment:
-    """Load and federate the data, build the model, engine, strategy and availability process."""
-    parts = components(config)
+def federated_data(config: RunConfig, parts: Components) -> FederatedData:
+    """Load the dataset, split it among the clients and corrupt the configured labels."""
     dataset = parts.dataset.load(Path(config.data_dir), download=config.download)
     data = federate(
         dataset,
@@ -89,21 +88,48 @@ def build(config: RunConfig) -> Experiment:
         test_fraction=config.test_fraction,
         seed=config.seed,
     )
-    data = corrupt_labels(data, config.label_noise, config.seed)
+    return corrupt_labels(data, config.label_noise, config.seed)
+
+
+def build_model(config: RunConfig, parts: Components, input_shape: tuple[int, ...], num_classes: int) -> FlatModel:
+    """The model, initialised from the seed's "model-init" stream (the same wherever it is built)."""
     with torch.random.fork_rng():
         torch.manual_seed(derive_seed(config.seed, "model-init"))
-        module = parts.model.build(data.input_shape, data.num_classes)
-    local = LocalSettings(config.local.steps, config.local.lr, config.local.batch_size, config.local.weight_decay)
-    engine = Engine(
-        FlatModel(module), data, backend=config.backend, seed=config.seed, chunk_size=config.chunk_size, local=local
+        return FlatModel(parts.model.build(input_shape, num_classes))
+
+
+def local_settings(config: RunConfig) -> LocalSettings:
+    return LocalSettings(config.local.steps, config.local.lr, config.local.batch_size, config.local.weight_decay)
+
+
+def make_engine(config: RunConfig, model: FlatModel, data: FederatedData) -> Engine:
+    """The engine over `data` with the config's backend and local settings."""
+    return Engine(
+        model,
+        data,
+        backend=config.backend,
+        seed=config.seed,
+        chunk_size=config.chunk_size,
+        local=local_settings(config),
     )
+
+
+def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: Engine) -> Experiment:
+    """Set the strategy, attack, availability and metrics up on `engine` (local, or a remote proxy)."""
     engine.cache["requirements/settings"] = config.requirements
     strategy = parts.algorithm
-    local = LocalSettings(config.local.steps, config.local.lr, config.local.batch_size, config.local.weight_decay)
     parts.attack.setup(data.num_clients, config.seed)
-    strategy.setup(ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack))
+    strategy.setup(ServerContext(engine, local_settings(config), config.seed, config.clients_per_round, parts.attack))
     availability = parts.availability
     availability.setup(data.num_clients, config.seed)
     for plugin in parts.metrics:
         plugin.setup(engine, config.seed)
     return Experiment(config, data, engine, strategy, availability, parts.metrics)
+
+
+def build(config: RunConfig) -> Experiment:
+    """Load and federate the data, build the model, engine, strategy and availability process."""
+    parts = components(config)
+    data = federated_data(config, parts)
+    engine = make_engine(config, build_model(config, parts, data.input_shape, data.num_classes), data)
+    return assemble(config, parts, data, engine)

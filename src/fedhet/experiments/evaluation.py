@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from fedhet.engine.engine import Engine
@@ -16,7 +17,8 @@ def evaluate_global(
     model on every client."""
     data = engine.data
     test, train = engine.scores(params, "test"), engine.scores(params, "train")
-    seen, unseen = data.seen, ~data.seen
+    scored = ~torch.isnan(test.loss)  # a remote engine scores NaN for clients it could not reach
+    seen, unseen = data.seen & scored, ~data.seen & scored
     metrics: dict[str, float] = {}
     metrics.update(distribution(test.accuracy[seen], "test_accuracy"))
     metrics["test_accuracy_pooled"] = pooled(test.accuracy[seen], test.count[seen])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,13 @@ def run(
     config: RunConfig,
     out: Path | None = None,
     callbacks: list[Callback] | None = None,
+    builder: Callable[[RunConfig], Experiment] = build,
 ) -> RunState:
-    """Run `config` from the start; with `out`, write the run folder (see README: "Run folders")."""
-    experiment = build(config)
+    """Run `config` from the start; with `out`, write the run folder (see README: "Run folders").
+
+    `builder` makes the run's objects (default `build`; the Flower adapter passes one whose engine is remote).
+    """
+    experiment = builder(config)
     state = RunState(experiment, experiment.engine.initial_params(), out=out)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -65,13 +70,15 @@ def run(
     return _loop(state, callbacks or [])
 
 
-def resume(out: Path, callbacks: list[Callback] | None = None) -> RunState:
+def resume(
+    out: Path, callbacks: list[Callback] | None = None, builder: Callable[[RunConfig], Experiment] = build
+) -> RunState:
     """Continue the run in folder `out` from its last checkpoint; ends with the same numbers as an
     uninterrupted run."""
     if not (out / CONFIG).is_file():
         raise ConfigError(f"'{out}' is not a run folder (no {CONFIG}); start it with fedhet run --out {out}")
     config = parse_config(load_yaml(out / CONFIG))
-    experiment = build(config)
+    experiment = builder(config)
     state = RunState(experiment, experiment.engine.initial_params(), out=out)
     checkpoint = out / CHECKPOINT
     if checkpoint.is_file():
@@ -80,6 +87,7 @@ def resume(out: Path, callbacks: list[Callback] | None = None) -> RunState:
         state.history, state.wall_time_s = saved["history"], saved["wall_time_s"]
         experiment.strategy.load_state_dict(saved["strategy"])
         experiment.availability.load_state_dict(saved["availability"])
+        experiment.engine.load_state_dict(saved.get("engine", {}))
         for plugin, plugin_state in zip(experiment.metrics, saved["metrics"], strict=True):
             plugin.load_state_dict(plugin_state)
     return _loop(state, callbacks or [])
@@ -95,6 +103,7 @@ def _save_checkpoint(state: RunState) -> None:
         "wall_time_s": state.wall_time_s,
         "strategy": exp.strategy.state_dict(),
         "availability": exp.availability.state_dict(),
+        "engine": exp.engine.state_dict(),
         "metrics": [plugin.state_dict() for plugin in exp.metrics],
     }
     tmp = state.out / (CHECKPOINT + ".tmp")
@@ -157,8 +166,13 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             if len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
                 plan = exp.strategy.configure(t, clients, state.params)
                 result = exp.engine.train(state.params, plan, t)
+                if len(result.clients) < len(clients):  # clients lost mid-round (a Flower node failed):
+                    clients = result.clients  # the round goes on with the others, and the strategy re-derives
+                    if len(clients):  # its per-cohort values (MaxFL's q, q-FFL's losses) for them
+                        exp.strategy.configure(t, clients, state.params)
                 result = exp.strategy.ctx.attack.corrupt_updates(result, state.params, t)
-                state.params = exp.strategy.aggregate(t, state.params, result).detach()
+                if len(result.clients):
+                    state.params = exp.strategy.aggregate(t, state.params, result).detach()
             losses = result.train_loss[result.steps > 0] if result is not None else torch.zeros(0)
             local_loss = float(losses.double().mean()) if len(losses) else float("nan")
             _check_divergence(state, losses)

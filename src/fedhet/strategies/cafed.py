@@ -19,9 +19,9 @@ from torch import Tensor
 
 from fedhet.availability.estimators import LossTracker
 from fedhet.data.dataset import ClientData
+from fedhet.engine.evaluate import sampled_losses
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.seeding import numpy_rng
 from fedhet.strategies.availability_aware import (
     AvailabilityAware,
     descending,
@@ -30,6 +30,8 @@ from fedhet.strategies.availability_aware import (
     unbiased_weights,
 )
 from fedhet.strategies.base import STRATEGIES, ServerContext
+
+LOSS_STREAM = "cafed-loss"  # the random batches on which clients report F_k(w_{t,0})
 
 
 def cafed_weights(
@@ -51,23 +53,12 @@ def cafed_weights(
     return q
 
 
-@torch.no_grad()
 def one_batch_losses(
     model: FlatModel, data: ClientData, params: Tensor, clients: Tensor, batch: int, seed: int, round_: int
 ) -> Tensor:
     """(1/|B_k|) Σ_{ξ ∈ B_k} f(w, ξ) for each client, B_k drawn without replacement from its data by
     ``numpy_rng(seed, "cafed-loss", round_, k)`` (the whole data when it is smaller than `batch`)."""
-    rows, owner = [], []
-    for i, k in enumerate(clients.tolist()):
-        lo, hi = int(data.offsets[k]), int(data.offsets[k + 1])
-        size = min(batch, hi - lo)
-        rows.append(lo + numpy_rng(seed, "cafed-loss", round_, k).choice(hi - lo, size=size, replace=False))
-        owner.append(np.full(size, i))
-    index = torch.as_tensor(np.concatenate(rows), dtype=torch.long)
-    per_sample = model.sample_losses(params, data.x[index], data.y[index]).double()
-    group = torch.as_tensor(np.concatenate(owner), dtype=torch.long)
-    sums = torch.zeros(len(clients), dtype=torch.float64).index_add_(0, group, per_sample)
-    return (sums / torch.bincount(group, minlength=len(clients)).double()).float()
+    return sampled_losses(model, data, params, clients, batch, seed, round_, LOSS_STREAM)
 
 
 def solo_losses(ctx: ServerContext, steps: int) -> np.ndarray:
@@ -134,8 +125,7 @@ class CAFed(AvailabilityAware):
         batch = self.ctx.local.batch_size if self.loss_batch is None else self.loss_batch
         if batch == 0:
             return self.ctx.client_losses(self._global, clients).double().numpy()
-        engine = self.ctx.engine
-        losses = one_batch_losses(engine.model, engine.data.train, self._global, clients, batch, self.ctx.seed, round_)
+        losses = self.ctx.engine.sampled_losses(self._global, clients, batch, round_, LOSS_STREAM)
         return self.ctx.attack.report_losses(clients, losses).double().numpy()
 
     def weights(self, round_: int, active: np.ndarray, pi: np.ndarray, lam: np.ndarray) -> np.ndarray:

@@ -25,7 +25,6 @@ import torch
 from pydantic import Field, PrivateAttr, field_validator
 from torch import Tensor
 
-from fedhet.engine.local import gradient_statistics
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import ConfigError
 from fedhet.registry import spec_of
@@ -136,26 +135,12 @@ def measure(
 ) -> tuple[Tensor, Tensor]:
     """g̃_k and diag Σ̃_k of `samples` per-sample gradients of each client at `global_params` (the engine's
     vectorised per-sample gradients, its "grad-stats" sample stream of round `round_`)."""
-    engine = ctx.engine
-    engine.model.module.eval()  # as the engine does for its statistics: no dropout in the measurement
-    return gradient_statistics(engine.model, engine.data.train, global_params, clients, samples, ctx.seed, round_)
+    return ctx.engine.gradient_statistics(global_params, clients, samples, round_)
 
 
 def keep_rows(result: LocalResult, keep: Tensor) -> LocalResult:
     """The clients of `result` where `keep` is true."""
-
-    def rows(t: Tensor | None) -> Tensor | None:
-        return t[keep] if t is not None else None
-
-    return LocalResult(
-        result.clients[keep],
-        result.params[keep],
-        result.train_loss[keep],
-        result.steps[keep],
-        result.lr[keep],
-        rows(result.grad_mean),
-        rows(result.grad_var),
-    )
+    return result.rows(keep)
 
 
 @STRATEGIES.register

@@ -1,0 +1,44 @@
+"""Client state kept with the clients: versioned rows, and the engine's new client-side entry points."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import linear_model, tiny_data
+from fedhet.engine.engine import Engine
+from fedhet.engine.local import gradient_statistics
+from fedhet.engine.state import ClientStore
+
+
+def test_store_reads_the_latest_row_written_before_the_round() -> None:
+    store, zero = ClientStore(), torch.zeros(2)
+    store.write("c", torch.tensor([3]), torch.tensor([[1.0, 1.0]]), 0)
+    store.write("c", torch.tensor([3]), torch.tensor([[2.0, 2.0]]), 4)
+    rows = lambda t: store.read("c", torch.tensor([3, 5]), t, zero)  # noqa: E731
+    torch.testing.assert_close(rows(0), torch.zeros(2, 2))  # nothing was written before round 0
+    torch.testing.assert_close(rows(4), torch.tensor([[1.0, 1.0], [0.0, 0.0]]))  # round 4 sees round 0's row
+    torch.testing.assert_close(rows(5), torch.tensor([[2.0, 2.0], [0.0, 0.0]]))
+    store.write("c", torch.tensor([3]), torch.tensor([[9.0, 9.0]]), 2)  # a rewound run rewrites round 2
+    torch.testing.assert_close(rows(5), torch.tensor([[9.0, 9.0], [0.0, 0.0]]))  # and round 4's row is gone
+    store.prune(3)
+    torch.testing.assert_close(rows(3), torch.tensor([[9.0, 9.0], [0.0, 0.0]]))
+    again = ClientStore()
+    again.load_state_dict(store.state_dict())
+    torch.testing.assert_close(again.read("c", torch.tensor([3]), 3, zero), torch.tensor([[9.0, 9.0]]))
+    assert again.clients("c") == [3]
+
+
+def test_engine_statistics_and_sampled_losses_use_the_client_streams() -> None:
+    data = tiny_data([5, 7, 4], seed=1)
+    engine = Engine(linear_model(), data, seed=3)
+    w = engine.initial_params()
+    clients = torch.tensor([2, 0])
+    mean, var = engine.gradient_statistics(w, clients, 3, 1)
+    ref_mean, ref_var = gradient_statistics(engine.model, data.train, w, clients, 3, 3, 1)
+    torch.testing.assert_close(mean, ref_mean)
+    torch.testing.assert_close(var, ref_var)
+    whole = engine.sampled_losses(w, clients, 100, 0, "any")  # a batch larger than the data: the full loss
+    torch.testing.assert_close(whole, engine.losses_at(w, clients, "train"))
+    one = engine.sampled_losses(w, clients, 2, 0, "any")
+    torch.testing.assert_close(one, engine.sampled_losses(w, clients, 2, 0, "any"))  # a fixed stream
+    assert not torch.allclose(one, whole)
