@@ -15,6 +15,7 @@ from fedhet.availability.estimators import (
     oracle_for,
 )
 from fedhet.availability.markov import Markov
+from fedhet.errors import ConfigError
 
 
 def test_loss_filter_by_hand() -> None:
@@ -68,5 +69,5 @@ def test_oracle_returns_the_process_parameters() -> None:
     assert (np.isclose(process_lam, 0.9)).sum() == 12
     oracle.observe(np.ones(24, dtype=bool))  # observing does not move it
     np.testing.assert_array_equal(oracle.estimates()[0], process_pi)
-    with pytest.raises(ValueError, match="no known"):
+    with pytest.raises(ConfigError, match="no known"):
         oracle_for("always", 3, 0)

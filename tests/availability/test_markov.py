@@ -10,12 +10,13 @@ from fedhet.availability.markov import (
     ClientClasses,
     Markov,
     MarkovClusters,
-    block_groups,
     check_chains,
     lambda_bounds,
     transition_probabilities,
 )
 from fedhet.catalog import AVAILABILITY
+from fedhet.data.cafed_synthetic import block_groups
+from fedhet.errors import ConfigError
 
 
 def trajectory(process: Markov | MarkovClusters | ClientClasses, rounds: int) -> np.ndarray:
@@ -34,14 +35,14 @@ def test_lambda_range_is_checked() -> None:
     low, _ = lambda_bounds(np.array([0.9, 0.5, 0.1]))
     np.testing.assert_allclose(low, [1 - 1 / 0.9, -1.0, 1 - 1 / 0.9])
     check_chains(np.array([0.9]), np.array([-0.11]))
-    with pytest.raises(ValueError, match="not a valid eigenvalue"):
+    with pytest.raises(ConfigError, match="not a valid eigenvalue"):
         check_chains(np.array([0.9]), np.array([-0.2]))  # P(active → active) would be negative
-    with pytest.raises(ValueError, match="not a valid eigenvalue"):
+    with pytest.raises(ConfigError, match="not a valid eigenvalue"):
         check_chains(np.array([0.5]), np.array([1.0]))  # reducible
-    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+    with pytest.raises(ConfigError, match="strictly between 0 and 1"):
         check_chains(np.array([1.0]), np.array([0.0]))
     process = Markov(pi=0.9, lam=-0.5)
-    with pytest.raises(ValueError, match="eigenvalue"):
+    with pytest.raises(ConfigError, match="eigenvalue"):
         process.setup(3, 0)
 
 
@@ -125,3 +126,20 @@ def test_paper_classes() -> None:
         torch.stack([same_layout.available(t) for t in range(30)]),
         torch.stack([process.available(t) for t in range(30)]),
     )
+
+
+def test_repo_classes() -> None:
+    process = ClientClasses(mix="repo", eps=1e-2)
+    process.setup(24, seed=0)
+    group, more, correlated = process.classes()
+    for g in range(2):  # per group: 6 more available (all weak), 3 less available correlated, 3 less weak
+        assert int(((group == g) & more & ~correlated).sum()) == 6
+        assert int(((group == g) & more & correlated).sum()) == 0
+        assert int(((group == g) & ~more & correlated).sum()) == 3
+    lam = process.client_lambda
+    np.testing.assert_allclose(lam[correlated], 0.9)
+    # λ = (N(0, ε²) + ε)/2: mean ε/2, std ε/2
+    assert 0 < lam[~correlated].mean() < 0.01 and lam[~correlated].std() < 0.01
+    paper = ClientClasses()
+    paper.setup(24, seed=0)
+    np.testing.assert_array_equal(paper.classes()[1], more)  # the same availability halves in both mixes

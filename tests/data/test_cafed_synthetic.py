@@ -12,6 +12,7 @@ from fedhet.catalog import DATASETS, PARTITIONERS
 from fedhet.data.cafed_synthetic import CAFedSynthetic, SwappedGroups, sigmoid
 from fedhet.data.embedded import Digits
 from fedhet.data.federate import federate
+from fedhet.errors import ConfigError
 from fedhet.seeding import numpy_rng
 
 
@@ -56,5 +57,5 @@ def test_swapped_groups_on_digits() -> None:
     np.testing.assert_array_equal(data.y.numpy()[second], table[base.y.numpy()[second]])
     both = SwappedGroups(base="digits", swapped=[0, 1]).swap_tables(10)
     assert set(both) == {0, 1}
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(ConfigError, match="does not exist"):
         SwappedGroups(base="digits", swapped=[2]).load(Path("unused"))

@@ -12,6 +12,8 @@ from fedhet.experiments.runner import resume, run
 from fedhet.metrics.availability import (
     PARTICIPATION_FILE,
     ParticipationWriter,
+    cumulative_importance,
+    excluded_share,
     importance,
     second_half_std,
     time_average,
@@ -71,3 +73,12 @@ def test_resume_repeats_the_uninterrupted_run(tmp_path: Path) -> None:
     resumed = resume(tmp_path / "part")
     assert resumed.history[-1]["alpha_test_accuracy"] == full.history[-1]["alpha_test_accuracy"]
     assert (resumed.params == full.params).all()
+
+
+def test_cumulative_importance_and_excluded_share_by_hand() -> None:
+    weights = np.array([[0.0, 0.0], [1.0, 3.0], [1.0, 0.0]])
+    np.testing.assert_allclose(cumulative_importance(weights), [[0, 0], [0.25, 0.75], [0.4, 0.6]])
+    np.testing.assert_allclose(cumulative_importance(weights)[-1], importance(weights))
+    active = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 0]], dtype=bool)
+    selected = np.array([[1, 0, 0], [0, 0, 0], [1, 1, 0]], dtype=bool)
+    np.testing.assert_allclose(excluded_share(active, selected), [1 / 3, 1 / 2, np.nan])

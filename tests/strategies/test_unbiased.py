@@ -8,6 +8,7 @@ import torch
 from conftest import linear_model, make_context, tiny_data
 from fedhet.availability.markov import Markov
 from fedhet.engine.engine import Engine
+from fedhet.engine.plan import LocalResult
 from fedhet.strategies.availability_aware import biased_importance, target_importance, unbiased_weights
 from fedhet.strategies.unbiased import Unbiased
 
@@ -45,3 +46,22 @@ def test_bayesian_estimates_are_used_without_an_oracle() -> None:
     strategy.select(0, torch.tensor([True, False]))
     # after one round with Beta(1, 1) priors: π̂ = (1 + 1)/(1 + 2) and (0 + 1)/(1 + 2); α = (1/2, 1/2)
     np.testing.assert_allclose(strategy._q, [0.5 / (2 / 3), 0.5 / (1 / 3)])
+
+
+def test_server_momentum_is_heavy_ball_on_the_weighted_update() -> None:
+    engine = Engine(linear_model(), tiny_data([4, 4]))
+    strategy = Unbiased(oracle={"name": "markov", "pi": [0.5, 0.5], "lam": 0.0}, server_momentum=0.5, server_lr=0.1)
+    strategy.setup(make_context(engine))
+    w = torch.zeros(engine.model.size)
+    clients = strategy.select(0, torch.tensor([True, True]))  # q = (1/2)/(1/2) = 1 each
+    local = torch.stack([w + 1.0, w + 3.0])  # Σ q_k (w − w_k) = −4: v = −4, w ← w − 0.1 v = 0.4
+    w1 = strategy.aggregate(0, w, LocalResult(clients, local, torch.zeros(2), torch.ones(2), torch.ones(2)))
+    torch.testing.assert_close(w1, torch.full_like(w, 0.4))
+    strategy.select(1, torch.tensor([True, True]))
+    local = torch.stack([w1 + 1.0, w1 + 1.0])  # g = −2: v = 0.5·(−4) − 2 = −4, w ← 0.4 + 0.4 = 0.8
+    saved = strategy.state_dict()
+    w2 = strategy.aggregate(1, w1, LocalResult(clients, local, torch.zeros(2), torch.ones(2), torch.ones(2)))
+    torch.testing.assert_close(w2, torch.full_like(w, 0.8))
+    strategy.load_state_dict(saved)  # the velocity is part of the state
+    again = strategy.aggregate(1, w1, LocalResult(clients, local, torch.zeros(2), torch.ones(2), torch.ones(2)))
+    torch.testing.assert_close(again, w2)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedhet.availability.base import AVAILABILITY
 from fedhet.availability.markov import MarkovChains
+from fedhet.errors import ConfigError
 
 # ----------------------------------------------------------------------------------------------------------------
 # Losses
@@ -204,6 +205,6 @@ def oracle_for(spec: str | dict[str, Any], num_clients: int, seed: int) -> Oracl
     """The oracle of availability process `spec` (a Markov process), set up as the run sets it up."""
     process = AVAILABILITY.build(spec, where="oracle")
     if not isinstance(process, MarkovChains):
-        raise ValueError(f"oracle: availability '{process.name}' has no known π and λ; use a Markov process")
+        raise ConfigError(f"oracle: availability '{process.name}' has no known π and λ; use a Markov process")
     process.setup(num_clients, seed)
     return OracleAvailability(process.client_pi, process.client_lambda)

@@ -25,7 +25,7 @@ later round than the one it holds steps forward through the rounds in between.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -33,6 +33,8 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.availability.base import AVAILABILITY, Availability
+from fedhet.data.cafed_synthetic import block_groups
+from fedhet.errors import ConfigError
 from fedhet.seeding import numpy_rng
 
 ArrayLike = float | list[float]
@@ -47,15 +49,15 @@ def lambda_bounds(pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_chains(pi: np.ndarray, lam: np.ndarray, where: str = "availability") -> None:
-    """Raise ValueError unless every (π, λ) is an irreducible, aperiodic two-state chain (Assumption 1)."""
+    """Raise ConfigError unless every (π, λ) is an irreducible, aperiodic two-state chain (Assumption 1)."""
     pi, lam = np.asarray(pi, dtype=np.float64), np.asarray(lam, dtype=np.float64)
     if bool(((pi <= 0) | (pi >= 1)).any()):
-        raise ValueError(f"{where}: every π must lie strictly between 0 and 1 (got {pi.tolist()})")
+        raise ConfigError(f"{where}: every π must lie strictly between 0 and 1 (got {pi.tolist()})")
     low, _ = lambda_bounds(pi)
     bad = (lam < low - 1e-12) | (lam >= 1) | (lam <= -1)
     if bool(bad.any()):
         k = int(np.flatnonzero(bad)[0])
-        raise ValueError(
+        raise ConfigError(
             f"{where}: λ = {lam[k]:g} is not a valid eigenvalue for π = {pi[k]:g}; "
             f"it must satisfy max(1 − 1/π, 1 − 1/(1−π), −1) = {max(low[k], -1.0):g} ≤ λ < 1"
         )
@@ -80,7 +82,7 @@ def _per_item(value: ArrayLike, count: int, what: str) -> np.ndarray:
     if arr.size == 1:
         return np.full(count, float(arr[0]))
     if arr.size != count:
-        raise ValueError(f"{what} needs one value or {count} values (got {arr.size})")
+        raise ConfigError(f"{what} needs one value or {count} values (got {arr.size})")
     return arr
 
 
@@ -107,7 +109,7 @@ class MarkovChains(Availability):
         pi, lam, member = self.chains()
         check_chains(pi, lam, f"availability '{self.name}'")
         if len(member) != num_clients:
-            raise ValueError(f"availability '{self.name}': {len(member)} clients described, expected {num_clients}")
+            raise ConfigError(f"availability '{self.name}': {len(member)} clients described, expected {num_clients}")
         self._chain_pi, self._chain_lam, self._member = pi, lam, member.astype(np.int64)
         self._state, self._round = None, -1
 
@@ -158,20 +160,6 @@ class Markov(MarkovChains):
         return _per_item(self.pi, k, "availability.pi"), _per_item(self.lam, k, "availability.lam"), np.arange(k)
 
 
-def block_groups(count: int, groups: int) -> np.ndarray:
-    """Group of each of `count` items cut into `groups` contiguous blocks of (nearly) equal size.
-
-    The layout shared by the CA-Fed datasets (clients 0..K/2−1 form data group 1, the rest group 2) and by
-    ``cafed_classes`` / ``markov_clusters``, which split each group into availability classes.
-    """
-    if groups < 1 or groups > count:
-        raise ValueError(f"cannot cut {count} clients into {groups} groups")
-    out = np.empty(count, dtype=np.int64)
-    for g, block in enumerate(np.array_split(np.arange(count), groups)):
-        out[block] = g
-    return out
-
-
 @AVAILABILITY.register
 class MarkovClusters(MarkovChains):
     """Spatially correlated availability (Sec. VI-B): one chain per cluster; its clients are on and off together.
@@ -190,7 +178,7 @@ class MarkovClusters(MarkovChains):
         k, c = self._num_clients, self.clusters
         member = np.asarray(self.assignment, dtype=np.int64) if self.assignment else block_groups(k, c)
         if len(member) and (member.min() < 0 or member.max() >= c):
-            raise ValueError(f"availability.assignment: cluster ids must lie in 0..{c - 1}")
+            raise ConfigError(f"availability.assignment: cluster ids must lie in 0..{c - 1}")
         return _per_item(self.pi, c, "availability.pi"), _per_item(self.lam, c, "availability.lam"), member
 
 
@@ -201,9 +189,12 @@ class ClientClasses(MarkovChains):
     Clients are cut into `groups` contiguous data groups (as the CA-Fed datasets lay them out). Within each
     group a uniformly random half is "more available" (π = 1/2 + g), the rest "less available" (π = 1/2 − g);
     each half is split again uniformly at random into "correlated" (λ = ν) and "weakly correlated"
-    (λ ~ N(0, ε²)) clients, λ clipped to the valid range. The classes come from `layout_seed` (fixed across
-    runs, like the authors' data seed 42, so that per-client figures average over seeds); the chains'
-    trajectories come from the run seed.
+    (λ ~ N(0, ε²)) clients, λ clipped to the valid range. ``mix="repo"`` follows the authors' code instead
+    (their type matrix [[0, ½, 0], [¼, ¼, 0]]): every more available client is weakly correlated with
+    λ = (N(0, ε²) + ε)/2, the less available half is split into correlated and weakly correlated clients; the
+    code assigns these types over all clients at random, here they are split within each group (6/3/3 of 12).
+    The classes come from `layout_seed` (fixed across runs, like the authors' data seed 42, so that per-client
+    figures average over seeds); the chains' trajectories come from the run seed.
     """
 
     name: ClassVar[str] = "cafed_classes"
@@ -213,6 +204,11 @@ class ClientClasses(MarkovChains):
     eps: float = Field(1e-2, ge=0, description="std of λ ~ N(0, ε²) of the weakly correlated clients")
     groups: int = Field(2, ge=1, description="data groups (contiguous blocks of client ids)")
     layout_seed: int | None = Field(42, description="seed of the class assignment (None: the run seed)")
+    mix: Literal["paper", "repo"] = Field(
+        "paper",
+        description="class mix: 'paper' (Sec. V-A, four equal cells per group) or 'repo' (the authors' code: every "
+        "more available client weakly correlated, λ = (N(0, ε²) + ε)/2)",
+    )
 
     def classes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(data group, more available?, correlated?) of each client."""
@@ -226,9 +222,9 @@ class ClientClasses(MarkovChains):
             members = rng.permutation(np.flatnonzero(group == g))
             more_half, less_half = np.array_split(members, 2)
             more[more_half] = True
-            for half in (more_half, less_half):
+            for half, split in ((more_half, self.mix == "paper"), (less_half, True)):
                 corr, _ = np.array_split(rng.permutation(half), 2)
-                correlated[corr] = True
+                correlated[corr] = split
         return group, more, correlated
 
     def chains(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -237,6 +233,8 @@ class ClientClasses(MarkovChains):
         _, more, correlated = self.classes()
         pi = np.where(more, 0.5 + self.g, 0.5 - self.g)
         weak = numpy_rng(seed, "cafed-weak-lambda").normal(0.0, self.eps, k)
+        if self.mix == "repo":
+            weak = 0.5 * (weak + self.eps)
         low, _ = lambda_bounds(pi)
         lam = np.clip(np.where(correlated, self.nu, weak), np.maximum(low, -1 + 1e-8), 1 - 1e-8)
         return pi, lam, np.arange(k)

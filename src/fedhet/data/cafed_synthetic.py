@@ -19,10 +19,25 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from fedhet.availability.markov import block_groups
 from fedhet.data.dataset import Dataset
+from fedhet.data.labels import LabelNoise, label_map
 from fedhet.data.sources import DATASETS, DatasetSource
+from fedhet.errors import ConfigError
 from fedhet.seeding import numpy_rng
+
+
+def block_groups(count: int, groups: int) -> np.ndarray:
+    """Group of each of `count` items cut into `groups` contiguous blocks of (nearly) equal size.
+
+    The layout shared by the CA-Fed datasets (clients 0..K/2−1 form data group 1, the rest group 2) and by
+    ``cafed_classes`` / ``markov_clusters``, which split each group into availability classes.
+    """
+    if groups < 1 or groups > count:
+        raise ConfigError(f"cannot cut {count} clients into {groups} groups")
+    out = np.empty(count, dtype=np.int64)
+    for g, block in enumerate(np.array_split(np.arange(count), groups)):
+        out[block] = g
+    return out
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -95,13 +110,13 @@ class SwappedGroups(DatasetSource):
         tables: dict[int, np.ndarray] = {}
         for g in sorted(set(self.swapped)):
             if not 0 <= g < self.groups:
-                raise ValueError(f"dataset.swapped: group {g} does not exist (groups 0..{self.groups - 1})")
+                raise ConfigError(f"dataset.swapped: group {g} does not exist (groups 0..{self.groups - 1})")
             if 2 * self.pairs > num_classes:
-                raise ValueError(f"dataset.pairs: {self.pairs} disjoint pairs need {2 * self.pairs} classes")
-            table = np.arange(num_classes)
-            for a, b in rng.choice(num_classes, size=(self.pairs, 2), replace=False):
-                table[a], table[b] = b, a
-            tables[g] = table
+                raise ConfigError(f"dataset.pairs: {self.pairs} disjoint pairs need {2 * self.pairs} classes")
+            pairs = [(int(a), int(b)) for a, b in rng.choice(num_classes, size=(self.pairs, 2), replace=False)]
+            table = label_map(LabelNoise(mapping="pairs", pairs=pairs), num_classes, rng)
+            assert table is not None
+            tables[g] = table.numpy()
         return tables
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:

@@ -6,7 +6,8 @@
 * `ParticipationWriter` callback: writes ``availability.npz`` into the run folder, the per round × client arrays
   the server saw and decided (active, selected, applied weights, π̂, λ̂, α) and the availability process's true
   π, λ and client classes, for Figs. 1 and 2.
-* `importance`: the share of aggregation weight each client received over a run (Fig. 2).
+* `importance`, `cumulative_importance`: the share of aggregation weight each client received over a run, and up
+  to each round (Fig. 2); `excluded_share`: how often each client was excluded when active (Fig. 1).
 """
 
 from __future__ import annotations
@@ -52,6 +53,23 @@ def importance(weights: np.ndarray) -> np.ndarray:
     `weights` is rounds × clients with w_k^(t) = q_k 1{k ∈ S_t}."""
     total = np.asarray(weights, dtype=np.float64).sum(axis=0)
     return total / total.sum() if total.sum() > 0 else total
+
+
+def cumulative_importance(weights: np.ndarray) -> np.ndarray:
+    """p^(t)_k = Σ_{s≤t} w_k^(s) / Σ_{s≤t,h} w_h^(s) for every round t (rounds × clients): the importance each
+    client has received up to round t (rows with no weight yet are zeros)."""
+    running = np.cumsum(np.asarray(weights, dtype=np.float64), axis=0)
+    total = running.sum(axis=1, keepdims=True)
+    return np.divide(running, total, out=np.zeros_like(running), where=total > 0)
+
+
+def excluded_share(active: np.ndarray, selected: np.ndarray) -> np.ndarray:
+    """Per client, the share of its active rounds in which it was excluded (active, not selected); nan if it was
+    never active."""
+    active, selected = np.asarray(active, dtype=bool), np.asarray(selected, dtype=bool)
+    rounds = active.sum(axis=0).astype(np.float64)
+    excluded = (active & ~selected).sum(axis=0)
+    return np.divide(excluded, rounds, out=np.full(len(rounds), np.nan), where=rounds > 0)
 
 
 @METRIC_PLUGINS.register
