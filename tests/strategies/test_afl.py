@@ -10,6 +10,8 @@ from conftest import linear_model, tiny_data
 from fedhet.attacks.base import MaliciousClients
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.runner import run
 from fedhet.strategies.afl import AFL, project_simplex
 from fedhet.strategies.base import LocalSettings, ServerContext
 
@@ -107,3 +109,45 @@ def test_local_losses_and_state_round_trip() -> None:
     copy.setup(context(engine, 2))
     copy.load_state_dict(strategy.state_dict())
     torch.testing.assert_close(copy.mixture, strategy.mixture)
+
+
+def test_reports_the_average_of_its_iterates() -> None:
+    """Stochastic-AFL's output w̄_T = (1/T) Σ_{t=1..T} w_t; training continues from the last iterate."""
+    engine = Engine(linear_model(), tiny_data([4, 8], seed=1))
+    clients = torch.tensor([0, 1])
+    averaged, last = AFL(lambda_lr=0.2), AFL(lambda_lr=0.2, output="last")
+    for strategy in (averaged, last):
+        strategy.setup(context(engine, 2))
+    w = engine.initial_params()
+    assert torch.equal(averaged.evaluation_params(w), w)  # before any round: the model itself
+    iterates = []
+    for t in range(3):
+        plan = averaged.configure(t, clients, w)
+        result = engine.train(w, plan, t)
+        last.configure(t, clients, w)
+        w_last = last.aggregate(t, w, result)
+        w = averaged.aggregate(t, w, result)
+        assert torch.equal(w, w_last)  # the output switch does not change training
+        iterates.append(w)
+    torch.testing.assert_close(averaged.evaluation_params(w), torch.stack(iterates).mean(0))
+    assert torch.equal(last.evaluation_params(w), w)
+    copy = AFL(lambda_lr=0.2)
+    copy.setup(context(engine, 2))
+    copy.load_state_dict(averaged.state_dict())
+    torch.testing.assert_close(copy.evaluation_params(w), averaged.evaluation_params(w))
+
+
+def test_run_reports_the_averaged_model() -> None:
+    base = {
+        "dataset": "digits",
+        "partition": {"name": "shards", "shards_per_client": 2},
+        "model": "logistic",
+        "num_clients": 4,
+        "clients_per_round": 4,
+        "rounds": 3,
+        "local": {"steps": 2, "lr": 0.05, "batch_size": 10},
+    }
+    averaged = run(parse_config({**base, "algorithm": {"name": "afl", "output": "average"}}))
+    last = run(parse_config({**base, "algorithm": {"name": "afl", "output": "last"}}))
+    assert torch.equal(averaged.params, last.params)  # the same training
+    assert averaged.final["test_loss"] != last.final["test_loss"]  # a different reported model

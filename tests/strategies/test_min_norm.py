@@ -153,3 +153,40 @@ def test_invalid_inputs() -> None:
         solve_min_norm(np.eye(2), eps=-0.1)
     with pytest.raises(ValueError, match="square"):
         solve_min_norm(np.ones((2, 3)))
+
+
+def test_raw_updates_of_very_different_lengths_match_scipy() -> None:
+    """FedMGDA (no normalisation) solves on raw updates whose norms differ by orders of magnitude."""
+    rng = np.random.default_rng(21)
+    for _ in range(60):
+        n, d = int(rng.integers(2, 12)), int(rng.integers(2, 20))
+        u = rng.normal(size=(n, d)) * 10.0 ** rng.uniform(-3, 3, size=(n, 1))
+        gram, center = u @ u.T, np.full(n, 1.0 / n)
+        eps = float(rng.choice([0.05, 0.2, 1.0]))
+        sol = solve_min_norm(gram, center, eps)
+        assert_feasible(sol.weights, center, eps)
+        scale = float(np.abs(np.diag(gram)).max())  # SciPy on the rescaled problem (same minimiser)
+        ref_x, ref_f = scipy_min_norm(gram / scale, center, eps)
+        assert sol.objective / scale <= ref_f + 1e-9
+        assert abs(sol.objective / scale - ref_f) < 1e-6
+        if np.linalg.eigvalsh(gram / scale).min() > 1e-6:
+            np.testing.assert_allclose(sol.weights, ref_x, atol=1e-6)
+
+
+def test_epsilon_one_is_mgda_over_the_whole_simplex() -> None:
+    """ε = 1 against SciPy on the plain simplex {λ ≥ 0, Σ λ = 1} (no box): MGDA's λ* (eq. 23)."""
+    rng = np.random.default_rng(8)
+    for _ in range(30):
+        n = int(rng.integers(2, 10))
+        u = rng.normal(size=(n, 12)) + rng.normal(size=12)
+        gram = u @ u.T
+        res = minimize(
+            lambda x, g=gram: x @ g @ x,
+            np.full(n, 1.0 / n),
+            jac=lambda x, g=gram: 2 * g @ x,
+            bounds=[(0.0, None)] * n,
+            constraints=[{"type": "eq", "fun": lambda x: x.sum() - 1.0}],
+            method="SLSQP",
+            options={"ftol": 1e-15, "maxiter": 1000},
+        )
+        np.testing.assert_allclose(min_norm_weights(gram, eps=1.0), res.x, atol=1e-6)

@@ -1,14 +1,25 @@
 """Malicious clients: what they report (inflated losses) and what they send (corrupted updates).
 
 An attack picks ``round(fraction · K)`` malicious clients once (from the seed), or the listed ``clients``.
-The runner passes every cohort's `LocalResult` through ``corrupt_updates`` before aggregation, and strategies
-obtain client losses through `ServerContext.client_losses`, which passes them through ``report_losses``. So any
-strategy can be attacked without knowing about it.
+The runner passes each round's cohort through ``cohort`` (attackers that always take part), the local-training
+plan through ``corrupt_plan`` (a scaled local objective) and the cohort's `LocalResult` through ``corrupt_updates``
+before aggregation; strategies obtain client losses through `ServerContext.client_losses`, which passes them
+through ``report_losses``. So any strategy can be attacked without knowing about it.
 
 Update attacks (on Δ_k = w_global − w_k of malicious clients): ``gaussian`` adds N(0, σ²) noise, ``scale``
 multiplies by `factor`, ``sign_flip`` multiplies by −`factor`, ``replace`` sends pure N(0, σ²) noise.
-Loss attacks (FedMGDA+ §6 bias/scaling attacks, MaxFL's Byzantine clients): reported loss F + `loss_bias`,
-then × `loss_scale`.
+Loss attacks (FedMGDA+ §6.2.2; MaxFL's Byzantine clients) inflate the attacker's objective f_k:
+
+- the *bias attack* f_k ← f_k + c (``loss_bias``): gradients, hence local training, are unchanged; only the
+  loss the client reports grows by c;
+- the *scaling attack* f_k ← s · f_k (``loss_scale``): the reported loss is multiplied by s (after the bias) and,
+  with ``scale_training`` (default), the client trains on s · f_k. For SGD ∇(s f) = s ∇f, so this is done by
+  multiplying its local learning rate by s: exact for plain SGD, an approximation when the plan adds a proximal
+  term, a correction or weight decay (those are scaled too). With one local step it multiplies the update by s.
+
+``always_participate`` puts the attackers in every cohort they are available for (FedMGDA+'s attacker "present
+in every round", the authors' ``--vip``): an attacker that was not drawn replaces a random honest member, so the
+cohort keeps its size.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ import torch
 from pydantic import ConfigDict, Field, PrivateAttr
 from torch import Tensor
 
-from fedhet.engine.plan import LocalResult
+from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import ConfigError
 from fedhet.registry import Component, Registry
 from fedhet.seeding import numpy_rng, torch_gen
@@ -42,6 +53,14 @@ class Attack(Component):
     def malicious(self) -> Tensor:
         """(K,) bool: which clients are malicious."""
         return self._malicious
+
+    def cohort(self, clients: Tensor, available: Tensor, round_: int) -> Tensor:
+        """The round's cohort after the attackers had their say (default: as the strategy chose it)."""
+        return clients
+
+    def corrupt_plan(self, plan: LocalPlan, round_: int) -> LocalPlan:
+        """The local-training instructions as the clients follow them (default: as given)."""
+        return plan
 
     def corrupt_updates(self, result: LocalResult, global_params: Tensor, round_: int) -> LocalResult:
         return result
@@ -70,7 +89,9 @@ class MaliciousClients(Attack):
     noise_std: float = Field(1.0, ge=0, description="σ of the Gaussian noise (gaussian, replace)")
     factor: float = Field(10.0, description="multiplier of the update (scale, sign_flip)")
     loss_bias: float = Field(0.0, description="added to the reported loss")
-    loss_scale: float = Field(1.0, ge=0, description="multiplies the reported loss (after the bias)")
+    loss_scale: float = Field(1.0, ge=0, description="s of the scaling attack f ← s·f (reported loss, after the bias)")
+    scale_training: bool = Field(True, description="the attacker also trains on s·f (local lr × s)")
+    always_participate: bool = Field(False, description="attackers take part in every round they are available")
     clients: list[int] = Field(default_factory=list, description="ids of the malicious clients (overrides fraction)")
 
     def setup(self, num_clients: int, seed: int) -> None:
@@ -83,6 +104,28 @@ class MaliciousClients(Attack):
         count = round(self.fraction * num_clients)
         chosen = np.sort(numpy_rng(seed, "malicious").choice(num_clients, size=count, replace=False))
         self._malicious[torch.as_tensor(chosen, dtype=torch.long)] = True
+
+    def cohort(self, clients: Tensor, available: Tensor, round_: int) -> Tensor:
+        if not self.always_participate or len(clients) == 0:
+            return clients
+        attackers = torch.nonzero(self._malicious & available).flatten()
+        missing = attackers[~torch.isin(attackers, clients)]
+        if len(missing) == 0:
+            return clients
+        honest = clients[~self._malicious[clients]]
+        room = max(0, len(clients) - len(attackers))
+        rng = numpy_rng(self._seed, "attack-cohort", round_)
+        keep = np.sort(rng.choice(len(honest), size=min(room, len(honest)), replace=False))
+        kept = honest[torch.as_tensor(keep, dtype=torch.long)]
+        return torch.cat([kept, attackers]).sort().values
+
+    def corrupt_plan(self, plan: LocalPlan, round_: int) -> LocalPlan:
+        if self.loss_scale == 1.0 or not self.scale_training:
+            return plan
+        bad = self._malicious[plan.clients]
+        if not bool(bad.any()):
+            return plan
+        return dataclasses.replace(plan, lr=torch.where(bad, plan.lr * self.loss_scale, plan.lr))
 
     def corrupt_updates(self, result: LocalResult, global_params: Tensor, round_: int) -> LocalResult:
         bad = self._malicious[result.clients]

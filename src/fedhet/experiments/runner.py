@@ -160,17 +160,18 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
         while state.round < cfg.rounds:
             t = state.round
             available = exp.availability.available(t) & seen
-            clients = exp.strategy.select(t, available)
+            attack = exp.strategy.ctx.attack
+            clients = attack.cohort(exp.strategy.select(t, available), available, t)
             previous = state.params
             result: LocalResult | None = None
             if len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
-                plan = exp.strategy.configure(t, clients, state.params)
+                plan = attack.corrupt_plan(exp.strategy.configure(t, clients, state.params), t)
                 result = exp.engine.train(state.params, plan, t)
                 if len(result.clients) < len(clients):  # clients lost mid-round (a Flower node failed):
                     clients = result.clients  # the round goes on with the others, and the strategy re-derives
                     if len(clients):  # its per-cohort values (MaxFL's q, q-FFL's losses) for them
                         exp.strategy.configure(t, clients, state.params)
-                result = exp.strategy.ctx.attack.corrupt_updates(result, state.params, t)
+                result = attack.corrupt_updates(result, state.params, t)
                 if len(result.clients):
                     state.params = exp.strategy.aggregate(t, state.params, result).detach()
             losses = result.train_loss[result.steps > 0] if result is not None else torch.zeros(0)
@@ -180,7 +181,8 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             state.round = t + 1
             metrics: dict[str, float] | None = None
             if state.round % cfg.eval_every == 0 or state.round == cfg.rounds:
-                metrics, state.client_columns, test, train = evaluate_global(exp.engine, state.params)
+                evaluated = exp.strategy.evaluation_params(state.params)
+                metrics, state.client_columns, test, train = evaluate_global(exp.engine, evaluated)
                 metrics = {
                     "round": float(state.round),
                     **metrics,
@@ -192,7 +194,7 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
                 view = RoundView(
                     state.round,
                     exp.engine,
-                    state.params,
+                    evaluated,
                     previous,
                     result,
                     test,

@@ -30,13 +30,13 @@ forced one (see also the module docs of the strategies):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedhet.experiments.recipes import Recipe, register_recipe
+from fedhet.experiments.recipes import Recipe, deep_merge, register_recipe
 from fedhet.experiments.runner import RunState
 from fedhet.strategies.fedmgda import beta_for_decay
 
@@ -86,16 +86,32 @@ def qfedavg(q: float, lipschitz: float) -> dict[str, Any]:
     return {"name": "qffl", "q": q, "lipschitz": lipschitz, "loss": "batch_sum"}
 
 
+def afl(lambda_lr: float, weight_lr: float) -> dict[str, Any]:
+    """AFL with γ_λ = `lambda_lr` and γ_w = `weight_lr`; it reports the average of its iterates."""
+    return {"name": "afl", "lambda_lr": lambda_lr, "server_lr": weight_lr}
+
+
 @dataclass
 class FedMGDARecipe(Recipe):
-    """A recipe whose methods may give the global step's decay as a total factor over the run (``total_decay``)."""
+    """A recipe whose methods may give the global step's decay as a total factor over the run (``total_decay``).
+
+    The paper decays every 100 rounds of its T rounds by β = decay^(100/T). A run of T' rounds (embedded, quick)
+    keeps the same schedule scaled in time: a decay every 100 T'/T rounds, by the same total factor.
+    ``pinned`` holds per-method changes applied after the embedded fallback and --quick (settings that make the
+    method what it is, such as a cohort of one).
+    """
+
+    pinned: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def config(self, method: str, seed: int, quick: bool, embedded: bool = False) -> dict[str, Any]:
-        raw = super().config(method, seed, quick, embedded)
+        raw = deep_merge(super().config(method, seed, quick, embedded), self.pinned.get(method, {}))
         algorithm = raw.get("algorithm")
         if isinstance(algorithm, dict) and "total_decay" in algorithm:
             algorithm = dict(algorithm)
-            algorithm["lr_decay"] = beta_for_decay(float(algorithm.pop("total_decay")), int(raw.get("rounds", 20)))
+            rounds = int(raw.get("rounds", 20))
+            every = max(1, round(100 * rounds / int(self.base.get("rounds", rounds))))
+            algorithm["lr_decay"] = beta_for_decay(float(algorithm.pop("total_decay")), rounds, every)
+            algorithm["decay_every"] = every
             raw["algorithm"] = algorithm
         return raw
 
@@ -244,19 +260,25 @@ def bias(value: float) -> dict[str, Any]:
     return {"name": "malicious", "clients": [ATTACKED], "loss_bias": value}
 
 
+AFL_BIAS = (0.0, 0.01, 0.1, 1.0)  # on the mean loss (Table 7)
+QFFL_BIAS = (0.0, 1000.0, 5000.0, 10000.0)  # on the mean loss × mini-batches (Table 7)
+
+
 def bias_methods() -> dict[str, dict[str, Any]]:
+    """Table 7's rows; the last one trains on the attacked client alone (the paper's Baseline_PhD)."""
     methods: dict[str, dict[str, Any]] = {}
-    for value in (0.0, 0.01, 0.1, 1.0):
-        methods[f"AFL, bias {value:g}"] = {
-            "algorithm": {"name": "afl", "lambda_lr": 0.5, "server_lr": 0.1},
-            "attack": bias(value),
-        }
+    for value in AFL_BIAS:
+        methods[f"AFL, bias {value:g}"] = {"algorithm": afl(0.5, 1.0), "attack": bias(value)}
     for q in (5.0, 2.0, 0.1):
-        for value in (0.0, 1000.0, 5000.0, 10000.0):
+        for value in QFFL_BIAS:
             methods[f"q-FedAvg q={q:g}, bias {value:g}"] = {"algorithm": qfedavg(q, 1.0), "attack": bias(value)}
     for value in (0.0, 10000.0):
         methods[f"FedMGDA+, bias {value:g}"] = {"algorithm": mgda_plus(1.0, 1 / 3), "attack": bias(value)}
+    methods[ALONE] = {"algorithm": FEDAVG, "attack": {**bias(0.0), "always_participate": True}}
     return methods
+
+
+ALONE = "attacked client alone"  # FedAvg over a cohort of one that the attacker always takes
 
 
 def attack_summary(state: RunState) -> dict[str, float]:
@@ -291,4 +313,5 @@ def bias_attack() -> Recipe:
         quick={"rounds": 40, "eval_every": 10},
         summarise=attack_summary,
         fallback=DIGITS_ATTACK,
+        pinned={ALONE: {"clients_per_round": 1}},
     )

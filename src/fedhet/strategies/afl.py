@@ -14,8 +14,10 @@ at the received model on its whole training set (``loss_at: global``, the exact 
 loss of its local training (``local``, the authors' code). Proj_Δ is the sort-based Euclidean projection
 (Wang & Carreira-Perpiñán 2013).
 
-Not reproduced: AFL outputs the *average* of the iterates w_t; the round loop evaluates the model that
-`aggregate` returns, which is also the next round's starting point, so this strategy reports the last iterate.
+AFL's output is the *average* of the iterates, w̄_T = (1/T) Σ_{t=1..T} w_t (Mohri et al., Stochastic-AFL; the
+FedMGDA+ authors' code): with ``output: average`` (default) that average is what the run evaluates and reports,
+while training continues from the last iterate; ``output: last`` reports the last iterate (use it with the
+``improved_users`` metric, which compares consecutive iterates).
 """
 
 from __future__ import annotations
@@ -51,13 +53,17 @@ class AFL(Strategy):
     description: ClassVar[str] = "agnostic FL: minimax over client mixture weights, projected ascent (Mohri et al.)"
     lambda_lr: float = Field(0.1, ge=0, description="γ_λ: step size of the ascent on λ")
     loss_at: Literal["global", "local"] = Field("global", description="F_k at the received model or during training")
+    output: Literal["average", "last"] = Field("average", description="report the average of the iterates or the last")
 
     _lambda: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     _losses: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0))
+    _average: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
+    _count: int = PrivateAttr(0)
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
         self._lambda = torch.full((ctx.num_clients,), 1.0 / ctx.num_clients, dtype=torch.float64)
+        self._average, self._count = torch.zeros(0, dtype=torch.float64), 0
 
     @property
     def mixture(self) -> Tensor:
@@ -79,13 +85,25 @@ class AFL(Strategy):
         gradient = torch.zeros_like(self._lambda)
         gradient[clients] = scale * self._losses.double()
         self._lambda = project_simplex(self._lambda + self.lambda_lr * gradient)
+        self._count += 1
+        if self._count == 1:
+            self._average = new.double().clone()
+        else:
+            self._average += (new.double() - self._average) / self._count
         return new
+
+    def evaluation_params(self, params: Tensor) -> Tensor:
+        """w̄ = the mean of the iterates so far (``output: average``), else the current iterate."""
+        if self.output == "last" or self._count == 0:
+            return params
+        return self._average.to(params.dtype)
 
     def round_metrics(self) -> dict[str, float]:
         return {"afl_lambda_max": float(self._lambda.max())} if len(self._lambda) else {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"lambda": self._lambda.clone()}
+        return {"lambda": self._lambda.clone(), "average": self._average.clone(), "count": self._count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._lambda = state["lambda"].clone()
+        self._average, self._count = state["average"].clone(), int(state["count"])

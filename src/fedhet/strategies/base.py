@@ -87,6 +87,11 @@ class Strategy(Component):
         """The next global model."""
         raise NotImplementedError
 
+    def evaluation_params(self, params: Tensor) -> Tensor:
+        """The model that is evaluated and reported after a round (default: the current global model; AFL
+        reports the average of its iterates)."""
+        return params
+
     def round_metrics(self) -> dict[str, float]:
         """Extra per-round numbers to log (e.g. the sum of MaxFL's weights)."""
         return {}
