@@ -1,0 +1,199 @@
+"""The node side: a node's own partition of the clients, and fedhet's engine answering the server's calls.
+
+A node holds some of the run's clients (a contiguous block of the ids, or whatever its partition file lists). Its
+data keeps the run's layout: every client id exists, and only the node's own clients have samples, so the engine
+draws exactly the mini-batches the single-machine engine would (streams are keyed by client id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import numpy as np
+import torch
+import yaml
+from torch import Tensor
+
+from fedhet.data.dataset import ClientData, FederatedData
+from fedhet.errors import DataError
+from fedhet.experiments.build import build_model, components, federated_data, make_engine
+from fedhet.experiments.config import RunConfig, dump_yaml, parse_config
+from fedhet.flower.codec import (
+    Arrays,
+    Config,
+    Payload,
+    decode_plan,
+    encode_result,
+    encode_scores,
+    to_numpy,
+    to_torch,
+)
+
+PARTITION_FORMAT = "fedhet-node-partition/1"
+Split = Literal["train", "test"]
+
+
+def config_text(config: RunConfig) -> str:
+    """The config as it travels to the nodes (YAML)."""
+    return dump_yaml(config.model_dump(mode="json"))
+
+
+def config_from_text(text: str) -> RunConfig:
+    return parse_config(yaml.safe_load(text))
+
+
+def fingerprint(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def node_clients(num_clients: int, partition_id: int, num_partitions: int) -> Tensor:
+    """The clients node `partition_id` of `num_partitions` holds: the ids cut into contiguous blocks."""
+    if not 0 <= partition_id < num_partitions:
+        raise DataError(f"partition-id {partition_id} is not in 0..{num_partitions - 1}")
+    if num_partitions > num_clients:
+        raise DataError(f"{num_partitions} nodes for {num_clients} clients: use at most one node per client")
+    block = np.array_split(np.arange(num_clients), num_partitions)[partition_id]
+    return torch.as_tensor(block, dtype=torch.long)
+
+
+def _restrict_split(data: ClientData, clients: Tensor) -> ClientData:
+    keep = set(clients.tolist())
+    xs, ys = [], []
+    for k in range(data.num_clients):
+        x, y = data.client(k)
+        xs.append(x if k in keep else x[:0])
+        ys.append(y if k in keep else y[:0])
+    return ClientData.from_parts(xs, ys)
+
+
+def restrict(data: FederatedData, clients: Tensor) -> FederatedData:
+    """`data` with only `clients`' samples; every other client keeps its id and has none."""
+    return FederatedData(
+        data.name,
+        _restrict_split(data.train, clients),
+        _restrict_split(data.test, clients),
+        data.num_classes,
+        data.seen.clone(),
+        dict(data.info),
+    )
+
+
+def save_partition(path: Path, data: FederatedData, clients: Tensor) -> None:
+    """Write the partition file a node loads (`load_partition`): its clients' samples only."""
+    part = restrict(data, clients)
+    payload = {
+        "format": PARTITION_FORMAT,
+        "name": part.name,
+        "num_classes": part.num_classes,
+        "clients": clients.clone(),
+        "seen": part.seen,
+        "train": {"x": part.train.x, "y": part.train.y, "offsets": part.train.offsets},
+        "test": {"x": part.test.x, "y": part.test.y, "offsets": part.test.offsets},
+        "info": part.info,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, path)
+
+
+def load_partition(path: Path) -> tuple[FederatedData, Tensor]:
+    """(data in the run's layout, the node's client ids) from a partition file."""
+    if not path.is_file():
+        raise DataError(f"partition file '{path}' does not exist; write it with scripts/flower_partitions.py")
+    raw: dict[str, Any] = torch.load(path, weights_only=True)
+    if raw.get("format") != PARTITION_FORMAT:
+        raise DataError(f"'{path}' is not a fedhet node partition (format {raw.get('format')!r})")
+
+    def split(d: dict[str, Tensor]) -> ClientData:
+        return ClientData(d["x"], d["y"], d["offsets"])
+
+    data = FederatedData(
+        raw["name"], split(raw["train"]), split(raw["test"]), int(raw["num_classes"]), raw["seen"], raw["info"]
+    )
+    return data, raw["clients"]
+
+
+_DATA: dict[str, FederatedData] = {}  # whole federations derived in this process, by config fingerprint
+
+
+def derived_partition(
+    config: RunConfig, text: str, partition_id: int, num_partitions: int
+) -> tuple[FederatedData, Tensor]:
+    """A node's partition derived from the config (simulation, or every node holding the same public dataset)."""
+    key = fingerprint(text)
+    if key not in _DATA:
+        _DATA.clear()
+        _DATA[key] = federated_data(config, components(config))
+    data = _DATA[key]
+    clients = node_clients(data.num_clients, partition_id, num_partitions)
+    return restrict(data, clients), clients
+
+
+class NodeWorker:
+    """fedhet's engine on one node's partition, answering `RemoteEngine`'s calls (`handle`)."""
+
+    def __init__(self, config: RunConfig, data: FederatedData, clients: Tensor) -> None:
+        total = config.num_clients + config.unseen_clients
+        if data.num_clients != total:
+            raise DataError(
+                f"this node's partition is laid out for {data.num_clients} clients but the run has {total}; "
+                "rewrite the partition files for this config"
+            )
+        self.config, self.clients = config, clients.sort().values
+        self.engine = make_engine(
+            config, build_model(config, components(config), data.input_shape, data.num_classes), data
+        )
+        self.engine.state_history = config.checkpoint_every  # the server may rewind to its last checkpoint
+
+    def meta(self) -> Payload:
+        data, k = self.engine.data, self.clients
+        arrays: Arrays = {
+            "clients": to_numpy(k),
+            "train_sizes": to_numpy(data.train.sizes[k]),
+            "test_sizes": to_numpy(data.test.sizes[k]),
+            "seen": to_numpy(data.seen[k]),
+            "input_shape": np.asarray(data.input_shape, dtype=np.int64),
+            "initial_params": to_numpy(self.engine.initial_params()[:16]),
+        }
+        arrays.update({f"info.{name}": to_numpy(tag[k]) for name, tag in data.info.items()})
+        config: Config = {
+            "name": data.name,
+            "num_clients": data.num_clients,
+            "num_classes": data.num_classes,
+            "x_dtype": str(data.train.x.dtype).removeprefix("torch."),
+        }
+        return arrays, config
+
+    def handle(self, op: str, arrays: Arrays, config: Config) -> Payload:
+        """Run one engine call: `op` names it, `arrays`/`config` hold its arguments."""
+        engine = self.engine
+        split = cast(Split, config.get("split", "train"))
+        params = to_torch(arrays["params"]) if "params" in arrays else None
+        clients = to_torch(arrays["clients"]) if "clients" in arrays else None
+        round_ = int(config.get("round", 0))
+        if op == "meta":
+            return self.meta()
+        assert params is not None
+        if op == "train":
+            result = engine.train(params, decode_plan(arrays, config), round_)
+            return encode_result(result), {}
+        if op == "scores":
+            scores = engine.scores(params, split)
+            k = self.clients
+            return {
+                "clients": to_numpy(k),
+                **encode_scores(type(scores)(scores.loss[k], scores.accuracy[k], scores.count[k])),
+            }, {}
+        assert clients is not None
+        if op == "losses_at":
+            return {"values": to_numpy(engine.losses_at(params, clients, split))}, {}
+        if op == "own_scores":
+            return encode_scores(engine.own_scores(params, clients, split)), {}
+        if op == "gradient_statistics":
+            mean, var = engine.gradient_statistics(params, clients, int(config["samples"]), round_)
+            return {"mean": to_numpy(mean), "var": to_numpy(var)}, {}
+        if op == "sampled_losses":
+            values = engine.sampled_losses(params, clients, int(config["batch"]), round_, str(config["stream"]))
+            return {"values": to_numpy(values)}, {}
+        raise ValueError(f"unknown fedhet node call '{op}'")

@@ -1,0 +1,331 @@
+"""The server side: `RemoteEngine`, an engine whose calls are answered by the nodes that hold the data.
+
+The strategy, availability process, metrics and round loop are fedhet's own (`fedhet.experiments.runner`); only
+the engine differs. Each call is split by the node that holds each client, sent through a `Transport` (Flower's
+Grid in `fedhet.flower.apps`, or direct calls in `InProcessTransport`), and the replies are put back in the
+caller's order. A node that fails to answer in time, or answers with an error, is *lost*: its clients leave the
+round (the runner goes on with the others), are unavailable from then on, and score NaN (left out of the metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol
+
+import numpy as np
+import torch
+from pydantic import PrivateAttr
+from torch import Tensor
+
+from fedhet.availability.base import Availability
+from fedhet.data.dataset import ClientData, FederatedData
+from fedhet.engine.engine import Engine
+from fedhet.engine.evaluate import ClientScores
+from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.errors import ConfigError, DataError
+from fedhet.experiments.build import Components, Experiment, assemble, build_model, components, local_settings
+from fedhet.experiments.config import RunConfig
+from fedhet.flower.codec import (
+    Arrays,
+    Config,
+    Payload,
+    concat_results,
+    decode_result,
+    decode_scores,
+    encode_plan,
+    to_numpy,
+    to_torch,
+)
+from fedhet.flower.node import NodeWorker, config_text
+
+log = logging.getLogger("fedhet.flower")
+Split = Literal["train", "test"]
+
+
+class Transport(Protocol):
+    """How the server reaches the nodes."""
+
+    def nodes(self) -> list[int]:
+        """Ids of the nodes connected now."""
+        ...
+
+    def ask(self, requests: dict[int, Payload], timeout: float) -> dict[int, Payload]:
+        """Send each node its request; the replies of the nodes that answered in time and without error."""
+        ...
+
+
+class InProcessTransport:
+    """Nodes as `NodeWorker`s in this process (tests, and a reference for the Flower transport)."""
+
+    def __init__(self, workers: dict[int, NodeWorker]) -> None:
+        self.workers = workers
+        self.dead: set[int] = set()
+        self.calls: list[str] = []
+
+    def nodes(self) -> list[int]:
+        return sorted(set(self.workers) - self.dead)
+
+    def ask(self, requests: dict[int, Payload], timeout: float) -> dict[int, Payload]:
+        replies = {}
+        for node, (arrays, config) in requests.items():
+            self.calls.append(str(config["op"]))
+            if node not in self.dead:
+                replies[node] = self.workers[node].handle(str(config["op"]), arrays, config)
+        return replies
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the server talks to the nodes."""
+
+    timeout: float = 120.0  # seconds a node has to answer one call before it is lost
+    min_nodes: int = 1  # nodes to wait for before the run starts
+    wait: float = 60.0  # seconds to wait for them
+    run_key: str = ""  # names the nodes' saved client state (a resumed run finds it)
+    state_dir: str = ""  # where nodes without a state-dir of their own save it ("" : memory only)
+
+
+def _skeleton(sizes: Tensor, input_shape: tuple[int, ...], dtype: torch.dtype) -> ClientData:
+    """A `ClientData` with the clients' sizes and no samples (the server never sees any)."""
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
+    return ClientData(torch.zeros((0, *input_shape), dtype=dtype), torch.zeros(0, dtype=torch.long), offsets)
+
+
+class RemoteEngine(Engine):
+    """`Engine`'s interface, answered by the nodes; the server holds the model and the clients' sizes only."""
+
+    def __init__(self, config: RunConfig, parts: Components, transport: Transport, settings: Settings) -> None:
+        self.transport, self.settings = transport, settings
+        self.base: Config = {"fedhet_config": config_text(config), "run_key": settings.run_key}
+        if settings.state_dir:
+            self.base["state_dir"] = settings.state_dir
+        self.lost: dict[int, str] = {}  # node -> the call it failed
+        nodes = self._wait_for_nodes(settings)
+        metas = self.transport.ask({n: ({}, {**self.base, "op": "meta"}) for n in nodes}, settings.timeout)
+        data, owner, first = self._federation(config, metas)
+        self.owner = owner  # (K,) node id holding each client
+        model = build_model(config, parts, data.input_shape, data.num_classes)
+        if not np.allclose(first, model.initial_params()[:16].numpy()):
+            raise ConfigError("the nodes built a different initial model: give every node the same fedhet version")
+        super().__init__(
+            model,
+            data,
+            backend=config.backend,
+            seed=config.seed,
+            chunk_size=config.chunk_size,
+            local=local_settings(config),
+        )
+        self.state_history = config.checkpoint_every
+
+    # -- connection ------------------------------------------------------------------------------------------
+
+    def _wait_for_nodes(self, settings: Settings) -> list[int]:
+        deadline = time.monotonic() + settings.wait
+        while True:
+            nodes = self.transport.nodes()
+            if len(nodes) >= settings.min_nodes:
+                return nodes
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    f"only {len(nodes)} of {settings.min_nodes} nodes connected within {settings.wait:g} s; "
+                    "start the SuperNodes (scripts/flower_local.sh) or lower --nodes"
+                )
+            time.sleep(0.5)
+
+    def _federation(self, config: RunConfig, metas: dict[int, Payload]) -> tuple[FederatedData, Tensor, np.ndarray]:
+        total = config.num_clients + config.unseen_clients
+        if not metas:
+            raise ConfigError("no node answered; check that the SuperNodes run this fedhet version")
+        owner = torch.full((total,), -1, dtype=torch.long)
+        train, test = torch.zeros(total, dtype=torch.long), torch.zeros(total, dtype=torch.long)
+        seen = torch.ones(total, dtype=torch.bool)
+        info: dict[str, Tensor] = {}
+        for node, (arrays, meta) in sorted(metas.items()):
+            if int(meta["num_clients"]) != total:
+                raise DataError(f"node {node} holds a partition of {meta['num_clients']} clients, the run has {total}")
+            ids = to_torch(arrays["clients"])
+            if bool((owner[ids] >= 0).any()):
+                raise DataError(f"node {node} holds clients that another node holds too: give each its own partition")
+            owner[ids] = node
+            train[ids], test[ids] = to_torch(arrays["train_sizes"]), to_torch(arrays["test_sizes"])
+            seen[ids] = to_torch(arrays["seen"])
+            for key in (k for k in arrays if k.startswith("info.")):
+                tag = to_torch(arrays[key])
+                info.setdefault(key[5:], torch.zeros(total, dtype=tag.dtype))[ids] = tag
+        missing = torch.nonzero(owner < 0).flatten()
+        if len(missing):
+            raise DataError(
+                f"{len(missing)} of {total} clients (first: {int(missing[0])}) are on no node; start more nodes"
+            )
+        arrays, meta = next(iter(metas.values()))
+        shape = tuple(int(v) for v in arrays["input_shape"])
+        dtype = getattr(torch, str(meta["x_dtype"]))
+        data = FederatedData(
+            str(meta["name"]),
+            _skeleton(train, shape, dtype),
+            _skeleton(test, shape, dtype),
+            int(meta["num_classes"]),
+            seen,
+            info,
+        )
+        return data, owner, arrays["initial_params"]
+
+    # -- plumbing --------------------------------------------------------------------------------------------
+
+    @property
+    def nodes(self) -> list[int]:
+        return sorted(int(n) for n in torch.unique(self.owner).tolist())
+
+    def reachable(self) -> Tensor:
+        """(K,) bool: clients whose node has not been lost."""
+        lost = torch.as_tensor(sorted(self.lost), dtype=torch.long)
+        return ~torch.isin(self.owner, lost)
+
+    def _groups(self, clients: Tensor) -> dict[int, Tensor]:
+        """Row indices of `clients` by the (not lost) node holding them."""
+        owners = self.owner[clients]
+        return {
+            int(n): torch.nonzero(owners == n).flatten()
+            for n in torch.unique(owners).tolist()
+            if int(n) not in self.lost
+        }
+
+    def _call(self, op: str, per_node: dict[int, Arrays], config: Config | None = None) -> dict[int, Arrays]:
+        requests = {n: (a, {**self.base, **(config or {}), "op": op}) for n, a in per_node.items()}
+        replies = self.transport.ask(requests, self.settings.timeout) if requests else {}
+        for node in per_node:
+            if node not in replies and node not in self.lost:
+                self.lost[node] = op
+                held = int((self.owner == node).sum())
+                log.warning("node %s did not answer '%s' in time: its %d clients leave the run", node, op, held)
+        return {n: r[0] for n, r in replies.items()}
+
+    def _rows(
+        self, op: str, clients: Tensor, arrays: Callable[[Tensor], Arrays], config: Config
+    ) -> dict[Tensor, Arrays]:
+        groups = self._groups(clients)
+        replies = self._call(op, {n: arrays(rows) for n, rows in groups.items()}, config)
+        return {groups[n]: reply for n, reply in replies.items()}
+
+    def _values(self, op: str, clients: Tensor, params: Tensor, key: str, config: Config, width: int = 0) -> Tensor:
+        out = torch.full((len(clients), width) if width else (len(clients),), float("nan"))
+        for rows, reply in self._rows(
+            op, clients, lambda r: {"params": to_numpy(params), "clients": to_numpy(clients[r])}, config
+        ).items():
+            out[rows] = to_torch(reply[key]).float()
+        return out
+
+    # -- the engine's interface ------------------------------------------------------------------------------
+
+    def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
+        def request(rows: Tensor) -> Arrays:
+            arrays, config = encode_plan(plan, rows)
+            cfg.update(config)
+            return {**arrays, "params": to_numpy(global_params)}
+
+        cfg: Config = {}
+        groups = self._groups(plan.clients)
+        per_node = {n: request(rows) for n, rows in groups.items()}
+        replies = self._call("train", per_node, {**cfg, "round": round_})
+        if not replies:
+            return LocalResult(
+                plan.clients[:0], global_params.unsqueeze(0)[:0], torch.zeros(0), plan.steps[:0], plan.lr[:0]
+            )
+        return concat_results([decode_result(replies[n]) for n in sorted(replies)], plan.clients)
+
+    def scores(self, params: Tensor, split: Split = "test") -> ClientScores:
+        k = self.data.num_clients
+        loss, acc = torch.full((k,), float("nan")), torch.full((k,), float("nan"))
+        live = [n for n in self.nodes if n not in self.lost]
+        replies = self._call("scores", {n: {"params": to_numpy(params)} for n in live}, {"split": split})
+        for reply in replies.values():
+            ids, scores = to_torch(reply["clients"]), decode_scores(reply)
+            loss[ids], acc[ids] = scores.loss, scores.accuracy
+        return ClientScores(loss, acc, getattr(self.data, split).sizes)
+
+    def losses_at(self, params: Tensor, clients: Tensor, split: Split = "train") -> Tensor:
+        return self._values("losses_at", clients, params, "values", {"split": split})
+
+    def own_scores(self, params: Tensor, clients: Tensor, split: Split = "test") -> ClientScores:
+        loss, acc = torch.full((len(clients),), float("nan")), torch.full((len(clients),), float("nan"))
+        replies = self._rows(
+            "own_scores",
+            clients,
+            lambda r: {"params": to_numpy(params[r]), "clients": to_numpy(clients[r])},
+            {"split": split},
+        )
+        for rows, reply in replies.items():
+            scores = decode_scores(reply)
+            loss[rows], acc[rows] = scores.loss, scores.accuracy
+        return ClientScores(loss, acc, getattr(self.data, split).sizes[clients])
+
+    def gradient_statistics(self, params: Tensor, clients: Tensor, samples: int, round_: int) -> tuple[Tensor, Tensor]:
+        p = self.model.size
+        mean, var = torch.full((len(clients), p), float("nan")), torch.full((len(clients), p), float("nan"))
+        replies = self._rows(
+            "gradient_statistics",
+            clients,
+            lambda r: {"params": to_numpy(params), "clients": to_numpy(clients[r])},
+            {"samples": samples, "round": round_},
+        )
+        for rows, reply in replies.items():
+            mean[rows], var[rows] = to_torch(reply["mean"]), to_torch(reply["var"])
+        return mean, var
+
+    def sampled_losses(self, params: Tensor, clients: Tensor, batch: int, round_: int, stream: str) -> Tensor:
+        return self._values(
+            "sampled_losses", clients, params, "values", {"batch": batch, "round": round_, "stream": stream}
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the clients' state stays on the nodes (versioned by round, see `fedhet.engine.state`)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
+class NodeAvailability(Availability):
+    """The run's availability process, minus the clients whose node was lost."""
+
+    name: ClassVar[str] = "flower-nodes"
+    description: ClassVar[str] = "the configured availability, restricted to reachable Flower nodes"
+    _inner: Availability | None = PrivateAttr(None)
+    _engine: RemoteEngine | None = PrivateAttr(None)
+
+    @staticmethod
+    def wrap(inner: Availability, engine: RemoteEngine) -> NodeAvailability:
+        out = NodeAvailability()
+        out._inner, out._engine = inner, engine
+        return out
+
+    def available(self, round_: int) -> Tensor:
+        assert self._inner is not None and self._engine is not None
+        return self._inner.available(round_) & self._engine.reachable()
+
+    def observe(self, round_: int, engine: Engine, params: Tensor) -> None:
+        assert self._inner is not None
+        self._inner.observe(round_, engine, params)
+
+    def state_dict(self) -> dict[str, Any]:
+        assert self._inner is not None
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        assert self._inner is not None
+        self._inner.load_state_dict(state)
+
+
+def remote_builder(transport: Transport, settings: Settings) -> Callable[[RunConfig], Experiment]:
+    """A `fedhet.experiments.runner` builder whose engine is a `RemoteEngine` over `transport`."""
+
+    def builder(config: RunConfig) -> Experiment:
+        parts = components(config)
+        engine = RemoteEngine(config, parts, transport, settings)
+        experiment = assemble(config, parts, engine.data, engine)
+        experiment.availability = NodeAvailability.wrap(experiment.availability, engine)
+        return experiment
+
+    return builder
