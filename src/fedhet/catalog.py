@@ -12,6 +12,7 @@ from fedhet.data.sources import DATASETS
 from fedhet.metrics import appeal as appeal_metrics
 from fedhet.metrics import availability, contribution, fairness, speed
 from fedhet.metrics.base import METRIC_PLUGINS
+from fedhet.models import fedmgda as fedmgda_models
 from fedhet.models import zoo
 from fedhet.models.base import MODELS
 from fedhet.strategies import (

@@ -30,7 +30,7 @@ def test_every_method_parses_on_paper_and_embedded_data(name: str) -> None:
 
 def test_global_step_decays_by_the_same_total_factor_on_shorter_runs() -> None:
     recipe = get_recipe("fedmgda-fairness")
-    method = "FedMGDA+ (η=1.5, decay 1/10)"
+    method = "FedMGDA+ (η=1.5, decay 0.1)"
     paper = recipe.config(method, 1, quick=False)["algorithm"]
     assert paper["decay_every"] == 100 and paper["lr_decay"] == pytest.approx(0.8913, abs=1e-4)  # β = 0.1^(100/2000)
     for quick in (False, True):
@@ -72,11 +72,11 @@ def test_fedmgda_plus_improves_more_participants_than_fedavg(tmp_path: Path) -> 
     """Fig. 4: the share of participants whose training loss did not increase in the round is higher for
     FedMGDA+ (common descent direction) than for FedAvg, on every seed; and the recipe writes its table and
     figures."""
-    methods = ("FedAvg", "FedMGDA+ (η=1, decay 1/10)")
+    methods = ("FedAvg", "FedMGDA+ (η=1, decay 0.1)")
     recipe = small("fedmgda-improved", methods, rounds=20)
     result = run_recipe(recipe, tmp_path, quick=True, seeds=(1, 2, 3), embedded=True, say=lambda _: None)  # type: ignore[arg-type]
     fedavg = np.asarray(result.values["FedAvg"]["improved_users_mean"])
-    mgda = np.asarray(result.values["FedMGDA+ (η=1, decay 1/10)"]["improved_users_mean"])
+    mgda = np.asarray(result.values["FedMGDA+ (η=1, decay 0.1)"]["improved_users_mean"])
     assert np.all(mgda > fedavg), (mgda, fedavg)
     assert mgda.mean() > 0.95
     assert "improved (mean over rounds)" in result.table and "digits" in result.table

@@ -43,7 +43,7 @@ from fedhet.strategies.fedmgda import beta_for_decay
 CIFAR: dict[str, Any] = {
     "dataset": "cifar10",
     "partition": {"name": "shards", "shards_per_client": 5},
-    "model": "cnn_cifar",
+    "model": "cnn_cifar_lrn",  # Table 2
     "num_clients": 100,
     "clients_per_round": 10,
     "test_fraction": 1 / 3,
@@ -166,10 +166,10 @@ def interpolation() -> Recipe:
 
 FAIRNESS_METHODS: dict[str, dict[str, Any]] = {
     "FedMGDA": {"algorithm": {"name": "fedmgda"}},
-    "FedMGDA+ (η=1.5, decay 1/10)": {"algorithm": mgda_plus(1.5, 0.1)},
-    "MGDA-Prox (η=1, decay 1/10, μ=0.1)": {"algorithm": mgda_plus(1.0, 0.1, prox=0.1)},
+    "FedMGDA+ (η=1.5, decay 0.1)": {"algorithm": mgda_plus(1.5, 0.1)},
+    "MGDA-Prox (η=1, decay 0.1, μ=0.1)": {"algorithm": mgda_plus(1.0, 0.1, prox=0.1)},
     "FedAvg": {"algorithm": FEDAVG},
-    "FedAvg-n (η=1.5, decay 1/10)": {"algorithm": fedavg_n(1.5, 0.1)},
+    "FedAvg-n (η=1.5, decay 0.1)": {"algorithm": fedavg_n(1.5, 0.1)},
     "FedProx (μ=0.01)": {"algorithm": fedprox(0.01)},
     "q-FedAvg (q=0.5, L=1)": {"algorithm": qfedavg(0.5, 1.0)},
 }
@@ -204,10 +204,10 @@ def fairness() -> Recipe:
 def improved() -> Recipe:
     methods = {
         "FedAvg": {"algorithm": FEDAVG},
-        "FedAvg-n (η=1, decay 1/10)": {"algorithm": fedavg_n(1.0, 0.1)},
-        "FedMGDA+ (η=1, decay 1/10)": {"algorithm": mgda_plus(1.0, 0.1)},
+        "FedAvg-n (η=1, decay 0.1)": {"algorithm": fedavg_n(1.0, 0.1)},
+        "FedMGDA+ (η=1, decay 0.1)": {"algorithm": mgda_plus(1.0, 0.1)},
         "FedProx (μ=0.1)": {"algorithm": fedprox(0.1)},
-        "MGDA-Prox (η=1, decay 1/10, μ=0.1)": {"algorithm": mgda_plus(1.0, 0.1, prox=0.1)},
+        "MGDA-Prox (η=1, decay 0.1, μ=0.1)": {"algorithm": mgda_plus(1.0, 0.1, prox=0.1)},
         "q-FedAvg (q=0.5, L=1)": {"algorithm": qfedavg(0.5, 1.0)},
     }
     every_round = {"eval_every": 1, "metrics": [{"name": "improved_users", "span": 50}]}
@@ -260,6 +260,7 @@ def bias(value: float) -> dict[str, Any]:
     return {"name": "malicious", "clients": [ATTACKED], "loss_bias": value}
 
 
+ALONE = "attacked client alone"  # FedAvg over a cohort of one that the attacker always takes
 AFL_BIAS = (0.0, 0.01, 0.1, 1.0)  # on the mean loss (Table 7)
 QFFL_BIAS = (0.0, 1000.0, 5000.0, 10000.0)  # on the mean loss × mini-batches (Table 7)
 
@@ -276,9 +277,6 @@ def bias_methods() -> dict[str, dict[str, Any]]:
         methods[f"FedMGDA+, bias {value:g}"] = {"algorithm": mgda_plus(1.0, 1 / 3), "attack": bias(value)}
     methods[ALONE] = {"algorithm": FEDAVG, "attack": {**bias(0.0), "always_participate": True}}
     return methods
-
-
-ALONE = "attacked client alone"  # FedAvg over a cohort of one that the attacker always takes
 
 
 def attack_summary(state: RunState) -> dict[str, float]:
@@ -314,4 +312,55 @@ def bias_attack() -> Recipe:
         summarise=attack_summary,
         fallback=DIGITS_ATTACK,
         pinned={ALONE: {"clients_per_round": 1}},
+    )
+
+
+# ----------------------------------------------------------------------------------------- scaling attack
+
+SCALE = 10.0  # the paper does not give s (only its figure does); 10 is our choice
+
+
+def scaled(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` with client 0 minimising s·f_0 and reporting s·F_0 in every round (FedMGDA+ §6.2.2)."""
+    return {
+        **spec,
+        "attack": {"name": "malicious", "clients": [0], "loss_scale": SCALE, "always_participate": True},
+    }
+
+
+def scaling_methods() -> dict[str, dict[str, Any]]:
+    """Fig. 2 right: each method with and without the attacker."""
+    plain = {
+        "FedAvg": {"algorithm": FEDAVG},
+        "FedProx (μ=0.01)": {"algorithm": fedprox(0.01)},
+        "q-FedAvg (q=0.5, L=1)": {"algorithm": qfedavg(0.5, 1.0)},
+        "q-FedAvg (q=2, L=1)": {"algorithm": qfedavg(2.0, 1.0)},
+        "FedMGDA+ (η=1, decay 0.1)": {"algorithm": mgda_plus(1.0, 0.1)},
+        "FedAvg-n (η=1, decay 0.1)": {"algorithm": fedavg_n(1.0, 0.1)},
+        "MGDA-Prox (η=1, decay 0.1, μ=0.1)": {"algorithm": mgda_plus(1.0, 0.1, prox=0.1)},
+    }
+    methods: dict[str, dict[str, Any]] = {}
+    for name, spec in plain.items():
+        methods[name] = spec
+        methods[f"{name}, attacked ×{SCALE:g}"] = scaled(spec)
+    return methods
+
+
+@register_recipe
+def scaling_attack() -> Recipe:
+    return FedMGDARecipe(
+        name="fedmgda-scaling-attack",
+        description="FedMGDA+ Fig. 2 right: one client, in every round, trains on and reports s × its loss (p = 0.2)",
+        base={**CIFAR, "clients_per_round": 20, "rounds": 1500},
+        methods=scaling_methods(),
+        columns={
+            "test_accuracy": "avg user acc",
+            "test_accuracy_pooled": "pooled test acc",
+            "honest_accuracy": "honest clients' acc",
+            "attacker_accuracy": "attacker's acc",
+        },
+        seeds=(1, 2, 3),
+        quick=QUICK,
+        summarise=attack_summary,
+        fallback=DIGITS,
     )
