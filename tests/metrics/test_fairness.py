@@ -16,6 +16,7 @@ from fedhet.engine.plan import LocalResult
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
 from fedhet.metrics.base import RoundView
+from fedhet.metrics.clients import distribution
 from fedhet.metrics.fairness import AccuracyPercentiles, ImprovedUsers, improved_share
 
 
@@ -104,3 +105,15 @@ def test_plugins_in_a_run() -> None:
         assert 0.0 <= row["improved_users"] <= 1.0
         assert row["improved_users"] * 3 == round(row["improved_users"] * 3)  # a share of 3 participants
         assert row["test_accuracy_p5"] <= row["test_accuracy"] <= row["test_accuracy_p95"]
+
+
+def test_average_std_and_ten_percent_tails_by_hand() -> None:
+    """The fairness table's columns: mean over users, population std, mean of the worst and best 10% of users."""
+    acc = torch.tensor([0.9, 0.1, 0.5, 0.7, 0.3, 0.6, 0.8, 0.2, 0.4, 1.0, 0.0, 0.55])  # 12 users
+    out = distribution(acc, "test_accuracy")
+    assert out["test_accuracy"] == pytest.approx(float(acc.double().mean()))
+    assert out["test_accuracy_std"] == pytest.approx(float(np.std(acc.double().numpy())))  # ddof = 0
+    assert out["test_accuracy_worst10"] == pytest.approx((0.0 + 0.1) / 2)  # ⌈0.1 · 12⌉ = 2 users
+    assert out["test_accuracy_best10"] == pytest.approx((1.0 + 0.9) / 2)
+    single = distribution(torch.tensor([0.4]), "acc")
+    assert single["acc_worst10"] == single["acc_best10"] == pytest.approx(0.4) and single["acc_std"] == 0.0
