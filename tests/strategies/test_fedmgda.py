@@ -162,3 +162,26 @@ def test_prox_mu_reaches_the_local_plan_and_switches_are_validated() -> None:
     with pytest.raises(ConfigError):
         STRATEGIES.build({"name": "fedavg_n", "epsilon": 0.5})
     assert STRATEGIES.build("fedmgda_plus").weighting == "uniform"  # the authors' centre 1/n
+
+
+def test_scaling_attack_with_one_local_step_leaves_normalised_methods_unchanged() -> None:
+    """f ← s·f for one client (§6.2.2) with k = r = 1: normalisation cancels s exactly, FedAvg follows the
+    attacker."""
+    base = {
+        "dataset": "digits",
+        "partition": {"name": "shards", "shards_per_client": 2},
+        "model": "logistic",
+        "num_clients": 6,
+        "clients_per_round": 3,
+        "rounds": 5,
+        "local": {"steps": 1, "lr": 0.1, "batch_size": 400},
+        "seed": 2,
+    }
+    attack = {"name": "malicious", "clients": [0], "loss_scale": 100.0, "always_participate": True}
+    for algorithm in ({"name": "fedmgda_plus", "epsilon": 0.5}, {"name": "fedavg_n"}):
+        clean = run(parse_config({**base, "algorithm": algorithm, "attack": {**attack, "loss_scale": 1.0}}))
+        attacked = run(parse_config({**base, "algorithm": algorithm, "attack": attack}))
+        torch.testing.assert_close(attacked.params, clean.params, atol=1e-6, rtol=1e-5)
+    clean = run(parse_config({**base, "algorithm": "fedavg", "attack": {**attack, "loss_scale": 1.0}}))
+    attacked = run(parse_config({**base, "algorithm": "fedavg", "attack": attack}))
+    assert float((attacked.params - clean.params).abs().max()) > 0.1
