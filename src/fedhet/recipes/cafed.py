@@ -1,4 +1,5 @@
-"""CA-Fed's experiments (Rodio et al. 2023, Sec. V): Table I and Figures 1–3 as the recipe ``cafed-table1``.
+"""CA-Fed's experiments (Rodio et al. 2023, Sec. V): Table I and Figures 1–3 (``cafed-table1``), and how the
+CA-Fed vs Unbiased comparison depends on the clients' training-set size (``cafed-sensitivity``).
 
 Paper setting: N = 24 clients in two data groups; availability classes with g = 0.4 (π ∈ {0.9, 0.1}), ν = 0.9,
 ε = 1e-2 (``cafed_classes``); a linear model with ridge 1e-2; the oracle π, λ for every method; CA-Fed with
@@ -6,17 +7,24 @@ Paper setting: N = 24 clients in two data groups; availability classes with g = 
 are tuned on the paper's 5 × 5 grid (one tuning seed, 42 as in the authors' scripts, selected by time-average
 test accuracy; the paper does not say how it selected them), then 3 seeds are run. Settings the paper leaves
 open follow the authors' scripts: T = 150 rounds, E = 2 local steps (SGD steps, the paper's unit), batch 32
-(synthetic) / 64 (MNIST). Without the MNIST IDX files in ``data/mnist`` the MNIST column runs on scikit-learn's
-digits, split and label-swapped the same way, and says so.
+(synthetic) / 64 (MNIST), 50 training and 150 test samples per synthetic client (App. F says "150 samples"
+without a split; ``cafed-sensitivity`` also runs 150 training samples). Without the MNIST IDX files in
+``data/mnist`` the MNIST column runs on scikit-learn's digits, split and label-swapped the same way, and says so.
 
-Outputs: ``table.md`` (Table I next to the paper's), ``tuning.md``, ``results.json``, one run folder per
-dataset/method/seed (with ``availability.npz``), ``fig1_availability.png``, ``fig2_importance.png``,
-``fig3_time_average.png``.
+Besides the paper's CA-Fed (one-batch loss reports, running-minimum F̂*), the table has "CA-Fed (code)": the
+same algorithm with the estimators of the authors' code, which produced the paper's numbers (full-data loss
+reports, F̂* the loss of a model fitted on the client alone, β = 1 i.e. the code's smoothness 0, pass 1 by |λ̂|).
+
+Outputs: ``table.md`` (Table I next to the paper's, which clients CA-Fed excludes, the issue's CA-Fed vs
+Unbiased check), ``tuning.md``, ``results.json``, one run folder per dataset/method/seed (with
+``availability.npz``), ``fig1_availability.png``, ``fig2_importance.png``, ``fig3_time_average.png``.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,8 +45,15 @@ BASE: dict[str, Any] = {
     "rounds": ROUNDS,
     "local": {"steps": 2, "lr": 0.1, "batch_size": 32, "weight_decay": 1e-2},
 }
+SYNTHETIC_SIZES: dict[str, dict[str, Any]] = {  # 200 samples per client, split into train / test
+    "50 train / 150 test (authors' scripts)": {
+        "dataset": {"name": "cafed_synthetic", "samples": 200},
+        "test_fraction": 0.75,
+    },
+    "150 train / 50 test": {"dataset": {"name": "cafed_synthetic", "samples": 200}, "test_fraction": 0.25},
+}
 DATASETS: dict[str, dict[str, Any]] = {
-    "Synthetic": {"dataset": {"name": "cafed_synthetic", "samples": 200}, "test_fraction": 0.25},
+    "Synthetic": SYNTHETIC_SIZES["50 train / 150 test (authors' scripts)"],
     "MNIST": {
         "dataset": {"name": "swapped_groups", "base": "mnist"},
         "test_fraction": 1 / 7,
@@ -46,16 +61,25 @@ DATASETS: dict[str, dict[str, Any]] = {
     },
 }
 MNIST_FALLBACK: dict[str, Any] = {"dataset": {"name": "swapped_groups", "base": "digits"}}
+CAFED: dict[str, Any] = {"name": "cafed", "beta": 0.2, "tau": 0.0, "bias_weight": 1.0}
+CODE_ESTIMATORS: dict[str, Any] = {
+    "beta": 1.0,
+    "loss_batch": 0,
+    "local_minimum": "local",
+    "correlation_order": "abs_lambda",
+}
 METHODS: dict[str, dict[str, Any]] = {
     "Unbiased": {"name": "unbiased"},
     "F3AST": {"name": "f3ast"},
     "AdaFed": {"name": "adafed"},
-    "CA-Fed": {"name": "cafed", "beta": 0.2, "tau": 0.0, "bias_weight": 1.0},
+    "CA-Fed": CAFED,
+    "CA-Fed (code)": {**CAFED, **CODE_ESTIMATORS},
 }
+CAFED_VARIANTS = ("CA-Fed", "CA-Fed (code)")
 FIXED_SERVER_LR = {"AdaFed": 1.0}
 LOCAL_GRID = tuple(float(10**e) for e in (-3, -2.5, -2, -1.5, -1))
 SERVER_GRID = tuple(float(10**e) for e in (-2, -1.5, -1, -0.5, 0))
-DEFAULT_LRS = (0.1, 1.0)  # used without tuning (--quick)
+DEFAULT_LRS = (0.1, 1.0)  # used without tuning (--quick, cafed-sensitivity): what tuning picks for every method
 TUNING_SEED = 42
 PAPER_TABLE = {  # Table I: Synthetic / MNIST, %
     "Unbiased": ((78.94, 64.87), (75.32, 61.39), (0.48, 1.09)),
@@ -64,6 +88,20 @@ PAPER_TABLE = {  # Table I: Synthetic / MNIST, %
     "CA-Fed": ((79.03, 64.94), (76.22, 62.76), (0.28, 0.61)),
 }
 COLUMNS = {"max_accuracy": "Maximum", "time_avg_accuracy": "Time-average", "second_half_std": "Standard deviation"}
+COLORS = {
+    "Target α": "tab:gray",
+    "Unbiased": "tab:blue",
+    "F3AST": "tab:orange",
+    "AdaFed": "tab:green",
+    "CA-Fed": "tab:red",
+    "CA-Fed (code)": "tab:purple",
+}
+CLASSES = {  # (more available?, correlated?) → name
+    (True, True): "more available, correlated",
+    (True, False): "more available, weakly correlated",
+    (False, True): "less available, correlated",
+    (False, False): "less available, weakly correlated",
+}
 
 
 def method_config(
@@ -77,6 +115,11 @@ def method_config(
     return deep_merge(raw, {"algorithm": algorithm, "local": {"lr": lr}, "rounds": rounds, "seed": seed})
 
 
+def slug(method: str) -> str:
+    """A folder name for `method` ("CA-Fed (code)" → "CA-Fed-code")."""
+    return "-".join(method.replace("(", " ").replace(")", " ").split())
+
+
 @dataclass
 class Table1Result:
     """Per dataset → method → metric → one value per seed; chosen learning rates; run folders."""
@@ -86,6 +129,46 @@ class Table1Result:
     lrs: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     folders: dict[str, dict[str, list[Path]]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+class RunCounter:
+    """A progress bar over the runs of a study (or nothing, with ``enabled=False``)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.progress: Any = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+            self.progress = Progress(*columns)
+            self.task = self.progress.add_task("runs", total=total)
+
+    def advance(self, what: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, advance=1, description=what)
+
+    def say(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.console.print(text)
+
+
+@contextmanager
+def counting(total: int, enabled: bool) -> Iterator[RunCounter]:
+    """A `RunCounter` shown while the block runs, with torch on one thread (models of a few hundred parameters:
+    extra threads only contend)."""
+    import torch
+
+    counter = RunCounter(total, enabled)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    if counter.progress is not None:
+        counter.progress.start()
+    try:
+        yield counter
+    finally:
+        torch.set_num_threads(threads)
+        if counter.progress is not None:
+            counter.progress.stop()
 
 
 def _mnist_available(data_dir: Path) -> bool:
@@ -107,8 +190,12 @@ def _run(raw: dict[str, Any], out: Path | None) -> Any:
     return run(parse_config(raw), out, callbacks=[ParticipationWriter()] if out is not None else None)
 
 
+def grid_size(method: str) -> int:
+    return len(LOCAL_GRID) * (1 if method in FIXED_SERVER_LR else len(SERVER_GRID))
+
+
 def tune(
-    dataset: dict[str, Any], method: str, rounds: int, say: Any = print
+    dataset: dict[str, Any], method: str, rounds: int, counter: RunCounter
 ) -> tuple[tuple[float, float], dict[str, float]]:
     """Grid search of (η, η_s) on `TUNING_SEED` by time-average α-weighted test accuracy (diverged: skipped)."""
     from fedhet.errors import DivergenceError
@@ -122,8 +209,9 @@ def tune(
                 scores[(lr, server_lr)] = float(state.final["time_avg_accuracy"])
             except DivergenceError:
                 scores[(lr, server_lr)] = float("nan")
+            counter.advance(f"tuning {method}")
     best = max((k for k in scores if not np.isnan(scores[k])), key=lambda k: scores[k])
-    say(f"  tuned {method}: η = {best[0]:.4g}, η_s = {best[1]:.4g} (time-average {100 * scores[best]:.2f}%)")
+    counter.say(f"  tuned {method}: η = {best[0]:.4g}, η_s = {best[1]:.4g} (time-average {100 * scores[best]:.2f}%)")
     return best, {f"{lr:.4g}/{s:.4g}": v for (lr, s), v in scores.items()}
 
 
@@ -136,40 +224,36 @@ def run_table1(
     methods: tuple[str, ...] = tuple(METHODS),
     tuning: bool = True,
     data_dir: Path = Path("data"),
-    say: Any = print,
+    progress: bool = True,
 ) -> Table1Result:
     """Tune (optionally) and run every method × seed on every dataset; write run folders under `out`."""
-    import torch
-
     result = Table1Result()
     grid: dict[str, Any] = {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # models of a few hundred parameters: extra threads only contend
-    try:
+    per_dataset = sum((grid_size(m) if tuning else 0) + len(seeds) for m in methods)
+    with counting(per_dataset * len(datasets), progress) as counter:
         for name in datasets:
             dataset = DATASETS[name]
             if name == "MNIST" and not _mnist_available(data_dir):
                 dataset = deep_merge(dataset, MNIST_FALLBACK)
                 result.notes.append("MNIST IDX files not found in 'data/mnist': the MNIST column uses digits")
-                say(result.notes[-1])
-            say(f"{name}: {'tuning and ' if tuning else ''}running {', '.join(methods)}")
+                counter.say(result.notes[-1])
+            counter.say(f"{name}: {'tuning and ' if tuning else ''}running {', '.join(methods)}")
             for method in methods:
                 if tuning:
-                    lrs, grid[f"{name}/{method}"] = tune(dataset, method, rounds, say)
+                    lrs, grid[f"{name}/{method}"] = tune(dataset, method, rounds, counter)
                 else:
                     lrs = DEFAULT_LRS
                 result.lrs.setdefault(name, {})[method] = lrs
                 for seed in seeds:
-                    folder = out / name.lower() / method / f"seed{seed}"
+                    folder = out / name.lower() / slug(method) / f"seed{seed}"
                     state = _run(method_config(dataset, method, *lrs, seed, rounds), folder)
+                    counter.advance(f"{name} {method} seed {seed}")
                     per = result.values.setdefault(name, {}).setdefault(method, {})
                     for column in COLUMNS:
                         per.setdefault(column, []).append(float(state.final[column]))
                     curve = [row["time_avg_accuracy"] for row in state.history]
                     result.curves.setdefault(name, {}).setdefault(method, []).append(curve)
                     result.folders.setdefault(name, {}).setdefault(method, []).append(folder)
-    finally:
-        torch.set_num_threads(threads)
     if grid:
         (out / "tuning.md").write_text(_tuning_markdown(grid))
     return result
@@ -183,21 +267,69 @@ def _tuning_markdown(grid: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Summaries
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def mean_std_cell(values: list[float]) -> str:
+    """Percentages as "mean ± std" over seeds."""
+    arr = 100 * np.asarray(values, dtype=np.float64)
+    return f"{arr.mean():.2f} ± {arr.std(ddof=1):.2f}" if len(arr) > 1 else f"{arr[0]:.2f}"
+
+
+def comparison(values: dict[str, dict[str, list[float]]], method: str, baseline: str = "Unbiased") -> str:
+    """The issue's check of `method` against `baseline`: time average at least, second-half std lower."""
+    ours, base = values[method], values[baseline]
+    avg = 100 * (np.asarray(ours["time_avg_accuracy"]) - np.asarray(base["time_avg_accuracy"]))
+    std = 100 * (np.asarray(ours["second_half_std"]) - np.asarray(base["second_half_std"]))
+    n = len(avg)
+    verdict = "met" if avg.mean() >= 0 and std.mean() < 0 else "NOT met"
+    return (
+        f"{method} − {baseline}: time-average {avg.mean():+.2f} pp (≥ in {int((avg >= 0).sum())}/{n} seeds), "
+        f"second-half std {std.mean():+.2f} pp (lower in {int((std < 0).sum())}/{n} seeds): {verdict}"
+    )
+
+
+def class_exclusion(runs: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """Per client class, the share of its active rounds in which the strategy excluded it (pooled over runs)."""
+    out: dict[str, float] = {}
+    for (more, correlated), name in CLASSES.items():
+        active = excluded = 0
+        for arrays in runs:
+            members = (arrays["more_available"] == more) & (arrays["correlated"] == correlated)
+            a = arrays["active"][:, members]
+            active += int(a.sum())
+            excluded += int((a & ~arrays["selected"][:, members]).sum())
+        out[name] = excluded / active if active else float("nan")
+    return out
+
+
+def exclusion_markdown(result: Table1Result, dataset: str) -> str:
+    from fedhet.report.tables import markdown_table
+
+    folders = result.folders.get(dataset, {})
+    rows = []
+    for method in (m for m in folders if m in CAFED_VARIANTS):
+        shares = class_exclusion([load_arrays(f) for f in folders[method]])
+        rows.append([method, *(f"{100 * v:.1f}" for v in shares.values())])
+    if not rows:
+        return ""
+    text = f"\n### Which clients CA-Fed excludes ({dataset}): % of a class's active rounds with q_k = 0, all seeds\n\n"
+    return text + markdown_table(["Method", *CLASSES.values()], rows)
+
+
 def table_markdown(result: Table1Result, seeds: tuple[int, ...], rounds: int) -> str:
-    """Table I (ours: mean ± std over seeds, %) next to the paper's."""
+    """Table I (ours: mean ± std over seeds, %) next to the paper's, the exclusions, and the issue's check."""
     from fedhet.report.tables import markdown_table
 
     names = list(result.values)
-
-    def cell(values: list[float]) -> str:
-        arr = 100 * np.asarray(values)
-        return f"{arr.mean():.2f} ± {arr.std(ddof=1):.2f}" if len(arr) > 1 else f"{arr[0]:.2f}"
-
     header = ["Method", *(f"{title} ({' / '.join(names)})" for title in COLUMNS.values())]
-    rows = []
     methods = list(next(iter(result.values.values()))) if names else []
-    for method in methods:
-        rows.append([method, *(" / ".join(cell(result.values[n][method][c]) for n in names) for c in COLUMNS)])
+    rows = [
+        [method, *(" / ".join(mean_std_cell(result.values[n][method][c]) for n in names) for c in COLUMNS)]
+        for method in methods
+    ]
     paper_rows = [[m, *(" / ".join(f"{v:.2f}" for v in pair) for pair in PAPER_TABLE[m])] for m in PAPER_TABLE]
     lrs = "; ".join(f"{n} {m}: η={lr:.4g}, η_s={s:.4g}" for n, per in result.lrs.items() for m, (lr, s) in per.items())
     text = f"### CA-Fed Table I: max, time-average and second-half std of test accuracy (%), {rounds} rounds\n\n"
@@ -207,6 +339,13 @@ def table_markdown(result: Table1Result, seeds: tuple[int, ...], rounds: int) ->
     text += "\n### Paper (Table I, Synthetic / MNIST, average of 3 runs)\n\n"
     text += markdown_table(["Method", "Maximum", "Time-average", "Standard deviation"], paper_rows)
     text += f"\nlearning rates: {lrs}\n"
+    if "Unbiased" in methods:
+        text += "\n### The issue's check: time-average at least Unbiased's, second-half std lower (per dataset)\n\n"
+        for name in names:
+            for method in (m for m in methods if m in CAFED_VARIANTS):
+                text += f"- {name}: {comparison(result.values[name], method)}\n"
+    for name in names:
+        text += exclusion_markdown(result, name)
     return text
 
 
@@ -215,60 +354,86 @@ def table_markdown(result: Table1Result, seeds: tuple[int, ...], rounds: int) ->
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _class_order(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
-    """Clients sorted by (group, more available first, correlated first), with a label per client."""
+def _class_order(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str], list[int]]:
+    """Clients sorted by (group, more available first, most correlated first), a label per client, and the
+    positions where a new (group, availability) block starts."""
     k = len(arrays["pi"])
     group = arrays.get("group", np.zeros(k, dtype=int))
     order = np.lexsort((-arrays["lambda"], -arrays["pi"], group))
     labels = [f"{i} G{group[i] + 1} π={arrays['pi'][i]:.1f} λ={arrays['lambda'][i]:.2f}" for i in order]
-    return order, labels
+    block = [(int(group[i]), round(float(arrays["pi"][i]), 6)) for i in order]
+    starts = [j for j in range(1, k) if block[j] != block[j - 1]]
+    return order, labels, starts
 
 
-def plot_availability(arrays: dict[str, np.ndarray], path: Path, title: str) -> Path:
-    """Fig. 1: clients × rounds; white inactive, red active but excluded (q_k = 0), black selected; with each
-    client's share of its active rounds in which it was excluded."""
+def plot_availability(panels: dict[str, dict[str, np.ndarray]], path: Path, title: str) -> Path:
+    """Fig. 1: clients × rounds for each CA-Fed variant; white inactive, red active but excluded (q_k = 0), black
+    selected; beside it, each client's share of its active rounds in which it was excluded."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
 
-    order, labels = _class_order(arrays)
-    state = arrays["active"].astype(int) + arrays["selected"].astype(int)  # 0, 1 (excluded), 2 (selected)
-    fig, (ax, side) = plt.subplots(1, 2, figsize=(11, 6), dpi=120, gridspec_kw={"width_ratios": [5, 1]}, sharey=True)
-    ax.imshow(state.T[order], aspect="auto", interpolation="nearest", cmap=ListedColormap(["white", "red", "black"]))
-    ax.set_yticks(range(len(order)), labels, fontsize=6)
-    ax.set_xlabel("communication round")
-    ax.set_title(title + " (white: inactive, red: active but excluded, black: selected)", fontsize=8)
-    active = arrays["active"].sum(0)
-    excluded = (arrays["active"] & ~arrays["selected"]).sum(0) / np.maximum(active, 1)
-    side.barh(range(len(order)), excluded[order], color="red")
-    side.set_xlim(0, 1)
-    side.set_xlabel("excluded / active rounds", fontsize=8)
+    from fedhet.metrics.availability import excluded_share
+
+    fig, axes = plt.subplots(
+        len(panels), 2, figsize=(11, 5.5 * len(panels)), dpi=120, squeeze=False, gridspec_kw={"width_ratios": [5, 1]}
+    )
+    for (ax, side), (method, arrays) in zip(axes, panels.items(), strict=True):
+        order, labels, starts = _class_order(arrays)
+        state = arrays["active"].astype(int) + arrays["selected"].astype(int)  # 0, 1 (excluded), 2 (selected)
+        ax.imshow(
+            state.T[order], aspect="auto", interpolation="nearest", cmap=ListedColormap(["white", "red", "black"])
+        )
+        ax.set_yticks(range(len(order)), labels, fontsize=6)
+        ax.set_xlabel("communication round")
+        ax.set_title(f"{method}: {title} (white: inactive, red: active but excluded, black: selected)", fontsize=8)
+        share = np.nan_to_num(excluded_share(arrays["active"], arrays["selected"]))
+        side.barh(range(len(order)), share[order], color="red")
+        side.set_ylim(len(order) - 0.5, -0.5)
+        side.set_yticks([])
+        side.set_xlim(0, 1)
+        side.set_xlabel("excluded / active rounds", fontsize=8)
+        for y in starts:
+            for a in (ax, side):
+                a.axhline(y - 0.5, color="tab:blue", linewidth=1.2)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
 
 
-def plot_importance(importances: dict[str, np.ndarray], arrays: dict[str, np.ndarray], path: Path) -> Path:
-    """Fig. 2: the share of aggregation weight each client got over training, per method, next to α."""
+def plot_importance(
+    importances: dict[str, np.ndarray], distances: dict[str, np.ndarray], arrays: dict[str, np.ndarray], path: Path
+) -> Path:
+    """Fig. 2: the share of aggregation weight each client got over training per method, next to α; below it,
+    d_TV(α, p^(t)) of the importance p^(t) accumulated up to each round."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    order, labels = _class_order(arrays)
+    order, labels, starts = _class_order(arrays)
     bars = {"Target α": arrays["alpha"], **importances}
     width = 0.8 / len(bars)
-    fig, ax = plt.subplots(figsize=(12, 4.5), dpi=120)
+    fig, (ax, tv) = plt.subplots(2, 1, figsize=(12, 8), dpi=120, gridspec_kw={"height_ratios": [3, 2]})
     for i, (method, p) in enumerate(bars.items()):
-        ax.bar(np.arange(len(order)) + (i - len(bars) / 2 + 0.5) * width, p[order], width, label=method)
+        x = np.arange(len(order)) + (i - len(bars) / 2 + 0.5) * width
+        ax.bar(x, p[order], width, label=method, color=COLORS.get(method))
+    for start in starts:
+        ax.axvline(start - 0.5, color="grey", linewidth=0.8)
     ax.set_xticks(range(len(order)), labels, rotation=90, fontsize=6)
     ax.set_ylabel("importance p_k (share of aggregation weight)")
     ax.set_title("Importance given to each client over training (synthetic; mean over seeds)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
+    for method, curve in distances.items():
+        tv.plot(np.arange(1, len(curve) + 1), curve, label=method, linewidth=1.3, color=COLORS.get(method))
+    tv.set_xlabel("communication round")
+    tv.set_ylabel("d_TV(α, p^(t)), p^(t) up to round t")
+    tv.grid(alpha=0.3)
+    tv.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -287,12 +452,18 @@ def plot_time_average(result: Table1Result, path: Path) -> Path:
     for ax, name in zip(axes[0], names, strict=True):
         for method, per_seed in result.curves[name].items():
             arr = 100 * np.asarray(per_seed)
-            ax.plot(np.arange(1, arr.shape[1] + 1), arr.mean(0), label=method, linewidth=1.4)
+            style = "-" if method in CAFED_VARIANTS else "--"
+            x = np.arange(1, arr.shape[1] + 1)
+            ax.plot(x, arr.mean(0), style, label=method, linewidth=1.4, color=COLORS.get(method))
         ax.set_xlabel("communication round")
         ax.set_ylabel("time-average test accuracy (%)")
         ax.set_title(f"({'ab'[names.index(name)]}) {name}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+        final = [100 * np.asarray(c)[:, -1].mean() for c in result.curves[name].values()]
+        rounds = len(next(iter(result.curves[name].values()))[0])
+        ax.set_ylim(min(final) - 6, max(final) + 1.5)  # the late spread, where the methods differ
+        ax.set_xlim(0, rounds + 1)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -307,21 +478,24 @@ def load_arrays(folder: Path) -> dict[str, np.ndarray]:
 
 
 def write_figures(result: Table1Result, out: Path, dataset: str = "Synthetic") -> list[Path]:
-    from fedhet.metrics.availability import importance
+    from fedhet.metrics.availability import cumulative_importance, importance
+    from fedhet.strategies.availability_aware import tv_distance
 
     paths = [plot_time_average(result, out / "fig3_time_average.png")]
     folders = result.folders.get(dataset, {})
     if not folders:
         return paths
-    if "CA-Fed" in folders:
-        arrays = load_arrays(folders["CA-Fed"][0])
-        paths.append(plot_availability(arrays, out / "fig1_availability.png", f"CA-Fed on {dataset}, seed 0"))
-    importances = {
-        method: np.mean([importance(load_arrays(f)["weights"]) for f in runs], axis=0)
-        for method, runs in folders.items()
+    panels = {m: load_arrays(folders[m][0]) for m in CAFED_VARIANTS if m in folders}
+    if panels:
+        paths.append(plot_availability(panels, out / "fig1_availability.png", f"{dataset}, seed 0"))
+    runs = {method: [load_arrays(f) for f in per_seed] for method, per_seed in folders.items()}
+    importances = {m: np.mean([importance(a["weights"]) for a in arrays], axis=0) for m, arrays in runs.items()}
+    distances = {
+        m: np.mean([[tv_distance(a["alpha"], p) for p in cumulative_importance(a["weights"])] for a in arrays], axis=0)
+        for m, arrays in runs.items()
     }
-    first = load_arrays(next(iter(folders.values()))[0])
-    paths.append(plot_importance(importances, first, out / "fig2_importance.png"))
+    first = next(iter(runs.values()))[0]
+    paths.append(plot_importance(importances, distances, first, out / "fig2_importance.png"))
     return paths
 
 
@@ -338,6 +512,59 @@ def _table1(out: Path, quick: bool, seeds: tuple[int, ...]) -> str:
     return table_markdown(result, seeds, rounds)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Sensitivity: CA-Fed vs Unbiased over more seeds and two training-set sizes
+# ----------------------------------------------------------------------------------------------------------------
+
+SENSITIVITY_METHODS = ("Unbiased", "CA-Fed", "CA-Fed (code)")
+
+
+def run_sensitivity(
+    seeds: tuple[int, ...], rounds: int = ROUNDS, progress: bool = True
+) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """Setting → method → metric → one value per seed, on the synthetic task with `DEFAULT_LRS`."""
+    values: dict[str, dict[str, dict[str, list[float]]]] = {}
+    total = len(SYNTHETIC_SIZES) * len(SENSITIVITY_METHODS) * len(seeds)
+    with counting(total, progress) as counter:
+        for setting, dataset in SYNTHETIC_SIZES.items():
+            for method in SENSITIVITY_METHODS:
+                for seed in seeds:
+                    state = _run(method_config(dataset, method, *DEFAULT_LRS, seed, rounds), None)
+                    counter.advance(f"{setting}: {method} seed {seed}")
+                    per = values.setdefault(setting, {}).setdefault(method, {})
+                    for column in COLUMNS:
+                        per.setdefault(column, []).append(float(state.final[column]))
+    return values
+
+
+def sensitivity_markdown(
+    values: dict[str, dict[str, dict[str, list[float]]]], seeds: tuple[int, ...], rounds: int
+) -> str:
+    from fedhet.report.tables import markdown_table
+
+    text = (
+        f"### CA-Fed vs Unbiased on the synthetic task: {len(seeds)} seeds, {rounds} rounds, "
+        f"η = {DEFAULT_LRS[0]}, η_s = {DEFAULT_LRS[1]} (mean ± std over seeds, %)\n\n"
+    )
+    rows = [
+        [setting, method, *(mean_std_cell(per[method][c]) for c in COLUMNS)]
+        for setting, per in values.items()
+        for method in per
+    ]
+    text += markdown_table(["Clients' data", "Method", *COLUMNS.values()], rows) + "\n"
+    for setting, per in values.items():
+        for method in (m for m in per if m in CAFED_VARIANTS):
+            text += f"- {setting}: {comparison(per, method)}\n"
+    return text
+
+
+def _sensitivity(out: Path, quick: bool, seeds: tuple[int, ...]) -> str:
+    rounds = 40 if quick else ROUNDS
+    values = run_sensitivity(seeds, rounds)
+    (out / "results.json").write_text(json.dumps({"values": values, "rounds": rounds}, indent=1))
+    return sensitivity_markdown(values, seeds, rounds)
+
+
 @register_recipe
 def table1() -> Recipe:
     return Recipe(
@@ -347,4 +574,17 @@ def table1() -> Recipe:
         methods={},
         columns={},
         custom=_table1,
+    )
+
+
+@register_recipe
+def sensitivity() -> Recipe:
+    return Recipe(
+        name="cafed-sensitivity",
+        description="CA-Fed vs Unbiased over 10 seeds with 50 or 150 training samples per synthetic client",
+        base={},
+        methods={},
+        columns={},
+        seeds=tuple(range(10)),
+        custom=_sensitivity,
     )

@@ -1,0 +1,100 @@
+"""CA-Fed's recipes: every method's config, the table and figures of a tiny run, and the issue's ordering of
+CA-Fed against Unbiased on a reduced run (the synthetic task in the paper's setting, two methods, no tuning)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedhet.experiments.build import components
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.recipes import deep_merge
+from fedhet.recipes import get_recipe
+from fedhet.recipes.cafed import (
+    AVAILABILITY,
+    DATASETS,
+    DEFAULT_LRS,
+    METHODS,
+    MNIST_FALLBACK,
+    PAPER_TABLE,
+    _run,
+    class_exclusion,
+    counting,
+    method_config,
+    run_table1,
+    slug,
+    table_markdown,
+    write_figures,
+)
+from fedhet.strategies.availability_aware import AvailabilityAware
+from fedhet.strategies.cafed import CAFed
+
+
+def test_every_method_runs_in_the_paper_setting() -> None:
+    for dataset in (DATASETS["Synthetic"], deep_merge(DATASETS["MNIST"], MNIST_FALLBACK)):
+        for method in METHODS:
+            config = parse_config(method_config(dataset, method, 0.01, 0.1, seed=3, rounds=150))
+            parts = components(config)
+            assert config.num_clients == 24 and config.rounds == 150 and config.seed == 3
+            assert config.local.weight_decay == 1e-2 and config.spec("model")["name"] == "logistic"
+            assert (
+                config.spec("availability")
+                == AVAILABILITY
+                == {"name": "cafed_classes", "g": 0.4, "nu": 0.9, "eps": 1e-2}
+            )
+            strategy = parts.algorithm
+            assert isinstance(strategy, AvailabilityAware) and strategy.oracle == AVAILABILITY
+            assert config.local.lr == 0.01
+            assert strategy.server_lr == (1.0 if method == "AdaFed" else 0.1)
+            if method == "F3AST":
+                assert strategy.smoothing == pytest.approx(1 / 150) and config.clients_per_round == 12
+            if isinstance(strategy, CAFed):
+                assert (strategy.tau, strategy.bias_weight) == (0.0, 1.0)
+                assert strategy.beta == (0.2 if method == "CA-Fed" else 1.0)
+    synthetic = parse_config(method_config(DATASETS["Synthetic"], "Unbiased", 0.1, 1.0, 0, 150))
+    assert synthetic.test_fraction == 0.75  # 50 train / 150 test samples per client, as the authors' scripts
+    assert slug("CA-Fed (code)") == "CA-Fed-code"
+    assert {"cafed-table1", "cafed-sensitivity"} <= {get_recipe(n).name for n in ("cafed-table1", "cafed-sensitivity")}
+
+
+def test_tiny_table1_writes_the_table_and_figures(tmp_path: Path) -> None:
+    result = run_table1(tmp_path, seeds=(0, 1), rounds=6, datasets=("Synthetic",), tuning=False, progress=False)
+    assert set(result.values["Synthetic"]) == set(METHODS)
+    text = table_markdown(result, (0, 1), 6)
+    for method in (*METHODS, *PAPER_TABLE):
+        assert f"| {method} |" in text
+    assert "76.22 / 62.76" in text  # the paper's CA-Fed time average next to ours
+    assert "CA-Fed − Unbiased: time-average" in text and "less available, correlated" in text
+    paths = write_figures(result, tmp_path)
+    assert {p.name for p in paths} == {"fig1_availability.png", "fig2_importance.png", "fig3_time_average.png"}
+    assert all(p.stat().st_size > 20_000 for p in paths)
+    folder = result.folders["Synthetic"]["CA-Fed (code)"][0]
+    assert folder == tmp_path / "synthetic" / "CA-Fed-code" / "seed0" and (folder / "availability.npz").is_file()
+
+
+def test_cafed_orders_against_unbiased_on_a_reduced_run() -> None:
+    """The synthetic task in the paper's setting (150 rounds, 3 seeds), Unbiased and CA-Fed only, both at the
+    learning rates tuning picks for every method. Measured over 10 seeds (docs/cafed.md): CA-Fed's second-half
+    std is lower (0.32 vs 0.45 %, in 8 of 10 seeds) while its time average equals Unbiased's (76.84 vs 76.84 %),
+    not above it as in the paper; and CA-Fed excludes correlated clients more often than weakly correlated ones.
+    """
+    values: dict[str, dict[str, list[float]]] = {}
+    excluded: list[dict[str, np.ndarray]] = []
+    for method in ("Unbiased", "CA-Fed"):
+        for seed in (0, 1, 2):
+            with counting(0, enabled=False):  # one torch thread, as the recipes run
+                state = _run(method_config(DATASETS["Synthetic"], method, *DEFAULT_LRS, seed, 150), None)
+            for key in ("time_avg_accuracy", "second_half_std"):
+                values.setdefault(method, {}).setdefault(key, []).append(state.final[key])
+            if method == "CA-Fed":
+                _, more, correlated = state.experiment.availability.classes()
+                log = state.experiment.strategy.participation_log()
+                excluded.append({**log, "more_available": more, "correlated": correlated})
+    mean = {m: {k: float(np.mean(v)) for k, v in per.items()} for m, per in values.items()}
+    assert mean["CA-Fed"]["second_half_std"] < mean["Unbiased"]["second_half_std"]
+    assert mean["CA-Fed"]["time_avg_accuracy"] >= mean["Unbiased"]["time_avg_accuracy"] - 0.005
+    share = class_exclusion(excluded)
+    for availability in ("more available", "less available"):
+        assert share[f"{availability}, correlated"] > share[f"{availability}, weakly correlated"]
