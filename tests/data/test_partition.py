@@ -38,8 +38,10 @@ ALL_SPECS = [
     {"name": "shards", "shards_per_client": 2},
     {"name": "label_k", "labels_per_client": 2},
     {"name": "label_clusters"},
+    {"name": "dirichlet", "alpha": 0.3, "scheme": "per_client"},
     {"name": "pareto", "shape": 1.0},
-    {"name": "nonbalance", "sigma": 1.0},
+    {"name": "nonbalance"},
+    {"name": "quantity", "law": "lognormal", "sigma": 1.0},
     {"name": "natural"},
 ]
 
@@ -50,7 +52,7 @@ def test_every_partitioner_is_registered_with_a_one_line_description() -> None:
         assert cls.description and "\n" not in cls.description and cls.__doc__
 
 
-@pytest.mark.parametrize("spec", ALL_SPECS, ids=[s["name"] for s in ALL_SPECS])
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=[str(i) + s["name"] for i, s in enumerate(ALL_SPECS)])
 def test_disjoint_deterministic_and_right_count(spec: dict) -> None:
     parts = split(spec, users=USERS)
     assert len(parts) == 20 and all(len(p) > 0 for p in parts)
@@ -151,7 +153,11 @@ def test_label_clusters_share_no_label_across_clusters() -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", [{"name": "pareto", "shape": 0.8, "min_size": 5}, {"name": "nonbalance", "sigma": 1.5, "min_size": 5}]
+    "spec",
+    [
+        {"name": "quantity", "law": "pareto", "shape": 0.8, "min_size": 5},
+        {"name": "quantity", "sigma": 1.5, "min_size": 5},
+    ],
 )
 def test_quantity_skew_sizes_are_skewed_and_labels_balanced(spec: dict) -> None:
     labels = np.repeat(np.arange(10), 1000)
@@ -164,13 +170,67 @@ def test_quantity_skew_sizes_are_skewed_and_labels_balanced(spec: dict) -> None:
 
 
 def test_quantity_skew_extremes() -> None:
-    assert set(sizes_of(split({"name": "nonbalance", "sigma": 0.0, "min_size": 0})).tolist()) == {50}
-    heavy = sizes_of(split({"name": "pareto", "shape": 0.01, "min_size": 3}, k=300))  # no overflow
-    assert heavy.sum() == len(LABELS) and heavy.min() >= 3
-    with pytest.raises(DataError, match=r"pareto: 20 clients × min_size 100 needs 2000 samples.*lower .*min_size"):
-        split({"name": "pareto", "min_size": 100})
-    with pytest.raises(DataError, match="nonbalance: 20 clients × min_size 60"):
-        split({"name": "nonbalance", "min_size": 60})
+    assert set(sizes_of(split({"name": "quantity", "sigma": 0.0, "min_size": 0})).tolist()) == {50}
+    heavy = sizes_of(split({"name": "quantity", "law": "pareto", "shape": 0.01, "min_size": 3}, k=300))
+    assert heavy.sum() == len(LABELS) and heavy.min() >= 3  # no overflow
+    with pytest.raises(DataError, match=r"quantity: 20 clients × min_size 100 needs 2000 samples.*lower .*min_size"):
+        split({"name": "quantity", "min_size": 100})
+
+
+def holders_share_classes_evenly(parts: list[np.ndarray]) -> None:
+    """Every class's samples are split evenly (±1) among the clients holding it, and all of them are used."""
+    for c in range(10):
+        counts = np.array([int((LABELS[p] == c).sum()) for p in parts])
+        held = counts[counts > 0]
+        assert held.sum() == 100 and held.max() - held.min() <= 1
+
+
+def test_nonbalance_tiers_of_classes() -> None:
+    """FedGSNR App. D.1: 10% of the clients hold all classes, 40% half of them, 50% a fifth."""
+    parts = split({"name": "nonbalance"}, k=30)
+    check_disjoint(parts, len(LABELS))
+    assert sorted(distinct_labels(parts)) == [2] * 15 + [5] * 12 + [10] * 3
+    holders_share_classes_evenly(parts)
+    sizes, n_labels = sizes_of(parts), np.array(distinct_labels(parts))
+    assert sizes[n_labels == 10].min() > sizes[n_labels == 2].max()  # more classes, more samples
+    assert distinct_labels(split({"name": "nonbalance"}, k=30, seed=1)) != distinct_labels(parts)  # tiers at random
+    custom = split({"name": "nonbalance", "tiers": [(1, 0.3), (3, 0.01)]}, k=8)
+    assert sorted(distinct_labels(custom)) == [1] * 6 + [3] * 2  # at least one class
+    with pytest.raises(ConfigError, match="tiers"):
+        PARTITIONERS.build({"name": "nonbalance", "tiers": [(0.5, 1.5)]})
+
+
+def test_pareto_classes_per_client() -> None:
+    """FedGSNR App. D.1: client i holds max(1, round(C·x_i/max x)) classes, x ~ Pareto(shape)."""
+    parts = split({"name": "pareto"}, k=30, seed=3)
+    check_disjoint(parts, len(LABELS))
+    holders_share_classes_evenly(parts)
+    n_labels = np.array(distinct_labels(parts))
+    assert n_labels.max() == 10 and n_labels.min() >= 1  # the largest draw holds every class
+    # the same draws as the partitioner: x / max x from its generator's first N exponentials
+    rng = np.random.default_rng(3)
+    rng.permutation(len(LABELS))  # _by_class's shuffle
+    log_x = rng.standard_exponential(30) / 1.16
+    expected = np.clip(np.rint(np.exp(log_x - log_x.max()) * 10), 1, 10)
+    assert n_labels.tolist() == expected.astype(int).tolist()
+    heavy = np.mean([np.mean(distinct_labels(split({"name": "pareto", "shape": 0.5}, k=30, seed=s))) for s in range(5)])
+    light = np.mean([np.mean(distinct_labels(split({"name": "pareto", "shape": 5.0}, k=30, seed=s))) for s in range(5)])
+    assert heavy < 3 < 6 < light  # a heavy tail leaves most clients with few classes
+
+
+def test_dirichlet_per_client_equal_sizes_and_skew() -> None:
+    """Hsu et al.: q_k ~ Dir(α·1_C) per client, equal client sizes; small α, few classes per client."""
+    labels = np.repeat(np.arange(10), 180)
+
+    def mean_distinct(alpha: float) -> tuple[float, np.ndarray]:
+        parts = split({"name": "dirichlet", "alpha": alpha, "scheme": "per_client", "min_size": 5}, k=30, labels=labels)
+        check_disjoint(parts, len(labels))
+        return float(np.mean(distinct_labels(parts, labels))), sizes_of(parts)
+
+    low, sizes = mean_distinct(0.1)
+    assert sizes.sum() == len(labels) and sizes.max() - sizes.min() <= 10  # ≈ 60 each
+    high, _ = mean_distinct(100.0)
+    assert low < 5 < 9.5 < high
 
 
 def test_natural_users() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from fedhet.engine.plan import LocalResult
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
+from fedhet.recipes.fedgsnr import threads
 from fedhet.strategies.fedavg import FedAvg
 from fedhet.strategies.gsnr import (
     GSNR,
@@ -29,6 +32,13 @@ from fedhet.strategies.gsnr import (
     proportional_steps,
     redistribute_steps,
 )
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """The models here have a few thousand parameters: extra torch threads only contend."""
+    with threads(1):
+        yield
 
 
 def hand_problem() -> Engine:
@@ -234,3 +244,79 @@ def test_run_keeps_total_steps_and_backends_agree() -> None:
     assert all(row["gsnr_steps_total"] == 4 * 5 for row in seq.history)
     assert all(0 <= row["gsnr_entropy"] <= row["gsnr_entropy_max"] + 1e-9 for row in seq.history)
     torch.testing.assert_close(seq.params, vec.params, atol=1e-5, rtol=1e-4)
+
+
+def test_statistics_do_not_depend_on_the_chunking() -> None:
+    """One vmap over the whole cohort or one client at a time: the same g̃ and diag Σ̃ (clients with fewer
+    samples than asked use what they have)."""
+    from fedhet.engine.local import gradient_statistics
+
+    data = tiny_data([3, 7, 12, 5], seed=4)
+    engine = Engine(linear_model(), data)
+    w = engine.initial_params() + 0.3
+    clients = torch.tensor([3, 0, 2])
+    whole = gradient_statistics(engine.model, data.train, w, clients, 6, seed=1, round_=2)
+    single = gradient_statistics(engine.model, data.train, w, clients, 6, seed=1, round_=2, max_elements=1)
+    for a, b in zip(whole, single, strict=True):
+        torch.testing.assert_close(a, b)
+    # client 0 (3 samples, all used): its exact per-sample mean and population variance
+    x, y = data.train.x[:3], data.train.y[:3]
+    per_sample = torch.stack(
+        [
+            torch.func.grad(lambda p, i=i: engine.model.sample_losses(p, x[i : i + 1], y[i : i + 1]).sum())(w)
+            for i in range(3)
+        ]
+    )
+    torch.testing.assert_close(whole[0][1], per_sample.mean(0))
+    torch.testing.assert_close(whole[1][1], per_sample.var(0, unbiased=False))
+
+
+def test_proportional_steps_bounds() -> None:
+    """Appendix E: E_k = round(n_k E_const) within [E_min, E_max] for n_k > 0; zero for n_k = 0."""
+    n = torch.tensor([0.0, 0.01, 0.5, 3.0], dtype=torch.float64)
+    assert proportional_steps(n, torch.full((4,), 10)).tolist() == [0, 0, 5, 30]
+    assert proportional_steps(n, torch.full((4,), 10), max_steps=20, min_steps=1).tolist() == [0, 1, 5, 20]
+
+
+def test_fedgsnr_reaches_the_target_sooner_than_fedavg_under_pareto_skew() -> None:
+    """§5, Table 1 (Pareto column) on digits: with the same total number of local steps, FedGSNR with FedAvg
+    reaches 80% pooled test accuracy in fewer rounds than FedAvg for every seed (it did for 8 of 8 seeds tried)."""
+    from fedhet.experiments.callbacks import EarlyStopping
+
+    raw = {
+        "dataset": "digits",
+        "model": {"name": "mlp", "hidden": [32]},
+        "partition": {"name": "pareto"},
+        "num_clients": 20,
+        "clients_per_round": 20,
+        "rounds": 25,
+        "test_fraction": 1 / 6,
+        "local": {"steps": 20, "lr": 0.01, "batch_size": 10},
+        "metrics": [{"name": "target_accuracy", "target": 0.8, "column": "test_accuracy_pooled"}],
+    }
+    rounds: dict[str, list[float]] = {"fedavg": [], "gsnr": []}
+    for seed in (0, 1, 2):
+        for algorithm in rounds:
+            stop = EarlyStopping("test_accuracy_pooled", 0.8)
+            state = run(parse_config({**raw, "algorithm": algorithm, "seed": seed}), callbacks=[stop])
+            rounds[algorithm].append(state.final["rounds_to_target"])
+    assert not any(math.isnan(r) for r in rounds["fedavg"] + rounds["gsnr"])
+    assert all(g < a for g, a in zip(rounds["gsnr"], rounds["fedavg"], strict=True)), rounds
+    assert sum(rounds["fedavg"]) / sum(rounds["gsnr"]) > 1.3, rounds
+
+
+def test_turned_on_from_the_command_line(tmp_path: Path) -> None:
+    """`fedhet run --algorithm gsnr --set algorithm.base=...` wraps any strategy; base parameters as a mapping."""
+    from typer.testing import CliRunner
+
+    from fedhet.cli.main import app
+
+    fast = ["--dataset", "digits", "--rounds", "2", "--set", "num_clients=6", "--set", "model.hidden=[8]", "--quiet"]
+    for base in ("scaffold", "{name: fedprox, mu: 0.01}", "fednova"):
+        out = tmp_path / base[:8]
+        args = ["run", "--algorithm", "gsnr", "--set", f"algorithm.base={base}", *fast, "--out", str(out)]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        config = (out / "config.yaml").read_text()
+        assert "name: gsnr" in config and "gsnr_entropy" in (out / "metrics.csv").read_text()
+    assert "mu: 0.01" in (tmp_path / "{name: f" / "config.yaml").read_text()

@@ -7,10 +7,10 @@ client; the arrays are disjoint. Impossible requests raise `fedhet.errors.DataEr
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fedhet.errors import DataError
 from fedhet.registry import Component, Registry
@@ -109,6 +109,18 @@ def _group(owner: np.ndarray, order: np.ndarray, k: int) -> list[np.ndarray]:
     return _cut(order[sort], np.bincount(shuffled_owner, minlength=k))
 
 
+def _fit_margins(q: np.ndarray, rows: np.ndarray, cols: np.ndarray, sweeps: int = 500) -> np.ndarray:
+    """Iterative proportional fitting: a_i b_j q_ij with row sums ≈ `rows` and column sums `cols`; returned as
+    shares of each column (columns sum to 1). Zero entries get a tiny floor so every margin can be met."""
+    fitted = np.maximum(q.astype(np.float64), 1e-12)
+    for _ in range(sweeps):
+        fitted *= (cols / fitted.sum(axis=0))[None, :]
+        if np.abs(fitted.sum(axis=1) - rows).max() < 0.5:
+            break
+        fitted *= (rows / fitted.sum(axis=1))[:, None]
+    return fitted / fitted.sum(axis=0, keepdims=True)
+
+
 def _water_fill(sizes: np.ndarray, need: int, floor: int) -> np.ndarray:
     """How many samples each client gives so that `need` samples come from the largest clients only.
 
@@ -155,9 +167,17 @@ class Dirichlet(Partitioner):
     """Label skew with class proportions from Dir(α) (Hsu et al. 2019, "Measuring the effects of non-identical
     data distribution"), at least `min_size` samples per client.
 
-    For each class, p ~ Dir(α·1_K) over the K clients and the class's samples are cut at the cumulative
-    proportions. All classes are drawn at once; the draw is repeated (at most `retries` times) until every client
-    has `min_size` samples. If no draw succeeds, the best one is repaired: the largest clients are cut down to a
+    Two schemes (`scheme`):
+
+    * ``per_class`` (default; the common "Dirichlet over clients" of NIID-Bench): for each class, p ~ Dir(α·1_K)
+      over the K clients and the class's samples are cut at the cumulative proportions. Client sizes vary.
+    * ``per_client`` (Hsu et al.'s own definition): each client draws its class distribution q_k ~ Dir(α·1_C)
+      and clients have equal sizes. So that the finite classes suffice, the matrix (q_kc) is scaled to those
+      sizes and to the class counts by iterative proportional fitting (the closest matrix with the same odds
+      ratios), then every class is cut among the clients at its fitted shares.
+
+    All classes are drawn at once; the draw is repeated (at most `retries` times) until every client has
+    `min_size` samples. If no draw succeeds, the best one is repaired: the largest clients are cut down to a
     common level, giving their most frequent classes first, and the freed samples, sorted by class, are dealt in
     contiguous runs to the clients short of `min_size`. Most of the skew survives and the split always terminates.
     """
@@ -167,6 +187,9 @@ class Dirichlet(Partitioner):
     alpha: float = Field(0.5, gt=0, description="concentration: small α, strong label skew")
     min_size: int = Field(10, ge=0, description="minimum number of samples per client")
     retries: int = Field(100, ge=1, description="draws to try before repairing the best one")
+    scheme: Literal["per_class", "per_client"] = Field(
+        "per_class", description="Dir(α) over clients for each class, or over classes for each client (Hsu et al.)"
+    )
 
     def split(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, users: np.ndarray | None = None
@@ -178,7 +201,11 @@ class Dirichlet(Partitioner):
         best: np.ndarray | None = None
         best_deficit = -1
         for _ in range(self.retries):
-            p = rng.dirichlet(np.full(num_clients, self.alpha), size=len(per_class))
+            if self.scheme == "per_client":
+                q = rng.dirichlet(np.full(len(per_class), self.alpha), size=num_clients)
+                p = _fit_margins(q, _round_shares(np.full(num_clients, 1 / num_clients), n), per_class).T
+            else:
+                p = rng.dirichlet(np.full(num_clients, self.alpha), size=len(per_class))
             counts = _round_shares(p, per_class)  # (classes, clients)
             deficit = int(np.maximum(self.min_size - counts.sum(axis=0), 0).sum())
             if best is None or deficit < best_deficit:
@@ -240,7 +267,7 @@ class Shards(Partitioner):
 
 @PARTITIONERS.register
 class LabelK(Partitioner):
-    """Each client holds exactly k classes ("Label-k"; FedGSNR's "Label 2").
+    """Each client holds exactly k classes ("Label-k"; FedGSNR's "Label 2", after Hsu et al. 2019).
 
     After a random permutation π of the C classes, client i holds π[(i·k + j) mod C] for j < k, so every class is
     used by as many clients as possible alike; a class's samples are split evenly among the clients holding it.
@@ -264,15 +291,34 @@ class LabelK(Partitioner):
             )
         perm = rng.permutation(classes)
         held = perm[(np.arange(num_clients)[:, None] * k + np.arange(k)) % classes]  # (clients, k)
-        flat = held.ravel()
-        by_holder = np.argsort(flat, kind="stable")  # slots grouped by class, clients ascending
-        holders = np.split(by_holder // k, np.cumsum(np.bincount(flat, minlength=classes))[:-1])
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-        for members, samples in zip(holders, _cut(order, per_class), strict=True):
-            if len(members):
-                for client, piece in zip(members, _split_evenly(samples, len(members)), strict=True):
-                    parts[client].append(piece)
-        return [np.concatenate(p) for p in parts]
+        return _deal_classes(list(held), order, per_class, num_clients)
+
+
+def _deal_classes(
+    held: list[np.ndarray], order: np.ndarray, per_class: np.ndarray, num_clients: int
+) -> list[np.ndarray]:
+    """Every class's samples split evenly among the clients holding it (`held[i]`: client i's classes).
+
+    `order` and `per_class` come from `_by_class` (indices grouped by class, shuffled within). A class nobody
+    holds is left out.
+    """
+    owner = np.repeat(np.arange(num_clients), [len(h) for h in held])
+    flat = np.concatenate(held).astype(np.int64) if held else np.zeros(0, dtype=np.int64)
+    by_class = np.argsort(flat, kind="stable")  # holders grouped by class, clients ascending
+    holders = np.split(owner[by_class], np.cumsum(np.bincount(flat, minlength=len(per_class)))[:-1])
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for members, samples in zip(holders, _cut(order, per_class), strict=True):
+        if len(members):
+            for client, piece in zip(members, _split_evenly(samples, len(members)), strict=True):
+                parts[client].append(piece)
+    return [np.concatenate(p) if p else np.zeros(0, dtype=np.int64) for p in parts]
+
+
+def _random_classes(counts: np.ndarray, classes: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """For each client, `counts[i]` distinct classes drawn uniformly at random (sorted)."""
+    keys = rng.random((len(counts), classes))
+    ranked = np.argsort(keys, axis=1)
+    return [np.sort(ranked[i, : int(c)]) for i, c in enumerate(counts)]
 
 
 @PARTITIONERS.register
@@ -316,55 +362,99 @@ class LabelClusters(Partitioner):
         return parts
 
 
-class _QuantitySkew(Partitioner):
-    """Quantity skew: client sizes ∝ random weights (`min_size` each plus a share of the rest), labels IID."""
+@PARTITIONERS.register
+class NonBalance(Partitioner):
+    """FedGSNR's "NonBalance" (App. D.1): tiers of clients holding different numbers of classes.
 
-    min_size: int = Field(10, ge=0, description="minimum number of samples per client")
+    By default 10% of the clients ("abundant information") hold every class, 40% ("medium") a random 50% of
+    the classes and 50% ("less") a random 20%: `tiers` lists (share of clients, share of classes). Clients are
+    put in tiers at random (tier sizes rounded to sum to the number of clients), each draws its classes
+    uniformly at random (at least one), and every class's samples are split evenly among the clients holding
+    it (the paper: "distribute data randomly according to their chosen labels"), so a client with more classes
+    also holds more samples.
+    """
 
-    @abstractmethod
-    def log_weights(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
-        """Logarithms of the random client weights."""
+    name: ClassVar[str] = "nonbalance"
+    description: ClassVar[str] = "FedGSNR NonBalance: 10%/40%/50% of clients hold 100%/50%/20% of the classes"
+    tiers: list[tuple[float, float]] = Field(
+        default_factory=lambda: [(0.1, 1.0), (0.4, 0.5), (0.5, 0.2)],
+        description="(share of clients, share of classes) per tier",
+    )
+
+    @field_validator("tiers")
+    @classmethod
+    def _check_tiers(cls, value: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        if not value:
+            raise ValueError("give at least one (share of clients, share of classes) tier")
+        if any(c < 0 or not 0 < f <= 1 for c, f in value) or sum(c for c, _ in value) <= 0:
+            raise ValueError("client shares must be >= 0 (not all 0) and class shares in (0, 1]")
+        return value
 
     def split(
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, users: np.ndarray | None = None
     ) -> list[np.ndarray]:
         _check_clients(num_clients, self.name)
-        sizes = _sizes_from_log_weights(self.log_weights(num_clients, rng), len(labels), self.min_size, self.name)
-        return _cut(rng.permutation(len(labels)), sizes)
+        _, order, per_class = _by_class(labels, rng)
+        classes = len(per_class)
+        shares = np.array([c for c, _ in self.tiers], dtype=float)
+        members = _round_shares(shares / shares.sum(), num_clients)
+        per_tier = np.array([max(1, round(f * classes)) for _, f in self.tiers])
+        counts = rng.permutation(np.repeat(per_tier, members))  # clients put in tiers at random
+        return _deal_classes(_random_classes(counts, classes, rng), order, per_class, num_clients)
 
 
 @PARTITIONERS.register
-class Pareto(_QuantitySkew):
-    """Quantity skew with client sizes ∝ Pareto draws (FedGSNR appendix, "Pareto"), labels IID.
+class Pareto(Partitioner):
+    """FedGSNR's "Pareto" (App. D.1): the number of classes a client holds follows a Pareto law (80/20).
 
-    Weights are ``rng.pareto(shape) + 1`` (a Pareto law with tail index `shape` and scale 1), drawn in log space
-    (log w = E / shape, E ~ Exp(1): the same draws) so that tiny tail indices cannot overflow. Each client gets
-    `min_size` samples plus a share of the remaining samples proportional to its weight.
+    Draw x_i ~ Pareto(shape, x_min) for the N clients, normalise x̃_i = x_i / max_j x_j ∈ (0, 1] (x_min cancels,
+    so it is not a parameter), and give client i max(1, round(x̃_i · C)) classes drawn at random; every class's
+    samples are split evenly among the clients holding it. The client with the largest draw holds every class.
+    The default tail index 1.16 = log 5 / log 4 is the "80/20" (Two-Eight) Pareto law the paper names.
     """
 
     name: ClassVar[str] = "pareto"
-    description: ClassVar[str] = "quantity skew: client sizes from a Pareto law, labels IID"
-    shape: float = Field(1.0, gt=0, description="Pareto tail index (small: heavier skew)")
+    description: ClassVar[str] = "FedGSNR Pareto: classes per client from a Pareto (80/20) law, normalised by the max"
+    shape: float = Field(1.16, gt=0, description="Pareto tail index k (small: few clients hold most classes)")
 
-    def log_weights(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
-        return rng.standard_exponential(num_clients) / self.shape
+    def split(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, users: np.ndarray | None = None
+    ) -> list[np.ndarray]:
+        _check_clients(num_clients, self.name)
+        _, order, per_class = _by_class(labels, rng)
+        classes = len(per_class)
+        log_x = rng.standard_exponential(num_clients) / self.shape  # log(x / x_min) of a Pareto draw
+        ratio = np.exp(log_x - log_x.max())
+        counts = np.clip(np.rint(ratio * classes), 1, classes).astype(np.int64)
+        return _deal_classes(_random_classes(counts, classes, rng), order, per_class, num_clients)
 
 
 @PARTITIONERS.register
-class NonBalance(_QuantitySkew):
-    """Quantity skew where client sizes differ strongly (FedGSNR's "NonBalance"), labels IID.
+class Quantity(Partitioner):
+    """Quantity skew with IID labels: client sizes ∝ random weights, `min_size` each plus a share of the rest.
 
-    The reference is the FedGSNR paper's appendix, which describes the setting only qualitatively; we follow the
-    "unbalance" convention of NIID-Bench (Li et al. 2022) and FedLab: weights ~ LogNormal(0, σ), and each client
-    gets `min_size` samples plus a share of the remaining samples proportional to its weight (σ = 0: equal sizes).
+    Weights are log-normal(0, σ) (``law: lognormal``, the "unbalance" of NIID-Bench, Li et al. 2022; σ = 0 gives
+    equal sizes) or Pareto with tail index `shape` (``law: pareto``, ``rng.pareto(shape) + 1``, drawn in log space
+    so tiny indices cannot overflow).
     """
 
-    name: ClassVar[str] = "nonbalance"
-    description: ClassVar[str] = "quantity skew: client sizes from a log-normal law, labels IID"
-    sigma: float = Field(1.0, ge=0, description="log-normal σ (0: equal sizes)")
+    name: ClassVar[str] = "quantity"
+    description: ClassVar[str] = "quantity skew: client sizes from a log-normal or Pareto law, labels IID"
+    law: Literal["lognormal", "pareto"] = Field("lognormal", description="law of the client weights")
+    sigma: float = Field(1.0, ge=0, description="log-normal σ (law lognormal; 0: equal sizes)")
+    shape: float = Field(1.0, gt=0, description="Pareto tail index (law pareto; small: heavier skew)")
+    min_size: int = Field(10, ge=0, description="minimum number of samples per client")
 
-    def log_weights(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
-        return rng.normal(0.0, self.sigma, num_clients)
+    def split(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator, users: np.ndarray | None = None
+    ) -> list[np.ndarray]:
+        _check_clients(num_clients, self.name)
+        if self.law == "pareto":
+            log_weights = rng.standard_exponential(num_clients) / self.shape
+        else:
+            log_weights = rng.normal(0.0, self.sigma, num_clients)
+        sizes = _sizes_from_log_weights(log_weights, len(labels), self.min_size, self.name)
+        return _cut(rng.permutation(len(labels)), sizes)
 
 
 @PARTITIONERS.register

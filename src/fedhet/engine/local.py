@@ -182,27 +182,40 @@ def train_vectorised(
 
 
 def gradient_statistics(
-    model: FlatModel, data: ClientData, w0: Tensor, clients: Tensor, count: int, seed: int, round_: int
+    model: FlatModel,
+    data: ClientData,
+    w0: Tensor,
+    clients: Tensor,
+    count: int,
+    seed: int,
+    round_: int,
+    max_elements: int = 1 << 24,
 ) -> tuple[Tensor, Tensor]:
     """Mean g̃_k and per-coordinate variance diag Σ̃_k of `count` per-sample gradients at `w0` (m, P) each.
 
-    Per-sample gradients come from `vmap(grad)` over the samples; the variance divides by the number of
-    samples used (population variance).
+    Every client draws `count` of its samples without replacement (fewer if it has fewer; `stats_samples`).
+    All clients share `w0`, so the per-sample gradients of the whole cohort come from one `vmap(grad)` over
+    its samples, in chunks of clients holding at most `max_elements` gradient entries. The variance divides by
+    the number of samples used (1/B, FedGSNR §3); a client without samples gets zeros.
     """
     index, weight = stats_samples(data.offsets, clients, count, seed, round_)
+    m, b = index.shape
     per_sample = vmap(
         grad(lambda w, x, y: model.sample_losses(w, x.unsqueeze(0), y.unsqueeze(0)).sum()),
         in_dims=(None, 0, 0),
     )
-    means, variances = [], []
-    for i in range(len(clients)):
-        g = per_sample(w0, data.x[index[i]], data.y[index[i]])
-        wt = weight[i].unsqueeze(1)
-        n = wt.sum()
-        mean = (g * wt).sum(0) / n
-        means.append(mean)
-        variances.append((((g - mean) ** 2) * wt).sum(0) / n)
-    return torch.stack(means), torch.stack(variances)
+    means = torch.zeros(m, model.size)
+    variances = torch.zeros(m, model.size)
+    chunk = max(1, max_elements // max(1, b * model.size))
+    for lo in range(0, m, chunk):
+        rows = index[lo : lo + chunk]
+        g = per_sample(w0, data.x[rows.reshape(-1)], data.y[rows.reshape(-1)]).reshape(len(rows), b, -1)
+        wt = weight[lo : lo + chunk].unsqueeze(2)
+        n = wt.sum(1).clamp_min(1.0)
+        mean = (g * wt).sum(1) / n
+        means[lo : lo + chunk] = mean
+        variances[lo : lo + chunk] = (((g - mean.unsqueeze(1)) ** 2) * wt).sum(1) / n
+    return means, variances
 
 
 def train_cohort(

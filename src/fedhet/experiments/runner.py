@@ -120,6 +120,8 @@ def _write_outputs(state: RunState) -> None:
         k = len(next(iter(state.client_columns.values())))
         rows = [{"client": float(i), **{c: float(v[i]) for c, v in state.client_columns.items()}} for i in range(k)]
         write_csv(state.out / CLIENTS, rows)
+    for plugin in state.experiment.metrics:
+        plugin.save(state.out)
     summary = {
         "algorithm": cfg.spec("algorithm")["name"],
         "dataset": cfg.spec("dataset")["name"],

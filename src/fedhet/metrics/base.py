@@ -7,6 +7,7 @@ metrics (columns of ``metrics.csv``) and optional per-client columns (of ``clien
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import ConfigDict
 from torch import Tensor
@@ -43,6 +44,9 @@ class Metric(Component):
 
     def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
         raise NotImplementedError
+
+    def save(self, out: Path) -> None:
+        """Write extra files into the run folder `out` when the run ends (default: nothing)."""
 
     def state_dict(self) -> dict[str, object]:
         return {}

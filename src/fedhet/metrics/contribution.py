@@ -13,6 +13,7 @@ and ``contribution.png`` (each client's score with its spread over rounds, above
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -22,7 +23,6 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.engine import Engine
-from fedhet.experiments.callbacks import write_csv
 from fedhet.metrics.base import METRIC_PLUGINS, Metric, RoundView
 from fedhet.strategies.fedavg import fedavg_weights
 from fedhet.strategies.gsnr import client_gsnr
@@ -47,12 +47,12 @@ def label_counts(engine: Engine) -> Tensor:
     return counts
 
 
-def contribution_rows(rounds: Tensor, history: Tensor, n_opt: Tensor) -> list[dict[str, float]]:
+def contribution_rows(rounds: Tensor, history: Tensor, n_opt: Tensor) -> list[dict[str, int | float]]:
     """Long-format rows {round, client, gsnr, n_opt} of the (R, K) histories (measured clients only)."""
-    rows = []
+    rows: list[dict[str, int | float]] = []
     for i, r in enumerate(rounds.tolist()):
         for k in torch.nonzero(~history[i].isnan()).flatten().tolist():
-            rows.append({"round": r, "client": float(k), "gsnr": float(history[i, k]), "n_opt": float(n_opt[i, k])})
+            rows.append({"round": int(r), "client": k, "gsnr": float(history[i, k]), "n_opt": float(n_opt[i, k])})
     return rows
 
 
@@ -118,7 +118,10 @@ class Contribution(Metric):
         rounds, history = self.history()
         if len(rounds) == 0:
             return
-        write_csv(out / CSV, contribution_rows(rounds, history, torch.stack(self._nopt)))
+        with (out / CSV).open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["round", "client", "gsnr", "n_opt"])
+            writer.writeheader()
+            writer.writerows(contribution_rows(rounds, history, torch.stack(self._nopt)))
         assert self._labels is not None
         title = f"GSNR contribution per client ({self.statistic} over {len(rounds)} rounds)"
         plot_contribution(history, self._labels, self._corrupted, out / FIGURE, title, self.statistic)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,10 @@ import torch
 from torch import Tensor
 
 from fedhet.errors import DataError
-from fedhet.experiments.callbacks import Callback, write_csv
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.recipes import Recipe, deep_merge, register_recipe
 from fedhet.experiments.runner import RunState, run
-from fedhet.metrics.contribution import Contribution, contribution_scores
+from fedhet.metrics.contribution import Contribution, contribution_scores, label_counts, plot_contribution
 from fedhet.metrics.speed import speedup
 from fedhet.report.tables import markdown_table
 
@@ -61,9 +61,11 @@ QUICK_PAPER: dict[str, Any] = {"rounds": 100}
 QUICK_EMBEDDED: dict[str, Any] = {"rounds": 25}
 SEEDS = (0, 1, 2)
 
+# App. D.1: Dirichlet as Hsu et al. (2019) define it (a class distribution per client, equal sizes), Label 2, and the
+# paper's NonBalance and Pareto (numbers of classes per client from tiers or from a Pareto law).
 PARTITIONS: dict[str, dict[str, Any]] = {
-    "α = 0.5": {"name": "dirichlet", "alpha": 0.5, "min_size": 10},
-    "α = 0.1": {"name": "dirichlet", "alpha": 0.1, "min_size": 10},
+    "α = 0.5": {"name": "dirichlet", "alpha": 0.5, "scheme": "per_client", "min_size": 10},
+    "α = 0.1": {"name": "dirichlet", "alpha": 0.1, "scheme": "per_client", "min_size": 10},
     "Label 2": {"name": "label_k", "labels_per_client": 2},
     "NonBalance": {"name": "nonbalance"},
     "Pareto": {"name": "pareto"},
@@ -99,8 +101,9 @@ PAPER_TABLE2 = {
     "FedGSNR with FedAvg": ["150 (1.4×)", "80 (1.7×)", "55 (1.8×)"],
 }
 PARTITION_NOTE = (
-    "Partitions: `nonbalance` and `pareto` in fedhet are quantity skews with IID labels, while the paper's NonBalance "
-    "and Pareto (App. D.1) give clients different numbers of classes; see the FedGSNR report."
+    "Partitions (App. D.1): Dirichlet per client as Hsu et al. (equal sizes); Label 2; NonBalance: 10%/40%/50% of the "
+    "clients hold 100%/50%/20% of the classes; Pareto: max(1, round(C·x/max x)) classes, x ~ Pareto(1.16). A class's "
+    "samples are split evenly among the clients holding it. See docs/fedgsnr.md."
 )
 
 
@@ -128,26 +131,6 @@ def slug(text: str) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-class ContributionWriter(Callback):
-    """Writes ``contribution.csv`` (one row per evaluated round, one column per client: its GSNR r) into the run
-    folder when the run has the `contribution` metric."""
-
-    def on_run_end(self, state: RunState) -> None:
-        plugin = next((m for m in state.experiment.metrics if isinstance(m, Contribution)), None)
-        if state.out is None or plugin is None:
-            return
-        rounds, history = plugin.history()
-        write_csv(state.out / "contribution.csv", contribution_rows(rounds, history))
-
-
-def contribution_rows(rounds: Tensor, history: Tensor) -> list[dict[str, float]]:
-    """Rows ``{round, client_0, client_1, ...}`` of the (R, K) GSNR history."""
-    return [
-        {"round": float(r), **{f"client_{k}": float(v) for k, v in enumerate(row.tolist())}}
-        for r, row in zip(rounds.tolist(), history, strict=True)
-    ]
-
-
 @dataclass
 class RunSummary:
     """What the tables and figures need from one run (the run's data is not kept)."""
@@ -166,14 +149,12 @@ class RunSummary:
 def summarise(state: RunState) -> RunSummary:
     data = state.experiment.data
     plugin = next((m for m in state.experiment.metrics if isinstance(m, Contribution)), None)
-    counts = torch.zeros(data.num_clients, data.num_classes)
-    counts.index_put_((data.train.owner, data.train.y), torch.ones(len(data.train.y)), accumulate=True)
     return RunSummary(
         history=list(state.history),
         final=dict(state.final),
         contribution=plugin.history()[1] if plugin is not None else None,
         corrupted=data.info.get("corrupted"),
-        label_counts=counts,
+        label_counts=label_counts(state.experiment.engine),
     )
 
 
@@ -213,12 +194,26 @@ def run_cells(
     for (row, col), raw in cells.items():
         for seed in seeds:
             folder = out / slug(col) / slug(row) / f"seed{seed}"
-            state = run(parse_config({**raw, "seed": seed}), folder, [ContributionWriter()])
+            with threads(1 if raw["dataset"] == EMBEDDED["dataset"] else None):
+                state = run(parse_config({**raw, "seed": seed}), folder)
             summary = summarise(state)
             results.setdefault((row, col), []).append(summary)
             reached, best = summary.final.get("rounds_to_target"), summary.final.get("best_test_accuracy")
             say(f"{col} | {row} | seed {seed}: rounds to target {reached}, best accuracy {best:.4f}")
     return results
+
+
+@contextmanager
+def threads(count: int | None) -> Iterator[None]:
+    """Run with `count` torch threads (None: unchanged): a model of a few thousand parameters only loses time to
+    thread synchronisation, ten times over on a busy machine."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -428,7 +423,7 @@ def figures_study(
     plot_partition_gsnr({p: entropy[("FedGSNR with FedAvg", p)] for p in partitions}, out / "gsnr_partitions.png")
     pareto = entropy.get(("FedGSNR with FedAvg", "Pareto"))
     if pareto:
-        plot_contribution(pareto[0], out / "contribution_pareto.png", "GSNR per client, Pareto (seed 0)")
+        plot_summary_contribution(pareto[0], out / "contribution_pareto.png", "GSNR per client, Pareto (seed 0)")
     rows = []
     for p in partitions:
         runs = entropy[("FedGSNR with FedAvg", p)]
@@ -457,7 +452,7 @@ def figures_study(
                     f"{r.final['best_test_accuracy']:.4f}",
                 ]
             )
-        plot_contribution(
+        plot_summary_contribution(
             flip_runs[0], out / f"contribution_flip_{slug(p)}_{slug(m)}.png", f"GSNR per client, {p}, {m}"
         )
     for p in flip_partitions:
@@ -521,34 +516,10 @@ def plot_partition_gsnr(runs: dict[str, list[RunSummary]], out: Path) -> Path:
     return save_figure(fig, ax, out, legend=False)
 
 
-def plot_contribution(summary: RunSummary, out: Path, title: str) -> Path:
-    """Figs. 5b / 6: each client's GSNR (mean over rounds, bar; ± std over rounds) with corrupted clients in red,
-    above each client's training-label histogram."""
-    import matplotlib.pyplot as plt
-
-    from fedhet.report.plots import save_figure
-
+def plot_summary_contribution(summary: RunSummary, out: Path, title: str) -> Path:
+    """Figs. 5b / 6 for one run of a study (see `fedhet.metrics.contribution.plot_contribution`)."""
     assert summary.contribution is not None and summary.label_counts is not None
-    history = summary.contribution
-    k = history.shape[1]
-    mean = contribution_scores(history).numpy()
-    std = np.nanstd(history.numpy(), axis=0)
-    bad = summary.corrupted.numpy() if summary.corrupted is not None else np.zeros(k, dtype=bool)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.0, 5.0), dpi=120, sharex=True, height_ratios=(2, 1))
-    colours = ["tab:red" if b else "tab:blue" for b in bad]
-    top.bar(range(k), mean, yerr=std, color=colours, capsize=2)
-    top.set_ylabel("GSNR r (mean over rounds)")
-    top.set_title(title + (" — red: corrupted labels" if bad.any() else ""), fontsize=9)
-    top.grid(alpha=0.3)
-    counts = summary.label_counts.numpy()
-    bottom_edge = np.zeros(k)
-    cmap = plt.get_cmap("tab10" if counts.shape[1] <= 10 else "tab20")
-    for c in range(counts.shape[1]):
-        bottom.bar(range(k), counts[:, c], bottom=bottom_edge, color=cmap(c % cmap.N), width=0.8)
-        bottom_edge += counts[:, c]
-    bottom.set_xlabel("client")
-    bottom.set_ylabel("training labels")
-    return save_figure(fig, bottom, out, legend=False)
+    return plot_contribution(summary.contribution, summary.label_counts, summary.corrupted, out, title)
 
 
 def _custom(study: Callable[..., str]) -> Callable[[Path, bool, tuple[int, ...]], str]:

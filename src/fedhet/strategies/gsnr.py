@@ -106,11 +106,14 @@ def redistribute_steps(n_opt: Tensor, baseline_steps: Tensor) -> Tensor:
     return round_preserving_total(total * weight / weight.sum(), total)
 
 
-def proportional_steps(n_opt: Tensor, baseline_steps: Tensor, max_steps: int = 0) -> Tensor:
-    """E_k = round(n_k · E_const) (Algorithm 1 with M = E_const; Appendix E's E_{k,r}), capped at `max_steps`
-    (0: no cap). The total is not kept."""
+def proportional_steps(n_opt: Tensor, baseline_steps: Tensor, max_steps: int = 0, min_steps: int = 0) -> Tensor:
+    """E_k = round(n_k · E_const) (Algorithm 1 with M = E_const; Appendix E's E_{k,r}), clamped to
+    [`min_steps`, `max_steps`] for clients with n_k > 0 (Appendix E's E_min ≤ E_k ≤ E_max; 0: no bound) and 0
+    for n_k = 0. The total is not kept."""
     steps = torch.round(n_opt.double() * baseline_steps.double()).long()
-    return steps.clamp(max=max_steps) if max_steps > 0 else steps
+    if max_steps > 0:
+        steps = steps.clamp(max=max_steps)
+    return torch.where(n_opt > 0, steps.clamp(min=min_steps), 0)
 
 
 def allocation_entropy(n_opt: Tensor) -> float:
@@ -158,7 +161,9 @@ class GSNR(Strategy):
     allocation: Literal["redistribute", "proportional"] = Field(
         "redistribute", description="E_k = N E_const n_k/Σn (§5) or round(n_k E_const) (Algorithm 1, App. E)"
     )
-    max_steps: int = Field(0, ge=0, description="cap on a client's steps with allocation=proportional (0: none)")
+    batch: int = Field(0, ge=0, description="B in L, M, N of Theorem 3.7 (0: the local batch size)")
+    max_steps: int = Field(0, ge=0, description="E_max with allocation=proportional (0: none)")
+    min_steps: int = Field(0, ge=0, description="E_min for clients with n_opt > 0 with allocation=proportional")
     weighting: Literal["samples", "uniform"] = Field("samples", description="p_k in eqs. (8)–(9)")
 
     _base: Strategy | None = PrivateAttr(None)
@@ -203,14 +208,14 @@ class GSNR(Strategy):
         """The local steps of the cohort from n₁^opt and the base's steps."""
         if self.allocation == "redistribute":
             return redistribute_steps(n_opt, baseline_steps)
-        return proportional_steps(n_opt, baseline_steps, self.max_steps)
+        return proportional_steps(n_opt, baseline_steps, self.max_steps, self.min_steps)
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         plan = self.inner.configure(round_, clients, global_params)
         samples = self.samples or plan.batch_size
         means, variances = measure(self.ctx, global_params, clients, samples, round_)
         weights = fedavg_weights(self.ctx.train_sizes[clients], self.weighting)
-        n_opt, r, _ = client_gsnr(means, variances, weights, plan.batch_size)
+        n_opt, r, _ = client_gsnr(means, variances, weights, self.batch or plan.batch_size)
         plan.steps = self.allocate(n_opt, plan.steps).to(plan.steps.dtype)
         self._last = {"clients": clients, "n_opt": n_opt, "gsnr": r, "steps": plan.steps}
         return plan
@@ -222,6 +227,9 @@ class GSNR(Strategy):
         if not bool(keep.any()):
             return global_params.clone()
         return self.inner.aggregate(round_, global_params, keep_rows(result, keep))
+
+    def evaluation_params(self, params: Tensor) -> Tensor:
+        return self.inner.evaluation_params(params)
 
     def round_metrics(self) -> dict[str, float]:
         out = dict(self.inner.round_metrics())
