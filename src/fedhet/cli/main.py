@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fedhet.errors import FedhetError
@@ -36,7 +37,7 @@ def friendly(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except FedhetError as err:
-            err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err_console.print("interrupted; continue with: fedhet run --resume <run folder>")
@@ -65,6 +66,10 @@ def run(
     resume: Annotated[Path | None, typer.Option(help="continue the interrupted run in this folder")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar or table")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing run in --out")] = False,
+    engine: Annotated[
+        str, typer.Option(help="native, or flower: Flower's simulation runtime (needs the fedhet[flower] extra)")
+    ] = "native",
+    nodes: Annotated[int, typer.Option(help="simulated Flower nodes holding the clients (--engine flower)")] = 2,
 ) -> None:
     """Run one experiment and write its run folder."""
     from fedhet.experiments.config import apply_override, load_yaml, parse_config, set_component
@@ -73,8 +78,14 @@ def run(
     from fedhet.experiments.runner import run as start_run
 
     callbacks = [] if quiet else [_progress()]
+    if engine not in ("native", "flower"):
+        raise FedhetError(f"--engine '{engine}' is not one of: native, flower")
+    if engine == "flower":
+        from fedhet.flower import require_flwr
+
+        require_flwr()
     if resume is not None:
-        state = resume_run(resume, callbacks)
+        state = _simulate(None, resume, nodes, callbacks) if engine == "flower" else resume_run(resume, callbacks)
         _report(state, quiet)
         return
     raw: dict[str, Any] = load_yaml(config) if config is not None else {}
@@ -105,8 +116,14 @@ def run(
         raise FedhetError(
             f"'{out}' already holds a run; continue it with --resume {out} or choose another --out (or --overwrite)"
         )
-    state = start_run(cfg, out, callbacks)
+    state = _simulate(cfg, out, nodes, callbacks) if engine == "flower" else start_run(cfg, out, callbacks)
     _report(state, quiet)
+
+
+def _simulate(cfg: Any, out: Path, nodes: int, callbacks: list[Any]) -> Any:
+    from fedhet.flower.simulation import simulate
+
+    return simulate(cfg, out, nodes, callbacks)
 
 
 def _progress() -> Any:

@@ -12,7 +12,7 @@ import importlib.util
 
 from fedhet.errors import ConfigError
 
-INSTALL_HINT = "pip install 'fedhet[flower]'  (or, in a clone: make flower-venv)"
+INSTALL_HINT = "pip install 'fedhet[flower]'  (or, in a clone: make flower-venv, then use .venv-flower/bin/fedhet)"
 
 
 def require_flwr() -> None:

@@ -114,7 +114,7 @@ def decode_result(arrays: Arrays) -> LocalResult:
 def concat_results(parts: list[LocalResult], order: Tensor) -> LocalResult:
     """One result from the nodes' parts, rows in the order of `order` (the plan's clients that answered)."""
     fields = [f.name for f in dataclasses.fields(LocalResult)]
-    joined = {
+    joined: dict[str, Any] = {
         name: torch.cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None
         for name in fields
     }

@@ -105,8 +105,9 @@ class RemoteEngine(Engine):
         self.lost: dict[int, str] = {}  # node -> the call it failed
         nodes = self._wait_for_nodes(settings)
         metas = self.transport.ask({n: ({}, {**self.base, "op": "meta"}) for n in nodes}, settings.timeout)
+        self.node_ids = sorted(metas)  # Flower's node ids (64-bit); `owner` holds positions in this list
         data, owner, first = self._federation(config, metas)
-        self.owner = owner  # (K,) node id holding each client
+        self.owner = owner  # (K,) position of the node holding each client
         model = build_model(config, parts, data.input_shape, data.num_classes)
         if not np.allclose(first, model.initial_params()[:16].numpy()):
             raise ConfigError("the nodes built a different initial model: give every node the same fedhet version")
@@ -143,13 +144,14 @@ class RemoteEngine(Engine):
         train, test = torch.zeros(total, dtype=torch.long), torch.zeros(total, dtype=torch.long)
         seen = torch.ones(total, dtype=torch.bool)
         info: dict[str, Tensor] = {}
-        for node, (arrays, meta) in sorted(metas.items()):
+        for index, node in enumerate(self.node_ids):
+            arrays, meta = metas[node]
             if int(meta["num_clients"]) != total:
                 raise DataError(f"node {node} holds a partition of {meta['num_clients']} clients, the run has {total}")
             ids = to_torch(arrays["clients"])
             if bool((owner[ids] >= 0).any()):
                 raise DataError(f"node {node} holds clients that another node holds too: give each its own partition")
-            owner[ids] = node
+            owner[ids] = index
             train[ids], test[ids] = to_torch(arrays["train_sizes"]), to_torch(arrays["test_sizes"])
             seen[ids] = to_torch(arrays["seen"])
             for key in (k for k in arrays if k.startswith("info.")):
@@ -177,21 +179,22 @@ class RemoteEngine(Engine):
 
     @property
     def nodes(self) -> list[int]:
-        return sorted(int(n) for n in torch.unique(self.owner).tolist())
+        return list(self.node_ids)
 
     def reachable(self) -> Tensor:
         """(K,) bool: clients whose node has not been lost."""
-        lost = torch.as_tensor(sorted(self.lost), dtype=torch.long)
-        return ~torch.isin(self.owner, lost)
+        lost = [i for i, n in enumerate(self.node_ids) if n in self.lost]
+        return ~torch.isin(self.owner, torch.as_tensor(lost, dtype=torch.long))
 
     def _groups(self, clients: Tensor) -> dict[int, Tensor]:
         """Row indices of `clients` by the (not lost) node holding them."""
         owners = self.owner[clients]
-        return {
-            int(n): torch.nonzero(owners == n).flatten()
-            for n in torch.unique(owners).tolist()
-            if int(n) not in self.lost
-        }
+        groups = {}
+        for index in torch.unique(owners).tolist():
+            node = self.node_ids[int(index)]
+            if node not in self.lost:
+                groups[node] = torch.nonzero(owners == index).flatten()
+        return groups
 
     def _call(self, op: str, per_node: dict[int, Arrays], config: Config | None = None) -> dict[int, Arrays]:
         requests = {n: (a, {**self.base, **(config or {}), "op": op}) for n, a in per_node.items()}
@@ -199,7 +202,7 @@ class RemoteEngine(Engine):
         for node in per_node:
             if node not in replies and node not in self.lost:
                 self.lost[node] = op
-                held = int((self.owner == node).sum())
+                held = int((self.owner == self.node_ids.index(node)).sum())
                 log.warning("node %s did not answer '%s' in time: its %d clients leave the run", node, op, held)
         return {n: r[0] for n, r in replies.items()}
 

@@ -1,0 +1,236 @@
+"""The Flower side: a ServerApp that runs fedhet's round loop with a `RemoteEngine`, and a ClientApp that answers
+it with fedhet's engine on the node's partition. Both travel as ``query`` messages on Flower's Message API.
+
+Deployment (``flwr run`` against a SuperLink; see docs/flower.md) reads the run config keys below; simulation
+(`fedhet.flower.simulation`) builds the same apps in-process.
+
+Run config (``[tool.flwr.app.config]`` or ``flwr run --run-config``): ``config`` (path of a fedhet YAML file on the
+server), ``out`` (the run folder: an existing checkpoint there is resumed), ``nodes`` (nodes to wait for),
+``timeout`` (seconds a node has per call), ``wait`` (seconds to wait for the nodes).
+Node config (``flower-supernode --node-config``): ``partition-id`` and ``num-partitions`` (derive the partition
+from the run's config), or ``data-file`` (a partition file written by scripts/flower_partitions.py);
+``state-dir`` (where the node also saves its clients' state, so that it survives a restarted server).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhet.flower import require_flwr
+
+require_flwr()
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.serverapp import Grid, ServerApp  # noqa: E402
+
+from fedhet.experiments.callbacks import Callback  # noqa: E402
+from fedhet.experiments.config import RunConfig, load_yaml, parse_config  # noqa: E402
+from fedhet.experiments.runner import CHECKPOINT, SUMMARY, RunState, resume, run  # noqa: E402
+from fedhet.flower.codec import Arrays, Config, Payload  # noqa: E402
+from fedhet.flower.node import (  # noqa: E402
+    NodeWorker,
+    config_from_text,
+    config_text,
+    derived_partition,
+    fingerprint,
+    load_partition,
+)
+from fedhet.flower.remote import RemoteEngine, Settings, remote_builder  # noqa: E402
+
+log = logging.getLogger("fedhet.flower")
+STATE_KEY = "fedhet-client-state"
+
+
+def _record(arrays: Arrays, config: Config) -> RecordDict:
+    return RecordDict(
+        {"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "config": ConfigRecord(dict(config))}
+    )
+
+
+def _payload(content: RecordDict) -> Payload:
+    arrays = {k: v.numpy() for k, v in content["arrays"].items()}
+    return arrays, dict(content["config"])
+
+
+class GridTransport:
+    """`fedhet.flower.remote.Transport` over a Flower Grid: one ``query`` message per node and call."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+
+    def nodes(self) -> list[int]:
+        return sorted(int(n) for n in self.grid.get_node_ids())
+
+    def ask(self, requests: dict[int, Payload], timeout: float) -> dict[int, Payload]:
+        messages = [
+            Message(
+                _record(arrays, config), dst_node_id=node, message_type="query", group_id=str(config.get("round", ""))
+            )
+            for node, (arrays, config) in requests.items()
+        ]
+        replies: dict[int, Payload] = {}
+        for reply in self.grid.send_and_receive(messages, timeout=timeout):
+            node = int(reply.metadata.src_node_id)
+            if reply.has_error():
+                log.warning("node %s failed: %s", node, reply.error.reason)
+                continue
+            replies[node] = _payload(reply.content)
+        return replies
+
+
+# ---- ClientApp ---------------------------------------------------------------------------------------------------
+
+_WORKERS: dict[str, NodeWorker] = {}  # by (config, partition): kept while this process lives
+
+
+def _worker(config: Config, node_config: dict[str, Any]) -> NodeWorker:
+    text = str(config["fedhet_config"])
+    data_file = str(node_config.get("data-file", ""))
+    key = fingerprint(f"{text}|{data_file}|{node_config.get('partition-id')}|{node_config.get('num-partitions')}")
+    if key not in _WORKERS:
+        run_config = config_from_text(text)
+        if data_file:
+            data, clients = load_partition(Path(data_file))
+        else:
+            part, parts = int(node_config.get("partition-id", 0)), int(node_config.get("num-partitions", 1))
+            data, clients = derived_partition(run_config, text, part, parts)
+        _WORKERS.clear()
+        _WORKERS[key] = NodeWorker(run_config, data, clients)
+    return _WORKERS[key]
+
+
+def _state_file(config: Config, node_config: dict[str, Any]) -> Path | None:
+    folder = str(node_config.get("state-dir", "") or config.get("state_dir", ""))
+    if not folder:
+        return None
+    node = str(node_config.get("partition-id", node_config.get("data-file", "node")))
+    return Path(folder) / f"{config['run_key']}-{fingerprint(node)}.pt"
+
+
+def _load_state(worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any]) -> None:
+    """The clients' state from Flower's context (this run), else from the node's state file (a resumed run)."""
+    if STATE_KEY in context.state:
+        blob = bytes.fromhex(str(context.state[STATE_KEY]["blob"]))
+        worker.engine.load_state_dict(torch.load(_bytes_io(blob), weights_only=False))
+        return
+    path = _state_file(config, node_config)
+    if path is not None and path.is_file():
+        worker.engine.load_state_dict(torch.load(path, weights_only=False))
+
+
+def _save_state(worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any]) -> None:
+    state = worker.engine.state_dict()
+    buffer = _bytes_io()
+    torch.save(state, buffer)
+    context.state[STATE_KEY] = ConfigRecord({"blob": buffer.getvalue().hex()})
+    path = _state_file(config, node_config)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        tmp.replace(path)
+
+
+def _bytes_io(data: bytes = b"") -> Any:
+    import io
+
+    return io.BytesIO(data)
+
+
+client_app = ClientApp()
+
+
+@client_app.query()
+def answer(message: Message, context: Context) -> Message:
+    """Run one fedhet engine call on this node's partition."""
+    arrays, config = _payload(message.content)
+    node_config = dict(context.node_config)
+    worker = _worker(config, node_config)
+    op = str(config["op"])
+    if op == "train":
+        _load_state(worker, context, config, node_config)
+    out_arrays, out_config = worker.handle(op, arrays, config)
+    if op == "train":
+        _save_state(worker, context, config, node_config)
+    return Message(_record(out_arrays, out_config), reply_to=message)
+
+
+# ---- ServerApp ---------------------------------------------------------------------------------------------------
+
+
+def serve(
+    grid: Grid,
+    config: RunConfig | None,
+    out: Path,
+    settings: Settings,
+    callbacks: list[Callback] | None = None,
+) -> RunState:
+    """Run `config` into `out` across the grid's nodes, or resume the run in `out` if it has a checkpoint."""
+    builder = remote_builder(GridTransport(grid), settings)
+    if (out / CHECKPOINT).is_file():
+        state = resume(out, callbacks, builder)
+    elif config is None:
+        raise FileNotFoundError(f"'{out}' holds no checkpoint to resume and no config was given")
+    else:
+        state = run(config, out, callbacks, builder)
+    engine = state.experiment.engine
+    assert isinstance(engine, RemoteEngine)
+    summary_path = out / SUMMARY
+    summary = json.loads(summary_path.read_text())
+    summary.update({"engine": "flower", "nodes": len(engine.nodes), "nodes_lost": sorted(engine.lost)})
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    return state
+
+
+def run_key(config: RunConfig | None, out: Path) -> str:
+    """Names the nodes' saved state: the run folder (a resumed run keeps it)."""
+    del config
+    return fingerprint(str(out.resolve()))
+
+
+def make_server_app(
+    config: RunConfig | None,
+    out: Path,
+    settings: Settings,
+    callbacks: list[Callback] | None = None,
+    done: Callable[[RunState], None] | None = None,
+) -> ServerApp:
+    """A ServerApp bound to one run (simulation)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        state = serve(grid, config, out, settings, callbacks)
+        if done is not None:
+            done(state)
+
+    return app
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def deployed(grid: Grid, context: Context) -> None:
+    """`flwr run`: the run config names the fedhet config file and the run folder."""
+    rc = dict(context.run_config)
+    out = Path(str(rc.get("out", "runs/flower")))
+    path = str(rc.get("config", ""))
+    config = parse_config(load_yaml(Path(path))) if path else None
+    settings = Settings(
+        timeout=float(rc.get("timeout", 120.0)),
+        min_nodes=int(rc.get("nodes", 1)),
+        wait=float(rc.get("wait", 120.0)),
+        run_key=run_key(config, out),
+    )
+    serve(grid, config, out, settings)
+
+
+__all__ = ["GridTransport", "client_app", "config_text", "make_server_app", "serve", "server_app"]

@@ -1,0 +1,56 @@
+"""`fedhet run --engine flower`: a run through Flower's Simulation Runtime (Ray), nodes on this machine."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from fedhet.errors import ConfigError
+from fedhet.experiments.callbacks import Callback
+from fedhet.experiments.config import RunConfig
+from fedhet.experiments.runner import RunState
+from fedhet.flower import require_flwr
+from fedhet.flower.remote import Settings
+
+
+def simulate(
+    config: RunConfig | None,
+    out: Path,
+    nodes: int = 2,
+    callbacks: list[Callback] | None = None,
+    timeout: float = 300.0,
+    cpus_per_node: float = 1.0,
+) -> RunState:
+    """Run `config` (or resume the run in `out` when `config` is None) on `nodes` simulated SuperNodes.
+
+    Each node holds a contiguous block of the clients, derived from the config; the nodes' client state goes
+    to ``out/node-state`` as well, so that a resumed simulation finds it.
+    """
+    require_flwr()
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    from flwr.simulation import run_simulation
+
+    from fedhet.flower.apps import client_app, make_server_app, run_key
+
+    total = None if config is None else config.num_clients + config.unseen_clients
+    if total is not None and nodes > total:
+        raise ConfigError(f"--nodes {nodes} is more than the {total} clients: use at most one node per client")
+    out.mkdir(parents=True, exist_ok=True)
+    settings = Settings(
+        timeout=timeout, min_nodes=nodes, wait=timeout, run_key=run_key(config, out), state_dir=str(out / "node-state")
+    )
+    finished: list[RunState] = []
+    app = make_server_app(config, out, settings, callbacks, finished.append)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    backend = {
+        "client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0},
+        "init_args": {"include_dashboard": False, "logging_level": "error", "log_to_driver": False},
+    }
+    run_simulation(server_app=app, client_app=client_app, num_supernodes=nodes, backend_config=backend)
+    if not finished:
+        raise ConfigError("the Flower simulation ended without finishing the run; see the log above")
+    return finished[0]
