@@ -16,7 +16,14 @@ from fedhet.experiments.runner import run
 from fedhet.recipes import get_recipe
 from fedhet.recipes.fedmgda import ALONE
 
-NAMES = ("fedmgda-interpolation", "fedmgda-fairness", "fedmgda-improved", "fedmgda-bias-attack")
+NAMES = (
+    "fedmgda-interpolation",
+    "fedmgda-interpolation-iid",
+    "fedmgda-fairness",
+    "fedmgda-improved",
+    "fedmgda-bias-attack",
+    "fedmgda-scaling-attack",
+)
 
 
 @pytest.mark.parametrize("name", NAMES)
