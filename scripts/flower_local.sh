@@ -1,42 +1,43 @@
 #!/usr/bin/env bash
-# A fedhet run on a local Flower deployment: one SuperLink and N SuperNodes on 127.0.0.1 (insecure, loopback only),
-# each node loading its own partition file, then `flwr run` of fedhet's ServerApp/ClientApp. See docs/flower.md.
+# fedhet on a local Flower deployment: one SuperLink and N SuperNodes on 127.0.0.1 (insecure: loopback only), each
+# node loading its own partition file, and `flwr run` of fedhet's ServerApp/ClientApp. See docs/flower.md.
 #
-#   scripts/flower_local.sh CONFIG.yaml RUN_FOLDER [NODES]      (default 3 nodes)
+#   scripts/flower_local.sh demo  CONFIG.yaml RUN_FOLDER [NODES]   start, run, stop (default 3 nodes)
+#   scripts/flower_local.sh start CONFIG.yaml RUN_FOLDER [NODES]   partitions, SuperLink and SuperNodes (background)
+#   scripts/flower_local.sh run   RUN_FOLDER      submit the run (resumes RUN_FOLDER's checkpoint if there is one)
+#   scripts/flower_local.sh kill  RUN_FOLDER I    stop SuperNode I (and the helpers it started)
+#   scripts/flower_local.sh stop  RUN_FOLDER      stop everything started for RUN_FOLDER
 #
-# Environment: VENV (default .venv-flower), PORT (SuperLink port, default 19300; nodes use PORT+1..PORT+N),
-# TIMEOUT (seconds a node has per call before it is dropped, default 60), KEEP=1 leaves the processes running.
-# Logs and the node pids are in RUN_FOLDER/deploy/. Kill a node with: kill "$(cat RUN_FOLDER/deploy/node-1.pid)"
+# Environment: VENV (default .venv-flower), PORT (SuperLink port, default 19300; node i uses PORT+1+i),
+# TIMEOUT (seconds a node has per call before the server drops it, default 60).
+# Logs, pids, partitions and the Flower App are in RUN_FOLDER/deploy/.
 set -euo pipefail
-if [ $# -lt 2 ]; then sed -n '2,10p' "$0"; exit 2; fi
-config=$(realpath "$1"); out=$(realpath -m "$2"); nodes=${3:-3}
+usage() { sed -n '2,12p' "$0"; exit 2; }
+[ $# -ge 2 ] || usage
+cmd=$1
 bin=$(realpath "${VENV:-.venv-flower}")/bin
-port=${PORT:-19300}; timeout=${TIMEOUT:-60}
 [ -x "$bin/flower-superlink" ] || { echo "error: no Flower in $bin; run: make flower-venv" >&2; exit 2; }
-work=$out/deploy
-mkdir -p "$work/app" "$work/flwr-home" "$work/state"
-export FLWR_HOME=$work/flwr-home FLWR_TELEMETRY_ENABLED=0 PATH="$bin:$PATH"  # SuperLink and SuperNodes start flower-superexec, flwr-serverapp, flwr-clientapp
+export FLWR_TELEMETRY_ENABLED=0 PATH="$bin:$PATH"  # SuperLink/SuperNodes start flower-superexec and the app processes
 
-pids=()
-stop() { [ "${KEEP:-0}" = 1 ] || for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap stop EXIT
-
-echo "writing $nodes partition files"
-"$bin/python" -m fedhet.flower.partitions "$config" "$nodes" "$work/parts" > /dev/null
-
-"$bin/flower-superlink" --insecure --host 127.0.0.1 --port "$port" --database "$work/superlink.db" \
-  > "$work/superlink.log" 2>&1 &
-pids+=($!); echo $! > "$work/superlink.pid"
-for _ in $(seq 120); do (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.5; done
-for i in $(seq 0 $((nodes - 1))); do
-  "$bin/flower-supernode" --insecure --superlink "127.0.0.1:$port" --port $((port + 1 + i)) \
-    --node-config "data-file='$work/parts/node-$i.pt' state-dir='$work/state/node-$i'" \
-    > "$work/node-$i.log" 2>&1 &
-  pids+=($!); echo $! > "$work/node-$i.pid"
-done
-
-# The Flower App: fedhet's apps, installed in the venv; only this pyproject.toml travels to the SuperLink.
-cat > "$work/app/pyproject.toml" <<TOML
+start() {
+  local config out nodes port work
+  config=$(realpath "$1"); out=$(realpath -m "$2"); nodes=${3:-3}; port=${PORT:-19300}; work=$out/deploy
+  mkdir -p "$work/app" "$work/flwr-home" "$work/state"
+  echo "$port $nodes" > "$work/ports"
+  echo "writing $nodes partition files to $work/parts"
+  "$bin/python" -m fedhet.flower.partitions "$config" "$nodes" "$work/parts" > /dev/null
+  "$bin/flower-superlink" --insecure --host 127.0.0.1 --port "$port" --database "$work/superlink.db" \
+    > "$work/superlink.log" 2>&1 &
+  echo $! > "$work/superlink.pid"
+  for _ in $(seq 240); do (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.5; done
+  for i in $(seq 0 $((nodes - 1))); do
+    "$bin/flower-supernode" --insecure --superlink "127.0.0.1:$port" --port $((port + 1 + i)) \
+      --node-config "data-file='$work/parts/node-$i.pt' state-dir='$work/state/node-$i'" \
+      > "$work/node-$i.log" 2>&1 &
+    echo $! > "$work/node-$i.pid"
+  done
+  # The Flower App: fedhet's apps are installed in the venv, so only this pyproject.toml travels to the SuperLink.
+  cat > "$work/app/pyproject.toml" <<TOML
 [build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -44,6 +45,8 @@ build-backend = "hatchling.build"
 [project]
 name = "fedhet-flower-app"
 version = "1.0.0"
+description = "fedhet strategies on Flower (the app lives in the installed fedhet package)"
+license = "Apache-2.0"
 dependencies = []
 
 [tool.flwr.app]
@@ -57,10 +60,10 @@ clientapp = "fedhet.flower.apps:client_app"
 config = "$config"
 out = "$out"
 nodes = $nodes
-timeout = $timeout
-wait = 120
+timeout = ${TIMEOUT:-60}
+wait = 180
 TOML
-cat > "$FLWR_HOME/config.toml" <<TOML
+  cat > "$work/flwr-home/config.toml" <<TOML
 [superlink]
 default = "fedhet-local"
 
@@ -68,7 +71,46 @@ default = "fedhet-local"
 address = "127.0.0.1:$port"
 insecure = true
 TOML
+  echo "SuperLink on 127.0.0.1:$port with $nodes SuperNodes (logs in $work)"
+}
 
-echo "SuperLink on 127.0.0.1:$port, $nodes SuperNodes; run folder $out"
-"$bin/flwr" run "$work/app" fedhet-local --stream 2>&1 | tee "$work/flwr-run.log"
-test -f "$out/summary.json" && "$bin/python" -c "import json,sys; s=json.load(open(sys.argv[1])); print('status:', s['status'], '| rounds:', s['rounds'], '| nodes lost:', s.get('nodes_lost'))" "$out/summary.json"
+run() {
+  local out work
+  out=$(realpath -m "$1"); work=$out/deploy
+  FLWR_HOME=$work/flwr-home "$bin/flwr" run "$work/app" fedhet-local --stream 2>&1 | tee -a "$work/flwr-run.log"
+  if [ -f "$out/summary.json" ]; then
+    "$bin/python" -c "import json,sys; s=json.load(open(sys.argv[1])); print('fedhet run', s['status'], '|', s['rounds'], 'of', s['rounds_planned'], 'rounds | nodes lost:', s.get('nodes_lost'))" "$out/summary.json"
+  fi
+}
+
+helpers() {  # pids of the processes a SuperLink or SuperNode on these ports started (in sessions of their own)
+  ps -eo pid=,args= | grep -E "(flower-superexec|flwr-serverapp|flwr-clientapp).*127\.0\.0\.1:($1)( |$)" \
+    | grep -v grep | awk '{print $1}' || true
+}
+
+kill_node() {
+  local work port
+  work=$(realpath -m "$1")/deploy; read -r port _ < "$work/ports"
+  kill "$(cat "$work/node-$2.pid")" 2>/dev/null || true
+  for p in $(helpers $((port + 1 + $2))); do kill "$p" 2>/dev/null || true; done
+  echo "SuperNode $2 stopped"
+}
+
+stop() {
+  local work port nodes ports
+  work=$(realpath -m "$1")/deploy; read -r port nodes < "$work/ports"
+  ports=$port
+  for i in $(seq 0 $((nodes - 1))); do ports="$ports|$((port + 1 + i))"; kill "$(cat "$work/node-$i.pid")" 2>/dev/null || true; done
+  kill "$(cat "$work/superlink.pid")" 2>/dev/null || true
+  for p in $(helpers "$ports"); do kill "$p" 2>/dev/null || true; done
+  echo "stopped the SuperLink and SuperNodes of $work"
+}
+
+case $cmd in
+  start) start "${@:2}" ;;
+  run) run "$2" ;;
+  kill) [ $# -eq 3 ] || usage; kill_node "$2" "$3" ;;
+  stop) stop "$2" ;;
+  demo) [ $# -ge 3 ] || usage; start "${@:2}"; trap 'stop "$3"' EXIT; run "$3" ;;
+  *) usage ;;
+esac

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
 import torch
 from flower_helpers import assert_same_metrics, read_metrics, small_config
 
+from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import RunConfig
-from fedhet.experiments.runner import run
+from fedhet.experiments.runner import RunState, resume, run
 from fedhet.flower.node import NodeWorker, config_text, derived_partition, node_clients
-from fedhet.flower.remote import InProcessTransport, Settings, remote_builder
+from fedhet.flower.remote import InProcessTransport, RemoteEngine, Settings, remote_builder
 
 
 def nodes(config: RunConfig, count: int) -> InProcessTransport:
@@ -50,3 +52,55 @@ def test_remote_run_matches_the_native_run(tmp_path: Path, algorithm: object) ->
     assert remote.status == native.status == "finished"
     assert_same_metrics(read_metrics(tmp_path / "native"), read_metrics(tmp_path / "remote"))
     torch.testing.assert_close(remote.params, native.params, atol=1e-5, rtol=1e-5)
+
+
+class KillAfter(Callback):
+    """Kills node `node` of an in-process transport once round `round_` has ended."""
+
+    def __init__(self, transport: InProcessTransport, node: int, round_: int) -> None:
+        self.transport, self.node, self.round = transport, node, round_
+
+    def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+        if state.round == self.round:
+            self.transport.dead.add(self.node)
+        return False
+
+
+def test_a_lost_node_leaves_the_run_which_finishes_with_the_others(tmp_path: Path) -> None:
+    config = small_config({"name": "maxfl", "finetune_steps": 2}, requirements={"steps": 5}, rounds=4)
+    transport = nodes(config, 3)
+    state = run(config, tmp_path, [KillAfter(transport, 101, 2)], builder=remote_builder(transport, Settings()))
+    assert state.status == "finished" and state.round == 4
+    engine = state.experiment.engine
+    assert isinstance(engine, RemoteEngine) and list(engine.lost) == [101]
+    rows = read_metrics(tmp_path)
+    lost = set(node_clients(6, 1, 3).tolist())
+    assert all(float(r["participants"]) <= 4 for r in rows)
+    assert float(rows[-1]["participants"]) <= 6 - len(lost) and float(rows[-1]["available"]) == 6 - len(lost)
+    for row in rows:  # the metrics stay numbers: they cover the clients that answered
+        assert all(value == value for value in map(float, row.values())), row
+    clients = list(csv.DictReader((tmp_path / "clients.csv").open()))
+    assert {int(float(c["client"])) for c in clients if c["test_accuracy"] == "nan"} == lost
+    assert transport.calls.count("train") > 0
+
+
+def test_a_restarted_server_resumes_without_losing_rounds(tmp_path: Path) -> None:
+    """SCAFFOLD's c_i live on the nodes, versioned by round: a server that dies after the nodes trained round 3
+    but before its checkpoint (every 2 rounds) resumes from round 2 and ends exactly as an uninterrupted run."""
+    config = small_config("scaffold", rounds=4, checkpoint_every=2)
+    straight = run(config, tmp_path / "straight", builder=remote_builder(nodes(config, 2), Settings()))
+    transport = nodes(config, 2)
+
+    class Crash(Callback):
+        def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+            if state.round == 3:
+                raise KeyboardInterrupt  # the server dies; the nodes keep round 3's state
+            return False
+
+    with pytest.raises(KeyboardInterrupt):
+        run(config, tmp_path / "crashed", [Crash()], builder=remote_builder(transport, Settings()))
+    assert torch.load(tmp_path / "crashed" / "checkpoint.pt", weights_only=False)["round"] == 2
+    resumed = resume(tmp_path / "crashed", builder=remote_builder(transport, Settings()))  # a fresh server
+    assert resumed.status == "finished" and resumed.round == 4
+    torch.testing.assert_close(resumed.params, straight.params)
+    assert_same_metrics(read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "crashed"), tol=0)

@@ -82,6 +82,7 @@ class LocalResult:
     grad_mean: Tensor | None = None  # (m, P) mean per-sample gradient at the received model
     grad_var: Tensor | None = None  # (m, P) per-coordinate variance of those gradients
     state_delta: Tensor | None = None  # (m, P) change of the client state (plan.client_state), 0 where steps = 0
+    dropped: Tensor | None = None  # (m,) bool: clients that never answered (a remote node was lost); NaN rows
 
     def rows(self, keep: Tensor) -> LocalResult:
         """The clients selected by `keep` (a bool mask or indices), every per-client field included."""

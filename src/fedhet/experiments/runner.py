@@ -169,9 +169,10 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             if len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
                 plan = attack.corrupt_plan(exp.strategy.configure(t, clients, state.params), t)
                 result = exp.engine.train(state.params, plan, t)
-                if len(result.clients) < len(clients):  # clients lost mid-round (a Flower node failed):
-                    clients = result.clients  # the round goes on with the others, and the strategy re-derives
-                    if len(clients):  # its per-cohort values (MaxFL's q, q-FFL's losses) for them
+                if result.dropped is not None and bool(result.dropped.any()):  # clients lost mid-round (a Flower
+                    result = result.rows(~result.dropped)  # node failed): the round goes on with the others, and
+                    clients = result.clients  # the strategy re-derives its per-cohort values (MaxFL's q) for them
+                    if len(clients):
                         exp.strategy.configure(t, clients, state.params)
                 result = attack.corrupt_updates(result, state.params, t)
                 if len(result.clients):

@@ -14,12 +14,14 @@ from the run's config), or ``data-file`` (a partition file written by scripts/fl
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedhet.flower import require_flwr
@@ -117,8 +119,8 @@ def _state_file(config: Config, node_config: dict[str, Any]) -> Path | None:
 def _load_state(worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any]) -> None:
     """The clients' state from Flower's context (this run), else from the node's state file (a resumed run)."""
     if STATE_KEY in context.state:
-        blob = bytes.fromhex(str(context.state[STATE_KEY]["blob"]))
-        worker.engine.load_state_dict(torch.load(_bytes_io(blob), weights_only=False))
+        blob = context.state[STATE_KEY]["blob"].numpy().tobytes()
+        worker.engine.load_state_dict(torch.load(io.BytesIO(blob), weights_only=False))
         return
     path = _state_file(config, node_config)
     if path is not None and path.is_file():
@@ -127,21 +129,15 @@ def _load_state(worker: NodeWorker, context: Context, config: Config, node_confi
 
 def _save_state(worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any]) -> None:
     state = worker.engine.state_dict()
-    buffer = _bytes_io()
+    buffer = io.BytesIO()
     torch.save(state, buffer)
-    context.state[STATE_KEY] = ConfigRecord({"blob": buffer.getvalue().hex()})
+    context.state[STATE_KEY] = ArrayRecord({"blob": Array(np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy())})
     path = _state_file(config, node_config)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
         tmp.replace(path)
-
-
-def _bytes_io(data: bytes = b"") -> Any:
-    import io
-
-    return io.BytesIO(data)
 
 
 client_app = ClientApp()

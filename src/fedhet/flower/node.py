@@ -178,13 +178,13 @@ class NodeWorker:
         if op == "train":
             result = engine.train(params, decode_plan(arrays, config), round_)
             return encode_result(result), {}
-        if op == "scores":
-            scores = engine.scores(params, split)
-            k = self.clients
-            return {
-                "clients": to_numpy(k),
-                **encode_scores(type(scores)(scores.loss[k], scores.accuracy[k], scores.count[k])),
-            }, {}
+        if op == "scores":  # the global model on both splits of every client here
+            out: Arrays = {"clients": to_numpy(self.clients)}
+            for name in ("test", "train"):
+                scores = engine.scores(params, cast(Split, name))
+                out[f"{name}.loss"] = to_numpy(scores.loss[self.clients])
+                out[f"{name}.accuracy"] = to_numpy(scores.accuracy[self.clients])
+            return out, {}
         assert clients is not None
         if op == "losses_at":
             return {"values": to_numpy(engine.losses_at(params, clients, split))}, {}

@@ -120,6 +120,7 @@ class RemoteEngine(Engine):
             local=local_settings(config),
         )
         self.state_history = config.checkpoint_every
+        self._scored: tuple[Tensor, dict[str, tuple[Tensor, Tensor]]] | None = None
 
     # -- connection ------------------------------------------------------------------------------------------
 
@@ -224,30 +225,53 @@ class RemoteEngine(Engine):
     # -- the engine's interface ------------------------------------------------------------------------------
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
-        def request(rows: Tensor) -> Arrays:
-            arrays, config = encode_plan(plan, rows)
-            cfg.update(config)
-            return {**arrays, "params": to_numpy(global_params)}
-
-        cfg: Config = {}
-        groups = self._groups(plan.clients)
-        per_node = {n: request(rows) for n, rows in groups.items()}
-        replies = self._call("train", per_node, {**cfg, "round": round_})
-        if not replies:
-            return LocalResult(
-                plan.clients[:0], global_params.unsqueeze(0)[:0], torch.zeros(0), plan.steps[:0], plan.lr[:0]
-            )
-        return concat_results([decode_result(replies[n]) for n in sorted(replies)], plan.clients)
+        """The cohort's result in the plan's order; clients whose node was lost come back as NaN rows marked
+        in ``dropped`` (the runner then goes on with the others)."""
+        config: Config = {"round": round_}
+        per_node: dict[int, Arrays] = {}
+        for node, rows in self._groups(plan.clients).items():
+            arrays, scalars = encode_plan(plan, rows)
+            config.update(scalars)
+            per_node[node] = {**arrays, "params": to_numpy(global_params)}
+        replies = self._call("train", per_node, config)
+        m, p, nan = len(plan.clients), self.model.size, float("nan")
+        full = LocalResult(
+            plan.clients,
+            torch.full((m, p), nan),
+            torch.full((m,), nan),
+            torch.zeros_like(plan.steps),
+            plan.lr,
+            dropped=torch.ones(m, dtype=torch.bool),
+        )
+        if replies:
+            got = concat_results([decode_result(replies[n]) for n in sorted(replies)], plan.clients)
+            rows = torch.nonzero(torch.isin(plan.clients, got.clients)).flatten()
+            full.params[rows], full.train_loss[rows], full.steps[rows] = got.params, got.train_loss, got.steps
+            full.dropped[rows] = False  # type: ignore[index]
+            for name in ("grad_mean", "grad_var", "state_delta"):
+                value = getattr(got, name)
+                if value is not None:
+                    column = torch.full((m, p), nan) if name != "state_delta" else torch.zeros(m, p)
+                    column[rows] = value
+                    setattr(full, name, column)
+        return full
 
     def scores(self, params: Tensor, split: Split = "test") -> ClientScores:
-        k = self.data.num_clients
-        loss, acc = torch.full((k,), float("nan")), torch.full((k,), float("nan"))
-        live = [n for n in self.nodes if n not in self.lost]
-        replies = self._call("scores", {n: {"params": to_numpy(params)} for n in live}, {"split": split})
-        for reply in replies.values():
-            ids, scores = to_torch(reply["clients"]), decode_scores(reply)
-            loss[ids], acc[ids] = scores.loss, scores.accuracy
-        return ClientScores(loss, acc, getattr(self.data, split).sizes)
+        """Both splits come back in one message; the round's second call (train after test) is then free."""
+        if self._scored is None or not torch.equal(self._scored[0], params):
+            k = self.data.num_clients
+            both = {
+                name: (torch.full((k,), float("nan")), torch.full((k,), float("nan"))) for name in ("test", "train")
+            }
+            live = [n for n in self.nodes if n not in self.lost]
+            replies = self._call("scores", {n: {"params": to_numpy(params)} for n in live})
+            for reply in replies.values():
+                ids = to_torch(reply["clients"])
+                for name, (loss, acc) in both.items():
+                    loss[ids], acc[ids] = to_torch(reply[f"{name}.loss"]), to_torch(reply[f"{name}.accuracy"])
+            self._scored = (params.clone(), both)
+        loss, acc = self._scored[1][split]
+        return ClientScores(loss.clone(), acc.clone(), getattr(self.data, split).sizes)
 
     def losses_at(self, params: Tensor, clients: Tensor, split: Split = "train") -> Tensor:
         return self._values("losses_at", clients, params, "values", {"split": split})
