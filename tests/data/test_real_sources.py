@@ -23,6 +23,8 @@ from fedhet.data.real import (
     ALL_LETTERS,
     CIFAR10,
     CIFAR10_BATCHES,
+    CIFAR100,
+    CIFAR100_FILES,
     EMNIST,
     FEMNIST,
     MNIST,
@@ -115,7 +117,17 @@ def write_adult(folder: Path) -> None:
 
 
 def test_sources_are_registered_with_one_line_descriptions() -> None:
-    names = {"mnist", "fashion_mnist", "emnist", "cifar10", "femnist", "shakespeare", "sent140", "leaf_synthetic"}
+    names = {
+        "mnist",
+        "fashion_mnist",
+        "emnist",
+        "cifar10",
+        "cifar100",
+        "femnist",
+        "shakespeare",
+        "sent140",
+        "leaf_synthetic",
+    }
     assert names | {"adult"} <= set(DATASETS.names())
     for name in [*names, "adult"]:
         cls = DATASETS.get(name)
@@ -224,6 +236,43 @@ def test_cifar10_missing_and_corrupt(tmp_path: Path) -> None:
     (folder / "test_batch").write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0]}))
     with pytest.raises(DataError, match="1 labels for 2 images"):
         CIFAR10().load(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- CIFAR-100
+
+
+def write_cifar100(folder: Path, per_file: int = 3) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(CIFAR100_FILES):
+        data = np.zeros((per_file, 3072), dtype=np.uint8)
+        data[:, :1024], data[:, 1024:2048], data[:, 2048:] = 255, 0, 128  # R, G, B planes
+        fine = [(i * 50 + j * 33) % 100 for j in range(per_file)]
+        batch = {b"data": data, b"fine_labels": fine, b"coarse_labels": [f // 5 for f in fine]}
+        (folder / name).write_bytes(pickle.dumps(batch))
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_cifar100_pickles(tmp_path: Path, nested: bool) -> None:
+    write_cifar100(tmp_path / "cifar100" / "cifar-100-python" if nested else tmp_path / "cifar100")
+    ds = CIFAR100().load(tmp_path)
+    assert ds.x.shape == (6, 3, 32, 32) and ds.num_classes == 100
+    assert ds.y.tolist() == [0, 33, 66, 50, 83, 16]  # fine labels, train then test
+    for channel, pixel in enumerate((255, 0, 128)):
+        expected = (pixel / 255 - CIFAR100.mean[channel]) / CIFAR100.std[channel]
+        assert torch.allclose(ds.x[:, channel], torch.tensor(expected, dtype=torch.float32))
+
+
+def test_cifar100_missing_and_corrupt(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"'train'.*cifar100.*cifar-100-python\.tar\.gz"):
+        CIFAR100().load(tmp_path)
+    folder = tmp_path / "cifar100" / "cifar-100-python"
+    write_cifar100(folder)
+    (folder / "test").write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1]}))
+    with pytest.raises(DataError, match="not a CIFAR-100 file"):
+        CIFAR100().load(tmp_path)
+    (folder / "test").write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"fine_labels": [0, 100]}))
+    with pytest.raises(DataError, match=r"expected 0\.\.99"):
+        CIFAR100().load(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------- LEAF
@@ -371,6 +420,7 @@ def test_official_tables_are_intact() -> None:
         r.url.startswith("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/") for r in FashionMNIST.files
     )
     assert CIFAR10.files[0].md5 == "c58f30108f718f92721af3b95e74349a"
+    assert CIFAR100.files[0].md5 == "eb9058c3a382ffc7106e4002c42a8d85"
     assert EMNIST.files[0].url == "https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip"
 
 

@@ -39,6 +39,7 @@ CASES: list[tuple[dict[str, Any], tuple[int, ...], int, bool]] = [
     ({"name": "lenet_cifar"}, (3, 32, 32), 10, False),
     ({"name": "lenet_cifar"}, (3072,), 10, False),
     ({"name": "cnn_cifar"}, (3, 32, 32), 10, False),
+    ({"name": "vgg16", "widths": [4, 4, 8, 8, 8], "hidden": 16, "norm": "none"}, (3072,), 10, False),
     ({"name": "char_lstm"}, (8,), 80, True),
     ({"name": "char_lstm", "embed_dim": 4, "hidden": 12, "layers": 3}, (5,), 20, True),
     ({"name": "char_lstm", "hidden": 16, "fused": True}, (6,), 30, True),
@@ -112,6 +113,8 @@ def test_image_models_accept_flat_and_image_batches() -> None:
         ({"name": "cnn_mnist", "padding": "valid"}, (1, 28, 28), 10, 582_026),
         ({"name": "lenet_cifar"}, (3, 32, 32), 10, 62_006),
         ({"name": "cnn_cifar"}, (3, 32, 32), 10, 2_156_490),
+        ({"name": "vgg16", "norm": "none"}, (3, 32, 32), 100, 15_291_300),  # 14,714,688 conv + 576,612 head
+        ({"name": "vgg16"}, (3, 32, 32), 100, 15_299_748),  # + GroupNorm's 2 × 4,224 affine parameters
         ({"name": "char_lstm"}, (80,), 80, 819_920),  # LEAF Shakespeare, 80 characters
         ({"name": "char_lstm", "fused": True}, (80,), 80, 819_920),
     ],
@@ -238,7 +241,7 @@ def test_invalid_parameters(spec: dict[str, Any], message: str) -> None:
 
 
 def test_registered_with_descriptions_and_round_trip() -> None:
-    names = {"logistic", "mlp", "cnn_mnist", "lenet_cifar", "cnn_cifar", "char_lstm"}
+    names = {"logistic", "mlp", "cnn_mnist", "lenet_cifar", "cnn_cifar", "vgg16", "char_lstm"}
     assert names <= set(MODELS.names())
     for name in names:
         cls = MODELS.get(name)
@@ -254,3 +257,27 @@ def test_registered_with_descriptions_and_round_trip() -> None:
         "dropout": 0.5,
         "dropout_after": "first",
     }
+
+
+def test_vgg16_group_norm_under_vmap() -> None:
+    """VGG-16's GroupNorm is per sample, so vmap over clients gives each client's own gradient (up to float32
+    rounding through 13 normalised layers, ~1e-4 of the gradient's scale)."""
+    model = build({"name": "vgg16", "widths": [4, 4, 8, 8, 8], "hidden": 16}, (3, 32, 32), 100).eval()
+    params = stacked_params(model)
+    x = inputs((3, 32, 32), 100, False, CLIENTS, BATCH)
+    y = torch.randint(0, 100, (CLIENTS, BATCH), generator=torch.Generator().manual_seed(2))
+
+    def loss_fn(p: dict[str, Tensor], xb: Tensor, yb: Tensor) -> Tensor:
+        return F.cross_entropy(functional_call(model, p, (xb,)), yb)
+
+    batched = vmap(grad(loss_fn))(params, x, y)
+    for k in range(CLIENTS):
+        local = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, p in local.named_parameters():
+                p.copy_(params[name][k])
+        F.cross_entropy(local(x[k]), y[k]).backward()
+        grads = {name: p.grad for name, p in local.named_parameters() if p.grad is not None}
+        scale = max(float(g.abs().max()) for g in grads.values())  # conv biases before a norm get ≈ 0
+        for name, g in grads.items():
+            torch.testing.assert_close(batched[name][k], g, rtol=0, atol=1e-3 * scale, msg=name)

@@ -7,14 +7,17 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedhet.recipes import RECIPES
 from fedhet.recipes.fedgsnr import (
     IID,
     PARTITIONS,
     RunSummary,
+    fig5_study,
     figures_study,
     format_rounds,
+    label_correlation,
     paired_speedups,
     speed_table,
     table1_study,
@@ -51,7 +54,24 @@ def test_speed_table_pairs_seeds_and_marks_unreached() -> None:
 
 
 def test_recipes_are_registered() -> None:
-    assert {"fedgsnr-table1", "fedgsnr-table2", "fedgsnr-figures"} <= set(RECIPES)
+    assert {"fedgsnr-table1", "fedgsnr-table2", "fedgsnr-figures", "fedgsnr-fig5"} <= set(RECIPES)
+
+
+def test_label_correlation() -> None:
+    history = torch.tensor([[0.1, 0.5, 0.9], [0.3, 0.7, 1.1]], dtype=torch.float64)  # scores 0.2, 0.6, 1.0
+    labels = torch.tensor([[5.0, 0, 0], [3, 3, 0], [1, 1, 1]])  # 1, 2, 3 classes
+    run = RunSummary([], {}, contribution=history, label_counts=labels)
+    assert label_correlation(run) == pytest.approx(1.0)
+    flat = RunSummary([], {}, contribution=history, label_counts=torch.ones(3, 3))
+    assert math.isnan(label_correlation(flat))
+
+
+def test_fig5_falls_back_to_digits(tmp_path: Path) -> None:
+    text = fig5_study(tmp_path, False, (0,), embedded=True, changes=TINY, bases={"FedAvg": "fedavg"})
+    assert "the cifar100 files are missing" in text and "| FedGSNR with FedAvg |" in text
+    assert "Spearman correlation" in text
+    assert (tmp_path / "contribution_pareto.png").stat().st_size > 5_000
+    assert (tmp_path / "pareto" / "fedgsnr-with-fedavg" / "seed0" / "contribution.csv").is_file()
 
 
 def test_table1_layout_and_run_folders(tmp_path: Path) -> None:
@@ -83,7 +103,7 @@ def test_figures_write_entropy_contribution_and_flip(tmp_path: Path) -> None:
     parts = {"α = 0.1": PARTITIONS["α = 0.1"], "Pareto": PARTITIONS["Pareto"]}
     text = figures_study(tmp_path, False, (0,), embedded=True, changes=TINY, partitions=parts, flip_partitions=("IID",))
     assert IID["name"] == "iid" and "| IID |" in text
-    assert "rank (1 = lowest)" in text
+    assert "rank (1 = lowest)" in text and "Spearman(GSNR, classes)" in text
     for name in ("entropy.png", "gsnr_partitions.png", "contribution_pareto.png"):
         assert (tmp_path / name).stat().st_size > 5_000, name
     folder = tmp_path / "label-flip" / "iid" / "fedgsnr-with-fedavg" / "seed0"

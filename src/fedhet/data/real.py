@@ -272,6 +272,63 @@ class CIFAR10(DatasetSource):
         return Dataset(self.name, x, torch.from_numpy(np.concatenate(ys)), 10)
 
 
+# ---------------------------------------------------------------------------------------------- CIFAR-100
+
+CIFAR100_FILES = ("train", "test")
+
+
+@DATASETS.register
+class CIFAR100(DatasetSource):
+    """CIFAR-100 (Krizhevsky 2009) python pickles ``train`` and ``test`` with their 100 fine labels, in
+    ``data_dir/cifar100/cifar-100-python/`` or directly in ``data_dir/cifar100/``.
+
+    Pixels are scaled to [0, 1], then normalised per channel (R, G, B) with the training-set means
+    (0.5071, 0.4865, 0.4409) and standard deviations (0.2673, 0.2564, 0.2762).
+    """
+
+    name: ClassVar[str] = "cifar100"
+    description: ClassVar[str] = "CIFAR-100 colour images (python pickles; 60,000 images, 100 fine classes)"
+    files: ClassVar[tuple[RemoteFile, ...]] = (
+        RemoteFile(
+            "cifar-100-python.tar.gz",
+            "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+            md5="eb9058c3a382ffc7106e4002c42a8d85",
+        ),
+    )
+    mean: ClassVar[tuple[float, float, float]] = (0.5071, 0.4865, 0.4409)
+    std: ClassVar[tuple[float, float, float]] = (0.2673, 0.2564, 0.2762)
+
+    def load(self, data_dir: Path, download: bool = False) -> Dataset:
+        root = data_dir / self.name
+        nested = root / "cifar-100-python"
+        folder = nested if nested.is_dir() else root
+        if download and not all((folder / n).is_file() for n in CIFAR100_FILES):
+            extract_tar(fetch(self.files[0], root), root)
+            folder = nested
+        hint = (
+            "download cifar-100-python.tar.gz from Alex Krizhevsky's CIFAR page "
+            "(https://www.cs.toronto.edu/~kriz/cifar.html) and unpack it into "
+            f"'{root}', or rerun with --download"
+        )
+        xs, ys = [], []
+        for n in CIFAR100_FILES:
+            path = find(folder, n, hint, gz=False)
+            batch = read_pickle(path)
+            if b"data" not in batch or b"fine_labels" not in batch:
+                raise DataError(f"'{path}' is not a CIFAR-100 file (no b'data' and b'fine_labels' keys)")
+            data = np.asarray(batch[b"data"])
+            labels = np.asarray(batch[b"fine_labels"])
+            if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+                raise DataError(f"'{path}' holds data of shape {data.shape} ({data.dtype}), expected (N, 3072) uint8")
+            if labels.shape != (len(data),):
+                raise DataError(f"'{path}' holds {labels.size} labels for {len(data)} images")
+            xs.append(data.reshape(-1, 3, 32, 32))
+            ys.append(_check_labels(labels, 100, path))
+        x = torch.from_numpy(np.concatenate(xs).astype(np.float32)).div_(255.0)
+        x = (x - torch.tensor(self.mean).view(1, 3, 1, 1)) / torch.tensor(self.std).view(1, 3, 1, 1)
+        return Dataset(self.name, x, torch.from_numpy(np.concatenate(ys)), 100)
+
+
 # ---------------------------------------------------------------------------------------------- LEAF JSON
 
 # LEAF's Shakespeare vocabulary (leaf/models/utils/language_utils.py): 80 printable characters.

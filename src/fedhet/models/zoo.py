@@ -18,7 +18,8 @@ Sources of the architectures:
   CNN on MNIST).
 * Rodio et al., "Federated Learning under Heterogeneous and Correlated Client Availability" (CA-Fed; linear
   models).
-* FedGSNR (gradient signal-to-noise-ratio aware FL; LeNet-5 on CIFAR-10), after LeCun et al. 1998.
+* FedGSNR (gradient signal-to-noise-ratio aware FL; LeNet-5 on CIFAR-10 after LeCun et al. 1998, VGG-16 on
+  CIFAR-100 after Simonyan and Zisserman 2015).
 """
 
 from __future__ import annotations
@@ -225,6 +226,50 @@ class LeNetCifar(ModelSpec):
         )
         flat = _flat_size(features, shape, self.name)
         head = nn.Sequential(nn.Linear(flat, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU(), nn.Linear(h2, num_classes))
+        return ConvClassifier(shape, features, head)
+
+
+@MODELS.register
+class VGG16(ModelSpec):
+    """VGG-16 (Simonyan & Zisserman 2015, configuration D) for small colour images, FedGSNR's CIFAR-100 model.
+
+    Five stages of 3×3 'same' convolutions (2, 2, 3, 3, 3 of them; `widths` channels, default 64, 128, 256,
+    512, 512), each conv followed by ReLU and each stage by max-pool 2, then fc 512 → ReLU → fc 512 → ReLU →
+    fc C (the usual CIFAR head): 15,291,300 parameters for CIFAR-100, 15,299,748 with GroupNorm. BatchNorm
+    updates buffers in the forward pass, which the functional engine cannot do, so `norm` is GroupNorm
+    (gcd(32, channels) groups after every conv; a per-sample statistic, safe for per-sample gradients) or none
+    (gradients then vanish through the 13 plain layers at PyTorch's default initialisation). The FedGSNR paper
+    does not say which.
+    """
+
+    name: ClassVar[str] = "vgg16"
+    description: ClassVar[str] = "VGG-16 (config D) with GroupNorm or no norm, CIFAR head (FedGSNR's CIFAR-100 model)"
+
+    widths: tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt, PositiveInt] = (64, 128, 256, 512, 512)
+    hidden: PositiveInt = 512
+    norm: Literal["group", "none"] = "group"
+
+    def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+        shape = image_shape(input_shape, self.name)
+        layers: list[nn.Module] = []
+        channels = shape[0]
+        for width, convs in zip(self.widths, (2, 2, 3, 3, 3), strict=True):
+            for _ in range(convs):
+                layers.append(nn.Conv2d(channels, width, 3, padding=1))
+                if self.norm == "group":
+                    layers.append(nn.GroupNorm(math.gcd(32, width), width))
+                layers.append(nn.ReLU())
+                channels = width
+            layers.append(nn.MaxPool2d(2))
+        features = nn.Sequential(*layers)
+        flat = _flat_size(features, shape, self.name)
+        head = nn.Sequential(
+            nn.Linear(flat, self.hidden),
+            nn.ReLU(),
+            nn.Linear(self.hidden, self.hidden),
+            nn.ReLU(),
+            nn.Linear(self.hidden, num_classes),
+        )
         return ConvClassifier(shape, features, head)
 
 

@@ -57,6 +57,13 @@ EMBEDDED: dict[str, Any] = {
     "local": {"steps": 20, "lr": 0.01, "batch_size": 10},
     "metrics": [{"name": "target_accuracy", "target": 0.85, "column": ACCURACY}],
 }
+# Fig. 5: CIFAR-100 with VGG-16 under the Pareto partition. The paper gives no target accuracy for it; 0.3 is ours.
+PAPER_CIFAR100: dict[str, Any] = {
+    **PAPER,
+    "dataset": "cifar100",
+    "model": "vgg16",
+    "metrics": [{"name": "target_accuracy", "target": 0.3, "column": ACCURACY}],
+}
 QUICK_PAPER: dict[str, Any] = {"rounds": 100}
 QUICK_EMBEDDED: dict[str, Any] = {"rounds": 25}
 SEEDS = (0, 1, 2)
@@ -169,16 +176,19 @@ def paper_data_present(base: dict[str, Any]) -> bool:
     return True
 
 
-def setting(quick: bool, embedded: bool | None, changes: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+def setting(
+    quick: bool, embedded: bool | None, changes: dict[str, Any] | None, paper: dict[str, Any] = PAPER
+) -> tuple[dict[str, Any], str]:
     """The base config (the paper's, or the embedded fallback), and a line saying which data is used."""
     if embedded is None:
-        embedded = not paper_data_present(PAPER)
-    raw = deep_merge(PAPER, EMBEDDED) if embedded else dict(PAPER)
+        embedded = not paper_data_present(paper)
+    raw = deep_merge(paper, EMBEDDED) if embedded else dict(paper)
     if quick:
         raw = deep_merge(raw, QUICK_EMBEDDED if embedded else QUICK_PAPER)
     raw = deep_merge(raw, changes or {})
     target = next(m["target"] for m in raw["metrics"] if isinstance(m, dict) and m["name"] == "target_accuracy")
-    note = "embedded data: digits (the CIFAR-10 files are missing)" if embedded else "data: CIFAR-10"
+    name = paper["dataset"]
+    note = f"embedded data: digits (the {name} files are missing)" if embedded else f"data: {name}"
     note += f"; {raw['num_clients']} clients; target test accuracy {target}; {raw['rounds']} rounds"
     return raw, note + (" (quick)" if quick else "")
 
@@ -429,10 +439,19 @@ def figures_study(
         runs = entropy[("FedGSNR with FedAvg", p)]
         h = [np.nanmean([row.get("gsnr_entropy", float("nan")) for row in r.history]) for r in runs]
         mean_r = [float(contribution_scores(r.contribution).nanmean()) for r in runs if r.contribution is not None]
-        rows.append([p, f"{np.mean(h):.3f}", f"{log_n:.3f}", f"{np.mean(mean_r):.3f}"])
+        rho = [label_correlation(r) for r in runs]
+        rho_text = f"{np.nanmean(rho):.2f}" if not all(math.isnan(v) for v in rho) else "– (equal)"
+        rows.append([p, f"{np.mean(h):.3f}", f"{log_n:.3f}", f"{np.mean(mean_r):.3f}", rho_text])
     text = f"### FedGSNR Fig. 3 / Fig. 7: allocation entropy and GSNR per partition (FedGSNR with FedAvg)\n\n{note}; "
     text += f"seeds: {', '.join(map(str, seeds))}\n\n"
-    text += markdown_table(["partition", "mean entropy H over rounds", "log N (uniform)", "mean client GSNR"], rows)
+    header = [
+        "partition",
+        "mean entropy H over rounds",
+        "log N (uniform)",
+        "mean client GSNR",
+        "Spearman(GSNR, classes)",
+    ]
+    text += markdown_table(header, rows)
     flip_rows = []
     for (m, p), flip_runs in flipped.items():
         for seed, r in zip(seeds, flip_runs, strict=True):
@@ -471,6 +490,54 @@ def figures_study(
         flip_rows,
     )
     text += f"\n{PARTITION_NOTE}\n"
+    return text
+
+
+def label_correlation(summary: RunSummary) -> float:
+    """Spearman correlation between a client's contribution score and the number of classes it holds (Fig. 5b:
+    "the GSNR of different participants resemble their label distribution")."""
+    from scipy.stats import spearmanr
+
+    assert summary.contribution is not None and summary.label_counts is not None
+    score = contribution_scores(summary.contribution).numpy()
+    classes = (summary.label_counts > 0).sum(1).numpy()
+    if np.ptp(classes) == 0 or np.ptp(score) == 0:
+        return float("nan")
+    return float(spearmanr(score, classes).statistic)
+
+
+def fig5_study(
+    out: Path,
+    quick: bool,
+    seeds: tuple[int, ...],
+    *,
+    embedded: bool | None = None,
+    changes: dict[str, Any] | None = None,
+    bases: dict[str, str | dict[str, Any]] | None = None,
+) -> str:
+    """Fig. 5: CIFAR-100 (VGG-16) under the Pareto partition, every base strategy with and without FedGSNR:
+    (a) the accuracy curves, (b) each client's GSNR above its label histogram."""
+    base, note = setting(quick, embedded, changes, PAPER_CIFAR100)
+    base = deep_merge(base, {"partition": PARTITIONS["Pareto"]})
+    methods = paired_methods(bases or BASES)
+    cells = {(m, "Pareto"): deep_merge(base, change) for m, change in methods.items()}
+    measured = ("FedGSNR with FedAvg", "Pareto")
+    if measured in cells:
+        cells[measured]["metrics"] = [*base["metrics"], "contribution"]
+    results = run_cells(out, cells, seeds)
+    rows = list(methods)
+    speed, _ = speed_table(results, rows, ["Pareto"], lambda r: r.removeprefix("FedGSNR with "), base["rounds"])
+    accuracy_figures(out, results, rows, "Pareto")
+    write_results(out, results, seeds)
+    text = f"### FedGSNR Fig. 5: Pareto partition, every base strategy with and without FedGSNR\n\n{note}; "
+    text += f"seeds: {', '.join(map(str, seeds))}\n\n{speed}\n"
+    text += "### Best test accuracy (%)\n\n" + accuracy_table(results, rows, ["Pareto"])
+    if measured in results:
+        runs = results[measured]
+        plot_summary_contribution(runs[0], out / "contribution_pareto.png", "GSNR per client, Pareto (seed 0)")
+        rho = [label_correlation(r) for r in runs]
+        text += "\nSpearman correlation of a client's GSNR score with the number of classes it holds (Fig. 5b), "
+        text += f"per seed: {', '.join(f'{v:.2f}' for v in rho)}\n"
     return text
 
 
@@ -552,6 +619,20 @@ def table2() -> Recipe:
         columns={},
         seeds=SEEDS,
         custom=_custom(table2_study),
+    )
+
+
+@register_recipe
+def fig5() -> Recipe:
+    return Recipe(
+        name="fedgsnr-fig5",
+        description="FedGSNR Fig. 5: CIFAR-100/VGG-16 Pareto, accuracy of each base with and without FedGSNR, GSNR "
+        "per client",
+        base={},
+        methods={},
+        columns={},
+        seeds=SEEDS,
+        custom=_custom(fig5_study),
     )
 
 
