@@ -12,6 +12,7 @@ from fedhet.catalog import DATASETS, PARTITIONERS
 from fedhet.data.cafed_synthetic import CAFedSynthetic, SwappedGroups, sigmoid
 from fedhet.data.embedded import Digits
 from fedhet.data.federate import federate
+from fedhet.data.real import MNIST_FILES
 from fedhet.errors import ConfigError
 from fedhet.seeding import numpy_rng
 
@@ -59,3 +60,21 @@ def test_swapped_groups_on_digits() -> None:
     assert set(both) == {0, 1}
     with pytest.raises(ConfigError, match="does not exist"):
         SwappedGroups(base="digits", swapped=[2]).load(Path("unused"))
+
+
+def test_swapped_groups_read_mnist_idx_files(tmp_path: Path) -> None:
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in zip(MNIST_FILES, (30, 30, 18, 18), strict=True):  # IDX: magic, dims, uint8 payload
+        array = rng.integers(0, 256, (n, 28, 28)) if "images" in name else np.arange(n) % 10
+        header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+        (folder / name).write_bytes(header + array.astype(np.uint8).tobytes())
+    data = SwappedGroups(base="mnist", clients=4).load(tmp_path)
+    base = DATASETS.build({"name": "mnist", "flatten": True}).load(tmp_path)
+    assert data.x.shape == (48, 784) and torch.equal(data.x, base.x)
+    users = data.users.numpy()  # type: ignore[union-attr]
+    table = SwappedGroups(base="mnist", clients=4).swap_tables(10)[1]
+    second = users >= 2
+    np.testing.assert_array_equal(data.y.numpy()[second], table[base.y.numpy()[second]])
+    np.testing.assert_array_equal(data.y.numpy()[~second], base.y.numpy()[~second])

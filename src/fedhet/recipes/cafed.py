@@ -105,14 +105,22 @@ CLASSES = {  # (more available?, correlated?) → name
 
 
 def method_config(
-    dataset: dict[str, Any], method: str, lr: float, server_lr: float, seed: int, rounds: int
+    dataset: dict[str, Any],
+    method: str,
+    lr: float,
+    server_lr: float,
+    seed: int,
+    rounds: int,
+    availability: dict[str, Any] = AVAILABILITY,
 ) -> dict[str, Any]:
-    """The run config of `method` on `dataset` (changes to `BASE`) with learning rates (η, η_s)."""
-    algorithm = {**METHODS[method], "oracle": AVAILABILITY, "server_lr": FIXED_SERVER_LR.get(method, server_lr)}
+    """The run config of `method` on `dataset` (changes to `BASE`) with learning rates (η, η_s); the server's
+    oracle knows the π, λ of `availability`."""
+    algorithm = {**METHODS[method], "oracle": availability, "server_lr": FIXED_SERVER_LR.get(method, server_lr)}
     if algorithm["name"] == "f3ast":
         algorithm["smoothing"] = 1.0 / rounds
     raw = deep_merge(BASE, dataset)
-    return deep_merge(raw, {"algorithm": algorithm, "local": {"lr": lr}, "rounds": rounds, "seed": seed})
+    changes = {"algorithm": algorithm, "availability": availability, "local": {"lr": lr}, "rounds": rounds}
+    return deep_merge(raw, {**changes, "seed": seed})
 
 
 def slug(method: str) -> str:
@@ -517,29 +525,46 @@ def _table1(out: Path, quick: bool, seeds: tuple[int, ...]) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 SENSITIVITY_METHODS = ("Unbiased", "CA-Fed", "CA-Fed (code)")
+SENSITIVITY_SETTINGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {  # name → (dataset, availability)
+    "50 train, paper's classes": (SYNTHETIC_SIZES["50 train / 150 test (authors' scripts)"], AVAILABILITY),
+    "150 train, paper's classes": (SYNTHETIC_SIZES["150 train / 50 test"], AVAILABILITY),
+    "50 train, code's classes": (
+        SYNTHETIC_SIZES["50 train / 150 test (authors' scripts)"],
+        {**AVAILABILITY, "mix": "repo"},
+    ),
+}
 
 
-def run_sensitivity(
-    seeds: tuple[int, ...], rounds: int = ROUNDS, progress: bool = True
-) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """Setting → method → metric → one value per seed, on the synthetic task with `DEFAULT_LRS`."""
-    values: dict[str, dict[str, dict[str, list[float]]]] = {}
-    total = len(SYNTHETIC_SIZES) * len(SENSITIVITY_METHODS) * len(seeds)
+@dataclass
+class SensitivityResult:
+    """Setting → method → metric → one value per seed; setting → method → participation arrays per seed."""
+
+    values: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)
+    participation: dict[str, dict[str, list[dict[str, np.ndarray]]]] = field(default_factory=dict)
+
+
+def run_sensitivity(seeds: tuple[int, ...], rounds: int = ROUNDS, progress: bool = True) -> SensitivityResult:
+    """Unbiased and both CA-Fed variants in every `SENSITIVITY_SETTINGS` on the synthetic task, `DEFAULT_LRS`."""
+    from fedhet.metrics.availability import participation_arrays
+
+    result = SensitivityResult()
+    total = len(SENSITIVITY_SETTINGS) * len(SENSITIVITY_METHODS) * len(seeds)
     with counting(total, progress) as counter:
-        for setting, dataset in SYNTHETIC_SIZES.items():
+        for setting, (dataset, availability) in SENSITIVITY_SETTINGS.items():
             for method in SENSITIVITY_METHODS:
                 for seed in seeds:
-                    state = _run(method_config(dataset, method, *DEFAULT_LRS, seed, rounds), None)
+                    raw = method_config(dataset, method, *DEFAULT_LRS, seed, rounds, availability)
+                    state = _run(raw, None)
                     counter.advance(f"{setting}: {method} seed {seed}")
-                    per = values.setdefault(setting, {}).setdefault(method, {})
+                    per = result.values.setdefault(setting, {}).setdefault(method, {})
                     for column in COLUMNS:
                         per.setdefault(column, []).append(float(state.final[column]))
-    return values
+                    runs = result.participation.setdefault(setting, {}).setdefault(method, [])
+                    runs.append(participation_arrays(state))
+    return result
 
 
-def sensitivity_markdown(
-    values: dict[str, dict[str, dict[str, list[float]]]], seeds: tuple[int, ...], rounds: int
-) -> str:
+def sensitivity_markdown(result: SensitivityResult, seeds: tuple[int, ...], rounds: int) -> str:
     from fedhet.report.tables import markdown_table
 
     text = (
@@ -548,21 +573,30 @@ def sensitivity_markdown(
     )
     rows = [
         [setting, method, *(mean_std_cell(per[method][c]) for c in COLUMNS)]
-        for setting, per in values.items()
+        for setting, per in result.values.items()
         for method in per
     ]
-    text += markdown_table(["Clients' data", "Method", *COLUMNS.values()], rows) + "\n"
-    for setting, per in values.items():
+    text += markdown_table(["Setting", "Method", *COLUMNS.values()], rows) + "\n"
+    for setting, per in result.values.items():
         for method in (m for m in per if m in CAFED_VARIANTS):
             text += f"- {setting}: {comparison(per, method)}\n"
-    return text
+    text += "\n### Which clients CA-Fed excludes: % of a class's active rounds with q_k = 0, all seeds\n\n"
+    rows = []
+    for setting, logs in result.participation.items():
+        for method in (m for m in logs if m in CAFED_VARIANTS):
+            shares = class_exclusion(logs[method])
+            rows.append([setting, method, *("-" if np.isnan(v) else f"{100 * v:.1f}" for v in shares.values())])
+    return text + markdown_table(["Setting", "Method", *CLASSES.values()], rows)
 
 
 def _sensitivity(out: Path, quick: bool, seeds: tuple[int, ...]) -> str:
     rounds = 40 if quick else ROUNDS
-    values = run_sensitivity(seeds, rounds)
-    (out / "results.json").write_text(json.dumps({"values": values, "rounds": rounds}, indent=1))
-    return sensitivity_markdown(values, seeds, rounds)
+    result = run_sensitivity(seeds, rounds)
+    (out / "results.json").write_text(json.dumps({"values": result.values, "rounds": rounds}, indent=1))
+    code_mix = result.participation["50 train, code's classes"]
+    panels = {m: code_mix[m][0] for m in CAFED_VARIANTS}
+    plot_availability(panels, out / "fig1_code_classes.png", f"synthetic, the code's classes, seed {seeds[0]}")
+    return sensitivity_markdown(result, seeds, rounds)
 
 
 @register_recipe
@@ -581,7 +615,7 @@ def table1() -> Recipe:
 def sensitivity() -> Recipe:
     return Recipe(
         name="cafed-sensitivity",
-        description="CA-Fed vs Unbiased over 10 seeds with 50 or 150 training samples per synthetic client",
+        description="CA-Fed vs Unbiased over 10 seeds: 50 or 150 training samples, the paper's or the code's classes",
         base={},
         methods={},
         columns={},
