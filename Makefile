@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch is pinned so that pip takes the CPU build (an unpinned torch pulls a multi-GB CUDA build).
 TORCH := torch==2.13.0
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean flower-venv test-flower flower-demo
 
 $(BIN)/fedhet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,5 +30,26 @@ test: lint
 bench: install
 	$(BIN)/fedhet bench --quick --json runs/bench.json
 
+# Flower (docs/flower.md) lives in its own venv so that the core venv, and `make test`, never see flwr.
+FLOWER_VENV := .venv-flower
+FLOWER_BIN := $(FLOWER_VENV)/bin
+
+$(FLOWER_BIN)/flwr: pyproject.toml
+	$(PYTHON) -m venv $(FLOWER_VENV)
+	$(FLOWER_BIN)/pip install -q --upgrade pip
+	$(FLOWER_BIN)/pip install -q $(TORCH)
+	$(FLOWER_BIN)/pip install -q -e '.[dev,flower]' $(TORCH)
+	touch $(FLOWER_BIN)/flwr
+
+flower-venv: $(FLOWER_BIN)/flwr
+
+# The Flower tests: FEDHET_FLOWER_TESTS=1 makes a missing flwr an error instead of an ignored folder.
+test-flower: flower-venv
+	FEDHET_FLOWER_TESTS=1 $(FLOWER_BIN)/pytest tests/flower
+
+# MaxFL on a local SuperLink with 3 SuperNodes (loopback); the run folder is runs/flower-demo.
+flower-demo: flower-venv
+	scripts/flower_local.sh demo scripts/flower-maxfl.yaml runs/flower-demo 3
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLOWER_VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -24,6 +24,7 @@ start() {
   config=$(realpath "$1"); out=$(realpath -m "$2"); nodes=${3:-3}; port=${PORT:-19300}; work=$out/deploy
   mkdir -p "$work/app" "$work/flwr-home" "$work/state"
   echo "$port $nodes" > "$work/ports"
+  export FLWR_HOME=$work/flwr-home  # Flower's apps, runtime environments and configuration for this deployment
   echo "writing $nodes partition files to $work/parts"
   "$bin/python" -m fedhet.flower.partitions "$config" "$nodes" "$work/parts" > /dev/null
   "$bin/flower-superlink" --insecure --host 127.0.0.1 --port "$port" --database "$work/superlink.db" \

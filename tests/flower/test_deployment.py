@@ -1,0 +1,95 @@
+"""A real Flower deployment on loopback (scripts/flower_local.sh): a SuperLink, three SuperNodes each loading its
+own partition file, fedhet's SCAFFOLD across them; the ServerApp is killed after round 2 and restarted (it resumes
+from its checkpoint, the nodes' c_i from their state files), then a SuperNode is killed after round 3 and the run
+finishes with the other two. Every wait is bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from flower_helpers import assert_same_metrics, read_metrics, small_config
+
+from fedhet.experiments.runner import run
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "flower_local.sh"
+
+
+def free_port_block(size: int) -> int:
+    for base in range(23000, 40000, 50):
+        try:
+            for port in range(base, base + size):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free loopback ports")
+
+
+def wait_for(condition: object, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(1)
+    pytest.fail(f"timed out after {seconds:g} s waiting for {what}")
+
+
+def rows(out: Path) -> int:
+    try:
+        return len(read_metrics(out))
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def serverapp_pids(port: int) -> list[int]:
+    listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    return [
+        int(line.split()[0])
+        for line in listing.splitlines()
+        if "flwr-serverapp" in line and f"127.0.0.1:{port}" in line
+    ]
+
+
+def test_deployment_survives_a_restarted_server_and_a_dead_node(tmp_path: Path) -> None:
+    config = small_config("scaffold", rounds=4)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    out, port = tmp_path / "run", free_port_block(5)
+    env = {**os.environ, "VENV": sys.prefix, "PORT": str(port), "TIMEOUT": "45"}
+
+    def script(*args: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([str(SCRIPT), *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    assert script("start", str(path), str(out), "3").wait(timeout=180) == 0
+    try:
+        first = script("run", str(out))
+        wait_for(lambda: rows(out) >= 2, 400, "round 2")
+        for pid in serverapp_pids(port):  # the server dies (round 2 is checkpointed)
+            os.kill(pid, signal.SIGKILL)
+        first.terminate()
+        first.wait(timeout=60)
+        second = script("run", str(out))  # a new run of the same app: resumes from the checkpoint
+        wait_for(lambda: rows(out) >= 3, 400, "round 3 after the restart")
+        assert script("kill", str(out), "2").wait(timeout=60) == 0
+        assert second.wait(timeout=400) == 0
+    finally:
+        script("stop", str(out)).wait(timeout=60)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["rounds"] == 4 and len(summary["nodes_lost"]) == 1
+    native = run(config, tmp_path / "native")
+    assert native.status == "finished"
+    deployed, reference = read_metrics(out), read_metrics(tmp_path / "native")
+    assert_same_metrics(reference[:3], deployed[:3])  # up to the node's death: the single-machine numbers
+    assert float(deployed[3]["participants"]) <= 4 and float(deployed[3]["available"]) < 6
+    for name in ("config.yaml", "metrics.csv", "clients.csv", "summary.json"):
+        assert (out / name).is_file()
