@@ -468,9 +468,10 @@ def plot_time_average(result: Table1Result, path: Path) -> Path:
         ax.set_title(f"({'ab'[names.index(name)]}) {name}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        final = [100 * np.asarray(c)[:, -1].mean() for c in result.curves[name].values()]
-        rounds = len(next(iter(result.curves[name].values()))[0])
-        ax.set_ylim(min(final) - 6, max(final) + 1.5)  # the late spread, where the methods differ
+        means = np.stack([100 * np.asarray(c).mean(0) for c in result.curves[name].values()])
+        rounds = means.shape[1]
+        low = means[:, max(rounds // 5 - 1, 0)].min()  # from round T/5 on: where the methods differ
+        ax.set_ylim(low - 0.5, means.max() + 0.5)
         ax.set_xlim(0, rounds + 1)
     fig.tight_layout()
     fig.savefig(path)
