@@ -65,3 +65,15 @@ def test_unequal_steps_are_normalised() -> None:
     result = LocalResult(torch.tensor([0, 1]), y, torch.zeros(2), torch.tensor([4, 1]), torch.tensor([0.5, 0.5]))
     # Δ = x − y = (4, 2); d = Δ/(η τ) = (4/2, 2/0.5) = (2, 4); Σ p η τ = 0.5·(2 + 0.5) = 1.25 → x − 1.25·3
     torch.testing.assert_close(nova.aggregate(0, x, result), torch.full((p,), -3.75))  # FedAvg: −3
+
+
+def test_epochs_give_steps_proportional_to_the_data() -> None:
+    from fedhet.strategies.fednova import epoch_steps
+
+    assert epoch_steps(torch.tensor([5, 40, 64, 1]), 8, 2.0).tolist() == [1, 10, 16, 1]  # round(2·n/8), at least 1
+    data = tiny_data([4, 16], seed=1)
+    engine = Engine(linear_model(), data)
+    nova = FedNova(epochs=1.0)
+    nova.setup(make_context(engine, steps=3, batch=4, m=2))
+    assert nova.configure(0, torch.arange(2), engine.initial_params()).steps.tolist() == [1, 4]
+    assert FedNova().model_copy().epochs == 0.0  # default: the run's local steps (FedNova = FedAvg then)

@@ -320,3 +320,33 @@ def test_turned_on_from_the_command_line(tmp_path: Path) -> None:
         config = (out / "config.yaml").read_text()
         assert "name: gsnr" in config and "gsnr_entropy" in (out / "metrics.csv").read_text()
     assert "mu: 0.01" in (tmp_path / "{name: f" / "config.yaml").read_text()
+
+
+def test_interrupted_run_resumes_to_the_same_numbers(tmp_path: Path) -> None:
+    """FedGSNR on SCAFFOLD with the contribution metric: cut after round 2, resumed, the same files."""
+    from fedhet.experiments.callbacks import Callback
+    from fedhet.experiments.runner import RunState, resume
+
+    class Interrupt(Callback):
+        def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+            if state.round == 2:
+                raise KeyboardInterrupt
+            return False
+
+    raw = {
+        "algorithm": {"name": "gsnr", "base": "scaffold"},
+        "dataset": "digits",
+        "partition": {"name": "pareto"},
+        "model": {"name": "mlp", "hidden": [8]},
+        "num_clients": 8,
+        "clients_per_round": 5,
+        "rounds": 4,
+        "local": {"steps": 4, "lr": 0.05, "batch_size": 8},
+        "metrics": ["contribution"],
+    }
+    run(parse_config(raw), tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        run(parse_config(raw), tmp_path / "cut", callbacks=[Interrupt()])
+    resume(tmp_path / "cut")
+    for name in ("metrics.csv", "clients.csv", "contribution.csv"):
+        assert (tmp_path / "cut" / name).read_text() == (tmp_path / "full" / name).read_text(), name

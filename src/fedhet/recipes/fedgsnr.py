@@ -114,17 +114,19 @@ PARTITION_NOTE = (
 )
 
 
-def gsnr(base: str | dict[str, Any]) -> dict[str, Any]:
-    """The FedGSNR wrapper around `base`."""
-    return {"name": "gsnr", "base": base}
+def gsnr(base: str | dict[str, Any], options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The FedGSNR wrapper around `base` (with `options` of the `gsnr` strategy, e.g. ``{"batch": 64}``)."""
+    return {"name": "gsnr", "base": base, **(options or {})}
 
 
-def paired_methods(bases: dict[str, str | dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def paired_methods(
+    bases: dict[str, str | dict[str, Any]], options: dict[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
     """Each base strategy followed by FedGSNR with it (Table 1's rows)."""
     methods: dict[str, dict[str, Any]] = {}
     for name, spec in bases.items():
         methods[name] = {"algorithm": spec}
-        methods[f"FedGSNR with {name}"] = {"algorithm": gsnr(spec)}
+        methods[f"FedGSNR with {name}"] = {"algorithm": gsnr(spec, options)}
     return methods
 
 
@@ -326,11 +328,14 @@ def table1_study(
     changes: dict[str, Any] | None = None,
     partitions: dict[str, dict[str, Any]] | None = None,
     bases: dict[str, str | dict[str, Any]] | None = None,
+    gsnr_options: dict[str, Any] | None = None,
 ) -> str:
     """Tables 1 and 3: every base strategy with and without FedGSNR on every partition."""
     base, note = setting(quick, embedded, changes)
     partitions = partitions or PARTITIONS
-    methods = paired_methods(bases or BASES)
+    methods = paired_methods(bases or BASES, gsnr_options)
+    if gsnr_options:
+        note += f"; FedGSNR options {gsnr_options}"
     cells = {
         (m, p): deep_merge(deep_merge(base, {"partition": spec}), change)
         for p, spec in partitions.items()

@@ -6,17 +6,19 @@ Client i runs τ_i local steps; its cumulative update is Δ_i = x − y_i = η_i
 number of steps: x ← x − η_g (Σ_i p_i η_i ‖a_i‖₁) Σ_i p_i d_i, with p_i = n_i / Σ n_j over the cohort
 (τ_eff = Σ p_i ‖a_i‖₁, the paper's default choice). For plain local SGD a_i = 1 and ‖a_i‖₁ = τ_i; with a proximal
 term μ (and an L2 penalty λ), each step shrinks the distance to x by (1 − α), α = η(μ + λ), and
-‖a_i‖₁ = (1 − (1 − α)^τ_i) / α (the paper's FedProx case).
+‖a_i‖₁ = (1 − (1 − α)^τ_i) / α (the paper's FedProx case). With equal steps and plain SGD it is FedAvg exactly;
+``epochs > 0`` gives each client τ_i = epochs · n_i / B steps, as in the paper's experiments.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedhet.engine.plan import LocalResult
+from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.fedavg import fedavg_weights
 from fedhet.strategies.fedprox import FedProx
@@ -29,6 +31,12 @@ def fednova_norms(steps: Tensor, lr: Tensor, shrink: float) -> Tensor:
         return tau
     alpha = lr.double() * shrink
     return (1 - (1 - alpha) ** tau) / alpha
+
+
+def epoch_steps(sizes: Tensor, batch_size: int, epochs: float) -> Tensor:
+    """τ_i = max(1, round(epochs · n_i / B)): local epochs over unequal datasets, the source of unequal steps in
+    FedNova's experiments (Wang et al. 2020, §6)."""
+    return torch.clamp(torch.round(epochs * sizes.double() / batch_size), min=1).long()
 
 
 def fednova_step(
@@ -53,6 +61,15 @@ class FedNova(FedProx):
     name: ClassVar[str] = "fednova"
     description: ClassVar[str] = "FedNova: normalised averaging of updates from unequal local steps (Wang et al. 2020)"
     mu: float = Field(0.0, ge=0, description="proximal coefficient μ of the local solver (0: plain SGD)")
+    epochs: float = Field(
+        0.0, ge=0, description="> 0: client i runs τ_i = max(1, round(epochs·n_i/B)) steps; 0: the run's local steps"
+    )
+
+    def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
+        plan = super().configure(round_, clients, global_params)
+        if self.epochs > 0:
+            plan.steps = epoch_steps(self.ctx.train_sizes[clients], plan.batch_size, self.epochs)
+        return plan
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         p = fedavg_weights(self.ctx.train_sizes[result.clients], self.weighting)
