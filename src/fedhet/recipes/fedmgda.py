@@ -155,7 +155,7 @@ def interpolation_recipe(iid: bool) -> Recipe:
     partition: dict[str, Any] = {"name": "iid"} if iid else {"name": "shards", "shards_per_client": 5}
     return FedMGDARecipe(
         name="fedmgda-interpolation" + ("-iid" if iid else ""),
-        description=f"FedMGDA+ Fig. 1 ({label}): FedMGDA with ε from 0 (FedAvg) to 1 (MGDA), raw updates, η_g = 1",
+        description=f"FedMGDA+ Fig. 1 ({label}): FedMGDA, ε from 0 (FedAvg) to 1 (MGDA), η_g = 1",
         base={**CIFAR, "partition": partition},
         methods=methods,
         columns={
