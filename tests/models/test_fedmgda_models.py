@@ -73,13 +73,13 @@ def test_per_client_gradients_under_vmap(name: str) -> None:
     assert flat.size == sum(p.numel() for p in module.parameters())
 
 
-def test_both_backends_train_the_dropout_models_alike() -> None:
+def test_both_backends_train_the_dropout_model_alike() -> None:
     gen = torch.Generator().manual_seed(0)
     xs = [torch.randn(6, 1, 28, 28, generator=gen) for _ in range(3)]
     ys = [torch.randint(0, 10, (6,), generator=gen) for _ in range(3)]
     part = ClientData.from_parts(xs, ys)
     data = FederatedData("img", part, part, 10, torch.ones(3, dtype=torch.bool))
-    for name in ("cnn_fmnist", "cnn_femnist"):
+    for name in ("cnn_fmnist",):  # its channel dropout is the layer to check
         model = FlatModel(build(name, (1, 28, 28), 10))
         w0 = model.initial_params()
         plan = LocalPlan.uniform(torch.arange(3), 2, 0.05, 3)
