@@ -85,7 +85,7 @@ run() {
 }
 
 helpers() {  # pids of the processes a SuperLink or SuperNode on these ports started (in sessions of their own)
-  ps -eo pid=,args= | grep -E "(flower-superexec|flwr-serverapp|flwr-clientapp).*127\.0\.0\.1:($1)( |$)" \
+  ps -ww -eo pid=,args= | grep -E "(flower-superexec|flwr-serverapp|flwr-clientapp).*127\.0\.0\.1:($1)( |$)" \
     | grep -v grep | awk '{print $1}' || true
 }
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from flower_helpers import assert_same_metrics, read_metrics, small_config
 
+from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import RunConfig
 from fedhet.experiments.runner import RunState, resume, run
@@ -104,3 +106,19 @@ def test_a_restarted_server_resumes_without_losing_rounds(tmp_path: Path) -> Non
     assert resumed.status == "finished" and resumed.round == 4
     torch.testing.assert_close(resumed.params, straight.params)
     assert_same_metrics(read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "crashed"), tol=0)
+
+
+def test_losing_every_node_stops_the_run_which_can_resume(tmp_path: Path) -> None:
+    config = small_config("fedavg", rounds=3)
+    transport = nodes(config, 2)
+    with pytest.raises(ConfigError, match="every node was lost"):
+        run(
+            config,
+            tmp_path,
+            [KillAfter(transport, 100, 1), KillAfter(transport, 101, 1)],
+            builder=remote_builder(transport, Settings()),
+        )
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+    transport.dead.clear()  # the nodes come back: the run resumes from its checkpoint
+    state = resume(tmp_path, builder=remote_builder(transport, Settings()))
+    assert state.status == "finished" and state.round == 3

@@ -205,6 +205,10 @@ class RemoteEngine(Engine):
                 self.lost[node] = op
                 held = int((self.owner == self.node_ids.index(node)).sum())
                 log.warning("node %s did not answer '%s' in time: its %d clients leave the run", node, op, held)
+        if len(self.lost) == len(getattr(self, "node_ids", [None])):
+            raise ConfigError(
+                "every node was lost; restart the SuperNodes, then run again: the run resumes from its checkpoint"
+            )
         return {n: r[0] for n, r in replies.items()}
 
     def _rows(
