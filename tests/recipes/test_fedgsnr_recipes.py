@@ -103,7 +103,9 @@ def test_figures_write_entropy_contribution_and_flip(tmp_path: Path) -> None:
     parts = {"α = 0.1": PARTITIONS["α = 0.1"], "Pareto": PARTITIONS["Pareto"]}
     text = figures_study(tmp_path, False, (0,), embedded=True, changes=TINY, partitions=parts, flip_partitions=("IID",))
     assert IID["name"] == "iid" and "| IID |" in text
-    assert "rank (1 = lowest)" in text and "Spearman(GSNR, classes)" in text
+    assert "rank (1 = lowest)" in text and "Spearman(GSNR, classes)" in text and "same client, true labels" in text
+    assert "fell below its true-label score in" in text
+    assert (tmp_path / "true-labels" / "iid" / "fedavg" / "seed0" / "metrics.csv").is_file()
     for name in ("entropy.png", "gsnr_partitions.png", "contribution_pareto.png"):
         assert (tmp_path / name).stat().st_size > 5_000, name
     folder = tmp_path / "label-flip" / "iid" / "fedgsnr-with-fedavg" / "seed0"

@@ -107,6 +107,13 @@ class Engine:
         """Each client's mean loss of `params` on `batch` of its training samples drawn from `stream` (m,)."""
         return sampled_losses(self.model, self.data.train, params, clients, batch, self.seed, round_, stream)
 
+    def label_counts(self) -> Tensor:
+        """(K, C) number of training samples of each class per client."""
+        data = self.data
+        counts = torch.zeros(data.num_clients, data.num_classes)
+        counts.index_put_((data.train.owner, data.train.y), torch.ones(len(data.train.y)), accumulate=True)
+        return counts
+
     def initial_params(self) -> Tensor:
         return self.model.initial_params()
 

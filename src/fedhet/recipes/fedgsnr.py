@@ -432,6 +432,10 @@ def figures_study(
         for m, change in flip_methods.items()
     }
     flipped = run_cells(out / "label-flip", flip_cells, seeds)
+    # the same clients with their true labels: FedGSNR's runs above, and FedAvg's run here
+    true_cells = {("FedAvg", p): deep_merge(base, {"partition": partitions[p]}) for p in flip_partitions}
+    truth = {**run_cells(out / "true-labels", true_cells, seeds)}
+    truth.update({("FedGSNR with FedAvg", p): entropy[("FedGSNR with FedAvg", p)] for p in flip_partitions})
 
     log_n = math.log(base["clients_per_round"])
     plot_entropy({p: entropy[("FedGSNR with FedAvg", p)] for p in partitions}, log_n, out / "entropy.png")
@@ -457,12 +461,14 @@ def figures_study(
         "Spearman(GSNR, classes)",
     ]
     text += markdown_table(header, rows)
-    flip_rows = []
+    flip_rows, drops = [], []
     for (m, p), flip_runs in flipped.items():
-        for seed, r in zip(seeds, flip_runs, strict=True):
-            assert r.contribution is not None and r.corrupted is not None
+        for seed, r, t in zip(seeds, flip_runs, truth[(m, p)], strict=True):
+            assert r.contribution is not None and r.corrupted is not None and t.contribution is not None
             score = contribution_scores(r.contribution)
             bad = r.corrupted
+            mine, before = float(score[bad].mean()), float(contribution_scores(t.contribution)[bad].mean())
+            drops.append(mine < before)
             rank = int((score < score[bad].max()).sum()) + 1  # 1 = lowest score
             clean = score[~bad]
             flip_rows.append(
@@ -470,10 +476,12 @@ def figures_study(
                     p,
                     m,
                     str(seed),
-                    f"{float(score[bad].mean()):.3f}",
+                    f"{mine:.3f}",
+                    f"{before:.3f} ({100 * (mine / before - 1):+.0f}%)",
                     f"{float(clean.mean()):.3f} ± {float(clean.std()):.3f}",
                     f"{rank} of {len(score)}",
                     f"{r.final['best_test_accuracy']:.4f}",
+                    f"{t.final['best_test_accuracy']:.4f}",
                 ]
             )
         plot_summary_contribution(
@@ -488,12 +496,15 @@ def figures_study(
             "method",
             "seed",
             "flipped client's score",
-            "clean clients' score",
+            "same client, true labels",
+            "other clients' score",
             "rank (1 = lowest)",
             "best acc",
+            "best acc, true labels",
         ],
         flip_rows,
     )
+    text += f"\nThe flipped client's score fell below its true-label score in {sum(drops)} of {len(drops)} runs.\n"
     text += f"\n{PARTITION_NOTE}\n"
     return text
 
