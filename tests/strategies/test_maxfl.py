@@ -90,3 +90,19 @@ def test_fedavg_and_maxfl_aggregate_results_the_same_way_for_equal_q() -> None:
         torch.tensor([0.1, 0.1]),
     )
     torch.testing.assert_close(strategy.aggregate(0, w, result), torch.full((p,), 2.0))
+
+
+def test_byzantine_clients_are_drawn_among_the_clients_that_train() -> None:
+    from fedhet.attacks.base import MaliciousClients
+
+    seen = torch.tensor([True, False, True, True, False, True, False, True])  # 5 seen, 3 unseen
+    for seed in range(5):
+        attack = MaliciousClients(fraction=0.4)
+        attack.setup(8, seed, eligible=seen)
+        assert int(attack.malicious.sum()) == 2  # round(0.4 · 5 seen clients)
+        assert not bool((attack.malicious & ~seen).any())
+    everyone = MaliciousClients(fraction=0.4)
+    everyone.setup(8, 3)
+    same = MaliciousClients(fraction=0.4)
+    same.setup(8, 3, eligible=torch.ones(8, dtype=torch.bool))
+    assert torch.equal(everyone.malicious, same.malicious)  # no mask: the draw is unchanged

@@ -24,6 +24,8 @@ def test_plan_carries_the_rule_and_the_round_averages_maml_models() -> None:
     result = engine.train(w, plan, 0)
     sgd = engine.train(w, LocalPlan.uniform(plan.clients, 2, 0.2, 4), 0)
     assert float((result.params - sgd.params).abs().max()) > 1e-4  # the MAML step is not plain SGD
+    torch.testing.assert_close(strategy.aggregate(0, w, result), result.params.mean(0))  # uniform (Algorithm 1)
+    strategy.weighting = "samples"
     expected = w - (6 * (w - result.params[0]) + 10 * (w - result.params[1])) / 16
     torch.testing.assert_close(strategy.aggregate(0, w, result), expected)
 

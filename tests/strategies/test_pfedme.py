@@ -12,7 +12,7 @@ from fedhet.strategies.pfedme import PFedMe
 
 def test_server_step_mixes_with_beta() -> None:
     engine = Engine(linear_model(), tiny_data([8, 8]))
-    strategy = PFedMe(lam=4.0, inner_steps=2, inner_lr=0.05, server_lr=0.5, weighting="uniform")
+    strategy = PFedMe(lam=4.0, inner_steps=2, inner_lr=0.05, server_lr=0.5)
     strategy.setup(make_context(engine, steps=3, lr=0.1, batch=4, m=2))
     w = engine.initial_params()
     plan = strategy.configure(0, torch.tensor([0, 1]), w)

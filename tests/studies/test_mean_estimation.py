@@ -33,3 +33,12 @@ def test_fedavg_appeal_falls_toward_zero_while_maxfl_stays_bounded_away() -> Non
     assert curve.fedavg[-1] < 0.02 <= fedavg_bound(curve.gamma_g2)[-1] + 0.02
     assert curve.maxfl[-1] > 0.15 > MAXFL_LOWER_BOUND
     assert curve.fedavg[0] > 0.5 and abs(curve.maxfl[0] - curve.fedavg[0]) < 0.05
+
+
+def test_three_clients_two_close_one_far_maxfl_keeps_the_close_pair() -> None:
+    from fedhet.studies.mean_estimation import three_client_curve
+
+    curve = three_client_curve(points=2, runs=2000, seed=1, max_gamma_g2=16.0)
+    assert np.allclose(curve.fedavg, curve.maxfl_relu)
+    assert curve.fedavg[-1] < 0.05  # the average is far from every client
+    assert curve.maxfl[-1] > 0.25  # MaxFL sits between the two close clients and satisfies some of them

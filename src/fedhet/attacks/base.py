@@ -1,6 +1,7 @@
 """Malicious clients: what they report (inflated losses) and what they send (corrupted updates).
 
-An attack picks ``round(fraction · K)`` malicious clients once (from the seed), or the listed ``clients``.
+An attack picks ``round(fraction · K)`` malicious clients once (from the seed) among the K clients that train
+(MaxFL's unseen clients never do, so they are never drawn), or the listed ``clients``.
 The runner passes each round's cohort through ``cohort`` (attackers that always take part), the local-training
 plan through ``corrupt_plan`` (a scaled local objective) and the cohort's `LocalResult` through ``corrupt_updates``
 before aggregation; strategies obtain client losses through `ServerContext.client_losses`, which passes them
@@ -45,7 +46,8 @@ class Attack(Component):
     _malicious: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
     _seed: int = PrivateAttr(0)
 
-    def setup(self, num_clients: int, seed: int) -> None:
+    def setup(self, num_clients: int, seed: int, eligible: Tensor | None = None) -> None:
+        """`eligible` (num_clients,) bool: the clients that may be malicious (default: all)."""
         self._seed = seed
         self._malicious = torch.zeros(num_clients, dtype=torch.bool)
 
@@ -94,15 +96,16 @@ class MaliciousClients(Attack):
     always_participate: bool = Field(False, description="attackers take part in every round they are available")
     clients: list[int] = Field(default_factory=list, description="ids of the malicious clients (overrides fraction)")
 
-    def setup(self, num_clients: int, seed: int) -> None:
-        super().setup(num_clients, seed)
+    def setup(self, num_clients: int, seed: int, eligible: Tensor | None = None) -> None:
+        super().setup(num_clients, seed, eligible)
         if self.clients:  # a chosen attacker, e.g. FedMGDA+'s PhD domain on Adult (Table 7)
             if min(self.clients) < 0 or max(self.clients) >= num_clients:
                 raise ConfigError(f"attack.clients {self.clients} must be client ids in 0..{num_clients - 1}")
             self._malicious[torch.as_tensor(self.clients, dtype=torch.long)] = True
             return
-        count = round(self.fraction * num_clients)
-        chosen = np.sort(numpy_rng(seed, "malicious").choice(num_clients, size=count, replace=False))
+        pool = np.arange(num_clients) if eligible is None else torch.nonzero(eligible).flatten().numpy()
+        count = round(self.fraction * len(pool))
+        chosen = np.sort(numpy_rng(seed, "malicious").choice(pool, size=count, replace=False))
         self._malicious[torch.as_tensor(chosen, dtype=torch.long)] = True
 
     def cohort(self, clients: Tensor, available: Tensor, round_: int) -> Tensor:

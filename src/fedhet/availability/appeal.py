@@ -3,7 +3,10 @@
 During the first ``mandatory_rounds`` every client is available. After that a client is in the pool only if
 the current global model appeals to it (F_k(w) < ρ_k, on its training data by default), re-checked after every
 round, so clients opt out and back in. The server then samples m clients from the pool; when fewer than m are
-in it, all of them train; when none is, the round trains nobody and the model stays as it is.
+in it, all of them train (the cohort is smaller, nobody is drafted from outside the pool); when none is, the round
+trains nobody and the model stays as it is. An empty pool is therefore final: the model no longer changes, so no
+client's appeal changes either, and the run goes on to its last round with the model it had (``available`` and
+``participants`` are 0 in metrics.csv). The pool size is logged every round (``available``).
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     """Set the strategy, attack, availability and metrics up on `engine` (local, or a remote proxy)."""
     engine.cache["requirements/settings"] = config.requirements
     strategy = parts.algorithm
-    parts.attack.setup(data.num_clients, config.seed)
+    parts.attack.setup(data.num_clients, config.seed, eligible=data.seen)  # unseen clients never train
     strategy.setup(ServerContext(engine, local_settings(config), config.seed, config.clients_per_round, parts.attack))
     availability = parts.availability
     availability.setup(data.num_clients, config.seed)

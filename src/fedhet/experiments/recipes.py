@@ -23,10 +23,17 @@ from fedhet.report.tables import markdown_table
 
 
 def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `base` with `changes` merged in (nested mappings merged, other values replaced)."""
+    """A copy of `base` with `changes` merged in (nested mappings merged, other values replaced; a component
+    mapping whose ``name`` changes replaces the old one, whose parameters would not fit it)."""
     out = copy.deepcopy(base)
     for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        current = out.get(key)
+        renamed = (
+            isinstance(value, dict)
+            and isinstance(current, dict)
+            and value.get("name", current.get("name")) != current.get("name")
+        )
+        if isinstance(value, dict) and isinstance(current, dict) and not renamed:
             out[key] = deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)

@@ -77,20 +77,30 @@ def solutions(theta: np.ndarray, runs: int, seed: int, key: int) -> tuple[np.nda
 
 def two_client_curve(points: int = 21, runs: int = 10_000, seed: int = 0, max_gamma_g2: float = 20.0) -> AppealCurve:
     """Expected GM-appeal against γ_G² ∈ [0, max] with θ_1 = 0, θ_2 = 2γ_G (Fig. 2a)."""
+    return _curve(1, points, runs, seed, max_gamma_g2, key=0)
+
+
+def three_client_curve(points: int = 21, runs: int = 10_000, seed: int = 0, max_gamma_g2: float = 20.0) -> AppealCurve:
+    """The three-client case "two close, one far" (Fig. 5c) as a curve: θ_1 = θ_2 = 0, θ_3 = 2γ_G."""
+    return _curve(2, points, runs, seed, max_gamma_g2, key=2000)
+
+
+def _curve(at_zero: int, points: int, runs: int, seed: int, max_gamma_g2: float, key: int) -> AppealCurve:
+    """`at_zero` clients with θ = 0 and one with θ = 2γ_G, for γ_G² on a grid over [0, max]."""
     grid = np.linspace(0.0, max_gamma_g2, points)
     out: dict[str, list[float]] = {"fedavg": [], "maxfl_relu": [], "maxfl": []}
     for i, g2 in enumerate(grid):
-        theta = np.array([0.0, 2 * np.sqrt(g2)])
-        theta_hat, sols = solutions(theta, runs, seed, i)
+        theta = np.array([0.0] * at_zero + [2 * np.sqrt(g2)])
+        theta_hat, sols = solutions(theta, runs, seed, key + i)
         for name, w in sols.items():
             out[name].append(expected_appeal(w, theta, theta_hat))
     return AppealCurve(grid, *(np.asarray(out[k]) for k in ("fedavg", "maxfl_relu", "maxfl")))
 
 
 THREE_CLIENT_CASES: dict[str, tuple[float, float, float]] = {
-    "close means": (0.0, 0.3, 0.6),
-    "all different": (0.0, 5.0, 13.0),
-    "two close, one far": (0.0, 0.5, 8.0),
+    "close means (0, 0.3, 0.6)": (0.0, 0.3, 0.6),
+    "all different (0, 5, 13)": (0.0, 5.0, 13.0),
+    "two close, one far (0, 0.5, 8)": (0.0, 0.5, 8.0),
 }
 
 
