@@ -122,3 +122,10 @@ def test_losing_every_node_stops_the_run_which_can_resume(tmp_path: Path) -> Non
     transport.dead.clear()  # the nodes come back: the run resumes from its checkpoint
     state = resume(tmp_path, builder=remote_builder(transport, Settings()))
     assert state.status == "finished" and state.round == 3
+
+
+def test_metric_plugins_ask_the_nodes_too(tmp_path: Path) -> None:
+    config = small_config("fedavg", requirements={"steps": 5}, metrics=["appeal", "contribution", "improved_users"])
+    run(config, tmp_path / "native")
+    run(config, tmp_path / "remote", builder=remote_builder(nodes(config, 2), Settings()))
+    assert_same_metrics(read_metrics(tmp_path / "native"), read_metrics(tmp_path / "remote"))

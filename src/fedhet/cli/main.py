@@ -257,39 +257,17 @@ def bench(
     quick: Annotated[bool, typer.Option(help="fewer repetitions and smaller sweeps (under two minutes)")] = False,
     json_file: Annotated[Path | None, typer.Option("--json", help="write every row to this JSON file")] = None,
     workload: Annotated[list[str] | None, typer.Option(help="only these workloads (repeatable)")] = None,
+    flower: Annotated[bool, typer.Option(help="include Flower's simulation when flwr is installed")] = True,
 ) -> None:
     """Time whole rounds on fedhet's backends, a naive reference, Flower (if installed) and the machine limit."""
+    from fedhet.bench.report import rows_table, targets_table
     from fedhet.bench.run import run_bench
+    from fedhet.bench.targets import check_targets
 
-    rows = run_bench(quick=quick, json_path=json_file, progress=console.print, only=tuple(workload or ()))
-    table = Table(title="median seconds per round (local training + aggregation + evaluation)")
-    for name in (
-        "workload",
-        "backend",
-        "median s",
-        "× vs naive",
-        "× vs Flower",
-        "/ best backend",
-        "FLOP frac",
-        "peak MB",
-    ):
-        table.add_column(name, justify="left" if name in ("workload", "backend") else "right")
-
-    def fmt(value: float | None, pattern: str = "{:.2f}") -> str:
-        return "-" if value is None or value != value else pattern.format(value)
-
-    for r in rows:
-        table.add_row(
-            r.workload,
-            r.backend,
-            f"{r.median_s:.4f}",
-            fmt(r.ratio_to_naive),
-            fmt(r.ratio_to_flower),
-            fmt(r.ratio_to_best_backend),
-            fmt(r.flop_fraction, "{:.3f}"),
-            fmt(r.peak_mem_mb, "{:.0f}"),
-        )
-    console.print(table)
+    only = tuple(workload or ())
+    rows = run_bench(quick=quick, json_path=json_file, progress=console.print, only=only, flower=flower)
+    console.print(rows_table(rows))
+    console.print(targets_table(check_targets(rows)))
 
 
 def main() -> None:  # pragma: no cover

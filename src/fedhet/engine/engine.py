@@ -9,13 +9,16 @@ import torch
 from torch import Tensor
 
 from fedhet.data.dataset import FederatedData
+from fedhet.engine.dense import dense_layers
 from fedhet.engine.evaluate import ClientScores, sampled_losses, score_clients, score_own_models
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import Backend, gradient_statistics, train_cohort
+from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
 from fedhet.engine.state import ClientStore
+from fedhet.errors import ConfigError
 
-BackendChoice = Literal["auto", "sequential", "vectorised"]
+BackendChoice = Literal["auto", "sequential", "vectorised", "dense"]
 
 # Measured with `fedhet bench` on 2 CPU cores: above this many parameters a client's step is compute-bound and
 # vmap gains nothing; below this many clients vmap's fixed cost per step outweighs the per-client loop.
@@ -24,10 +27,18 @@ VECTORISE_MIN_COHORT = 20
 
 
 def resolve_backend(choice: BackendChoice, model: FlatModel, cohort: int = VECTORISE_MIN_COHORT) -> Backend:
-    """`auto` picks the vectorised backend for small models and cohorts of at least 20 clients (where a
-    round is dominated by per-client overhead), else sequential. Both give the same numbers."""
+    """`auto` picks `dense` for networks of Linear layers and ReLU/Tanh/Sigmoid (fastest on every workload
+    of `fedhet bench`); for other models, vectorised for small models and cohorts of at least 20 clients
+    (where a round is dominated by per-client overhead), else sequential. All give the same numbers."""
+    if choice == "dense" and dense_layers(model) is None:
+        raise ConfigError(
+            "backend 'dense' needs a model of Linear layers with ReLU/Tanh/Sigmoid activations (and optional "
+            "dropout); use backend 'auto', 'vectorised' or 'sequential' for this model"
+        )
     if choice != "auto":
         return choice
+    if dense_layers(model) is not None:
+        return "dense"
     small = model.size <= VECTORISE_MAX_PARAMS and cohort >= VECTORISE_MIN_COHORT
     return "vectorised" if small else "sequential"
 
@@ -52,6 +63,8 @@ class Engine:
     ) -> None:
         self.model = model
         self.data = data
+        resolve_backend(backend, model)  # a backend the model cannot use fails here, with a clear message
+        keep_freed_memory()  # per-round (cohort × parameters) tensors reuse memory instead of page-faulting
         self.backend: BackendChoice = backend
         self.seed = seed
         self.chunk_size = chunk_size

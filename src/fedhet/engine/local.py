@@ -16,12 +16,13 @@ from torch.func import functional_call, grad, grad_and_value, vmap
 
 from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import local_batches, stats_samples
+from fedhet.engine.dense import dense_layers, train_dense
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.rules import LocalRule
 from fedhet.seeding import derive_seed
 
-Backend = Literal["sequential", "vectorised"]
+Backend = Literal["sequential", "vectorised", "dense"]
 
 
 def _seed_dropout(model: FlatModel, seed: int, round_: int, t: int, stream: str) -> None:
@@ -231,7 +232,10 @@ def train_cohort(
 ) -> LocalResult:
     """Run `plan` on `backend` and package the result."""
     model.module.train()
-    if backend == "sequential" and plan.rule is None:
+    layers = dense_layers(model) if backend == "dense" and plan.rule is None else None
+    if layers is not None:
+        params, losses = train_dense(model, layers, data, w0, plan, seed, round_, chunk_size)
+    elif backend == "sequential" and plan.rule is None:
         params, losses = train_sequential(model, data, w0, plan, seed, round_)
     else:  # vectorised, and every non-SGD rule (vmap of one client is ~8x slower than a whole cohort)
         params, losses = train_vectorised(model, data, w0, plan, seed, round_, chunk_size)

@@ -50,7 +50,7 @@ class RunConfig(BaseModel):
     local: LocalConfig = Field(default_factory=LocalConfig)
     eval_every: int = Field(1, ge=1)
     seed: int = Field(0, ge=0)
-    backend: Literal["auto", "sequential", "vectorised"] = "auto"
+    backend: Literal["auto", "sequential", "vectorised", "dense"] = "auto"
     chunk_size: int = Field(0, ge=0, description="clients per vectorised chunk (0: whole cohort)")
     data_dir: str = "data"
     download: bool = False

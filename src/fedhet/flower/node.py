@@ -155,6 +155,7 @@ class NodeWorker:
             "seen": to_numpy(data.seen[k]),
             "input_shape": np.asarray(data.input_shape, dtype=np.int64),
             "initial_params": to_numpy(self.engine.initial_params()[:16]),
+            "label_counts": to_numpy(self.engine.label_counts()[k]),
         }
         arrays.update({f"info.{name}": to_numpy(tag[k]) for name, tag in data.info.items()})
         config: Config = {

@@ -145,6 +145,7 @@ class RemoteEngine(Engine):
         train, test = torch.zeros(total, dtype=torch.long), torch.zeros(total, dtype=torch.long)
         seen = torch.ones(total, dtype=torch.bool)
         info: dict[str, Tensor] = {}
+        labels = torch.zeros(total, int(next(iter(metas.values()))[1]["num_classes"]))
         for index, node in enumerate(self.node_ids):
             arrays, meta = metas[node]
             if int(meta["num_clients"]) != total:
@@ -155,6 +156,7 @@ class RemoteEngine(Engine):
             owner[ids] = index
             train[ids], test[ids] = to_torch(arrays["train_sizes"]), to_torch(arrays["test_sizes"])
             seen[ids] = to_torch(arrays["seen"])
+            labels[ids] = to_torch(arrays["label_counts"]).float()
             for key in (k for k in arrays if k.startswith("info.")):
                 tag = to_torch(arrays[key])
                 info.setdefault(key[5:], torch.zeros(total, dtype=tag.dtype))[ids] = tag
@@ -174,6 +176,7 @@ class RemoteEngine(Engine):
             seen,
             info,
         )
+        self._labels = labels
         return data, owner, arrays["initial_params"]
 
     # -- plumbing --------------------------------------------------------------------------------------------
@@ -310,6 +313,9 @@ class RemoteEngine(Engine):
         return self._values(
             "sampled_losses", clients, params, "values", {"batch": batch, "round": round_, "stream": stream}
         )
+
+    def label_counts(self) -> Tensor:
+        return self._labels.clone()  # reported by the nodes when they connected
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # the clients' state stays on the nodes (versioned by round, see `fedhet.engine.state`)

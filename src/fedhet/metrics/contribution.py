@@ -40,11 +40,8 @@ def contribution_scores(history: Tensor, statistic: Literal["mean", "median"] = 
 
 
 def label_counts(engine: Engine) -> Tensor:
-    """(K, C) number of training samples of each class per client."""
-    data = engine.data
-    counts = torch.zeros(data.num_clients, data.num_classes)
-    counts.index_put_((data.train.owner, data.train.y), torch.ones(len(data.train.y)), accumulate=True)
-    return counts
+    """(K, C) number of training samples of each class per client (the engine's, wherever the data is)."""
+    return engine.label_counts()
 
 
 def contribution_rows(rounds: Tensor, history: Tensor, n_opt: Tensor) -> list[dict[str, int | float]]:

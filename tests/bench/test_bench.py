@@ -1,0 +1,117 @@
+"""`fedhet bench`: the naive reference, FLOP counts, rows and their ratios, targets, JSON and Markdown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fedhet.bench import run as bench_run
+from fedhet.bench.naive import naive_round
+from fedhet.bench.report import markdown_report
+from fedhet.bench.run import Row, Settings, bench_workload, round_flops
+from fedhet.bench.targets import check_targets
+from fedhet.bench.workloads import Workload
+from fedhet.catalog import MODELS
+from fedhet.cli.main import app
+from fedhet.engine.engine import Engine
+from fedhet.engine.functional import FlatModel
+from fedhet.engine.plan import LocalPlan
+
+TINY = Workload("tiny", "3 clients, logistic 6→3", {"name": "logistic"}, (6,), 3, clients=3, samples=8, steps=2)
+
+
+def test_naive_reference_is_fedavg_with_full_batches() -> None:
+    """With a batch as large as every client's data the mini-batches are not random: the naive loop (deepcopy,
+    DataLoader, torch.optim.SGD, sample-weighted state_dict average) must equal fedhet's FedAvg."""
+    w = Workload("w", "", {"name": "logistic"}, (6,), 3, clients=3, samples=8, steps=3, batch=8, lr=0.3)
+    data = w.data()
+    torch.manual_seed(0)
+    module = MODELS.build(w.model).build(w.input_shape, w.num_classes)
+    model = FlatModel(module)
+    w0 = model.initial_params()
+    engine = Engine(model, data, backend="sequential")
+    local = engine.train(w0, LocalPlan.uniform(torch.arange(3), w.steps, w.lr, w.batch), 0).params
+    expected = local.mean(0)  # equal client sizes: the sample-weighted mean is the plain mean
+    torch.manual_seed(0)
+    ref = MODELS.build(w.model).build(w.input_shape, w.num_classes)
+    naive_round(ref, data, torch.arange(3), w.steps, w.lr, w.batch, torch.arange(3))
+    got = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+    assert float((expected - w0).abs().max()) > 1e-3
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_round_flops_of_logistic_regression_by_hand() -> None:
+    w = Workload("w", "", {"name": "logistic"}, (784,), 10, clients=4, samples=8, steps=3, batch=10, eval_only=2)
+    module = MODELS.build(w.model).build(w.input_shape, w.num_classes)
+    step = 2 * (2 * 10 * 784 * 10)  # forward x·Wᵀ and backward ∂W (no gradient for the inputs)
+    per_sample = 2 * 784 * 10
+    assert round_flops(w, module) == 4 * 3 * step + (4 + 2) * (8 + 2) * per_sample
+
+
+def test_bench_workload_rows_and_ratios() -> None:
+    rows = bench_workload(TINY, TINY.data(), Settings(reps=2, warmup=1, flower=False), lambda _: None)
+    names = [r.backend for r in rows]
+    assert names == ["sequential", "vectorised", "dense", "auto (dense)", "naive reference", "machine limit"]
+    by = {r.backend: r for r in rows}
+    best = min(by[b].median_s for b in ("sequential", "vectorised", "dense"))
+    for b in ("sequential", "vectorised", "dense"):
+        r = by[b]
+        assert r.median_s > 0 and r.repetitions == 2 and r.peak_mem_mb > 0
+        assert r.ratio_to_best_backend == pytest.approx(r.median_s / best)
+        assert r.ratio_to_naive == pytest.approx(by["naive reference"].median_s / r.median_s)
+        assert r.flop_fraction == pytest.approx(r.flops / r.median_s / (r.matmul_gflops * 1e9))
+        assert r.ratio_to_flower is None
+    assert by["auto (dense)"].median_s == by["dense"].median_s
+    assert by["machine limit"].flop_fraction == 1.0
+
+
+def _row(workload: str, backend: str, **values: float) -> Row:
+    base = {"median_s": 1.0, "flop_fraction": 0.1, "peak_mem_mb": 500.0, "base_mem_mb": 400.0}
+    row = Row(workload, backend, repetitions=3, flops=1.0, load_avg=0.0, matmul_gflops=1.0, **{**base, **values})
+    return row
+
+
+def test_targets_met_missed_and_not_measured() -> None:
+    rows = [
+        _row("logreg", "auto (dense)", ratio_to_naive=12.0, ratio_to_best_backend=1.0),
+        _row("mlp", "auto (dense)", flop_fraction=0.3, ratio_to_naive=3.0, ratio_to_best_backend=1.05),
+        _row("cnn", "auto (sequential)", ratio_to_best_backend=1.2),
+        _row("cohort-1000", "auto (dense)", peak_mem_mb=500.0, base_mem_mb=400.0),
+        _row("cohort-10000", "auto (dense)", peak_mem_mb=1400.0, base_mem_mb=400.0),
+    ]
+    met = {t.name: t.met for t in check_targets(rows)}
+    assert met["logreg vs naive"] is True and met["logreg vs Flower"] is None
+    assert met["mlp FLOP rate"] is False and met["mlp vs naive"] is True
+    assert met["auto vs best backend"] is False  # 1.2 on the CNN
+    assert met["memory linear in clients"] is True  # 0.1 MB per client at both sizes
+    assert met["10,000 clients"] is True
+    rows[-1].peak_mem_mb = 5000.0
+    met = {t.name: t.met for t in check_targets(rows)}
+    assert met["memory linear in clients"] is False and met["10,000 clients"] is False
+
+
+def test_json_markdown_and_flower_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_run, "flower_available", lambda: False)
+    said: list[str] = []
+    out = tmp_path / "bench.json"
+    bench_run.run_bench(quick=True, json_path=out, progress=said.append, custom=[TINY])
+    assert any("Flower is not installed" in line for line in said)
+    payload = json.loads(out.read_text())
+    assert payload["quick"] is True and payload["flower"] is False and payload["machine"]["cores"] >= 1
+    rows = payload["rows"]
+    assert {r["workload"] for r in rows} == {"tiny"}
+    for key in ("backend", "median_s", "ratio_to_naive", "ratio_to_flower", "flop_fraction", "peak_mem_mb"):
+        assert all(key in r for r in rows), key
+    assert {t["name"] for t in payload["targets"]} >= {"logreg vs naive", "auto vs best backend"}
+    text = markdown_report(payload)
+    assert "| tiny | auto (dense) |" in text and "| target | goal | measured | met |" in text
+
+
+def test_cli_bench_and_unknown_workload(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["bench", "--workload", "nope"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "unknown bench workload" in result.output

@@ -1,0 +1,138 @@
+"""The dense backend (hand-derived gradients for Linear + activation networks) against the autograd backends."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import linear_model, tiny_data
+from fedhet.catalog import MODELS
+from fedhet.engine.dense import dense_layers, train_dense
+from fedhet.engine.engine import Engine, resolve_backend
+from fedhet.engine.functional import FlatModel
+from fedhet.engine.local import train_sequential, train_vectorised
+from fedhet.engine.plan import LocalPlan
+from fedhet.errors import ConfigError
+
+TOL = {"atol": 1e-6, "rtol": 1e-5}
+
+
+def _mlp(activation: type[nn.Module], dropout: float, bias: bool = True) -> FlatModel:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Flatten(), nn.Linear(5, 8, bias=bias), activation()]
+    if dropout:
+        layers.append(nn.Dropout(dropout))
+    layers += [nn.Linear(8, 6, bias=bias), activation(), nn.Linear(6, 3, bias=bias)]
+    return FlatModel(nn.Sequential(*layers))
+
+
+def _plan(model: FlatModel, **extra: object) -> LocalPlan:
+    """Unequal steps (one client skips the round) and learning rates, batches larger than some clients."""
+    return LocalPlan(
+        clients=torch.tensor([0, 1, 2, 3, 4]),
+        steps=torch.tensor([4, 0, 7, 1, 7]),
+        lr=torch.tensor([0.1, 0.1, 0.05, 0.2, 0.3]),
+        batch_size=4,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("activation", [nn.ReLU, nn.Tanh, nn.Sigmoid])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("chunk", [0, 1, 2])
+def test_dense_matches_both_autograd_backends(activation: type[nn.Module], dropout: float, chunk: int) -> None:
+    model = _mlp(activation, dropout)
+    layers = dense_layers(model)
+    assert layers is not None and [la.dropout for la in layers] == [dropout, 0.0, 0.0]
+    data = tiny_data([9, 3, 14, 2, 11], dim=5, classes=3).train
+    w0 = model.initial_params()
+    corr = torch.randn(5, model.size, generator=torch.Generator().manual_seed(1)) * 0.01
+    plan = _plan(model, prox_mu=0.1, weight_decay=0.01, correction=corr)
+    seq = train_sequential(model, data, w0, plan, 3, 2)
+    vec = train_vectorised(model, data, w0, plan, 3, 2)
+    den = train_dense(model, layers, data, w0, plan, 3, 2, chunk_size=chunk, workers=2)
+    assert float((seq[0] - w0).abs().max()) > 1e-2  # the clients moved
+    torch.testing.assert_close(den[0], seq[0], **TOL)
+    torch.testing.assert_close(den[0], vec[0], **TOL)
+    torch.testing.assert_close(den[1], seq[1], equal_nan=True, **TOL)
+    assert torch.equal(den[0][1], w0) and torch.isnan(den[1][1])  # zero steps: the received model, no loss
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"prox_mu": 0.5}, {"weight_decay": 0.05}, {"correction": "random"}],
+    ids=["sgd", "prox", "decay", "correction"],
+)
+def test_each_update_term_without_bias(extra: dict[str, object]) -> None:
+    model = _mlp(nn.ReLU, 0.0, bias=False)
+    layers = dense_layers(model)
+    assert layers is not None and all(la.bias is None for la in layers)
+    data = tiny_data([9, 3, 14, 2, 11], dim=5, classes=3).train
+    w0 = model.initial_params()
+    if extra.get("correction") == "random":
+        extra = {"correction": torch.linspace(-0.05, 0.05, 5 * model.size).reshape(5, -1)}
+    plan = _plan(model, **extra)
+    seq = train_sequential(model, data, w0, plan, 0, 1)
+    den = train_dense(model, layers, data, w0, plan, 0, 1, workers=1)
+    torch.testing.assert_close(den[0], seq[0], **TOL)
+    torch.testing.assert_close(den[1], seq[1], equal_nan=True, **TOL)
+
+
+def test_recognises_the_papers_dense_models_and_nothing_else() -> None:
+    def build(spec: dict[str, object], shape: tuple[int, ...] = (784,)) -> FlatModel:
+        return FlatModel(MODELS.build(spec).build(shape, 10))
+
+    assert dense_layers(build({"name": "logistic"})) is not None
+    assert dense_layers(build({"name": "logistic", "bias": False})) is not None
+    maxfl = dense_layers(build({"name": "mlp", "hidden": [64, 30], "dropout": 0.2}))
+    assert maxfl is not None and [la.shape for la in maxfl] == [(64, 784), (30, 64), (10, 30)]
+    assert [la.activation for la in maxfl] == ["relu", "relu", None] and maxfl[0].dropout == 0.2
+    assert dense_layers(build({"name": "mlp", "hidden": [200], "activation": "tanh"})) is not None
+    assert dense_layers(linear_model()) is not None  # a bare nn.Linear
+    assert dense_layers(build({"name": "mlp", "hidden": [20], "activation": "gelu"})) is None
+    assert dense_layers(build({"name": "lenet_cifar"}, (3, 32, 32))) is None
+    assert dense_layers(FlatModel(nn.Sequential(nn.Linear(4, 3), nn.ReLU()))) is None  # logits after an activation
+    assert dense_layers(FlatModel(nn.Sequential(nn.Linear(4, 3), nn.Flatten(), nn.Linear(3, 2)))) is None
+
+
+def test_image_inputs_are_flattened() -> None:
+    torch.manual_seed(0)
+    model = FlatModel(MODELS.build({"name": "mlp", "hidden": [7]}).build((2, 3, 3), 4))
+    layers = dense_layers(model)
+    assert layers is not None
+    base = tiny_data([6, 9], dim=18, classes=4)
+    images = type(base.train)(base.train.x.reshape(-1, 2, 3, 3), base.train.y, base.train.offsets)
+    w0 = model.initial_params()
+    plan = LocalPlan.uniform(torch.tensor([0, 1]), 3, 0.1, 4)
+    seq = train_sequential(model, images, w0, plan, 0, 0)
+    den = train_dense(model, layers, images, w0, plan, 0, 0)
+    torch.testing.assert_close(den[0], seq[0], **TOL)
+
+
+def test_auto_picks_dense_and_explicit_dense_needs_a_dense_model() -> None:
+    mlp = FlatModel(MODELS.build({"name": "mlp", "hidden": [16]}).build((64,), 10))
+    assert resolve_backend("auto", mlp, cohort=3) == "dense"
+    assert resolve_backend("auto", mlp, cohort=300) == "dense"
+    cnn = FlatModel(MODELS.build({"name": "lenet_cifar"}).build((3, 32, 32), 10))
+    assert resolve_backend("auto", cnn, cohort=100) != "dense"
+    with pytest.raises(ConfigError, match="backend 'dense'"):
+        Engine(cnn, tiny_data([3]), backend="dense")
+
+
+def test_engine_rounds_agree_across_backends() -> None:
+    """Whole FedAvg-style rounds through `Engine.train` and the evaluation, on the three backends."""
+    data = tiny_data([12, 7, 20, 5, 9, 15], dim=5, classes=3)
+    model = _mlp(nn.Tanh, 0.2)
+    results = {}
+    for backend in ("sequential", "vectorised", "dense"):
+        engine = Engine(model, data, backend=backend, seed=4)  # type: ignore[arg-type]
+        w = engine.initial_params()
+        for round_ in range(3):
+            plan = LocalPlan.uniform(torch.tensor([0, 2, 3, 5]), 5, 0.2, 4, prox_mu=0.01)
+            w = engine.train(w, plan, round_).params.mean(0)
+        scores = engine.scores(w, "test")
+        results[backend] = (w, scores.loss, scores.accuracy)
+    for backend in ("vectorised", "dense"):
+        for got, expected in zip(results[backend], results["sequential"], strict=True):
+            torch.testing.assert_close(got, expected, **TOL)
