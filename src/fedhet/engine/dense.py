@@ -121,20 +121,21 @@ def train_dense(
 ) -> tuple[Tensor, Tensor]:
     """Run `plan` with hand-derived gradients (see the module docstring). Returns (params (m, P), loss (m,)).
 
-    Chunks run on `workers` threads (default: torch's intra-op thread count), each op on one core: chunks are
-    independent, and small ops gain more from running side by side than from splitting each one."""
-    m = len(plan.clients)
-    losses = torch.full((m,), float("nan"))
+    On the CPU, chunks run on `workers` threads (default: torch's intra-op thread count), each op on one
+    core: chunks are independent, and small ops gain more from running side by side than from splitting each
+    one. Elsewhere (CUDA) everything runs on the device of `w0` and `data`, chunks one after another."""
+    m, dev = len(plan.clients), w0.device
+    losses = torch.full((m,), float("nan"), device=dev)
     if m == 0 or int(plan.steps.max()) == 0:
         return w0.unsqueeze(0).repeat(m, 1), losses
     order = torch.argsort(plan.steps, descending=True, stable=True)
     in_place = bool((order == torch.arange(m)).all())  # chunks are then slices (views) of the result
-    params = torch.empty(m, model.size)
+    params = torch.empty(m, model.size, device=dev)
     chunk = chunk_size if chunk_size > 0 else default_chunk(model)
     x_all = data.x.reshape(len(data.x), -1)
-    masks = _dropout_masks(layers, plan, seed, round_)
+    masks = _dropout_masks(layers, plan, seed, round_, dev)
     block = max(chunk, BLOCK)
-    workers = workers or torch.get_num_threads()
+    workers = 1 if dev.type != "cpu" else workers or torch.get_num_threads()
     for start in range(0, m, block):
         ids = order[start : start + block]
         batches = _Batches(data, plan, ids, layers[-1].shape[0], seed, round_)
@@ -142,7 +143,7 @@ def train_dense(
 
         def run(lo: int, ids: Tensor = ids, batches: _Batches = batches, target: Tensor | None = target) -> None:
             part = slice(lo, lo + chunk)
-            work = target[part] if target is not None else torch.empty(len(ids[part]), model.size)
+            work = target[part] if target is not None else torch.empty(len(ids[part]), model.size, device=dev)
             work.copy_(w0.expand(len(work), -1))  # written just before use: the chunk's weights start in cache
             _train_chunk(layers, work, w0, x_all, plan, ids[part], batches, part, masks)
             if target is None:
@@ -178,19 +179,22 @@ class _Batches:
         index, weight = local_batches(
             data.offsets, plan.clients[ids], self.steps, plan.batch_size, seed, round_, plan.stream
         )
+        index, weight = index.to(data.x.device), weight.to(data.x.device)
         c, t_max, b = index.shape
         self.index = index.transpose(0, 1)  # (T, c, b): step-major, so a chunk's step is a view
         self.y = data.y[self.index]
         self.share = (weight / weight.sum(2, keepdim=True).clamp_min(1.0)).transpose(0, 1)  # (T, c, b)
         self.scale = (self.share * lr.view(1, c, 1)).unsqueeze(3)  # η·wt/Σwt: ∂(η · batch loss)/∂logits
-        self.minus_target = torch.zeros(t_max, c, b, classes).scatter_(3, self.y.unsqueeze(3), -self.scale)
-        self.logits = torch.zeros(t_max, c, b, classes)
+        self.minus_target = torch.zeros(t_max, c, b, classes, device=index.device)
+        self.minus_target.scatter_(3, self.y.unsqueeze(3), -self.scale)
+        self.logits = torch.zeros_like(self.minus_target)
 
     def losses(self) -> Tensor:
         """Each client's mean over its steps of the weighted mean cross-entropy (nan for 0 steps)."""
         nll = torch.logsumexp(self.logits, 3) - self.logits.gather(3, self.y.unsqueeze(3)).squeeze(3)
         total = (nll * self.share).sum((0, 2))
-        return torch.where(self.steps > 0, total / self.steps.clamp_min(1), torch.nan)
+        steps = self.steps.to(total.device)
+        return torch.where(steps > 0, total / steps.clamp_min(1), torch.nan)
 
 
 @dataclass
@@ -268,7 +272,7 @@ def _train_chunk(
     rate = plan.lr[ids].view(c, 1, 1)
     shrink = 1 - rate * (mu + decay) if mu or decay else None  # w ← (1 − η(μ+λ)) w + ημ w0 − η c − η ∇F
     decays = bool(mu or decay or plan.correction is not None)
-    ones = torch.ones(c, 1, plan.batch_size)
+    ones = torch.ones(c, 1, plan.batch_size, device=work.device)
     remaining = batches.steps[part].tolist()
     n, net = c, whole
     steps = zip(
@@ -333,10 +337,10 @@ def _decay(w: Tensor, corr: Tensor | None, w0: Tensor | None, rate: Tensor, shri
 
 
 def _dropout_masks(
-    layers: list[DenseLayer], plan: LocalPlan, seed: int, round_: int
+    layers: list[DenseLayer], plan: LocalPlan, seed: int, round_: int, device: torch.device
 ) -> list[list[Tensor | None]] | None:
-    """Step t's dropout masks (b, out) per layer, drawn as `nn.Dropout` draws them after the sequential
-    backend's seeding (the same masks for every client); None without dropout."""
+    """Step t's dropout masks (b, out) per layer, drawn on the CPU as `nn.Dropout` draws them after the
+    sequential backend's seeding (the same masks for every client, on any device); None without dropout."""
     if not any(la.dropout for la in layers):
         return None
     masks = []
@@ -345,7 +349,7 @@ def _dropout_masks(
         ones = [torch.ones(plan.batch_size, la.shape[0]) for la in layers]
         masks.append(
             [
-                F.dropout(o, la.dropout, training=True) if la.dropout else None
+                F.dropout(o, la.dropout, training=True).to(device) if la.dropout else None
                 for o, la in zip(ones, layers, strict=True)
             ]
         )

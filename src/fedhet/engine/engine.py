@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedhet.data.dataset import FederatedData
+from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine.dense import dense_layers
 from fedhet.engine.evaluate import ClientScores, sampled_losses, score_clients, score_own_models
 from fedhet.engine.functional import FlatModel
@@ -26,10 +26,26 @@ VECTORISE_MAX_PARAMS = 60_000
 VECTORISE_MIN_COHORT = 20
 
 
-def resolve_backend(choice: BackendChoice, model: FlatModel, cohort: int = VECTORISE_MIN_COHORT) -> Backend:
+def resolve_device(device: str) -> torch.device:
+    """The torch device for the config's `device` ("cpu", "cuda", "cuda:1"), with a clear error if absent."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ConfigError(f"device '{device}' is not a torch device; use 'cpu' or 'cuda'") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device '{device}' asked for, but torch sees no CUDA GPU here; use device: cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device '{device}': fedhet runs on 'cpu' or 'cuda'")
+    return dev
+
+
+def resolve_backend(
+    choice: BackendChoice, model: FlatModel, cohort: int = VECTORISE_MIN_COHORT, device: torch.device | None = None
+) -> Backend:
     """`auto` picks `dense` for networks of Linear layers and ReLU/Tanh/Sigmoid (fastest on every workload
     of `fedhet bench`); for other models, vectorised for small models and cohorts of at least 20 clients
-    (where a round is dominated by per-client overhead), else sequential. All give the same numbers."""
+    (where a round is dominated by per-client overhead), else sequential (on a GPU: always vectorised). All
+    give the same numbers."""
     if choice == "dense" and dense_layers(model) is None:
         raise ConfigError(
             "backend 'dense' needs a model of Linear layers with ReLU/Tanh/Sigmoid activations (and optional "
@@ -39,6 +55,8 @@ def resolve_backend(choice: BackendChoice, model: FlatModel, cohort: int = VECTO
         return choice
     if dense_layers(model) is not None:
         return "dense"
+    if device is not None and device.type != "cpu":
+        return "vectorised"
     small = model.size <= VECTORISE_MAX_PARAMS and cohort >= VECTORISE_MIN_COHORT
     return "vectorised" if small else "sequential"
 
@@ -60,9 +78,14 @@ class Engine:
         seed: int = 0,
         chunk_size: int = 0,
         local: LocalSettings | None = None,
+        device: str = "cpu",
     ) -> None:
         self.model = model
         self.data = data
+        self.device = resolve_device(device)
+        if self.device.type != "cpu" and backend == "sequential":
+            raise ConfigError("backend 'sequential' runs on the CPU only: use 'auto', 'dense' or 'vectorised' on a GPU")
+        self._placed: dict[str, ClientData] = {}  # the data on `device`, moved once
         resolve_backend(backend, model)  # a backend the model cannot use fails here, with a clear message
         keep_freed_memory()  # per-round (cohort × parameters) tensors reuse memory instead of page-faulting
         self.backend: BackendChoice = backend
@@ -84,10 +107,11 @@ class Engine:
             self.data.train,
             global_params,
             plan,
-            backend=resolve_backend(self.backend, self.model, len(plan.clients)),
+            backend=resolve_backend(self.backend, self.model, len(plan.clients), self.device),
             seed=self.seed,
             round_=round_,
             chunk_size=self.chunk_size,
+            placed=self.placed("train"),
         )
         if rule is not None:
             trained = result.steps > 0
@@ -98,9 +122,19 @@ class Engine:
             result.state_delta = new - old
         return result
 
+    def placed(self, split: Literal["train", "test"]) -> ClientData | None:
+        """The `split` data on the engine's device (moved on first use; offsets stay on the CPU), or None on
+        the CPU."""
+        if self.device.type == "cpu":
+            return None
+        if split not in self._placed:
+            data: ClientData = getattr(self.data, split)
+            self._placed[split] = ClientData(data.x.to(self.device), data.y.to(self.device), data.offsets)
+        return self._placed[split]
+
     def scores(self, params: Tensor, split: Literal["train", "test"] = "test") -> ClientScores:
         """Loss and accuracy of one model on every client's `split` data."""
-        return score_clients(self.model, params, getattr(self.data, split))
+        return score_clients(self.model, params, self.placed(split) or getattr(self.data, split))
 
     def losses_at(self, params: Tensor, clients: Tensor, split: Literal["train", "test"] = "train") -> Tensor:
         """F_k(w): the mean loss of model `params` on each of `clients`' full `split` data (m,)."""
@@ -108,7 +142,7 @@ class Engine:
 
     def own_scores(self, params: Tensor, clients: Tensor, split: Literal["train", "test"] = "test") -> ClientScores:
         """Loss and accuracy of client i's own model params[i] on its own `split` data."""
-        return score_own_models(self.model, params, getattr(self.data, split), clients)
+        return score_own_models(self.model, params, self.placed(split) or getattr(self.data, split), clients)
 
     def gradient_statistics(self, params: Tensor, clients: Tensor, samples: int, round_: int) -> tuple[Tensor, Tensor]:
         """Mean and per-coordinate variance (m, P) of `samples` per-sample gradients of each client at `params`

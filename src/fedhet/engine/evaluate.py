@@ -25,12 +25,15 @@ class ClientScores:
 
 @torch.no_grad()
 def score_clients(model: FlatModel, params: Tensor, data: ClientData, batch_size: int = 8192) -> ClientScores:
-    """Loss and accuracy of ONE model (P,) on every client's data: per-sample results scattered by owner."""
+    """Loss and accuracy of ONE model (P,) on every client's data: per-sample results scattered by owner.
+
+    Runs on the device of `data` (the scores come back to the CPU)."""
     model.module.eval()
-    n, k = len(data.y), data.num_clients
-    loss_sum = torch.zeros(k, dtype=torch.float64)
-    correct = torch.zeros(k, dtype=torch.float64)
-    owner = data.owner
+    n, k, dev = len(data.y), data.num_clients, data.x.device
+    params = params.to(dev)
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=dev)
+    correct = torch.zeros(k, dtype=torch.float64, device=dev)
+    owner = data.owner.to(dev)
     for lo in range(0, n, batch_size):
         x, y = data.x[lo : lo + batch_size], data.y[lo : lo + batch_size]
         logits = model.logits(params, x)
@@ -38,17 +41,18 @@ def score_clients(model: FlatModel, params: Tensor, data: ClientData, batch_size
         who = owner[lo : lo + batch_size]
         loss_sum.index_add_(0, who, losses.double())
         correct.index_add_(0, who, (logits.argmax(1) == y).double())
-    count = data.sizes.double()
-    denom = count.clamp_min(1)
-    return ClientScores((loss_sum / denom).float(), (correct / denom).float(), data.sizes)
+    denom = data.sizes.double().clamp_min(1)
+    return ClientScores((loss_sum.cpu() / denom).float(), (correct.cpu() / denom).float(), data.sizes)
 
 
 @torch.no_grad()
 def score_own_models(
     model: FlatModel, params: Tensor, data: ClientData, clients: Tensor, chunk_size: int = 64
 ) -> ClientScores:
-    """Loss and accuracy of client i's OWN model params[i] on client clients[i]'s data (vmap over padded data)."""
+    """Loss and accuracy of client i's OWN model params[i] on client clients[i]'s data (vmap over padded data),
+    on the device of `data`."""
     model.module.eval()
+    dev = data.x.device
     m = len(clients)
     loss, acc = torch.zeros(m), torch.zeros(m)
     sizes = data.sizes[clients]
@@ -69,7 +73,8 @@ def score_own_models(
         start = data.offsets[ids].unsqueeze(1)
         valid = pos.unsqueeze(0) < data.sizes[ids].unsqueeze(1)
         rows = torch.where(valid, start + pos, start)
-        l_, a_ = vone(params[lo : lo + chunk_size], data.x[rows], data.y[rows], valid.float())
+        w = params[lo : lo + chunk_size].to(dev)
+        l_, a_ = vone(w, data.x[rows], data.y[rows], valid.float().to(dev))
         loss[lo : lo + chunk_size], acc[lo : lo + chunk_size] = l_, a_
     return ClientScores(loss, acc, sizes)
 

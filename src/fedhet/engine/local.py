@@ -20,6 +20,7 @@ from fedhet.engine.dense import dense_layers, train_dense
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.rules import LocalRule
+from fedhet.errors import ConfigError
 from fedhet.seeding import derive_seed
 
 Backend = Literal["sequential", "vectorised", "dense"]
@@ -138,11 +139,13 @@ def train_vectorised(
     round_: int,
     chunk_size: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """Many clients at once: `vmap` of the step over stacked parameters, in chunks of `chunk_size` clients."""
-    m = len(plan.clients)
+    """Many clients at once: `vmap` of the step over stacked parameters, in chunks of `chunk_size` clients.
+
+    Runs on the device of `w0` and `data` (the plan's client ids and step counts stay on the CPU)."""
+    m, dev = len(plan.clients), w0.device
     chunk = chunk_size if chunk_size > 0 else max(m, 1)
     params = w0.unsqueeze(0).repeat(m, 1)
-    losses = torch.full((m,), float("nan"))
+    losses = torch.full((m,), float("nan"), device=dev)
     if plan.rule is None:
         step, per_step = make_step(model, plan.prox_mu, plan.weight_decay), 1
     else:
@@ -159,7 +162,8 @@ def train_vectorised(
         index, weight = local_batches(
             data.offsets, clients, steps * per_step, plan.batch_size, seed, round_, plan.stream
         )
-        w, total = _tree(model, params[sel].clone()), torch.zeros(size)
+        index, weight = index.to(dev), weight.to(dev)
+        w, total = _tree(model, params[sel].clone()), torch.zeros(size, device=dev)
         for t in range(index.shape[1] // per_step):
             _seed_dropout(model, seed, round_, t, plan.stream)
             at = t if plan.rule is None else slice(t * per_step, (t + 1) * per_step)  # a rule's batches on dim 1
@@ -169,7 +173,7 @@ def train_vectorised(
                 w, loss = vstep(w, w0_tree, data.x[rows], data.y[rows], weight[:, at], lr, corr)
                 total = total + loss
             else:
-                ids = torch.nonzero(active).flatten()
+                ids = torch.nonzero(active).flatten().to(dev)
                 rows = index[ids, at]
                 c = {k: v[ids] for k, v in corr.items()} if corr is not None else None
                 sub = {k: v[ids] for k, v in w.items()}
@@ -178,7 +182,8 @@ def train_vectorised(
                     w[k] = w[k].index_put((ids,), new[k])
                 total[ids] += loss
         params[sel] = _flat(w, size)
-        losses[sel] = torch.where(steps > 0, total / steps.clamp_min(1), torch.nan)
+        tau = steps.to(dev)
+        losses[sel] = torch.where(tau > 0, total / tau.clamp_min(1), torch.nan)
     return params, losses
 
 
@@ -229,19 +234,29 @@ def train_cohort(
     seed: int,
     round_: int,
     chunk_size: int = 0,
+    placed: ClientData | None = None,
 ) -> LocalResult:
-    """Run `plan` on `backend` and package the result."""
+    """Run `plan` on `backend` and package the result (on the CPU).
+
+    With `placed` (`data` on an accelerator) the training runs there: the same mini-batches and update, the
+    local models come back to the CPU; gradient statistics are computed on the CPU copy."""
     model.module.train()
+    run_data, run_w0, run_plan = data, w0, plan
+    if placed is not None and placed.x.device != w0.device:
+        if backend == "sequential" and plan.rule is None:
+            raise ConfigError("backend 'sequential' runs on the CPU only: use 'auto', 'dense' or 'vectorised'")
+        run_data, run_w0, run_plan = placed, w0.to(placed.x.device), plan.to(placed.x.device)
     layers = dense_layers(model) if backend == "dense" and plan.rule is None else None
     if layers is not None:
-        params, losses = train_dense(model, layers, data, w0, plan, seed, round_, chunk_size)
+        params, losses = train_dense(model, layers, run_data, run_w0, run_plan, seed, round_, chunk_size)
     elif backend == "sequential" and plan.rule is None:
         params, losses = train_sequential(model, data, w0, plan, seed, round_)
     else:  # vectorised, and every non-SGD rule (vmap of one client is ~8x slower than a whole cohort)
-        params, losses = train_vectorised(model, data, w0, plan, seed, round_, chunk_size)
+        params, losses = train_vectorised(model, run_data, run_w0, run_plan, seed, round_, chunk_size)
+    params, losses = params.detach().to(w0.device), losses.detach().to(w0.device)
     grad_mean = grad_var = None
     if plan.grad_stats_samples > 0:
         model.module.eval()
         grad_mean, grad_var = gradient_statistics(model, data, w0, plan.clients, plan.grad_stats_samples, seed, round_)
     model.module.eval()
-    return LocalResult(plan.clients, params.detach(), losses.detach(), plan.steps, plan.lr, grad_mean, grad_var)
+    return LocalResult(plan.clients, params, losses, plan.steps, plan.lr, grad_mean, grad_var)

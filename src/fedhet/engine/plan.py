@@ -69,6 +69,12 @@ class LocalPlan:
             **extra,  # type: ignore[arg-type]
         )
 
+    def to(self, device: torch.device) -> LocalPlan:
+        """The plan with its learning rates and correction on `device`; client ids and step counts stay on
+        the CPU, where the mini-batches are drawn."""
+        correction = self.correction.to(device) if self.correction is not None else None
+        return replace(self, lr=self.lr.to(device), correction=correction)
+
 
 @dataclass
 class LocalResult:

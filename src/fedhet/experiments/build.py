@@ -111,6 +111,7 @@ def make_engine(config: RunConfig, model: FlatModel, data: FederatedData) -> Eng
         seed=config.seed,
         chunk_size=config.chunk_size,
         local=local_settings(config),
+        device=config.device,
     )
 
 
