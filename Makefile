@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch is pinned so that pip takes the CPU build (an unpinned torch pulls a multi-GB CUDA build).
 TORCH := torch==2.13.0
 
-.PHONY: install demo test lint bench clean flower-venv test-flower flower-demo
+.PHONY: install demo test lint bench bench-quick clean flower-venv test-flower flower-demo
 
 $(BIN)/fedhet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,14 @@ lint: install
 test: lint
 	$(BIN)/pytest
 
-bench: install
-	$(BIN)/fedhet bench --quick --json runs/bench.json
+# The full benchmark (the table of benchmarks/README.md), Flower included, so it runs from the Flower venv:
+# runs/bench.json and its Markdown tables in runs/bench.md.
+bench: flower-venv
+	$(FLOWER_BIN)/fedhet bench --json runs/bench.json
+	$(FLOWER_BIN)/python -m fedhet.bench.report runs/bench.json > runs/bench.md
+
+bench-quick: install
+	$(BIN)/fedhet bench --quick --json runs/bench-quick.json
 
 # Flower (docs/flower.md) lives in its own venv so that the core venv, and `make test`, never see flwr.
 FLOWER_VENV := .venv-flower

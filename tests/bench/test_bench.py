@@ -98,10 +98,13 @@ def test_json_markdown_and_flower_skipped(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(bench_run, "flower_available", lambda: False)
     said: list[str] = []
     out = tmp_path / "bench.json"
-    bench_run.run_bench(quick=True, json_path=out, progress=said.append, custom=[TINY])
+    threads = torch.get_num_threads()
+    bench_run.run_bench(quick=True, json_path=out, progress=said.append, custom=[TINY], threads=1)
+    assert torch.get_num_threads() == threads  # restored
     assert any("Flower is not installed" in line for line in said)
     payload = json.loads(out.read_text())
     assert payload["quick"] is True and payload["flower"] is False and payload["machine"]["cores"] >= 1
+    assert payload["machine"]["torch_threads"] == 1
     rows = payload["rows"]
     assert {r["workload"] for r in rows} == {"tiny"}
     for key in ("backend", "median_s", "ratio_to_naive", "ratio_to_flower", "flop_fraction", "peak_mem_mb"):

@@ -255,14 +255,16 @@ def run_bench(
     only: tuple[str, ...] = (),
     flower: bool = True,
     custom: list[Workload] | None = None,
+    threads: int = 0,
 ) -> list[Row]:
     """All workloads (or `only` these, or `custom` ones); `quick` uses fewer repetitions, smaller sweeps and
-    Flower on logistic regression only."""
+    Flower on logistic regression only. `threads` > 0 sets torch's intra-op threads for everything timed
+    (fedhet's backends, the naive reference, the matmul limit; Flower's actors keep their own)."""
     settings = Settings(reps=3, warmup=1, flower_rounds=3) if quick else Settings()
     settings.flower = flower and flower_available()
     if flower and not settings.flower:
         progress("Flower is not installed: its comparator is skipped (pip install 'fedhet[flower]' to include it)")
-    everything = custom if custom is not None else workloads(quick)
+    everything = custom if custom is not None else workloads(quick and not only)
     chosen = [w for w in everything if not only or w.name in only]
     unknown = set(only) - {w.name for w in workloads(False)} - {w.name for w in everything}
     if unknown:
@@ -270,14 +272,20 @@ def run_bench(
 
         names = ", ".join(w.name for w in workloads(False))
         raise ConfigError(f"unknown bench workload(s) {', '.join(sorted(unknown))}; choose from {names}")
-    started, load_start = time.time(), _load()
+    started, load_start, default_threads = time.time(), _load(), torch.get_num_threads()
     rows: list[Row] = []
-    for w in chosen:
-        progress(f"{w.name}: {w.description}")
-        run_settings = settings
-        if quick and w.name not in ("logreg", *only):
-            run_settings = replace(settings, comparators=("naive",))  # Flower on logistic regression only
-        rows += bench_workload(w, w.data(), run_settings, progress)
+    try:
+        if threads > 0:
+            torch.set_num_threads(threads)
+        for w in chosen:
+            progress(f"{w.name}: {w.description}")
+            run_settings = settings
+            if quick and w.name not in ("logreg", *only):
+                run_settings = replace(settings, comparators=("naive",))  # Flower on logistic regression only
+            rows += bench_workload(w, w.data(), run_settings, progress)
+        used_threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(default_threads)
     if json_path is not None:
         payload = {
             "command": " ".join(["fedhet", *sys.argv[1:]]) if sys.argv and "fedhet" in sys.argv[0] else "run_bench",
@@ -286,7 +294,7 @@ def run_bench(
             "seconds": time.time() - started,
             "load_avg_start": load_start,
             "load_avg_end": _load(),
-            "machine": machine(),
+            "machine": {**machine(), "torch_threads": used_threads},
             "flower": settings.flower,
             "targets": [asdict(t) for t in check_targets(rows)],
             "rows": [asdict(r) for r in rows],

@@ -258,6 +258,7 @@ def bench(
     json_file: Annotated[Path | None, typer.Option("--json", help="write every row to this JSON file")] = None,
     workload: Annotated[list[str] | None, typer.Option(help="only these workloads (repeatable)")] = None,
     flower: Annotated[bool, typer.Option(help="include Flower's simulation when flwr is installed")] = True,
+    threads: Annotated[int, typer.Option(help="torch threads for everything timed (0: torch's default)")] = 0,
 ) -> None:
     """Time whole rounds on fedhet's backends, a naive reference, Flower (if installed) and the machine limit."""
     from fedhet.bench.report import rows_table, targets_table
@@ -265,7 +266,9 @@ def bench(
     from fedhet.bench.targets import check_targets
 
     only = tuple(workload or ())
-    rows = run_bench(quick=quick, json_path=json_file, progress=console.print, only=only, flower=flower)
+    rows = run_bench(
+        quick=quick, json_path=json_file, progress=console.print, only=only, flower=flower, threads=threads
+    )
     console.print(rows_table(rows))
     console.print(targets_table(check_targets(rows)))
 
