@@ -1,6 +1,6 @@
 """A real Flower deployment on loopback (scripts/flower_local.sh): a SuperLink, three SuperNodes each loading its
-own partition file, fedhet's SCAFFOLD across them; the ServerApp is killed after round 2 and restarted (it resumes
-from its checkpoint, the nodes' c_i from their state files), then a SuperNode is killed after round 3 and the run
+own partition file, fedhet's SCAFFOLD across them; the ServerApp is killed after round 1 and restarted (it resumes
+from its checkpoint, the nodes' c_i from their state files), then a SuperNode is killed after round 2 and the run
 finishes with the other two. Every wait is bounded."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def serverapp_pids(port: int) -> list[int]:
 
 
 def test_deployment_survives_a_restarted_server_and_a_dead_node(tmp_path: Path) -> None:
-    config = small_config("scaffold", rounds=4)
+    config = small_config("scaffold", rounds=3)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     out, port = tmp_path / "run", free_port_block(5)
@@ -74,24 +74,24 @@ def test_deployment_survives_a_restarted_server_and_a_dead_node(tmp_path: Path) 
     assert script("start", str(path), str(out), "3").wait(timeout=180) == 0
     try:
         first = script("run", str(out))
-        wait_for(lambda: rows(out) >= 2, 400, "round 2")
-        for pid in serverapp_pids(port):  # the server dies (round 2 is checkpointed)
+        wait_for(lambda: rows(out) >= 1, 400, "round 1")
+        for pid in serverapp_pids(port):  # the server dies (round 1 is checkpointed)
             os.kill(pid, signal.SIGKILL)
         first.terminate()
         first.wait(timeout=60)
         second = script("run", str(out))  # a new run of the same app: resumes from the checkpoint
-        wait_for(lambda: rows(out) >= 3, 400, "round 3 after the restart")
+        wait_for(lambda: rows(out) >= 2, 400, "round 2 after the restart")
         assert script("kill", str(out), "2").wait(timeout=60) == 0
         assert second.wait(timeout=400) == 0
     finally:
         script("stop", str(out)).wait(timeout=60)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["rounds"] == 4 and len(summary["nodes_lost"]) == 1
+    assert summary["status"] == "finished" and summary["rounds"] == 3 and len(summary["nodes_lost"]) == 1
     native = run(config, tmp_path / "native")
     assert native.status == "finished"
     deployed, reference = read_metrics(out), read_metrics(tmp_path / "native")
-    assert_same_metrics(reference[:3], deployed[:3])  # up to the node's death: the single-machine numbers
-    assert all(value == value for value in map(float, deployed[3].values()))  # round 4: the others' numbers
+    assert_same_metrics(reference[:2], deployed[:2])  # up to the node's death: the single-machine numbers
+    assert all(value == value for value in map(float, deployed[2].values()))  # round 3: the others' numbers
     clients = list(csv.DictReader((out / "clients.csv").open()))
     assert {int(float(c["client"])) for c in clients if c["test_accuracy"] == "nan"} == {4, 5}  # node 2's clients
     for name in ("config.yaml", "metrics.csv", "clients.csv", "summary.json"):

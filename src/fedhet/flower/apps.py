@@ -81,7 +81,7 @@ class GridTransport:
         for reply in self.grid.send_and_receive(messages, timeout=timeout):
             node = int(reply.metadata.src_node_id)
             if reply.has_error():
-                log.warning("node %s failed: %s", node, reply.error.reason)
+                log.warning("a node failed (reported by %s): %s", node, reply.error.reason)
                 continue
             replies[node] = _payload(reply.content)
         return replies
