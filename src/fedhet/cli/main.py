@@ -137,10 +137,12 @@ def _report(state: Any, quiet: bool) -> None:
         console.print(str(state.out))
         return
     from fedhet.engine.engine import resolve_backend
+    from fedhet.flower.remote import RemoteEngine
 
     engine = state.experiment.engine
     backend = resolve_backend(engine.backend, engine.model, state.config.clients_per_round)
-    table = Table(title=f"{state.status}: {state.round} rounds in {state.wall_time_s:.1f} s ({backend} backend)")
+    where = f"Flower, {len(engine.nodes)} nodes" if isinstance(engine, RemoteEngine) else f"{backend} backend"
+    table = Table(title=f"{state.status}: {state.round} rounds in {state.wall_time_s:.1f} s ({where})")
     table.add_column("metric")
     table.add_column("final", justify="right")
     for key, value in state.final.items():

@@ -45,7 +45,7 @@ def simulate(
     )
     finished: list[RunState] = []
     app = make_server_app(config, out, settings, callbacks, finished.append)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    logging.getLogger("flwr").setLevel(logging.ERROR)  # quiet: run_simulation's deprecation notice, Ray's chatter
     backend = {
         "client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0},
         "init_args": {"include_dashboard": False, "logging_level": "error", "log_to_driver": False},
