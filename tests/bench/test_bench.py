@@ -76,22 +76,28 @@ def _row(workload: str, backend: str, **values: float) -> Row:
 
 
 def test_targets_met_missed_and_not_measured() -> None:
+    def cohort(n: int, mb: float) -> Row:
+        return _row(f"cohort-{n}", "auto (dense)", fresh_peak_mb=mb)
+
     rows = [
         _row("logreg", "auto (dense)", ratio_to_naive=12.0, ratio_to_best_backend=1.0),
         _row("mlp", "auto (dense)", flop_fraction=0.3, ratio_to_naive=3.0, ratio_to_best_backend=1.05),
         _row("cnn", "auto (sequential)", ratio_to_best_backend=1.2),
-        _row("cohort-1000", "auto (dense)", peak_mem_mb=500.0, base_mem_mb=400.0),
-        _row("cohort-10000", "auto (dense)", peak_mem_mb=1400.0, base_mem_mb=400.0),
+        cohort(10, 300.0),
+        cohort(100, 301.0),
+        cohort(1000, 310.0),
+        cohort(10_000, 400.0),  # 10 MB per 1,000 clients from 1,000 on: linear
     ]
     met = {t.name: t.met for t in check_targets(rows)}
     assert met["logreg vs naive"] is True and met["logreg vs Flower"] is None
     assert met["mlp FLOP rate"] is False and met["mlp vs naive"] is True
     assert met["auto vs best backend"] is False  # 1.2 on the CNN
-    assert met["memory linear in clients"] is True  # 0.1 MB per client at both sizes
-    assert met["10,000 clients"] is True
-    rows[-1].peak_mem_mb = 5000.0
+    assert met["memory linear in clients"] is True and met["10,000 clients"] is True
+    rows[-1] = cohort(10_000, 5000.0)  # 522 MB per 1,000 clients from 1,000 on, against 10 before
     met = {t.name: t.met for t in check_targets(rows)}
     assert met["memory linear in clients"] is False and met["10,000 clients"] is False
+    met = {t.name: t.met for t in check_targets(rows[:-1])}  # up to 1,000 clients: too small to judge
+    assert met["memory linear in clients"] is None and met["10,000 clients"] is None
 
 
 def test_json_markdown_and_flower_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

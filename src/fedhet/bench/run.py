@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -52,6 +53,7 @@ class Row:
     ratio_to_naive: float | None = None  # naive time / this time (> 1: faster than naive)
     ratio_to_flower: float | None = None  # Flower time / this time
     ratio_to_best_backend: float | None = None  # this time / fastest fedhet backend's time (1.0: the best)
+    fresh_peak_mb: float | None = None  # peak memory of a fresh process that builds the data and runs 2 rounds
     note: str = ""
 
 
@@ -132,6 +134,24 @@ def fedhet_round(engine: Engine, w: Workload) -> Callable[[int], None]:
     return one
 
 
+def _peak_of_rounds(w: Workload, rounds: int) -> float:
+    """In a fresh process: build `w`'s data and run `rounds` rounds on the `auto` backend; the peak memory."""
+    torch.manual_seed(0)
+    model = FlatModel(MODELS.build(w.model).build(w.input_shape, w.num_classes))
+    one = fedhet_round(Engine(model, w.data()), w)
+    for r in range(rounds):
+        one(r + 1)
+    return _memory_mb("VmHWM")
+
+
+def fresh_peak_mb(w: Workload, rounds: int = 2) -> float:
+    """Peak resident memory (MB) of a new Python process that builds `w`'s data and runs `rounds` rounds with
+    `backend: auto`: what a run of this size needs, unaffected by what this process held before."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return float(pool.apply(_peak_of_rounds, (w, rounds)))
+
+
 @dataclass
 class Settings:
     """How long to measure: repetitions after warm-up rounds, and Flower's rounds."""
@@ -141,6 +161,7 @@ class Settings:
     flower_rounds: int = 4
     flower: bool = True
     comparators: tuple[str, ...] = ("naive", "flower")
+    fresh_memory: bool = True  # the cohort sweep's memory, each size in a fresh process
 
 
 def bench_workload(w: Workload, data: FederatedData, settings: Settings, say: Callable[[str], None]) -> list[Row]:
@@ -173,7 +194,8 @@ def bench_workload(w: Workload, data: FederatedData, settings: Settings, say: Ca
         times[backend] = measure(backend, fedhet_round(engine, w), warmup, reps).median_s
     auto = resolve_backend("auto", model, w.clients)
     chosen = next(r for r in rows if r.backend == auto)
-    rows.append(replace(chosen, backend=f"auto ({auto})", note="the backend `auto` picks"))
+    fresh = fresh_peak_mb(w) if settings.fresh_memory and "clients" in w.tags else None
+    rows.append(replace(chosen, backend=f"auto ({auto})", note="the backend `auto` picks", fresh_peak_mb=fresh))
     best = min(times.values())
     if "naive" in w.comparators and "naive" in settings.comparators:
         ref = FlatModel(MODELS.build(w.model).build(w.input_shape, w.num_classes)).module

@@ -181,7 +181,7 @@ class _Batches:
         )
         index, weight = index.to(data.x.device), weight.to(data.x.device)
         c, t_max, b = index.shape
-        self.index = index.transpose(0, 1)  # (T, c, b): step-major, so a chunk's step is a view
+        self.index = index.transpose(0, 1).contiguous()  # (T, c, b): a chunk's step is a contiguous view
         self.y = data.y[self.index]
         self.share = (weight / weight.sum(2, keepdim=True).clamp_min(1.0)).transpose(0, 1)  # (T, c, b)
         self.scale = (self.share * lr.view(1, c, 1)).unsqueeze(3)  # η·wt/Σwt: ∂(η · batch loss)/∂logits
@@ -272,7 +272,9 @@ def _train_chunk(
     rate = plan.lr[ids].view(c, 1, 1)
     shrink = 1 - rate * (mu + decay) if mu or decay else None  # w ← (1 − η(μ+λ)) w + ημ w0 − η c − η ∇F
     decays = bool(mu or decay or plan.correction is not None)
-    ones = torch.ones(c, 1, plan.batch_size, device=work.device)
+    b = plan.batch_size
+    ones = torch.ones(c, 1, b, device=work.device)
+    x_buffer = torch.empty(c * b, x_all.shape[1], dtype=x_all.dtype, device=work.device)  # the step's inputs
     remaining = batches.steps[part].tolist()
     n, net = c, whole
     steps = zip(
@@ -291,7 +293,7 @@ def _train_chunk(
             net = [w.head(n) for w in whole]
         rows, scale_t, target_t, logits_t = step if n == c else (s[:n] for s in step)
         mask = masks[t] if masks is not None else [None] * len(layers)
-        a = x_all[rows]  # (n, b, d)
+        a = torch.index_select(x_all, 0, rows.view(-1), out=x_buffer[: n * b]).view(n, b, -1)  # (n, b, d)
         inputs, acts = [a], []  # each layer's input, and its activation before dropout
         for w, la, m in zip(net, layers, mask, strict=True):
             out = logits_t if la.activation is None else None

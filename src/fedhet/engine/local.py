@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.func import functional_call, grad, grad_and_value, vmap
 
 from fedhet.data.dataset import ClientData
-from fedhet.engine.batches import local_batches, stats_samples
+from fedhet.engine.batches import gather_rows, local_batches, stats_samples
 from fedhet.engine.dense import dense_layers, train_dense
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult
@@ -170,14 +170,14 @@ def train_vectorised(
             active = steps > t
             if bool(active.all()):
                 rows = index[:, at]
-                w, loss = vstep(w, w0_tree, data.x[rows], data.y[rows], weight[:, at], lr, corr)
+                w, loss = vstep(w, w0_tree, gather_rows(data.x, rows), data.y[rows], weight[:, at], lr, corr)
                 total = total + loss
             else:
                 ids = torch.nonzero(active).flatten().to(dev)
                 rows = index[ids, at]
                 c = {k: v[ids] for k, v in corr.items()} if corr is not None else None
                 sub = {k: v[ids] for k, v in w.items()}
-                new, loss = vstep(sub, w0_tree, data.x[rows], data.y[rows], weight[ids, at], lr[ids], c)
+                new, loss = vstep(sub, w0_tree, gather_rows(data.x, rows), data.y[rows], weight[ids, at], lr[ids], c)
                 for k in w:
                     w[k] = w[k].index_put((ids,), new[k])
                 total[ids] += loss
