@@ -44,6 +44,11 @@ def test_clients_are_cut_into_blocks() -> None:
         "perfedavg",
         "afl",
         "mwfed",
+        {"name": "cafed", "local_minimum": "local", "local_steps": 5, "loss_batch": 0},
+        "pfedme",
+        {"name": "fednova", "mu": 0.1},
+        "krum",
+        "adafed",
     ],
     ids=lambda a: a if isinstance(a, str) else a["name"],
 )
