@@ -103,7 +103,8 @@ def _worker(config: Config, node_config: dict[str, Any]) -> NodeWorker:
         else:
             part, parts = int(node_config.get("partition-id", 0)), int(node_config.get("num-partitions", 1))
             data, clients = derived_partition(run_config, text, part, parts)
-        _WORKERS.clear()
+        if len(_WORKERS) >= 8:  # a simulation actor serves several nodes; keep a few, drop the oldest
+            _WORKERS.pop(next(iter(_WORKERS)))
         _WORKERS[key] = NodeWorker(run_config, data, clients)
     return _WORKERS[key]
 
