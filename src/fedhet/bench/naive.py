@@ -1,5 +1,6 @@
 """The naive reference: FedAvg written the way typical research code is (a deepcopy of the model and a new
-DataLoader per client per round, client-by-client evaluation). Used only as a comparator in benchmarks."""
+DataLoader per client per round, client-by-client evaluation of the test and train data, as fedhet's rounds
+evaluate them). Used only as a comparator in benchmarks."""
 
 from __future__ import annotations
 
@@ -36,8 +37,13 @@ def naive_round(
     total = float(sum(sizes))
     averaged = {key: sum(s[key] * (n / total) for s, n in zip(states, sizes, strict=True)) for key in states[0]}
     model.load_state_dict(averaged)
-    with torch.no_grad():
+    model.eval()
+    with torch.no_grad():  # every client's test and train loss and accuracy, as fedhet's rounds report them
         for k in eval_clients.tolist():
-            x, y = data.test.client(k)
-            for xb, yb in DataLoader(TensorDataset(x, y), batch_size=256):
-                nn.functional.cross_entropy(model(xb), yb)
+            for split in (data.test, data.train):
+                loss, correct = 0.0, 0
+                for xb, yb in DataLoader(TensorDataset(*split.client(k)), batch_size=256):
+                    out = model(xb)
+                    loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
+                    correct += int((out.argmax(1) == yb).sum())
+    model.train()
