@@ -68,4 +68,8 @@ class Appeal(Metric):
                     out.update({f"ft_{k}": v for k, v in tuned.items()})
                     out[f"ft_{prefix}test_accuracy"] = float(test.accuracy[ids].double().mean())
         columns = {"rho": req.rho, "appealing": (view.test.loss < req.rho).int()}
+        if req.local_test_accuracy is not None:
+            columns["local_test_accuracy"] = req.local_test_accuracy
+        if "corrupted" in data.info:
+            columns["label_flipped"] = data.info["corrupted"].int()
         return out, columns
