@@ -253,6 +253,16 @@ _BACKWARD: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 }
 
 
+def _softmax(z: Tensor) -> Tensor:
+    """Softmax over the last dimension. Torch's CPU kernel does not vectorise across rows when there are
+    fewer classes than SIMD lanes (16 floats): 53 µs against 14 µs here for 330 rows of 10 classes."""
+    if z.shape[-1] >= 16 or z.numel() < 40 * z.shape[-1] or z.device.type != "cpu":
+        return torch.softmax(z, -1)
+    e = z - z.amax(-1, keepdim=True)
+    e.exp_()
+    return e.div_(e.sum(-1, keepdim=True))
+
+
 def _train_chunk(
     layers: list[DenseLayer],
     work: Tensor,
@@ -308,7 +318,7 @@ def _train_chunk(
             acts.append(a)
             inputs.append(a * m if m is not None else a)
             a = inputs[-1]
-        grad = torch.addcmul(target_t, torch.softmax(z, 2), scale_t)  # η (softmax − onehot) wt/Σwt
+        grad = torch.addcmul(target_t, _softmax(z), scale_t)  # η (softmax − onehot) wt/Σwt
         for i in range(len(layers) - 1, -1, -1):
             w = net[i]
             back = torch.bmm(grad, w.weight) if i > 0 else None  # with W_i before its update
