@@ -79,3 +79,24 @@ def test_maxfl_appeals_to_more_clients_than_every_baseline_when_opt_out_starts()
         for key in ("gm_appeal", "unseen_gm_appeal", "gm_appeal_train"):
             best = max(final[key] for final in finals.values())
             assert maxfl[key] > best, (seed, key, maxfl[key], {m: f[key] for m, f in finals.items()})
+
+
+def test_every_maxfl_recipe_builds_on_the_paper_data_and_the_embedded_fallback() -> None:
+    from fedhet.experiments.build import components
+    from fedhet.experiments.recipes import RECIPES
+
+    names = [name for name in RECIPES if name.startswith("maxfl-") and name != "maxfl-mean-estimation"]
+    assert {"maxfl-table1-emnist", "maxfl-unseen-sent140", "maxfl-participation"} <= set(names)
+    for name in names:
+        recipe = get_recipe(name)
+        for method in recipe.methods:
+            for embedded in (False, True):
+                raw = recipe.config(method, 0, quick=False, embedded=embedded)
+                components(parse_config(raw))  # every component validates (no mixed partition keys)
+                if embedded and recipe.fallback is not None:
+                    assert raw["dataset"] == "digits" and raw["num_clients"] == 15
+                    assert raw["rounds"] == 200
+                    assert raw["availability"] == "always" or raw["availability"]["mandatory_rounds"] == 10
+    assert get_recipe("maxfl-unseen").config("MaxFL", 0, False, False)["partition"]["name"] == "label_clusters"
+    clusters = get_recipe("maxfl-participation").config("MaxFL, opt-out, 2-label clusters", 0, False, True)
+    assert clusters["partition"]["name"] == "label_clusters"  # the row's partition survives the fallback

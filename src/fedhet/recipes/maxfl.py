@@ -46,6 +46,22 @@ EMBEDDED: dict[str, Any] = {
     "unseen_clients": 15,
 }
 CLUSTERS: dict[str, Any] = {"name": "label_clusters", "num_clusters": 5, "labels_per_cluster": 2}
+# The paper's other datasets (files needed; no embedded fallback: the FMNIST recipes have it).
+EMNIST: dict[str, Any] = {
+    "dataset": {"name": "emnist", "split": "byclass"},  # "62 labels"
+    "partition": {"name": "dirichlet", "alpha": 0.05, "min_size": 50},
+    "num_clients": 500,
+    "unseen_clients": 500,
+    "clients_per_round": 10,
+}
+SENT140: dict[str, Any] = {
+    "dataset": "sent140",  # mean GloVe vectors; <data_dir>/sent140/glove.txt (200-d Twitter GloVe)
+    "partition": {"name": "natural", "min_size": 50},
+    "model": {"name": "mlp", "hidden": [128, 86, 30], "dropout": 0.0},
+    "num_clients": 308,
+    "unseen_clients": 619,
+    "clients_per_round": 10,
+}
 QUICK: dict[str, Any] = {"rounds": 50}
 SEEN_UNSEEN: dict[str, str] = {
     "test_accuracy": "seen test acc",
@@ -88,7 +104,7 @@ def table1() -> Recipe:
 def unseen() -> Recipe:
     return Recipe(
         name="maxfl-unseen",
-        description="MaxFL unseen clients (cluster partition): GM-appeal and preferred-model accuracy",
+        description="MaxFL unseen clients: GM-appeal and preferred-model accuracy (paper: 5 clusters x 2 labels)",
         base={**PAPER, "partition": CLUSTERS},
         methods=_methods(("FedAvg", "FedProx", "SCAFFOLD", "Per-FedAvg", "MW-Fed", "MaxFL")),
         columns={"unseen_gm_appeal": "unseen GM-appeal", "unseen_preferred_accuracy": "unseen preferred acc"},
@@ -155,6 +171,35 @@ def local_steps_ablation() -> Recipe:
         fallback=EMBEDDED,
         quick=QUICK,
     )
+
+
+def _on(recipe: Recipe, dataset: str, changes: dict[str, Any]) -> Recipe:
+    """`recipe` on one of the paper's other datasets (its files are needed)."""
+    recipe.name = f"{recipe.name}-{dataset}"
+    recipe.description = f"{recipe.description} [{dataset}]"
+    recipe.base = {**recipe.base, **changes}
+    recipe.fallback = None
+    return recipe
+
+
+@register_recipe
+def table1_emnist() -> Recipe:
+    return _on(table1(), "emnist", EMNIST)
+
+
+@register_recipe
+def byzantine_emnist() -> Recipe:
+    return _on(byzantine(), "emnist", EMNIST)
+
+
+@register_recipe
+def unseen_sent140() -> Recipe:
+    return _on(unseen(), "sent140", SENT140)
+
+
+@register_recipe
+def finetuning_sent140() -> Recipe:
+    return _on(finetuning(), "sent140", SENT140)
 
 
 def _pool_at_opt_out(state: RunState) -> dict[str, float]:
