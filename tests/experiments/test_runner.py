@@ -11,7 +11,7 @@ import torch
 from fedhet.errors import DivergenceError
 from fedhet.experiments.callbacks import Callback, EarlyStopping
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.runner import RunState, resume, run
+from fedhet.experiments.runner import RunState, resume, run, run_or_resume
 
 SMALL = {
     "dataset": "digits",
@@ -104,3 +104,29 @@ def test_early_stopping_callback() -> None:
     state = run(parse_config(small(rounds=30)), callbacks=[EarlyStopping("test_accuracy", 0.3)])
     assert state.status == "stopped early" and state.round < 30
     assert state.final["test_accuracy"] >= 0.3
+
+
+class CountRounds(Callback):
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+        self.rounds += 1
+        return False
+
+
+def test_run_or_resume_loads_a_finished_run_and_continues_an_interrupted_one(tmp_path: Path) -> None:
+    full = run(parse_config(small()), tmp_path / "full")
+    counter = CountRounds()
+    loaded = run_or_resume(parse_config(small()), tmp_path / "full", [counter])
+    assert counter.rounds == 0 and loaded.history == full.history and torch.equal(loaded.params, full.params)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(parse_config(small()), tmp_path / "cut", [Interrupt(at=2)])
+    counter = CountRounds()
+    finished = run_or_resume(parse_config(small()), tmp_path / "cut", [counter])
+    assert counter.rounds == 4 and finished.history == full.history
+
+    counter = CountRounds()  # another config in the same folder starts afresh
+    other = run_or_resume(parse_config(small(seed=3)), tmp_path / "full", [counter])
+    assert counter.rounds == 6 and other.history != full.history

@@ -11,7 +11,6 @@ from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import resume, run
 from fedhet.metrics.availability import (
     PARTICIPATION_FILE,
-    ParticipationWriter,
     cumulative_importance,
     excluded_share,
     importance,
@@ -47,7 +46,7 @@ def small_config(**changes: object) -> dict[str, object]:
 
 
 def test_run_logs_alpha_accuracy_and_participation(tmp_path: Path) -> None:
-    state = run(parse_config(small_config()), tmp_path / "run", callbacks=[ParticipationWriter()])
+    state = run(parse_config(small_config()), tmp_path / "run")  # every run folder gets availability.npz
     history = state.history
     accuracy = [row["alpha_test_accuracy"] for row in history]
     # equal client sizes: α-weighted accuracy is the client mean
@@ -63,6 +62,12 @@ def test_run_logs_alpha_accuracy_and_participation(tmp_path: Path) -> None:
         assert saved["group"].tolist() == [0] * 4 + [1] * 4
         for t, row in enumerate(history):
             assert row["selected"] == saved["selected"][t].sum()
+
+
+def test_a_run_with_nothing_to_log_writes_no_participation_file(tmp_path: Path) -> None:
+    run(parse_config({"rounds": 1, "num_clients": 4, "clients_per_round": 2}), tmp_path / "run")
+    assert (tmp_path / "run" / "metrics.csv").is_file()
+    assert not (tmp_path / "run" / PARTICIPATION_FILE).exists()
 
 
 def test_resume_repeats_the_uninterrupted_run(tmp_path: Path) -> None:

@@ -40,12 +40,17 @@ class Experiment:
 
     def resolved_config(self) -> dict[str, Any]:
         """The config with every component's parameters filled in (written to ``config.yaml``)."""
-        raw = self.config.model_dump(mode="json")
-        parts = components(self.config)
-        for key, component in parts.items():
-            raw[key] = spec_of(component)
-        raw["metrics"] = [spec_of(m) for m in parts.metrics]
-        return raw
+        return resolved_config(self.config)
+
+
+def resolved_config(config: RunConfig) -> dict[str, Any]:
+    """`config` with every component's parameters filled in (what a run folder's ``config.yaml`` holds)."""
+    raw = config.model_dump(mode="json")
+    parts = components(config)
+    for key, component in parts.items():
+        raw[key] = spec_of(component)
+    raw["metrics"] = [spec_of(m) for m in parts.metrics]
+    return raw
 
 
 @dataclass

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, DivergenceError
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.runner import RunState, run
+from fedhet.experiments.runner import RunState, run_or_resume
 from fedhet.registry import closest
 from fedhet.report.tables import markdown_table
 
@@ -54,7 +54,8 @@ class Recipe:
     figures: dict[str, str] = field(default_factory=dict)  # metric → figure file name
     summarise: Callable[[RunState], dict[str, float]] | None = None  # extra per-run numbers for the table
     fallback: dict[str, Any] | None = None  # changes to an embedded dataset when the paper's files are missing
-    custom: Callable[[Path, bool, tuple[int, ...]], str] | None = None  # a study that is not a set of runs
+    # a study that is not a set of runs: (out, quick, seeds, embedded) → markdown table
+    custom: Callable[[Path, bool, tuple[int, ...], bool | None], str] | None = None
 
     def config(self, method: str, seed: int, quick: bool, embedded: bool = False) -> dict[str, Any]:
         raw = deep_merge(self.base, self.methods[method])
@@ -107,7 +108,7 @@ def run_recipe(
     seeds = seeds or recipe.seeds
     out.mkdir(parents=True, exist_ok=True)
     if recipe.custom is not None:
-        table = recipe.custom(out, quick, seeds)
+        table = recipe.custom(out, quick, seeds, embedded)
         (out / "table.md").write_text(table)
         return RecipeResult(table, {}, {})
     if embedded is None:
@@ -123,11 +124,17 @@ def run_recipe(
     for method in recipe.methods:
         for seed in seeds:
             cfg = parse_config(recipe.config(method, seed, quick, embedded))
-            state = run(cfg, out / method / f"seed{seed}", callbacks(method, seed) if callbacks else None)
-            numbers = dict(state.final)
-            if recipe.summarise is not None:
-                numbers.update(recipe.summarise(state))
-            runs.setdefault(method, []).append(state)
+            folder = out / method / f"seed{seed}"
+            try:
+                state = run_or_resume(cfg, folder, callbacks(method, seed) if callbacks else None)
+            except DivergenceError as err:  # one diverging run leaves a gap in the table, not a lost recipe
+                say(f"{method}, seed {seed}: {err} (its run folder {folder} is kept)")
+                numbers: dict[str, float] = {}
+            else:
+                numbers = dict(state.final)
+                if recipe.summarise is not None:
+                    numbers.update(recipe.summarise(state))
+                runs.setdefault(method, []).append(state)
             for column in recipe.columns:
                 values.setdefault(method, {}).setdefault(column, []).append(numbers.get(column, float("nan")))
     header = ["method", *recipe.columns.values()]
@@ -154,11 +161,17 @@ def _dataset_available(base: dict[str, Any]) -> bool:
     return True
 
 
-def mean_std(values: list[float]) -> str:
-    arr = np.asarray(values, dtype=float)
-    if len(arr) == 1:
-        return f"{arr[0]:.4f}"
-    return f"{arr.mean():.4f} ± {arr.std(ddof=1):.4f}"
+def mean_std(values: list[float], digits: int = 4, scale: float = 1.0) -> str:
+    """ "mean ± std" of `scale`·values over the seeds (sample std); seeds without a value (NaN: a diverged run, a
+    target never reached) are left out and counted."""
+    arr = scale * np.asarray(values, dtype=float)
+    ok = arr[~np.isnan(arr)]
+    missing = f" ({len(arr) - len(ok)} of {len(arr)} missing)" if len(ok) < len(arr) else ""
+    if len(ok) == 0:
+        return "n/a" + missing
+    if len(ok) == 1:
+        return f"{ok[0]:.{digits}f}" + missing
+    return f"{ok.mean():.{digits}f} ± {ok.std(ddof=1):.{digits}f}" + missing
 
 
 def _figures(recipe: Recipe, runs: dict[str, list[RunState]], out: Path) -> None:

@@ -15,10 +15,11 @@ from torch import Tensor
 from fedhet.engine.engine import resolve_backend
 from fedhet.engine.plan import LocalResult
 from fedhet.errors import ConfigError, DivergenceError
-from fedhet.experiments.build import Experiment, build
+from fedhet.experiments.build import Experiment, build, resolved_config
 from fedhet.experiments.callbacks import Callback, CSVWriter, write_csv
 from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
 from fedhet.experiments.evaluation import evaluate_global
+from fedhet.metrics.availability import ParticipationWriter
 from fedhet.metrics.base import RoundView
 
 CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT = (
@@ -93,6 +94,21 @@ def resume(
     return _loop(state, callbacks or [])
 
 
+def run_or_resume(
+    config: RunConfig,
+    out: Path,
+    callbacks: list[Callback] | None = None,
+    builder: Callable[[RunConfig], Experiment] = build,
+) -> RunState:
+    """`run` into `out`, unless `out` already holds a checkpointed run of this very config: then `resume` it (a
+    finished run is loaded, not recomputed). So a recipe that was interrupted picks up where it stopped."""
+    config_file, checkpoint = out / CONFIG, out / CHECKPOINT
+    same = checkpoint.is_file() and config_file.is_file()
+    if same and config_file.read_text() == dump_yaml(resolved_config(config)):
+        return resume(out, callbacks, builder)
+    return run(config, out, callbacks, builder)
+
+
 def _save_checkpoint(state: RunState) -> None:
     assert state.out is not None
     exp = state.experiment
@@ -153,7 +169,7 @@ def _check_divergence(state: RunState, losses: Tensor) -> None:
 def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
     exp, cfg = state.experiment, state.config
     if state.out is not None:
-        callbacks = [CSVWriter(state.out / METRICS), *callbacks]
+        callbacks = [CSVWriter(state.out / METRICS), ParticipationWriter(), *callbacks]
     for cb in callbacks:
         cb.on_run_start(state)
     seen = exp.data.seen

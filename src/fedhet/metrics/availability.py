@@ -3,7 +3,8 @@
 * ``alpha_accuracy`` plugin: the α-weighted test accuracy Σ_k α_k acc_k over all clients (α_k ∝ samples), and
   the Table I summaries up to each round: maximum, time average, and standard deviation over the second
   half of the rounds so far (variability over time, not across clients).
-* `ParticipationWriter` callback: writes ``availability.npz`` into the run folder, the per round × client arrays
+* `ParticipationWriter` callback (every run with a folder has it): writes ``availability.npz`` into the run
+  folder when there is something to write, the per round × client arrays
   the server saw and decided (active, selected, applied weights, π̂, λ̂, α) and the availability process's true
   π, λ and client classes, for Figs. 1 and 2.
 * `importance`, `cumulative_importance`: the share of aggregation weight each client received over a run, and up
@@ -104,7 +105,7 @@ class ParticipationWriter(Callback):
     """At the end of a run, writes ``availability.npz`` (see the module docstring) into the run folder."""
 
     def on_run_end(self, state: RunState) -> None:
-        if state.out is not None:
+        if state.out is not None and participation_arrays(state):
             write_participation(state, state.out / PARTICIPATION_FILE)
 
 

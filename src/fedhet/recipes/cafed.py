@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.experiments.recipes import Recipe, deep_merge, register_recipe
+from fedhet.experiments.recipes import Recipe, deep_merge, mean_std, register_recipe
 
 AVAILABILITY: dict[str, Any] = {"name": "cafed_classes", "g": 0.4, "nu": 0.9, "eps": 1e-2}
 ROUNDS = 150
@@ -192,10 +192,9 @@ def _mnist_available(data_dir: Path) -> bool:
 
 def _run(raw: dict[str, Any], out: Path | None) -> Any:
     from fedhet.experiments.config import parse_config
-    from fedhet.experiments.runner import run
-    from fedhet.metrics.availability import ParticipationWriter
+    from fedhet.experiments.runner import run, run_or_resume
 
-    return run(parse_config(raw), out, callbacks=[ParticipationWriter()] if out is not None else None)
+    return run(parse_config(raw)) if out is None else run_or_resume(parse_config(raw), out)
 
 
 def grid_size(method: str) -> int:
@@ -233,17 +232,22 @@ def run_table1(
     tuning: bool = True,
     data_dir: Path = Path("data"),
     progress: bool = True,
+    embedded: bool | None = None,
 ) -> Table1Result:
-    """Tune (optionally) and run every method × seed on every dataset; write run folders under `out`."""
+    """Tune (optionally) and run every method × seed on every dataset; write run folders under `out`.
+
+    `embedded`: True runs the MNIST column on digits, False requires the MNIST files, None uses digits only when
+    the files are missing (and says so)."""
     result = Table1Result()
     grid: dict[str, Any] = {}
     per_dataset = sum((grid_size(m) if tuning else 0) + len(seeds) for m in methods)
     with counting(per_dataset * len(datasets), progress) as counter:
         for name in datasets:
             dataset = DATASETS[name]
-            if name == "MNIST" and not _mnist_available(data_dir):
+            if name == "MNIST" and (embedded or (embedded is None and not _mnist_available(data_dir))):
                 dataset = deep_merge(dataset, MNIST_FALLBACK)
-                result.notes.append("MNIST IDX files not found in 'data/mnist': the MNIST column uses digits")
+                why = "--embedded" if embedded else f"MNIST IDX files not found in '{data_dir / 'mnist'}'"
+                result.notes.append(f"{why}: the MNIST column uses digits")
                 counter.say(result.notes[-1])
             counter.say(f"{name}: {'tuning and ' if tuning else ''}running {', '.join(methods)}")
             for method in methods:
@@ -282,8 +286,7 @@ def _tuning_markdown(grid: dict[str, dict[str, float]]) -> str:
 
 def mean_std_cell(values: list[float]) -> str:
     """Percentages as "mean ± std" over seeds."""
-    arr = 100 * np.asarray(values, dtype=np.float64)
-    return f"{arr.mean():.2f} ± {arr.std(ddof=1):.2f}" if len(arr) > 1 else f"{arr[0]:.2f}"
+    return mean_std(values, digits=2, scale=100)
 
 
 def comparison(values: dict[str, dict[str, list[float]]], method: str, baseline: str = "Unbiased") -> str:
@@ -508,9 +511,9 @@ def write_figures(result: Table1Result, out: Path, dataset: str = "Synthetic") -
     return paths
 
 
-def _table1(out: Path, quick: bool, seeds: tuple[int, ...]) -> str:
+def _table1(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None) -> str:
     rounds = 40 if quick else ROUNDS
-    result = run_table1(out, seeds=seeds, rounds=rounds, tuning=not quick)
+    result = run_table1(out, seeds=seeds, rounds=rounds, tuning=not quick, embedded=embedded)
     write_figures(result, out)
     (out / "results.json").write_text(
         json.dumps(
@@ -590,7 +593,8 @@ def sensitivity_markdown(result: SensitivityResult, seeds: tuple[int, ...], roun
     return text + markdown_table(["Setting", "Method", *CLASSES.values()], rows)
 
 
-def _sensitivity(out: Path, quick: bool, seeds: tuple[int, ...]) -> str:
+def _sensitivity(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None) -> str:
+    del embedded  # synthetic data only
     rounds = 40 if quick else ROUNDS
     result = run_sensitivity(seeds, rounds)
     (out / "results.json").write_text(json.dumps({"values": result.values, "rounds": rounds}, indent=1))

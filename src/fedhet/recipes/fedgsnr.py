@@ -31,8 +31,8 @@ from torch import Tensor
 
 from fedhet.errors import DataError
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.recipes import Recipe, deep_merge, register_recipe
-from fedhet.experiments.runner import RunState, run
+from fedhet.experiments.recipes import Recipe, deep_merge, mean_std, register_recipe
+from fedhet.experiments.runner import RunState, run_or_resume
 from fedhet.metrics.contribution import Contribution, contribution_scores, label_counts, plot_contribution
 from fedhet.metrics.speed import speedup
 from fedhet.report.tables import markdown_table
@@ -207,7 +207,7 @@ def run_cells(
         for seed in seeds:
             folder = out / slug(col) / slug(row) / f"seed{seed}"
             with threads(1 if raw["dataset"] == EMBEDDED["dataset"] else None):
-                state = run(parse_config({**raw, "seed": seed}), folder)
+                state = run_or_resume(parse_config({**raw, "seed": seed}), folder)
             summary = summarise(state)
             results.setdefault((row, col), []).append(summary)
             reached, best = summary.final.get("rounds_to_target"), summary.final.get("best_test_accuracy")
@@ -257,8 +257,7 @@ def format_speedup(values: list[float]) -> str:
 
 
 def format_accuracy(values: list[float]) -> str:
-    arr = 100 * np.asarray(values, dtype=float)
-    return f"{arr.mean():.2f}" + (f" ± {arr.std(ddof=1):.2f}" if len(arr) > 1 else "")
+    return mean_std(values, digits=2, scale=100)
 
 
 def speed_table(
@@ -605,9 +604,9 @@ def plot_summary_contribution(summary: RunSummary, out: Path, title: str) -> Pat
     return plot_contribution(summary.contribution, summary.label_counts, summary.corrupted, out, title)
 
 
-def _custom(study: Callable[..., str]) -> Callable[[Path, bool, tuple[int, ...]], str]:
-    def go(out: Path, quick: bool, seeds: tuple[int, ...]) -> str:
-        return study(out, quick, seeds)
+def _custom(study: Callable[..., str]) -> Callable[[Path, bool, tuple[int, ...], bool | None], str]:
+    def go(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None) -> str:
+        return study(out, quick, seeds, embedded=embedded)
 
     return go
 

@@ -247,7 +247,8 @@ def _curve_table(curve: Any) -> str:
     return markdown_table(["γ_G²", "standard FL", "MaxFL (ReLU)", "MaxFL"], rows)
 
 
-def _mean_estimation(out: Path, quick: bool, seeds: tuple[int, ...]) -> str:
+def _mean_estimation(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None) -> str:
+    del embedded  # an analytic study: no dataset
     from fedhet.report.tables import markdown_table
     from fedhet.studies.mean_estimation import three_client_appeal, three_client_curve, two_client_curve
     from fedhet.studies.plots import plot_two_client_curve
