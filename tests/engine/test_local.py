@@ -117,13 +117,19 @@ def test_gradient_statistics_match_per_sample_autograd() -> None:
 
 
 def test_auto_backend_prefers_vectorised_for_small_models_and_large_cohorts() -> None:
-    """For models the dense backend cannot run (here a small CNN)."""
-
+    """For models the dense backend cannot run (here small CNNs): vmap where it can use two threads."""
     small = FlatModel(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 6 * 6, 2)))
-    assert resolve_backend("auto", small, cohort=100) == "vectorised"
-    assert resolve_backend("auto", small, cohort=5) == "sequential"
     big = FlatModel(nn.Sequential(nn.Conv2d(1, 64, 3), nn.Flatten(), nn.Linear(64 * 30 * 30, 10)))
-    assert resolve_backend("auto", big, cohort=100) == "sequential"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert resolve_backend("auto", small, cohort=100) == "vectorised"
+        assert resolve_backend("auto", small, cohort=5) == "sequential"
+        assert resolve_backend("auto", big, cohort=100) == "sequential"
+        torch.set_num_threads(1)
+        assert resolve_backend("auto", small, cohort=100) == "sequential"
+    finally:
+        torch.set_num_threads(threads)
     assert resolve_backend("sequential", linear_model(), cohort=100) == "sequential"
 
 

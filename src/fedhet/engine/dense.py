@@ -39,7 +39,9 @@ from fedhet.engine.plan import LocalPlan
 from fedhet.seeding import derive_seed
 
 ACTIVATIONS = (nn.ReLU, nn.Tanh, nn.Sigmoid)
-CACHE_BYTES = 1 << 20  # a chunk's weights should fit in this much cache (half a core's L2 on the dev machine)
+CHUNK_BYTES = 16 << 20  # a chunk's weights: large enough to amortise each op's Python cost, not much larger
+MIN_CHUNK_BYTES = 256 << 10
+BLOCK = 512  # clients whose mini-batches are drawn at once (bounds the index and target tensors)
 
 
 @dataclass(frozen=True)
@@ -100,12 +102,14 @@ def dense_layers(model: FlatModel) -> list[DenseLayer] | None:
     return layers
 
 
-def default_chunk(model: FlatModel) -> int:
-    """Clients per chunk: as many as keep the chunk's weights within `CACHE_BYTES` (at least one)."""
-    return max(1, CACHE_BYTES // (4 * model.size))
-
-
-BLOCK = 512  # clients whose mini-batches are drawn at once (bounds the index and target tensors)
+def default_chunk(model: FlatModel, clients: int, workers: int) -> int:
+    """Clients per chunk: an equal share of the cohort per worker, but at most `CHUNK_BYTES` of weights and at
+    least `MIN_CHUNK_BYTES` (tiny chunks cost more in threads than they save). Measured on 2 cores, MLP
+    784-200-10 with 100 clients on two workers: 127 ms per round's training with 4 clients per chunk, 96-105
+    with 8 to 24, 124 with 50; 784-800-10: 360 ms with 4 to 12, 459 with 24."""
+    weights = 4 * model.size
+    share = -(-clients // max(workers, 1))
+    return max(1, min(max(share, -(-MIN_CHUNK_BYTES // weights)), CHUNK_BYTES // weights, BLOCK))
 
 
 def train_dense(
@@ -131,11 +135,11 @@ def train_dense(
     order = torch.argsort(plan.steps, descending=True, stable=True)
     in_place = bool((order == torch.arange(m)).all())  # chunks are then slices (views) of the result
     params = torch.empty(m, model.size, device=dev)
-    chunk = chunk_size if chunk_size > 0 else default_chunk(model)
     x_all = data.x.reshape(len(data.x), -1)
     masks = _dropout_masks(layers, plan, seed, round_, dev)
-    block = max(chunk, BLOCK)
     workers = 1 if dev.type != "cpu" else workers or torch.get_num_threads()
+    chunk = chunk_size if chunk_size > 0 else default_chunk(model, m, workers)
+    block = max(chunk * workers, BLOCK)  # every worker gets chunks of each block
     for start in range(0, m, block):
         ids = order[start : start + block]
         batches = _Batches(data, plan, ids, layers[-1].shape[0], seed, round_)
@@ -154,6 +158,9 @@ def train_dense(
     return params, losses
 
 
+_pools: dict[int, ThreadPoolExecutor] = {}  # kept for the process: starting threads costs more than a small round
+
+
 def _map(fn: Callable[[int], None], items: range, workers: int) -> None:
     """fn over items on `workers` threads, or in this one; every op on one core either way (a team of
     OpenMP threads per batch-sized op costs more than the op, and much more when the cores are busy)."""
@@ -164,8 +171,8 @@ def _map(fn: Callable[[int], None], items: range, workers: int) -> None:
             for item in items:
                 fn(item)
         else:
-            with ThreadPoolExecutor(min(workers, len(items))) as pool:
-                list(pool.map(fn, items))
+            pool = _pools.get(workers) or _pools.setdefault(workers, ThreadPoolExecutor(workers, "fedhet-dense"))
+            list(pool.map(fn, items))
     finally:
         torch.set_num_threads(threads)
 
