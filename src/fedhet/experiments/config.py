@@ -51,7 +51,7 @@ class RunConfig(BaseModel):
     eval_every: int = Field(1, ge=1)
     seed: int = Field(0, ge=0)
     backend: Literal["auto", "sequential", "vectorised", "dense"] = "auto"
-    chunk_size: int = Field(0, ge=0, description="clients per chunk (0: vectorised whole cohort, dense a share per worker)")
+    chunk_size: int = Field(0, ge=0, description="clients per chunk (0: whole cohort, or per worker for dense)")
     device: str = Field("cpu", description="where training and evaluation run: 'cpu' or 'cuda' (dense/vectorised)")
     data_dir: str = "data"
     download: bool = False
