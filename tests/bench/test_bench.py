@@ -120,7 +120,13 @@ def test_json_markdown_and_flower_skipped(tmp_path: Path, monkeypatch: pytest.Mo
     assert "| tiny | auto (dense) |" in text and "| target | goal | measured | met |" in text
 
 
-def test_cli_bench_and_unknown_workload(tmp_path: Path) -> None:
+def test_cli_bench_and_unknown_workload(monkeypatch: pytest.MonkeyPatch) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["bench", "--workload", "nope"], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and "unknown bench workload" in result.output
+    monkeypatch.setattr(bench_run, "flower_available", lambda: False)
+    monkeypatch.setattr(bench_run, "workloads", lambda quick: [TINY])
+    result = runner.invoke(app, ["bench", "--quick", "--workload", "tiny"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "pip install 'fedhet[flower]'" in result.output  # printed as is, not as rich markup
+    assert "auto (dense)" in result.output and "logreg vs naive" in result.output

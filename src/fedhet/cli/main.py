@@ -268,9 +268,11 @@ def bench(
     from fedhet.bench.targets import check_targets
 
     only = tuple(workload or ())
-    rows = run_bench(
-        quick=quick, json_path=json_file, progress=console.print, only=only, flower=flower, threads=threads
-    )
+
+    def say(line: str) -> None:
+        console.print(line, markup=False, highlight=False)
+
+    rows = run_bench(quick=quick, json_path=json_file, progress=say, only=only, flower=flower, threads=threads)
     console.print(rows_table(rows))
     console.print(targets_table(check_targets(rows)))
 
