@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedhet.engine.threads import torch_threads
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
 from fedhet.metrics.contribution import Contribution, contribution_scores
-from fedhet.recipes.fedgsnr import threads
 
 SMALL = {
     "dataset": "digits",
@@ -35,7 +35,7 @@ def test_scores_skip_rounds_without_a_measurement() -> None:
 
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
-    with threads(1):  # a 1,210-parameter model: extra torch threads only contend
+    with torch_threads(1):  # a 1,210-parameter model: extra torch threads only contend
         yield
 
 

@@ -4,12 +4,14 @@ claims on small runs (improved users per round; robustness to the bias attack), 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from fedhet.engine.threads import torch_threads
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.recipes import run_recipe
 from fedhet.experiments.runner import run
@@ -68,11 +70,9 @@ def small(name: str, methods: tuple[str, ...], rounds: int) -> object:
 
 
 @pytest.fixture(autouse=True)
-def one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small models: extra threads only contend
-    yield
-    torch.set_num_threads(threads)
+def one_thread() -> Iterator[None]:
+    with torch_threads(1):  # small models: extra threads only contend
+        yield
 
 
 def test_fedmgda_plus_improves_more_participants_than_fedavg(tmp_path: Path) -> None:

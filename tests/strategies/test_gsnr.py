@@ -16,10 +16,10 @@ from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalResult
+from fedhet.engine.threads import torch_threads
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
-from fedhet.recipes.fedgsnr import threads
 from fedhet.strategies.fedavg import FedAvg
 from fedhet.strategies.gsnr import (
     GSNR,
@@ -37,7 +37,7 @@ from fedhet.strategies.gsnr import (
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """The models here have a few thousand parameters: extra torch threads only contend."""
-    with threads(1):
+    with torch_threads(1):
         yield
 
 

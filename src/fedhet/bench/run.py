@@ -29,6 +29,7 @@ from fedhet.engine.dense import dense_layers
 from fedhet.engine.engine import BackendChoice, Engine, resolve_backend
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalSettings
+from fedhet.engine.threads import torch_threads
 from fedhet.experiments.evaluation import evaluate_global
 from fedhet.strategies.base import ServerContext
 from fedhet.strategies.fedavg import FedAvg
@@ -294,11 +295,9 @@ def run_bench(
 
         names = ", ".join(w.name for w in workloads(False))
         raise ConfigError(f"unknown bench workload(s) {', '.join(sorted(unknown))}; choose from {names}")
-    started, load_start, default_threads = time.time(), _load(), torch.get_num_threads()
+    started, load_start = time.time(), _load()
     rows: list[Row] = []
-    try:
-        if threads > 0:
-            torch.set_num_threads(threads)
+    with torch_threads(threads):
         for w in chosen:
             progress(f"{w.name}: {w.description}")
             run_settings = settings
@@ -306,8 +305,6 @@ def run_bench(
                 run_settings = replace(settings, comparators=("naive",))  # Flower on logistic regression only
             rows += bench_workload(w, w.data(), run_settings, progress)
         used_threads = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(default_threads)
     if json_path is not None:
         payload = {
             "command": " ".join(["fedhet", *sys.argv[1:]]) if sys.argv and "fedhet" in sys.argv[0] else "run_bench",

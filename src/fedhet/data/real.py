@@ -215,22 +215,69 @@ class EMNIST(DatasetSource):
         return _gray_images(self.name, parts, EMNIST_CLASSES[self.split], self.mean, self.std, self.flatten, shift)
 
 
-# ---------------------------------------------------------------------------------------------- CIFAR-10
+# ---------------------------------------------------------------------------------------------- CIFAR-10 and CIFAR-100
 
 CIFAR10_BATCHES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")
+CIFAR100_FILES = ("train", "test")
+
+
+class _Cifar(DatasetSource):
+    """The CIFAR python pickles: ``files`` with ``b"data"`` (N, 3072) uint8 and ``label_key`` labels, in
+    ``data_dir/<name>/<folder>/`` or directly in ``data_dir/<name>/``; pixels scaled to [0, 1], then
+    normalised per channel (R, G, B) with the training set's ``mean`` and ``std``."""
+
+    folder: ClassVar[str]
+    pickles: ClassVar[tuple[str, ...]]
+    label_key: ClassVar[bytes]
+    classes: ClassVar[int]
+    files: ClassVar[tuple[RemoteFile, ...]]
+    mean: ClassVar[tuple[float, float, float]]
+    std: ClassVar[tuple[float, float, float]]
+
+    def load(self, data_dir: Path, download: bool = False) -> Dataset:
+        root = data_dir / self.name
+        nested = root / self.folder
+        folder = nested if nested.is_dir() else root
+        if download and not all((folder / n).is_file() for n in self.pickles):
+            extract_tar(fetch(self.files[0], root), root)
+            folder = nested
+        hint = (
+            f"download {self.files[0].filename} from Alex Krizhevsky's CIFAR page "
+            "(https://www.cs.toronto.edu/~kriz/cifar.html) and unpack it into "
+            f"'{root}', or rerun with --download"
+        )
+        kind = "CIFAR-10 batch" if self.classes == 10 else "CIFAR-100 file"
+        xs, ys = [], []
+        for n in self.pickles:
+            path = find(folder, n, hint, gz=False)
+            batch = read_pickle(path)
+            if b"data" not in batch or self.label_key not in batch:
+                raise DataError(f"'{path}' is not a {kind} (no b'data' and {self.label_key!r} keys)")
+            data = np.asarray(batch[b"data"])
+            labels = np.asarray(batch[self.label_key])
+            if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+                raise DataError(f"'{path}' holds data of shape {data.shape} ({data.dtype}), expected (N, 3072) uint8")
+            if labels.shape != (len(data),):
+                raise DataError(f"'{path}' holds {labels.size} labels for {len(data)} images")
+            xs.append(data.reshape(-1, 3, 32, 32))
+            ys.append(_check_labels(labels, self.classes, path))
+        x = torch.from_numpy(np.concatenate(xs).astype(np.float32)).div_(255.0)
+        x = (x - torch.tensor(self.mean).view(1, 3, 1, 1)) / torch.tensor(self.std).view(1, 3, 1, 1)
+        return Dataset(self.name, x, torch.from_numpy(np.concatenate(ys)), self.classes)
 
 
 @DATASETS.register
-class CIFAR10(DatasetSource):
-    """CIFAR-10 (Krizhevsky 2009) python batches ``data_batch_1..5`` and ``test_batch``, in
-    ``data_dir/cifar10/cifar-10-batches-py/`` or directly in ``data_dir/cifar10/``.
-
-    Pixels are scaled to [0, 1], then normalised per channel (R, G, B) with the training-set means
-    (0.4914, 0.4822, 0.4465) and standard deviations (0.2470, 0.2435, 0.2616).
-    """
+class CIFAR10(_Cifar):
+    """CIFAR-10 (Krizhevsky 2009): python batches ``data_batch_1..5`` and ``test_batch`` in
+    ``data_dir/cifar10/cifar-10-batches-py/`` or ``data_dir/cifar10/``; normalised with the training-set means
+    (0.4914, 0.4822, 0.4465) and standard deviations (0.2470, 0.2435, 0.2616)."""
 
     name: ClassVar[str] = "cifar10"
     description: ClassVar[str] = "CIFAR-10 colour images (python pickle batches; 60,000 images, 10 classes)"
+    folder: ClassVar[str] = "cifar-10-batches-py"
+    pickles: ClassVar[tuple[str, ...]] = CIFAR10_BATCHES
+    label_key: ClassVar[bytes] = b"labels"
+    classes: ClassVar[int] = 10
     files: ClassVar[tuple[RemoteFile, ...]] = (
         RemoteFile(
             "cifar-10-python.tar.gz",
@@ -241,53 +288,19 @@ class CIFAR10(DatasetSource):
     mean: ClassVar[tuple[float, float, float]] = (0.4914, 0.4822, 0.4465)
     std: ClassVar[tuple[float, float, float]] = (0.2470, 0.2435, 0.2616)
 
-    def load(self, data_dir: Path, download: bool = False) -> Dataset:
-        root = data_dir / self.name
-        nested = root / "cifar-10-batches-py"
-        folder = nested if nested.is_dir() else root
-        if download and not all((folder / n).is_file() for n in CIFAR10_BATCHES):
-            extract_tar(fetch(self.files[0], root), root)
-            folder = nested
-        hint = (
-            "download cifar-10-python.tar.gz from Alex Krizhevsky's CIFAR page "
-            "(https://www.cs.toronto.edu/~kriz/cifar.html) and unpack it into "
-            f"'{root}', or rerun with --download"
-        )
-        xs, ys = [], []
-        for n in CIFAR10_BATCHES:
-            path = find(folder, n, hint, gz=False)
-            batch = read_pickle(path)
-            if b"data" not in batch or b"labels" not in batch:
-                raise DataError(f"'{path}' is not a CIFAR-10 batch (no b'data' and b'labels' keys)")
-            data = np.asarray(batch[b"data"])
-            labels = np.asarray(batch[b"labels"])
-            if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
-                raise DataError(f"'{path}' holds data of shape {data.shape} ({data.dtype}), expected (N, 3072) uint8")
-            if labels.shape != (len(data),):
-                raise DataError(f"'{path}' holds {labels.size} labels for {len(data)} images")
-            xs.append(data.reshape(-1, 3, 32, 32))
-            ys.append(_check_labels(labels, 10, path))
-        x = torch.from_numpy(np.concatenate(xs).astype(np.float32)).div_(255.0)
-        x = (x - torch.tensor(self.mean).view(1, 3, 1, 1)) / torch.tensor(self.std).view(1, 3, 1, 1)
-        return Dataset(self.name, x, torch.from_numpy(np.concatenate(ys)), 10)
-
-
-# ---------------------------------------------------------------------------------------------- CIFAR-100
-
-CIFAR100_FILES = ("train", "test")
-
 
 @DATASETS.register
-class CIFAR100(DatasetSource):
-    """CIFAR-100 (Krizhevsky 2009) python pickles ``train`` and ``test`` with their 100 fine labels, in
-    ``data_dir/cifar100/cifar-100-python/`` or directly in ``data_dir/cifar100/``.
-
-    Pixels are scaled to [0, 1], then normalised per channel (R, G, B) with the training-set means
-    (0.5071, 0.4865, 0.4409) and standard deviations (0.2673, 0.2564, 0.2762).
-    """
+class CIFAR100(_Cifar):
+    """CIFAR-100 (Krizhevsky 2009): python pickles ``train`` and ``test`` with their 100 fine labels, in
+    ``data_dir/cifar100/cifar-100-python/`` or ``data_dir/cifar100/``; normalised with the training-set means
+    (0.5071, 0.4865, 0.4409) and standard deviations (0.2673, 0.2564, 0.2762)."""
 
     name: ClassVar[str] = "cifar100"
     description: ClassVar[str] = "CIFAR-100 colour images (python pickles; 60,000 images, 100 fine classes)"
+    folder: ClassVar[str] = "cifar-100-python"
+    pickles: ClassVar[tuple[str, ...]] = CIFAR100_FILES
+    label_key: ClassVar[bytes] = b"fine_labels"
+    classes: ClassVar[int] = 100
     files: ClassVar[tuple[RemoteFile, ...]] = (
         RemoteFile(
             "cifar-100-python.tar.gz",
@@ -297,36 +310,6 @@ class CIFAR100(DatasetSource):
     )
     mean: ClassVar[tuple[float, float, float]] = (0.5071, 0.4865, 0.4409)
     std: ClassVar[tuple[float, float, float]] = (0.2673, 0.2564, 0.2762)
-
-    def load(self, data_dir: Path, download: bool = False) -> Dataset:
-        root = data_dir / self.name
-        nested = root / "cifar-100-python"
-        folder = nested if nested.is_dir() else root
-        if download and not all((folder / n).is_file() for n in CIFAR100_FILES):
-            extract_tar(fetch(self.files[0], root), root)
-            folder = nested
-        hint = (
-            "download cifar-100-python.tar.gz from Alex Krizhevsky's CIFAR page "
-            "(https://www.cs.toronto.edu/~kriz/cifar.html) and unpack it into "
-            f"'{root}', or rerun with --download"
-        )
-        xs, ys = [], []
-        for n in CIFAR100_FILES:
-            path = find(folder, n, hint, gz=False)
-            batch = read_pickle(path)
-            if b"data" not in batch or b"fine_labels" not in batch:
-                raise DataError(f"'{path}' is not a CIFAR-100 file (no b'data' and b'fine_labels' keys)")
-            data = np.asarray(batch[b"data"])
-            labels = np.asarray(batch[b"fine_labels"])
-            if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
-                raise DataError(f"'{path}' holds data of shape {data.shape} ({data.dtype}), expected (N, 3072) uint8")
-            if labels.shape != (len(data),):
-                raise DataError(f"'{path}' holds {labels.size} labels for {len(data)} images")
-            xs.append(data.reshape(-1, 3, 32, 32))
-            ys.append(_check_labels(labels, 100, path))
-        x = torch.from_numpy(np.concatenate(xs).astype(np.float32)).div_(255.0)
-        x = (x - torch.tensor(self.mean).view(1, 3, 1, 1)) / torch.tensor(self.std).view(1, 3, 1, 1)
-        return Dataset(self.name, x, torch.from_numpy(np.concatenate(ys)), 100)
 
 
 # ---------------------------------------------------------------------------------------------- LEAF JSON

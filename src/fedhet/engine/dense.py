@@ -36,6 +36,7 @@ from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import local_batches
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.threads import torch_threads
 from fedhet.seeding import derive_seed
 
 ACTIVATIONS = (nn.ReLU, nn.Tanh, nn.Sigmoid)
@@ -164,17 +165,13 @@ _pools: dict[int, ThreadPoolExecutor] = {}  # kept for the process: starting thr
 def _map(fn: Callable[[int], None], items: range, workers: int) -> None:
     """fn over items on `workers` threads, or in this one; every op on one core either way (a team of
     OpenMP threads per batch-sized op costs more than the op, and much more when the cores are busy)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         if workers <= 1 or len(items) <= 1:
             for item in items:
                 fn(item)
         else:
             pool = _pools.get(workers) or _pools.setdefault(workers, ThreadPoolExecutor(workers, "fedhet-dense"))
             list(pool.map(fn, items))
-    finally:
-        torch.set_num_threads(threads)
 
 
 class _Batches:

@@ -164,17 +164,15 @@ class RunCounter:
 def counting(total: int, enabled: bool) -> Iterator[RunCounter]:
     """A `RunCounter` shown while the block runs, with torch on one thread (models of a few hundred parameters:
     extra threads only contend)."""
-    import torch
+    from fedhet.engine.threads import torch_threads
 
     counter = RunCounter(total, enabled)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     if counter.progress is not None:
         counter.progress.start()
     try:
-        yield counter
+        with torch_threads(1):
+            yield counter
     finally:
-        torch.set_num_threads(threads)
         if counter.progress is not None:
             counter.progress.stop()
 

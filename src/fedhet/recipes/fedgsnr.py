@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
+from fedhet.engine.threads import torch_threads
 from fedhet.errors import DataError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.recipes import Recipe, deep_merge, mean_std, register_recipe
@@ -206,26 +205,13 @@ def run_cells(
     for (row, col), raw in cells.items():
         for seed in seeds:
             folder = out / slug(col) / slug(row) / f"seed{seed}"
-            with threads(1 if raw["dataset"] == EMBEDDED["dataset"] else None):
+            with torch_threads(1 if raw["dataset"] == EMBEDDED["dataset"] else None):
                 state = run_or_resume(parse_config({**raw, "seed": seed}), folder)
             summary = summarise(state)
             results.setdefault((row, col), []).append(summary)
             reached, best = summary.final.get("rounds_to_target"), summary.final.get("best_test_accuracy")
             say(f"{col} | {row} | seed {seed}: rounds to target {reached}, best accuracy {best:.4f}")
     return results
-
-
-@contextmanager
-def threads(count: int | None) -> Iterator[None]:
-    """Run with `count` torch threads (None: unchanged): a model of a few thousand parameters only loses time to
-    thread synchronisation, ten times over on a busy machine."""
-    before = torch.get_num_threads()
-    if count is not None:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # ----------------------------------------------------------------------------------------------------------------
