@@ -91,6 +91,64 @@ def test_a_lost_node_leaves_the_run_which_finishes_with_the_others(tmp_path: Pat
     assert transport.calls.count("train") > 0
 
 
+class BusyAtFirst(InProcessTransport):
+    """Node `node` misses its first 'meta' call (still busy with a message of a server that died)."""
+
+    def __init__(self, workers: dict[int, NodeWorker], node: int) -> None:
+        super().__init__(workers)
+        self.node, self.missed = node, False
+
+    def ask(self, requests: dict, timeout: float) -> dict:
+        replies = super().ask(requests, timeout)
+        meta = any(str(config["op"]) == "meta" for _, config in requests.values())
+        if meta and not self.missed and self.node in replies:
+            self.missed = True
+            del replies[self.node]
+        return replies
+
+
+def test_a_node_that_misses_the_first_description_call_is_asked_again(tmp_path: Path) -> None:
+    config = small_config("fedavg")
+    transport = BusyAtFirst(nodes(config, 3).workers, node=102)
+    state = run(config, tmp_path / "remote", builder=remote_builder(transport, Settings(min_nodes=3, wait=30)))
+    assert transport.missed and transport.calls.count("meta") == 4 and state.status == "finished"
+    run(config, tmp_path / "native")
+    assert_same_metrics(read_metrics(tmp_path / "native"), read_metrics(tmp_path / "remote"))
+
+
+class SecondFailure(InProcessTransport):
+    """Node `first` dies during the `at`-th 'train' call; node `second` during the next 'losses_at' call (MaxFL
+    re-weighting the survivors of the same round)."""
+
+    def __init__(self, workers: dict[int, NodeWorker], first: int, second: int, at: int) -> None:
+        super().__init__(workers)
+        self.first, self.second, self.at, self.trains = first, second, at, 0
+
+    def ask(self, requests: dict, timeout: float) -> dict:
+        ops = {str(config["op"]) for _, config in requests.values()}
+        if "train" in ops:
+            self.trains += 1
+            if self.trains == self.at:
+                self.dead.add(self.first)
+        elif "losses_at" in ops and self.first in self.dead:
+            self.dead.add(self.second)
+        return super().ask(requests, timeout)
+
+
+def test_a_second_node_lost_while_the_survivors_are_reconfigured(tmp_path: Path) -> None:
+    config = small_config("maxfl", requirements={"steps": 5}, rounds=4, clients_per_round=6)
+    transport = SecondFailure(nodes(config, 3).workers, first=101, second=102, at=3)
+    state = run(config, tmp_path, builder=remote_builder(transport, Settings()))
+    engine = state.experiment.engine
+    assert isinstance(engine, RemoteEngine) and set(engine.lost) == {101, 102}
+    assert state.status == "finished" and bool(torch.isfinite(state.params).all())
+    survivors = len(node_clients(6, 0, 3))
+    rows = read_metrics(tmp_path)
+    assert [float(r["participants"]) for r in rows][-2:] == [survivors, survivors]
+    for row in rows:
+        assert all(value == value for value in map(float, row.values())), row
+
+
 def test_a_restarted_server_resumes_without_losing_rounds(tmp_path: Path) -> None:
     """SCAFFOLD's c_i live on the nodes, versioned by round: a server that dies after the nodes trained round 3
     but before its checkpoint (every 2 rounds) resumes from round 2 and ends exactly as an uninterrupted run."""

@@ -163,6 +163,11 @@ class Engine:
         counts.index_put_((data.train.owner, data.train.y), torch.ones(len(data.train.y)), accumulate=True)
         return counts
 
+    def reachable(self) -> Tensor:
+        """(K,) bool: the clients the engine can still reach (all of them here; a remote engine loses the clients
+        of a node that stops answering)."""
+        return torch.ones(self.data.num_clients, dtype=torch.bool)
+
     def initial_params(self) -> Tensor:
         return self.model.initial_params()
 

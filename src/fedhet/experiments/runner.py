@@ -185,11 +185,15 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             if len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
                 plan = attack.corrupt_plan(exp.strategy.configure(t, clients, state.params), t)
                 result = exp.engine.train(state.params, plan, t)
-                if result.dropped is not None and bool(result.dropped.any()):  # clients lost mid-round (a Flower
-                    result = result.rows(~result.dropped)  # node failed): the round goes on with the others, and
-                    clients = result.clients  # the strategy re-derives its per-cohort values (MaxFL's q) for them
+                dropped = result.dropped
+                # Clients lost mid-round (a Flower node failed): the round goes on with the others, and the strategy
+                # re-derives its per-cohort values (MaxFL's q) for them, until a configure loses nobody more.
+                while dropped is not None and bool(dropped.any()) and len(result.clients):
+                    result = result.rows(~dropped)
+                    clients = result.clients
                     if len(clients):
                         exp.strategy.configure(t, clients, state.params)
+                    dropped = ~exp.engine.reachable()[clients]
                 result = attack.corrupt_updates(result, state.params, t)
                 if len(result.clients):
                     state.params = exp.strategy.aggregate(t, state.params, result).detach()

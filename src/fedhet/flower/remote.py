@@ -103,8 +103,8 @@ class RemoteEngine(Engine):
         if settings.state_dir:
             self.base["state_dir"] = settings.state_dir
         self.lost: dict[int, str] = {}  # node -> the call it failed
-        nodes = self._wait_for_nodes(settings)
-        metas = self.transport.ask({n: ({}, {**self.base, "op": "meta"}) for n in nodes}, settings.timeout)
+        self._wait_for_nodes(settings)
+        metas = self._describe_nodes(settings)
         self.node_ids = sorted(metas)  # Flower's node ids (64-bit); `owner` holds positions in this list
         data, owner, first = self._federation(config, metas)
         self.owner = owner  # (K,) position of the node holding each client
@@ -124,17 +124,32 @@ class RemoteEngine(Engine):
 
     # -- connection ------------------------------------------------------------------------------------------
 
-    def _wait_for_nodes(self, settings: Settings) -> list[int]:
+    def _wait_for_nodes(self, settings: Settings) -> None:
         deadline = time.monotonic() + settings.wait
         while True:
             nodes = self.transport.nodes()
             if len(nodes) >= settings.min_nodes:
-                return nodes
+                return
             if time.monotonic() > deadline:
                 raise ConfigError(
                     f"only {len(nodes)} of {settings.min_nodes} nodes connected within {settings.wait:g} s; "
                     "start the SuperNodes (scripts/flower_local.sh) or lower --nodes"
                 )
+            time.sleep(0.5)
+
+    def _describe_nodes(self, settings: Settings) -> dict[int, Payload]:
+        """Every connected node's description of its partition. A node that does not answer in time (it may still
+        be busy with a message of a server that died) is asked again until `min_nodes` have answered or `wait`
+        seconds have passed."""
+        deadline = time.monotonic() + settings.wait
+        metas: dict[int, Payload] = {}
+        while True:
+            pending = [n for n in self.transport.nodes() if n not in metas]
+            if pending:
+                request: dict[int, Payload] = {n: ({}, {**self.base, "op": "meta"}) for n in pending}
+                metas.update(self.transport.ask(request, settings.timeout))
+            if len(metas) >= settings.min_nodes or time.monotonic() > deadline:
+                return metas
             time.sleep(0.5)
 
     def _federation(self, config: RunConfig, metas: dict[int, Payload]) -> tuple[FederatedData, Tensor, np.ndarray]:
