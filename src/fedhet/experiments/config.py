@@ -9,8 +9,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedhet.data.labels import LabelNoise
-from fedhet.engine.requirements import RequirementsConfig
 from fedhet.errors import ConfigError
+from fedhet.methods.maxfl.requirements import RequirementsConfig
 from fedhet.registry import format_validation_error
 
 ComponentSpec = str | dict[str, Any]

@@ -19,7 +19,7 @@ from fedhet.experiments.build import Experiment, build, resolved_config
 from fedhet.experiments.callbacks import Callback, CSVWriter, write_csv
 from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
 from fedhet.experiments.evaluation import evaluate_global
-from fedhet.metrics.availability import ParticipationWriter
+from fedhet.experiments.participation import ParticipationWriter
 from fedhet.metrics.base import RoundView
 
 CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT = (

@@ -44,7 +44,7 @@ import torch
 
 from fedhet.experiments.recipes import Recipe, deep_merge, register_recipe
 from fedhet.experiments.runner import RunState
-from fedhet.strategies.fedmgda import beta_for_decay
+from fedhet.methods.fedmgda.strategy import beta_for_decay
 
 CIFAR: dict[str, Any] = {
     "dataset": "cifar10",

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from fedhet.strategies.availability_aware import AvailabilityAware, unbiased_weights
+from fedhet.methods.cafed.availability_aware import AvailabilityAware, unbiased_weights
 from fedhet.strategies.base import STRATEGIES
 
 

@@ -13,21 +13,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 from torch import Tensor
 
-from fedhet.availability.markov import ClientClasses, MarkovChains
-from fedhet.experiments.callbacks import Callback
 from fedhet.metrics.base import METRIC_PLUGINS, Metric, RoundView
-
-if TYPE_CHECKING:
-    from fedhet.experiments.runner import RunState
-
-PARTICIPATION_FILE = "availability.npz"
 
 
 def weighted_mean(values: Tensor, weights: np.ndarray) -> float:
@@ -99,29 +91,3 @@ class AlphaAccuracy(Metric):
             "second_half_std": second_half_std(rounds, series, float(view.round)),
         }
         return out, {}
-
-
-class ParticipationWriter(Callback):
-    """At the end of a run, writes ``availability.npz`` (see the module docstring) into the run folder."""
-
-    def on_run_end(self, state: RunState) -> None:
-        if state.out is not None and participation_arrays(state):
-            write_participation(state, state.out / PARTICIPATION_FILE)
-
-
-def participation_arrays(state: RunState) -> dict[str, np.ndarray]:
-    """The arrays of ``availability.npz`` for a run (empty when its strategy logs no participation)."""
-    exp = state.experiment
-    log = getattr(exp.strategy, "participation_log", None)
-    out: dict[str, np.ndarray] = dict(log()) if callable(log) else {}
-    process = exp.availability
-    if isinstance(process, MarkovChains):
-        out["pi"], out["lambda"], out["chain"] = process.client_pi, process.client_lambda, process.member
-    if isinstance(process, ClientClasses):
-        out["group"], out["more_available"], out["correlated"] = process.classes()
-    return out
-
-
-def write_participation(state: RunState, path: Path) -> Path:
-    np.savez_compressed(path, **participation_arrays(state))  # type: ignore[arg-type]
-    return path

@@ -9,8 +9,8 @@ import torch
 from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
-from fedhet.engine.requirements import CACHE_KEY, Requirements
-from fedhet.strategies.mwfed import MWFed, multiplicative_update, scaled_steps
+from fedhet.methods.maxfl.mwfed import MWFed, multiplicative_update, scaled_steps
+from fedhet.methods.maxfl.requirements import CACHE_KEY, Requirements
 
 
 def test_multiplicative_update_and_steps() -> None:

@@ -7,7 +7,7 @@ import torch
 
 from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
-from fedhet.strategies.f3ast import F3AST, top_k_active
+from fedhet.methods.cafed.f3ast import F3AST, top_k_active
 
 
 def test_top_k_active_by_hand() -> None:

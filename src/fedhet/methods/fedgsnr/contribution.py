@@ -23,9 +23,9 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.engine import Engine
+from fedhet.methods.fedgsnr.strategy import client_gsnr
 from fedhet.metrics.base import METRIC_PLUGINS, Metric, RoundView
 from fedhet.strategies.fedavg import fedavg_weights
-from fedhet.strategies.gsnr import client_gsnr
 
 CSV, FIGURE = "contribution.csv", "contribution.png"
 

@@ -17,7 +17,7 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.engine.requirements import requirements
+from fedhet.methods.maxfl.requirements import requirements
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, weighted_update
 
 

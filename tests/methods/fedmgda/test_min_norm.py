@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from fedhet.strategies.min_norm import box_bounds, min_norm_objective, min_norm_two, min_norm_weights, solve_min_norm
+from fedhet.methods.fedmgda.min_norm import (
+    box_bounds,
+    min_norm_objective,
+    min_norm_two,
+    min_norm_weights,
+    solve_min_norm,
+)
 
 
 def scipy_min_norm(gram: np.ndarray, center: np.ndarray, eps: float) -> tuple[np.ndarray, float]:

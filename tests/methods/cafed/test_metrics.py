@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from fedhet.experiments.config import parse_config
+from fedhet.experiments.participation import PARTICIPATION_FILE
 from fedhet.experiments.runner import resume, run
-from fedhet.metrics.availability import (
-    PARTICIPATION_FILE,
+from fedhet.methods.cafed.metrics import (
     cumulative_importance,
     excluded_share,
     importance,

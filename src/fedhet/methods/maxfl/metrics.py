@@ -11,7 +11,7 @@ from torch import Tensor
 from fedhet.engine.engine import Engine
 from fedhet.engine.evaluate import ClientScores
 from fedhet.engine.plan import LocalPlan
-from fedhet.engine.requirements import gm_appeal, preferred_accuracy, requirements
+from fedhet.methods.maxfl.requirements import gm_appeal, preferred_accuracy, requirements
 from fedhet.metrics.base import METRIC_PLUGINS, Metric, RoundView
 
 

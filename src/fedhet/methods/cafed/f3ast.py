@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 from pydantic import Field
 
-from fedhet.strategies.availability_aware import AvailabilityAware, descending, unbiased_weights
+from fedhet.methods.cafed.availability_aware import AvailabilityAware, descending, unbiased_weights
 from fedhet.strategies.base import STRATEGIES
 
 

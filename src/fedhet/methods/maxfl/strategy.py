@@ -16,7 +16,7 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.engine.requirements import requirements
+from fedhet.methods.maxfl.requirements import requirements
 from fedhet.strategies.base import STRATEGIES, Strategy, weighted_update
 
 

@@ -13,7 +13,7 @@ import torch
 from fedhet.engine.threads import torch_threads
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
-from fedhet.metrics.contribution import Contribution, contribution_scores
+from fedhet.methods.fedgsnr.contribution import Contribution, contribution_scores
 
 SMALL = {
     "dataset": "digits",

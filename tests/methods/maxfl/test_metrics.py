@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from conftest import linear_model, tiny_data
-from fedhet.availability.appeal import AppealParticipation
 from fedhet.engine.engine import Engine
-from fedhet.engine.requirements import (
+from fedhet.errors import ConfigError
+from fedhet.methods.maxfl.participation import AppealParticipation
+from fedhet.methods.maxfl.requirements import (
     CACHE_KEY,
     Requirements,
     RequirementsConfig,
@@ -18,7 +19,6 @@ from fedhet.engine.requirements import (
     gm_appeal,
     preferred_accuracy,
 )
-from fedhet.errors import ConfigError
 
 
 def test_gm_appeal_is_strict() -> None:

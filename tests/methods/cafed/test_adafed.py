@@ -8,7 +8,7 @@ import torch
 from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
-from fedhet.strategies.adafed import AdaFed, normalised_over
+from fedhet.methods.cafed.adafed import AdaFed, normalised_over
 
 
 def test_normalised_over_active_by_hand() -> None:

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from fedhet.availability.base import AVAILABILITY, Availability
 from fedhet.engine.engine import Engine
-from fedhet.engine.requirements import requirements
+from fedhet.methods.maxfl.requirements import requirements
 
 
 @AVAILABILITY.register

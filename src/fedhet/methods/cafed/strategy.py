@@ -22,7 +22,7 @@ from fedhet.data.dataset import ClientData
 from fedhet.engine.evaluate import sampled_losses
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.strategies.availability_aware import (
+from fedhet.methods.cafed.availability_aware import (
     AvailabilityAware,
     descending,
     greedy_exclusion,

@@ -4,7 +4,7 @@ its vanilla form FedMGDA, and FedAvg-n (FedAvg on normalised updates).
 One round (Algorithm 1): participants return g_i = w_t − w_i (their local update); the server
 
 1. normalises ḡ_i = g_i / ‖g_i‖₂ (line 5; ``normalize``; a zero update stays zero);
-2. solves λ* = argmin_{λ ∈ Δ, ‖λ − λ0‖_∞ ≤ ε} ‖Σ λ_i ḡ_i‖² (line 6, eq. 25) with `fedhet.strategies.min_norm`;
+2. solves λ* = argmin_{λ ∈ Δ, ‖λ − λ0‖_∞ ≤ ε} ‖Σ λ_i ḡ_i‖² (line 6, eq. 25) with `fedhet.methods.fedmgda.min_norm`;
 3. steps w_{t+1} = w_t − η_t d_t with d_t = Σ λ*_i ḡ_i (lines 7–9, eq. 22) and η_t = η_g · β^⌊t/100⌋ (§6.1).
 
 ε = 0 is FedAvg with weights λ0 (eq. 1) and ε = 1 is MGDA (eqs. 22–23). The box centre λ0 is the ``weighting``
@@ -27,9 +27,9 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.methods.fedmgda.min_norm import min_norm_weights
 from fedhet.strategies.base import STRATEGIES, weighted_update
 from fedhet.strategies.fedavg import FedAvg, fedavg_weights
-from fedhet.strategies.min_norm import min_norm_weights
 
 __all__ = ["FedAvgN", "FedMGDA", "FedMGDAPlus", "beta_for_decay", "mgda_weights", "normalise_updates", "step_size"]
 

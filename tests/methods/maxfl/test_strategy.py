@@ -9,8 +9,8 @@ import torch
 from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
-from fedhet.engine.requirements import CACHE_KEY, Requirements
-from fedhet.strategies.maxfl import MaxFL, maxfl_step, maxfl_weights
+from fedhet.methods.maxfl.requirements import CACHE_KEY, Requirements
+from fedhet.methods.maxfl.strategy import MaxFL, maxfl_step, maxfl_weights
 
 
 def sig(x: float) -> float:

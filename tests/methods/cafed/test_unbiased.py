@@ -9,8 +9,8 @@ from conftest import linear_model, make_context, tiny_data
 from fedhet.availability.markov import Markov
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
-from fedhet.strategies.availability_aware import biased_importance, target_importance, unbiased_weights
-from fedhet.strategies.unbiased import Unbiased
+from fedhet.methods.cafed.availability_aware import biased_importance, target_importance, unbiased_weights
+from fedhet.methods.cafed.unbiased import Unbiased
 
 
 def test_unbiased_weights_give_p_equal_alpha() -> None:

@@ -11,9 +11,9 @@ from fedhet.engine.plan import LocalResult
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
+from fedhet.methods.fedmgda.strategy import FedAvgN, FedMGDA, FedMGDAPlus, beta_for_decay, normalise_updates, step_size
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.fedavg import FedAvg
-from fedhet.strategies.fedmgda import FedAvgN, FedMGDA, FedMGDAPlus, beta_for_decay, normalise_updates, step_size
 
 
 def result_from_updates(clients: list[int], w: torch.Tensor, updates: torch.Tensor) -> LocalResult:

@@ -20,8 +20,7 @@ from fedhet.engine.threads import torch_threads
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
-from fedhet.strategies.fedavg import FedAvg
-from fedhet.strategies.gsnr import (
+from fedhet.methods.fedgsnr.strategy import (
     GSNR,
     allocation_entropy,
     global_statistics,
@@ -32,6 +31,7 @@ from fedhet.strategies.gsnr import (
     proportional_steps,
     redistribute_steps,
 )
+from fedhet.strategies.fedavg import FedAvg
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def hand_problem() -> Engine:
 
 
 def test_client_statistics_by_hand() -> None:
-    from fedhet.strategies.gsnr import measure
+    from fedhet.methods.fedgsnr.strategy import measure
 
     engine = hand_problem()
     ctx = make_context(engine, steps=5, batch=2, m=2)
