@@ -20,9 +20,10 @@ demo: install
 	$(BIN)/fedhet run --algorithm fedavg --dataset digits --rounds 30 --seed 1 --out runs/demo --overwrite
 
 lint: install
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff format --check src tests examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 test: lint
 	$(BIN)/pytest

@@ -9,6 +9,9 @@ from fedhet.availability.base import AVAILABILITY
 from fedhet.data import cafed_synthetic, embedded, partition, real, shakespeare_text
 from fedhet.data.partition import PARTITIONERS
 from fedhet.data.sources import DATASETS
+from fedhet.engine.objective import TERMS
+from fedhet.engine.optimizers import OPTIMIZERS
+from fedhet.engine.rules import RULES
 from fedhet.methods import cafed, fedgsnr, fedmgda, maxfl
 from fedhet.metrics import fairness, speed
 from fedhet.metrics.base import METRIC_PLUGINS
@@ -19,7 +22,9 @@ from fedhet.strategies import (
     afl,
     fedavg,
     fednova,
+    fedopt,
     fedprox,
+    moon,
     perfedavg,
     pfedme,
     qffl,
@@ -27,5 +32,18 @@ from fedhet.strategies import (
     scaffold,
 )
 from fedhet.strategies.base import STRATEGIES
+from fedhet.strategies.server import SERVER_OPTIMIZERS
 
-__all__ = ["ATTACKS", "AVAILABILITY", "DATASETS", "METRIC_PLUGINS", "MODELS", "PARTITIONERS", "STRATEGIES"]
+__all__ = [
+    "ATTACKS",
+    "AVAILABILITY",
+    "DATASETS",
+    "METRIC_PLUGINS",
+    "MODELS",
+    "OPTIMIZERS",
+    "PARTITIONERS",
+    "RULES",
+    "SERVER_OPTIMIZERS",
+    "STRATEGIES",
+    "TERMS",
+]

@@ -22,6 +22,7 @@ class FlatModel:
         with torch.no_grad():
             self._initial = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).clone()
         self._bound: tuple[Tensor, Tensor] | None = None
+        self.vmap_failure: str | None = None  # why torch.func.vmap cannot run the model (set by the engine's probe)
 
     def bound_buffers(self) -> tuple[Tensor, Tensor]:
         """Flat (params, grads) buffers that the module's own parameters and gradients are views of.
@@ -47,6 +48,10 @@ class FlatModel:
         """Views of `flat` shaped like the module's parameters (works under vmap)."""
         chunks = torch.split(flat, self.numels)
         return {n: c.view(s) for n, c, s in zip(self.names, chunks, self.shapes, strict=True)}
+
+    def forward(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        """The model's outputs with the parameters of a dictionary (works under vmap)."""
+        return functional_call(self.module, params, (x,))
 
     def logits(self, flat: Tensor, x: Tensor) -> Tensor:
         return functional_call(self.module, self.unflatten(flat), (x,))

@@ -25,12 +25,22 @@ class LocalConfig(BaseModel):
     lr: float = Field(0.05, gt=0, description="local learning rate")
     batch_size: int = Field(10, ge=1, description="mini-batch size")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ added to the local gradient as λw")
+    optimizer: ComponentSpec = Field(
+        "sgd", description="client optimiser: sgd (momentum, nesterov) or adam; persistent: keep its state"
+    )
+    terms: list[ComponentSpec] = Field(
+        default_factory=list, description="extra terms of every client's objective, e.g. [{name: proximal, mu: 0.1}]"
+    )
 
 
 class RunConfig(BaseModel):
     """Everything that defines a run. Components are a name or a mapping ``{name: ..., <params>}``."""
 
     model_config = ConfigDict(extra="forbid")
+    imports: list[str] = Field(
+        default_factory=list,
+        description="modules or .py files to import first: they register your own components (plugins)",
+    )
     algorithm: ComponentSpec = "fedavg"
     dataset: ComponentSpec = "digits"
     partition: ComponentSpec = {"name": "dirichlet", "alpha": 0.5}

@@ -29,7 +29,7 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, weighted_update
+from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, by_client, weighted_update
 
 __all__ = ["AFL", "project_simplex"]
 
@@ -72,18 +72,20 @@ class AFL(Strategy):
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         if self.loss_at == "global":
-            self._losses = self.ctx.client_losses(global_params, clients)
+            self._losses = by_client(self.ctx.client_losses(global_params, clients), clients, self.ctx.num_clients)
         return super().configure(round_, clients, global_params)
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         clients = result.clients
         scale = self.ctx.num_clients / len(clients)
         lam = self._lambda[clients]
-        new = global_params - self.server_lr * scale * weighted_update(result.updates(global_params), lam)
+        new = self.server_step(global_params, scale * weighted_update(result.updates(global_params), lam))
         if self.loss_at == "local":
-            self._losses = self.ctx.attack.report_losses(clients, result.train_loss)
+            losses = self.ctx.attack.report_losses(clients, result.train_loss)
+        else:
+            losses = self._losses[clients]
         gradient = torch.zeros_like(self._lambda)
-        gradient[clients] = scale * self._losses.double()
+        gradient[clients] = scale * losses.double()
         self._lambda = project_simplex(self._lambda + self.lambda_lr * gradient)
         self._count += 1
         if self._count == 1:
@@ -102,8 +104,14 @@ class AFL(Strategy):
         return {"afl_lambda_max": float(self._lambda.max())} if len(self._lambda) else {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"lambda": self._lambda.clone(), "average": self._average.clone(), "count": self._count}
+        return {
+            **super().state_dict(),
+            "lambda": self._lambda.clone(),
+            "average": self._average.clone(),
+            "count": self._count,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self._lambda = state["lambda"].clone()
         self._average, self._count = state["average"].clone(), int(state["count"])

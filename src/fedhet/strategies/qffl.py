@@ -25,7 +25,7 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.strategies.base import STRATEGIES, Strategy
+from fedhet.strategies.base import STRATEGIES, Strategy, by_client
 
 __all__ = ["QFFL", "qffl_objective", "qffl_step"]
 
@@ -70,12 +70,15 @@ class QFFL(Strategy):
         return self.ctx.attack.report_losses(clients, honest)
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
-        self._losses = self.reported_losses(clients, global_params)
+        self._losses = by_client(self.reported_losses(clients, global_params), clients, self.ctx.num_clients)
         return super().configure(round_, clients, global_params)
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
-        direction = qffl_step(global_params, result.updates(global_params), self._losses, self.q, self.lipschitz)
-        return global_params - self.server_lr * direction
+        losses = self._losses[result.clients]
+        return self.server_step(
+            global_params, qffl_step(global_params, result.updates(global_params), losses, self.q, self.lipschitz)
+        )
 
     def round_metrics(self) -> dict[str, float]:
-        return {"qffl_loss_max": float(self._losses.max())} if len(self._losses) else {}
+        known = self._losses[~torch.isnan(self._losses)]
+        return {"qffl_loss_max": float(known.max())} if len(known) else {}

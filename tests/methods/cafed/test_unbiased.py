@@ -50,7 +50,11 @@ def test_bayesian_estimates_are_used_without_an_oracle() -> None:
 
 def test_server_momentum_is_heavy_ball_on_the_weighted_update() -> None:
     engine = Engine(linear_model(), tiny_data([4, 4]))
-    strategy = Unbiased(oracle={"name": "markov", "pi": [0.5, 0.5], "lam": 0.0}, server_momentum=0.5, server_lr=0.1)
+    strategy = Unbiased(
+        oracle={"name": "markov", "pi": [0.5, 0.5], "lam": 0.0},
+        server_optimizer={"name": "momentum", "beta": 0.5},
+        server_lr=0.1,
+    )
     strategy.setup(make_context(engine))
     w = torch.zeros(engine.model.size)
     clients = strategy.select(0, torch.tensor([True, True]))  # q = (1/2)/(1/2) = 1 each

@@ -183,16 +183,22 @@ def test_wrapper_keeps_the_base_rule_and_state() -> None:
     prox = GSNR(base={"name": "fedprox", "mu": 0.3})
     prox.setup(ctx)
     plan = prox.configure(0, torch.arange(4), engine.initial_params())
-    assert plan.prox_mu == 0.3 and int(plan.steps.sum()) == 16
-    assert prox.base == {"name": "fedprox", "server_lr": 1.0, "weighting": "samples", "mu": 0.3}  # resolved spec
+    assert [t.model_dump() for t in plan.terms] == [{"mu": 0.3}] and int(plan.steps.sum()) == 16
+    assert prox.base == {
+        "name": "fedprox",
+        "server_lr": 1.0,
+        "server_optimizer": {"name": "sgd"},
+        "weighting": "samples",
+        "mu": 0.3,
+    }  # the resolved spec
     scaffold = GSNR(base="scaffold")
     scaffold.setup(ctx)
     w = engine.initial_params()
     plan = scaffold.configure(0, torch.arange(4), w)
-    assert plan.client_state is not None
+    assert [t.name for t in plan.terms] == ["scaffold"]
     scaffold.aggregate(0, w, engine.train(w, plan, 0))
     state = scaffold.state_dict()
-    assert len(engine.client_state.clients("scaffold/c_i")) == int((plan.steps > 0).sum())  # only trained get c_i
+    assert len(engine.client_state.clients("scaffold.c_i")) == int((plan.steps > 0).sum())  # only trained get c_i
     fresh = GSNR(base="scaffold")
     fresh.setup(ctx)
     fresh.load_state_dict(state)

@@ -156,7 +156,7 @@ def test_common_descent_every_participant_improves_to_first_order() -> None:
 def test_prox_mu_reaches_the_local_plan_and_switches_are_validated() -> None:
     strategy = setup(FedMGDAPlus(prox_mu=0.2), [4, 4])
     plan = strategy.configure(0, torch.tensor([0, 1]), torch.zeros(6))
-    assert plan.prox_mu == 0.2
+    assert [(t.name, t.model_dump()) for t in plan.terms] == [("proximal", {"mu": 0.2})]
     with pytest.raises(ConfigError):
         STRATEGIES.build({"name": "fedmgda", "normalize": True})
     with pytest.raises(ConfigError):

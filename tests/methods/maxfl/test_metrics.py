@@ -12,7 +12,7 @@ from fedhet.engine.engine import Engine
 from fedhet.errors import ConfigError
 from fedhet.methods.maxfl.participation import AppealParticipation
 from fedhet.methods.maxfl.requirements import (
-    CACHE_KEY,
+    ClientRequirements,
     Requirements,
     RequirementsConfig,
     compute_requirements,
@@ -55,8 +55,9 @@ def test_pool_is_everyone_before_the_mandatory_rounds_then_appealing_clients_onl
     losses = engine.scores(w, "train").loss
     rho = losses.clone()
     rho[[0, 2]] += 0.1  # the model appeals to clients 0 and 2 only; client 1 sits exactly at ρ (not appealing)
-    engine.cache[CACHE_KEY] = Requirements(rho, None, None)
+    req = given_requirements(engine, rho)
     process = AppealParticipation(mandatory_rounds=2)
+    process.use_requirements(req)
     process.setup(4, seed=0)
     for t in range(4):
         mask = process.available(t)
@@ -70,3 +71,8 @@ def test_pool_is_everyone_before_the_mandatory_rounds_then_appealing_clients_onl
     other.setup(4, seed=0)
     other.load_state_dict(state)
     assert torch.equal(other.available(5), process.available(5))
+
+
+def given_requirements(engine: Engine, rho: torch.Tensor) -> ClientRequirements:
+    """The run's requirements with ρ set to `rho` (no solo training)."""
+    return ClientRequirements(engine, RequirementsConfig(), Requirements(rho, None, None))

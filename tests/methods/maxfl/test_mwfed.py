@@ -10,7 +10,7 @@ from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.methods.maxfl.mwfed import MWFed, multiplicative_update, scaled_steps
-from fedhet.methods.maxfl.requirements import CACHE_KEY, Requirements
+from fedhet.methods.maxfl.requirements import ClientRequirements, Requirements, RequirementsConfig
 
 
 def test_multiplicative_update_and_steps() -> None:
@@ -25,8 +25,9 @@ def test_round_weights_unmet_clients_more() -> None:
     engine = Engine(linear_model(), data)
     w = engine.initial_params()
     losses = engine.losses_at(w, torch.tensor([0, 1]))
-    engine.cache[CACHE_KEY] = Requirements(torch.stack([losses[0] + 1, losses[1] - 1]), None, None)  # 1 unmet
+    req = given_requirements(engine, torch.stack([losses[0] + 1, losses[1] - 1]))  # 1 unmet
     strategy = MWFed(rate=0.5, server_lr=1.0)
+    strategy.use_requirements(req)
     strategy.setup(make_context(engine, m=2))
     plan = strategy.configure(0, torch.tensor([0, 1]), w)
     assert plan.steps.tolist() == [5, 5]  # equal weights at the start
@@ -38,3 +39,8 @@ def test_round_weights_unmet_clients_more() -> None:
     torch.testing.assert_close(strategy.state_dict()["weights"], torch.tensor([1.0, math.exp(0.5)]))
     plan = strategy.configure(1, torch.tensor([0, 1]), new)
     assert plan.steps[1] > plan.steps[0]
+
+
+def given_requirements(engine: Engine, rho: torch.Tensor) -> ClientRequirements:
+    """The run's requirements with ρ set to `rho` (no solo training)."""
+    return ClientRequirements(engine, RequirementsConfig(), Requirements(rho, None, None))

@@ -124,19 +124,12 @@ class AvailabilityAware(Strategy):
     )
     prior: BetaPrior = Field(default_factory=BetaPrior, description="Beta priors of the Bayesian estimators")
     weighting: Literal["samples", "uniform"] = Field("samples", description="α_k ∝ samples, or uniform")
-    server_momentum: float = Field(
-        0.0,
-        ge=0,
-        lt=1,
-        description="heavy-ball momentum μ of the server step (0: eq. 3 as in the paper; the authors' code uses 0.9)",
-    )
 
     _alpha: np.ndarray = PrivateAttr(default_factory=lambda: np.zeros(0))
     _availability: AvailabilityEstimator | None = PrivateAttr(None)
     _q: np.ndarray = PrivateAttr(default_factory=lambda: np.zeros(0))
     _log: dict[str, list[np.ndarray]] = PrivateAttr(default_factory=dict)
     _last: dict[str, float] = PrivateAttr(default_factory=dict)
-    _velocity: Tensor | None = PrivateAttr(None)
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
@@ -149,7 +142,6 @@ class AvailabilityAware(Strategy):
         self._q = np.zeros(n)
         self._log = {"active": [], "selected": [], "weights": [], "pi_hat": [], "lambda_hat": []}
         self._last = {}
-        self._velocity = None
 
     @property
     def alpha(self) -> np.ndarray:
@@ -194,13 +186,10 @@ class AvailabilityAware(Strategy):
         }
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
-        """w ← w + η_s Σ_k q_k Δ_k (eq. 3; the engine's updates are w − w_k = −Δ_k)."""
+        """w ← w + η_s Σ_k q_k Δ_k (eq. 3; the engine's updates are w − w_k = −Δ_k), through the server optimiser
+        (the authors' code: ``server_optimizer: {name: momentum, beta: 0.9}``)."""
         q = torch.as_tensor(self._q[result.clients.numpy()], dtype=torch.float32)
-        step = weighted_update(result.updates(global_params), q)
-        if self.server_momentum > 0:  # torch.optim.SGD's heavy ball on the pseudo-gradient −Σ q_k Δ_k
-            self._velocity = step if self._velocity is None else self.server_momentum * self._velocity + step
-            step = self._velocity
-        return global_params - self.server_lr * step
+        return self.server_step(global_params, weighted_update(result.updates(global_params), q))
 
     def round_metrics(self) -> dict[str, float]:
         return dict(self._last)
@@ -213,16 +202,16 @@ class AvailabilityAware(Strategy):
 
     def state_dict(self) -> dict[str, Any]:
         return {
+            **super().state_dict(),
             "availability": self.estimator.state_dict(),
             "q": self._q.copy(),
             "log": {key: [r.copy() for r in rows] for key, rows in self._log.items()},
             "last": dict(self._last),
-            "velocity": None if self._velocity is None else self._velocity.clone(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self.estimator.load_state_dict(state["availability"])
         self._q = np.asarray(state["q"], dtype=np.float64).copy()
         self._log = {key: [np.asarray(r).copy() for r in rows] for key, rows in state["log"].items()}
         self._last = dict(state["last"])
-        self._velocity = state.get("velocity")

@@ -22,7 +22,7 @@ import torch
 from pydantic import Field, PrivateAttr
 from torch import Tensor
 
-from fedhet.engine.engine import Engine
+from fedhet.engine.protocol import EngineProtocol
 from fedhet.methods.fedgsnr.strategy import client_gsnr
 from fedhet.metrics.base import METRIC_PLUGINS, Metric, RoundView
 from fedhet.strategies.fedavg import fedavg_weights
@@ -39,7 +39,7 @@ def contribution_scores(history: Tensor, statistic: Literal["mean", "median"] = 
     return history.nanmean(0)
 
 
-def label_counts(engine: Engine) -> Tensor:
+def label_counts(engine: EngineProtocol) -> Tensor:
     """(K, C) number of training samples of each class per client (the engine's, wherever the data is)."""
     return engine.label_counts()
 
@@ -72,13 +72,13 @@ class Contribution(Metric):
     _labels: Tensor | None = PrivateAttr(None)
     _corrupted: Tensor | None = PrivateAttr(None)
 
-    def setup(self, engine: Engine, seed: int) -> None:
+    def setup(self, engine: EngineProtocol, seed: int) -> None:
         self._rounds, self._scores, self._nopt = [], [], []
         self._labels = label_counts(engine)
         corrupted = engine.data.info.get("corrupted")
         self._corrupted = corrupted if isinstance(corrupted, Tensor) else None
 
-    def measure(self, engine: Engine, params: Tensor, round_: int) -> tuple[Tensor, Tensor]:
+    def measure(self, engine: EngineProtocol, params: Tensor, round_: int) -> tuple[Tensor, Tensor]:
         """(r, n₁^opt) of every client (K,), NaN for unseen clients, at `params` with round `round_`'s samples."""
         data = engine.data
         clients = data.seen_ids

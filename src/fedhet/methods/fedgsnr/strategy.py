@@ -30,6 +30,7 @@ from fedhet.errors import ConfigError
 from fedhet.registry import spec_of
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy
 from fedhet.strategies.fedavg import fedavg_weights
+from fedhet.strategies.server import ServerOptimizer
 
 # r is +∞ when the local and global statistics coincide (Appendix C); we cap NL − M² at this share of NL.
 GSNR_FLOOR = 1e-12
@@ -176,6 +177,13 @@ class GSNR(Strategy):
             raise ValueError("the gsnr wrapper has no server step of its own; set algorithm.base.server_lr")
         return value
 
+    @field_validator("server_optimizer", mode="after")
+    @classmethod
+    def _no_server_optimizer(cls, value: ServerOptimizer) -> ServerOptimizer:
+        if value.name != "sgd":
+            raise ValueError("the gsnr wrapper has no server step of its own; set algorithm.base.server_optimizer")
+        return value
+
     @field_validator("base", mode="before")
     @classmethod
     def _resolve_base(cls, value: Any) -> dict[str, Any]:
@@ -200,6 +208,9 @@ class GSNR(Strategy):
         super().setup(ctx)
         self.inner.setup(ctx)
         self._last = {}
+
+    def parts(self) -> list[Strategy]:
+        return [self, *self.inner.parts()]
 
     def select(self, round_: int, available: Tensor) -> Tensor:
         return self.inner.select(round_, available)
@@ -253,7 +264,7 @@ class GSNR(Strategy):
         return dict(self._last)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"base": self.inner.state_dict()}
+        return {"base": self.inner.state_dict()}  # the wrapper has no server step (and no optimiser state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["base"])

@@ -14,7 +14,7 @@ normalisation and no decay the server step is computed exactly as FedAvg's, so b
 
 ``lr_decay`` is β itself (the authors' ``--global_lr_decay``), the factor applied every ``decay_every`` rounds;
 the paper states the total decay over T rounds ("decay = 1/10"), converted with `beta_for_decay`.
-``prox_mu`` adds FedProx's proximal term to the local objective (the paper's MGDA-Prox); the engine's term is
+``prox_mu`` adds FedProx's proximal term to the local objective (the paper's MGDA-Prox); the term is
 (μ/2)‖w − w_t‖², so the authors' ``--prox_weight`` (μ‖w − w_t‖², no ½) of 0.1 is ``prox_mu = 0.2``.
 """
 
@@ -26,6 +26,7 @@ import torch
 from pydantic import Field, PrivateAttr
 from torch import Tensor
 
+from fedhet.engine.objective import Proximal
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.methods.fedmgda.min_norm import min_norm_weights
 from fedhet.strategies.base import STRATEGIES, weighted_update
@@ -83,8 +84,7 @@ class FedMGDAPlus(FedAvg):
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         plan = super().configure(round_, clients, global_params)
-        plan.prox_mu = self.prox_mu
-        return plan
+        return plan.with_terms(Proximal(mu=self.prox_mu)) if self.prox_mu else plan
 
     def direction_weights(self, updates: Tensor, clients: Tensor) -> Tensor:
         """λ*: λ0 itself when ε = 0 (no QP, as in the authors' code), else the min-norm solution."""
@@ -99,7 +99,7 @@ class FedMGDAPlus(FedAvg):
         direction = weighted_update(updates, lam)
         self._lambda, self._step = lam, step_size(self.server_lr, self.lr_decay, round_, self.decay_every)
         self._direction_norm = float(direction.double().norm())
-        return global_params - self._step * direction
+        return self.server_step(global_params, direction, self._step)
 
     def round_metrics(self) -> dict[str, float]:
         if len(self._lambda) == 0:

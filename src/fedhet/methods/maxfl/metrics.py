@@ -8,10 +8,10 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedhet.engine.engine import Engine
 from fedhet.engine.evaluate import ClientScores
 from fedhet.engine.plan import LocalPlan
-from fedhet.methods.maxfl.requirements import gm_appeal, preferred_accuracy, requirements
+from fedhet.engine.protocol import EngineProtocol
+from fedhet.methods.maxfl.requirements import UsesRequirements, gm_appeal, preferred_accuracy
 from fedhet.metrics.base import METRIC_PLUGINS, Metric, RoundView
 
 
@@ -29,7 +29,7 @@ def _group_metrics(
 
 
 def finetuned_scores(
-    engine: Engine, params: Tensor, steps: int, lr: float, batch_size: int, round_: int
+    engine: EngineProtocol, params: Tensor, steps: int, lr: float, batch_size: int, round_: int
 ) -> tuple[ClientScores, ClientScores]:
     """Every client tunes the global model for `steps` local SGD steps; its own tuned model's test and train
     scores (MaxFL Table 3: 5 steps)."""
@@ -40,7 +40,7 @@ def finetuned_scores(
 
 
 @METRIC_PLUGINS.register
-class Appeal(Metric):
+class Appeal(Metric, UsesRequirements):
     """GM-appeal (strict ``loss < ρ``) on test and on train loss, preferred-model accuracy, for seen and unseen
     clients, and the same after ``finetune_steps`` local steps (``ft_`` prefix; 0 disables)."""
 
@@ -50,7 +50,7 @@ class Appeal(Metric):
     finetune_every: Literal["final", "every"] = "final"
 
     def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
-        req = requirements(view.engine)
+        req = self.requirements.value
         data = view.engine.data
         groups = {"": data.seen_ids, "unseen_": data.unseen_ids}
         out: dict[str, float] = {}

@@ -17,8 +17,8 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.methods.maxfl.requirements import requirements
-from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, weighted_update
+from fedhet.methods.maxfl.requirements import UsesRequirements
+from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, by_client, weighted_update
 
 
 def multiplicative_update(weights: Tensor, unmet: Tensor, rate: float) -> Tensor:
@@ -33,7 +33,7 @@ def scaled_steps(steps: int, weights: Tensor, max_factor: float) -> Tensor:
 
 
 @STRATEGIES.register
-class MWFed(Strategy):
+class MWFed(Strategy, UsesRequirements):
     name: ClassVar[str] = "mwfed"
     description: ClassVar[str] = "multiplicative weights for clients with unmet requirements (after Blum et al. 2021)"
     rate: float = Field(0.1, ge=0, description="η_mw: log-weight gained per round with an unmet requirement")
@@ -51,17 +51,18 @@ class MWFed(Strategy):
         if self.scale_steps and len(clients):
             plan.steps = scaled_steps(self.ctx.local.steps, self._weights[clients], self.max_step_factor)
         losses = self.ctx.client_losses(global_params, clients)
-        self._unmet = losses >= requirements(self.ctx.engine).rho[clients]
+        self._unmet = by_client(losses >= self.requirements.rho[clients], clients, self.ctx.num_clients)
         return plan
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         v = self._weights[result.clients]
-        new = global_params - self.server_lr * weighted_update(result.updates(global_params), v / v.sum())
-        self._weights[result.clients] = multiplicative_update(v, self._unmet, self.rate)
+        new = self.server_step(global_params, weighted_update(result.updates(global_params), v / v.sum()))
+        self._weights[result.clients] = multiplicative_update(v, self._unmet[result.clients], self.rate)
         return new
 
     def state_dict(self) -> dict[str, Any]:
-        return {"weights": self._weights}
+        return {**super().state_dict(), "weights": self._weights}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self._weights = state["weights"]

@@ -18,12 +18,12 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.availability.base import AVAILABILITY, Availability
-from fedhet.engine.engine import Engine
-from fedhet.methods.maxfl.requirements import requirements
+from fedhet.engine.protocol import EngineProtocol
+from fedhet.methods.maxfl.requirements import UsesRequirements
 
 
 @AVAILABILITY.register
-class AppealParticipation(Availability):
+class AppealParticipation(Availability, UsesRequirements):
     name: ClassVar[str] = "appeal"
     description: ClassVar[str] = "all clients for the first rounds, then only those the global model appeals to"
     mandatory_rounds: int = Field(10, ge=0)
@@ -36,10 +36,10 @@ class AppealParticipation(Availability):
             return torch.ones(self._num_clients, dtype=torch.bool)
         return self._pool.clone()
 
-    def observe(self, round_: int, engine: Engine, params: Tensor) -> None:
+    def observe(self, round_: int, engine: EngineProtocol, params: Tensor) -> None:
         if round_ + 1 >= self.mandatory_rounds:
             losses = engine.scores(params, self.split).loss
-            self._pool = losses < requirements(engine).rho
+            self._pool = losses < self.requirements.rho
 
     def state_dict(self) -> dict[str, Any]:
         return {"pool": self._pool}

@@ -2,8 +2,10 @@
 
 By default ρ_k = F_k(ŵ_k), the training loss of a local model ŵ_k trained alone from the initial global model
 for τ_l SGD steps with the run's batch size and learning rate (MaxFL App. D.1: τ_l = 100). ρ may instead be a
-constant, or read from a file (one value per client, in client order). Computed once per run, for seen and
-unseen clients, and shared by the MaxFL strategy, appeal-driven participation and the appeal metrics.
+constant, or read from a file (one value per client, in client order). Computed once per run (on first use), for
+seen and unseen clients, and shared by every component of the run that asks for it: a component that needs ρ
+(the MaxFL and MW-Fed strategies, appeal-driven participation, the appeal metrics, or a plugin) subclasses
+`UsesRequirements`, and the run hands it the run's `ClientRequirements` when it is set up.
 """
 
 from __future__ import annotations
@@ -13,14 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from torch import Tensor
 
-from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.protocol import EngineProtocol
 from fedhet.errors import ConfigError
-
-CACHE_KEY = "requirements"
 
 
 class RequirementsConfig(BaseModel):
@@ -43,7 +43,7 @@ class Requirements:
     local_test_accuracy: Tensor | None
 
 
-def compute_requirements(engine: Engine, cfg: RequirementsConfig) -> Requirements:
+def compute_requirements(engine: EngineProtocol, cfg: RequirementsConfig) -> Requirements:
     k = engine.data.num_clients
     if cfg.file is not None:
         path = Path(cfg.file)
@@ -65,16 +65,38 @@ def compute_requirements(engine: Engine, cfg: RequirementsConfig) -> Requirement
     return Requirements(rho, local, engine.own_scores(local, clients, "test").accuracy)
 
 
-def requirements(engine: Engine) -> Requirements:
-    """The run's requirements (computed on first use; `build` stores the settings in ``engine.cache``)."""
-    cached = engine.cache.get(CACHE_KEY)
-    if isinstance(cached, Requirements):
-        return cached
-    settings = engine.cache.get(CACHE_KEY + "/settings", RequirementsConfig())
-    assert isinstance(settings, RequirementsConfig)
-    result = compute_requirements(engine, settings)
-    engine.cache[CACHE_KEY] = result
-    return result
+class ClientRequirements:
+    """The run's requirements, computed on first use from the engine and the config's ``requirements``."""
+
+    def __init__(self, engine: EngineProtocol, settings: RequirementsConfig, value: Requirements | None = None) -> None:
+        self.engine, self.settings = engine, settings
+        self._value = value  # given: used as it is (tests, or ρ computed elsewhere)
+
+    @property
+    def value(self) -> Requirements:
+        if self._value is None:
+            self._value = compute_requirements(self.engine, self.settings)
+        return self._value
+
+    @property
+    def rho(self) -> Tensor:
+        """ρ_k of every client (K,)."""
+        return self.value.rho
+
+
+class UsesRequirements(BaseModel):
+    """Mixin of components that need the clients' requirements (the run calls `use_requirements` at set-up)."""
+
+    _requirements: ClientRequirements | None = PrivateAttr(None)
+
+    def use_requirements(self, requirements: ClientRequirements) -> None:
+        self._requirements = requirements
+
+    @property
+    def requirements(self) -> ClientRequirements:
+        if self._requirements is None:
+            raise RuntimeError(f"{type(self).__name__} needs the run's client requirements: call use_requirements()")
+        return self._requirements
 
 
 def gm_appeal(losses: Tensor, rho: Tensor) -> float:

@@ -16,8 +16,8 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.methods.maxfl.requirements import requirements
-from fedhet.strategies.base import STRATEGIES, Strategy, weighted_update
+from fedhet.methods.maxfl.requirements import UsesRequirements
+from fedhet.strategies.base import STRATEGIES, Strategy, by_client, weighted_update
 
 
 def maxfl_weights(losses: Tensor, rho: Tensor, kind: Literal["bell", "sigmoid"] = "bell") -> Tensor:
@@ -26,13 +26,13 @@ def maxfl_weights(losses: Tensor, rho: Tensor, kind: Literal["bell", "sigmoid"] 
     return (s * (1 - s) if kind == "bell" else s).float()
 
 
-def maxfl_step(global_params: Tensor, updates: Tensor, q: Tensor, server_lr: float, eps: float) -> Tensor:
-    """w − η_g / (Σ q_k + ε) · Σ q_k Δ_k (eq. 6)."""
-    return global_params - server_lr / (float(q.sum()) + eps) * weighted_update(updates, q)
+def maxfl_direction(updates: Tensor, q: Tensor, eps: float) -> Tensor:
+    """Σ q_k Δ_k / (Σ q_k + ε): the server takes w − η_g times this (eq. 6)."""
+    return weighted_update(updates, q) / (float(q.sum()) + eps)
 
 
 @STRATEGIES.register
-class MaxFL(Strategy):
+class MaxFL(Strategy, UsesRequirements):
     """Weights clients near their requirement most; adaptive server step η_g / (Σq + ε)."""
 
     name: ClassVar[str] = "maxfl"
@@ -41,11 +41,12 @@ class MaxFL(Strategy):
     weight: Literal["bell", "sigmoid"] = "bell"
     finetune_steps: int = Field(0, ge=0, description="local steps before measuring F_k (MaxFL + fine-tuning)")
 
-    _q: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0))
+    _q: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0))  # (K,) q_k of this round's cohort, else NaN
+    _cohort: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     def client_weights(self, round_: int, clients: Tensor, global_params: Tensor) -> Tensor:
         """q_k of `clients` at the received model (losses as the clients report them)."""
-        rho = requirements(self.ctx.engine).rho[clients]
+        rho = self.requirements.rho[clients]
         if self.finetune_steps == 0:
             losses = self.ctx.client_losses(global_params, clients)
         else:
@@ -57,11 +58,14 @@ class MaxFL(Strategy):
         return maxfl_weights(losses, rho, self.weight)
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
-        self._q = self.client_weights(round_, clients, global_params)
+        self._q = by_client(self.client_weights(round_, clients, global_params), clients, self.ctx.num_clients)
+        self._cohort = clients
         return super().configure(round_, clients, global_params)
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
-        return maxfl_step(global_params, result.updates(global_params), self._q, self.server_lr, self.eps)
+        self._cohort = result.clients  # the clients that answered (a lost Flower node drops some)
+        q = self._q[result.clients]
+        return self.server_step(global_params, maxfl_direction(result.updates(global_params), q, self.eps))
 
     def round_metrics(self) -> dict[str, float]:
-        return {"maxfl_q_sum": float(self._q.sum())} if len(self._q) else {}
+        return {"maxfl_q_sum": float(self._q[self._cohort].sum())} if len(self._cohort) else {}

@@ -1,0 +1,41 @@
+"""Can `torch.func.vmap` run a model's training step? Probed once per model on two samples of real data."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call, grad, vmap
+
+from fedhet.data.dataset import ClientData
+from fedhet.engine.functional import FlatModel
+
+
+def vmap_failure(model: FlatModel, data: ClientData) -> str | None:
+    """None when a vmapped gradient step of two stacked copies of the model runs natively on two samples of
+    `data`; else why not (an error, or vmap falling back to a slow per-sample loop for an op it cannot batch)."""
+    if len(data.y) == 0:
+        return None
+    x, y = data.x[:2].unsqueeze(0).expand(2, *data.x[:2].shape), data.y[:2].unsqueeze(0).expand(2, -1)
+    params = {n: v.unsqueeze(0).expand(2, *v.shape) for n, v in model.unflatten(model.initial_params()).items()}
+
+    def loss(w: dict[str, Tensor], xb: Tensor, yb: Tensor) -> Tensor:
+        return F.cross_entropy(functional_call(model.module, w, (xb,)), yb)
+
+    randomness = "same" if model.has_dropout else "error"
+    was_training = model.module.training
+    model.module.train()
+    try:
+        with warnings.catch_warnings(record=True) as caught, torch.random.fork_rng():
+            warnings.simplefilter("always")
+            vmap(grad(loss), randomness=randomness)(params, x, y)
+        slow = [str(w.message) for w in caught if "batching rule" in str(w.message)]
+        if slow:
+            return "no vmap batching rule for one of its operations: " + slow[0].split(".")[0]
+        return None
+    except Exception as err:
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+    finally:
+        model.module.train(was_training)
