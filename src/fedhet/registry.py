@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import difflib
 import sys
-from pathlib import Path
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError

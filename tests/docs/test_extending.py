@@ -39,7 +39,9 @@ def test_every_component_kind_has_an_example() -> None:
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.split("--import my_components.py ")[1][:40])
-def test_the_command_runs_as_written(command: str, plugin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_command_runs_as_written(
+    command: str, plugin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(plugin)
     args = shlex.split(command, comments=True)[1:]
     result = CliRunner().invoke(app, [*args, *SMALL, "--out", str(tmp_path / "run")], catch_exceptions=False)
