@@ -134,3 +134,14 @@ def test_persistent_state_is_kept_per_client_and_only_for_clients_that_trained()
     assert engine.client_state.clients(opt.state_key("m")) == [0]  # client 2 took no step
     count = engine.client_state.read(opt.state_key("count"), torch.tensor([0]), 1, torch.zeros(1))
     assert count.tolist() == [3.0]
+
+
+def test_local_epochs_give_each_client_its_passes_over_its_data() -> None:
+    from fedhet.engine.plan import LocalSettings, epoch_steps
+
+    sizes = torch.tensor([10, 25, 0, 3])
+    assert epoch_steps(sizes, 8, 1.0).tolist() == [2, 4, 0, 1]
+    assert epoch_steps(sizes, 8, 2.5).tolist() == [4, 8, 0, 1]
+    local = LocalSettings(steps=5, lr=0.1, batch_size=8, epochs=2.0)
+    assert local.plan(torch.arange(4), sizes).steps.tolist() == [3, 7, 0, 1]
+    assert LocalSettings(steps=5, lr=0.1, batch_size=8).plan(torch.arange(4), sizes).steps.tolist() == [5] * 4

@@ -14,8 +14,8 @@ from fedhet.engine.rules import LocalRule
 
 @dataclass(frozen=True)
 class LocalSettings:
-    """A run's default local training (the config's ``local`` section): steps, learning rate, batch size, the
-    client optimiser and the terms every client's objective carries (``weight_decay`` is one of them)."""
+    """A run's default local training (the config's ``local`` section): steps (or epochs), learning rate, batch
+    size, the client optimiser and the terms every client's objective carries (``weight_decay`` is one of them)."""
 
     steps: int
     lr: float
@@ -23,6 +23,7 @@ class LocalSettings:
     weight_decay: float = 0.0
     optimizer: ClientOptimizer = field(default_factory=SGD)
     terms: tuple[LocalTerm, ...] = ()
+    epochs: float | None = None  # instead of steps: client k takes ⌈epochs · n_k / B⌉ steps
 
     @property
     def objective(self) -> tuple[LocalTerm, ...]:
@@ -30,13 +31,23 @@ class LocalSettings:
         decay = (WeightDecay(lam=self.weight_decay),) if self.weight_decay else ()
         return (*self.terms, *decay)
 
-    def plan(self, clients: Tensor, **changes: object) -> LocalPlan:
-        """The default plan for `clients` (every client the same steps and learning rate); `changes` replace
-        fields of the plan (e.g. ``stream=...``)."""
+    def plan(self, clients: Tensor, sizes: Tensor | None = None) -> LocalPlan:
+        """The default plan for `clients` (with ``epochs``, `sizes` (m,) gives each client's training samples)."""
         plan = LocalPlan.uniform(
             clients, self.steps, self.lr, self.batch_size, terms=self.objective, optimizer=self.optimizer
         )
-        return replace(plan, **changes) if changes else plan  # type: ignore[arg-type]
+        if self.epochs is not None:
+            if sizes is None:
+                raise ValueError("local epochs need the clients' sizes")
+            plan.steps = epoch_steps(sizes, self.batch_size, self.epochs)
+        return plan
+
+
+def epoch_steps(sizes: Tensor, batch_size: int, epochs: float) -> Tensor:
+    """⌈epochs · n_k / B⌉ steps for each client (at least 1; 0 for a client without samples): `epochs` passes
+    over its data in mini-batches of B (the last batch of a pass continues into the next pass)."""
+    steps = torch.ceil(epochs * sizes.double() / batch_size).long().clamp_min(1)
+    return torch.where(sizes > 0, steps, torch.zeros_like(steps))
 
 
 @dataclass

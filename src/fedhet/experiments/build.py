@@ -120,7 +120,7 @@ def local_settings(config: RunConfig, parts: Components) -> LocalSettings:
     """The run's default local training: the ``local`` section with its optimiser and objective terms."""
     local = config.local
     return LocalSettings(
-        local.steps, local.lr, local.batch_size, local.weight_decay, parts.optimizer, tuple(parts.terms)
+        local.steps, local.lr, local.batch_size, local.weight_decay, parts.optimizer, tuple(parts.terms), local.epochs
     )
 
 

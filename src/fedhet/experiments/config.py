@@ -22,6 +22,9 @@ class LocalConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     steps: int = Field(10, ge=1, description="local SGD steps per round")
+    epochs: float | None = Field(
+        None, gt=0, description="instead of steps: client k takes ⌈epochs · n_k / batch_size⌉ steps per round"
+    )
     lr: float = Field(0.05, gt=0, description="local learning rate")
     batch_size: int = Field(10, ge=1, description="mini-batch size")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ added to the local gradient as λw")

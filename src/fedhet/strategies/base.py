@@ -100,7 +100,7 @@ class Strategy(Component):
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         """Local-training instructions; default: the run's local settings (steps, learning rate, batch size,
         optimiser and objective terms) for every client."""
-        return self.ctx.local.plan(clients)
+        return self.ctx.local.plan(clients, self.ctx.train_sizes[clients])
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         """The next global model."""
