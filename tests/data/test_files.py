@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import http.server
 import io
+import json
 import pickle
 import tarfile
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedhet.data.checksums import RECORD
 from fedhet.data.files import (
     RemoteFile,
     download,
@@ -146,7 +148,10 @@ def test_download_verifies_checksums(server: tuple[str, Path], tmp_path: Path) -
     dest = tmp_path / "out" / "file.bin"
     assert download(f"{base}/file.bin", dest, sha, md5=md5) == dest
     assert dest.read_bytes() == content
-    assert [p.name for p in dest.parent.iterdir()] == ["file.bin"]  # no temporary file left
+    # no temporary file left; the digests checked are remembered, so the first use does not hash the file again
+    assert sorted(p.name for p in dest.parent.iterdir()) == [RECORD, "file.bin"]
+    entry = json.loads((dest.parent / RECORD).read_text())["files"]["file.bin"]
+    assert entry["md5"] == md5 and entry["sha256"] == sha and entry["size"] == len(content)
     assert download(f"{base}/file.bin", tmp_path / "plain" / "file.bin", None).read_bytes() == content
 
 
