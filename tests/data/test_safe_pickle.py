@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from fedhet.data.files import read_pickle
+from fedhet.data.real import CIFAR10, CIFAR10_BATCHES
 from fedhet.data.safe_pickle import ALLOWED_GLOBALS, RefusedGlobal, load_data_pickle
 from fedhet.errors import DataError
 
@@ -108,6 +109,21 @@ def test_python2_batch_loads_with_bytes_keys() -> None:
     assert globals_named(raw) == {"numpy.core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype"}
     assert_same_batch(load_data_pickle(raw), batch)
     assert load_data_pickle(raw, encoding="latin1")["data"].shape == (3, 3072)  # py2 str → str, as latin-1
+
+
+def test_python2_batches_load_through_the_cifar10_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEDHET_SKIP_CHECKSUMS", "1")  # these stand-ins are not the published batches
+    folder = tmp_path / "cifar10" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for i, name in enumerate(CIFAR10_BATCHES):
+        batch = cifar_batch(2)
+        batch[b"labels"] = [i, 9 - i]
+        (folder / name).write_bytes(py2_pickle(batch))
+    ds = CIFAR10().load(tmp_path)
+    assert ds.x.shape == (12, 3, 32, 32) and ds.y.tolist()[:4] == [0, 9, 1, 8]
+    pixel = cifar_batch(2)[b"data"][1, 1024 + 5]  # green plane, pixel 5 of the second image
+    expected = (pixel / 255 - CIFAR10.mean[1]) / CIFAR10.std[1]
+    assert abs(float(ds.x[1, 1, 0, 5]) - expected) < 1e-5
 
 
 class Payload:

@@ -80,14 +80,14 @@ def _gray_images(
         if x.ndim != 3 or x.shape[1:] != (28, 28):
             raise DataError(f"'{image_path}' holds an array of shape {x.shape}, expected (N, 28, 28) images")
         if x.dtype != np.uint8:
-            raise DataError(f"'{image_path}' holds {x.dtype} pixels, expected unsigned bytes (IDX type 0x08)")
+            raise DataError(f"'{image_path}' holds {x.dtype.name} pixels, expected unsigned bytes (IDX type 0x08)")
         if y.ndim != 1 or len(y) != len(x):
             raise DataError(
                 f"'{label_path}' holds labels of shape {y.shape} for {len(x)} images in '{image_path.name}'; "
                 "the files do not belong together"
             )
         if y.dtype.kind not in "iu":
-            raise DataError(f"'{label_path}' holds {y.dtype} labels, expected integers")
+            raise DataError(f"'{label_path}' holds {y.dtype.name} labels, expected integers")
         images.append(x)
         labels.append(_check_labels(y.astype(np.int64) - label_shift, classes, label_path))
     pixels = torch.from_numpy(np.concatenate(images).astype(np.float32)).div_(255.0).sub_(mean).div_(std)
@@ -272,7 +272,7 @@ class _Cifar(DatasetSource):
             except (ValueError, TypeError, OverflowError, RecursionError):
                 raise DataError(f"'{path}' holds data or labels that are not arrays of numbers; {REDOWNLOAD}") from None
             if labels.dtype.kind not in "iu":
-                raise DataError(f"'{path}' holds labels of type {labels.dtype}, expected integers")
+                raise DataError(f"'{path}' holds labels of type {labels.dtype.name}, expected integers")
             if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
                 raise DataError(f"'{path}' holds data of shape {data.shape} ({data.dtype}), expected (N, 3072) uint8")
             if labels.shape != (len(data),):
@@ -438,7 +438,8 @@ def _int_labels(ys: list[Any], path: Path) -> np.ndarray:
 
 def _float_rows(xs: list[Any], width: int | None, path: Path) -> np.ndarray:
     try:
-        rows = np.asarray(xs, dtype=np.float32)
+        with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, refused below
+            rows = np.asarray(xs, dtype=np.float32)
     except (TypeError, ValueError, OverflowError):
         raise DataError(f"'{path}' holds inputs that are not equal-length lists of numbers") from None
     if rows.ndim != 2 or (width is not None and rows.shape[1] != width):
