@@ -193,7 +193,8 @@ def download(url: str, dest: Path, sha256: str | None = None, timeout: float = 6
                 shutil.copyfileobj(response, out, 1 << 20)
         except (OSError, ValueError, http.client.HTTPException) as err:
             raise DataError(
-                f"cannot download '{url}' ({err}); check the network, or put '{dest.name}' in '{dest.parent}' yourself"
+                f"cannot download '{url}' ({one_line(err)}); check the network, or put '{dest.name}' in "
+                f"'{dest.parent}' yourself"
             ) from None
         expected = {a: v.lower() for a, v in (("md5", md5), ("sha256", sha256)) if v is not None}
         found = digests(tmp, expected) if expected else {}
@@ -224,8 +225,8 @@ def fetch(remote: RemoteFile, folder: Path, timeout: float = 60) -> Path:
 
 
 def _data_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    """tarfile's "data" filter (no absolute paths, no ``..``, no links out, no devices), and never a checksum
-    record (`fedhet.data.checksums.RECORD`): an archive must not vouch for the files it brings."""
+    """tarfile's "data" filter (absolute names made relative; no ``..``, links out of `dest` or devices), and never
+    a checksum record (`fedhet.data.checksums.RECORD`): an archive must not vouch for the files it brings."""
     if member.name.rsplit("/", 1)[-1] == RECORD:
         return None
     return tarfile.data_filter(member, dest)
