@@ -106,7 +106,9 @@ class Engine:
         if self.device.type != "cpu" and backend == "sequential":
             raise ConfigError("backend 'sequential' runs on the CPU only: use 'auto', 'dense' or 'vectorised' on a GPU")
         self._placed: dict[str, ClientData] = {}  # the data on `device`, moved once
-        if model.vmap_failure is None and backend in ("auto", "vectorised"):
+        # dense networks always vectorise; probing costs vmap's first use (seconds), so only the others are probed
+        may_vmap = backend == "vectorised" or (backend == "auto" and dense_layers(model) is None)
+        if model.vmap_failure is None and may_vmap:
             model.vmap_failure = vmap_failure(model, data.train)
             if model.vmap_failure is not None and backend == "auto":
                 warnings.warn(
