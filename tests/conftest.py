@@ -19,6 +19,10 @@ from fedhet.engine.plan import LocalPlan
 from fedhet.engine.step import Cohort, fresh_cohort
 from fedhet.strategies.base import LocalSettings, ServerContext
 
+# One torch thread for the whole suite: the tests' models are small (one thread is as fast) and a team of OpenMP
+# threads slows a busy machine down by an order of magnitude; tests of thread-dependent choices set it themselves.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def digits() -> Dataset:
