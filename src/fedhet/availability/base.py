@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from pydantic import ConfigDict, Field, PrivateAttr
@@ -11,6 +11,9 @@ from torch import Tensor
 from fedhet.engine.engine import Engine
 from fedhet.registry import Component, Registry
 from fedhet.seeding import torch_gen
+
+if TYPE_CHECKING:
+    from fedhet.attacks.base import Attack
 
 
 class Availability(Component):
@@ -30,6 +33,10 @@ class Availability(Component):
     def available(self, round_: int) -> Tensor:
         """A (K,) bool mask of the clients online in `round_`."""
         raise NotImplementedError
+
+    def attach_attack(self, attack: Attack) -> None:
+        """Told the run's attack after setup (MaxFL's opt-in pool takes attackers that always opt in)."""
+        del attack
 
     def observe(self, round_: int, engine: Engine, params: Tensor) -> None:
         """Told the global model after round `round_` (0-based); processes whose availability depends on

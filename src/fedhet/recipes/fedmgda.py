@@ -30,6 +30,9 @@ the paper or the framework forced one (see also the module docs of the strategie
   paper's μ is passed as 2μ.
 - q-FedAvg uses F_k = mean loss × number of local mini-batches (``loss: batch_sum``), the authors' convention on
   which its q, L and the bias levels 1000–10000 were chosen; AFL uses the mean loss (bias 0.01–1).
+- q-FedAvg's L is always given: L = 1 where the paper states it (Fig. 3 left's caption; the authors' Figure 4
+  scripts), and L = 1 where it does not (Table 7, Fig. 2 right), the authors' code default
+  (``--Lipschitz_constant 1.0``). fedhet's own default, Li et al.'s L = 1/η_l, would be 20 on the embedded data.
 - The box centre λ0 is uniform over the sampled clients (authors' code); FedAvg is uniform-weighted to match.
 """
 
@@ -89,6 +92,7 @@ def fedprox(mu: float) -> dict[str, Any]:
 
 
 def qfedavg(q: float, lipschitz: float) -> dict[str, Any]:
+    """q-FedAvg on the authors' "non-averaged total" loss, with the paper's L (explicit: fedhet's default is 1/η_l)."""
     return {"name": "qffl", "q": q, "lipschitz": lipschitz, "loss": "batch_sum"}
 
 
@@ -190,7 +194,7 @@ FAIRNESS_METHODS: dict[str, dict[str, Any]] = {
     "FedAvg": {"algorithm": FEDAVG},
     "FedAvg-n (η=1.5, decay 0.1)": {"algorithm": fedavg_n(1.5, 0.1)},
     "FedProx (μ=0.01)": {"algorithm": fedprox(0.01)},
-    "q-FedAvg (q=0.5, L=1)": {"algorithm": qfedavg(0.5, 1.0)},
+    "q-FedAvg (q=0.5, L=1)": {"algorithm": qfedavg(0.5, 1.0)},  # Fig. 3 left's caption: q = 0.5, L = 1.0
 }
 
 
@@ -227,7 +231,7 @@ def improved() -> Recipe:
         "FedMGDA+ (η=1, decay 0.1)": {"algorithm": mgda_plus(1.0, 0.1)},
         "FedProx (μ=0.1)": {"algorithm": fedprox(0.1)},
         "MGDA-Prox (η=1, decay 0.1, μ=0.1)": {"algorithm": mgda_plus(1.0, 0.1, prox=0.1)},
-        "q-FedAvg (q=0.5, L=1)": {"algorithm": qfedavg(0.5, 1.0)},
+        "q-FedAvg (q=0.5, L=1)": {"algorithm": qfedavg(0.5, 1.0)},  # the authors' Figure 4 scripts
     }
     every_round = {"eval_every": 1, "metrics": [{"name": "improved_users", "span": 50}]}
     return FedMGDARecipe(
@@ -282,6 +286,7 @@ def bias(value: float) -> dict[str, Any]:
 ALONE = "attacked client alone"  # FedAvg over a cohort of one that the attacker always takes
 AFL_BIAS = (0.0, 0.01, 0.1, 1.0)  # on the mean loss (Table 7)
 QFFL_BIAS = (0.0, 1000.0, 5000.0, 10000.0)  # on the mean loss × mini-batches (Table 7)
+QFFL_L = 1.0  # Table 7 and Fig. 2 right do not state L: the authors' code default (--Lipschitz_constant 1.0)
 
 
 def bias_methods() -> dict[str, dict[str, Any]]:
@@ -291,7 +296,7 @@ def bias_methods() -> dict[str, dict[str, Any]]:
         methods[f"AFL, bias {value:g}"] = {"algorithm": afl(0.5, 1.0), "attack": bias(value)}
     for q in (5.0, 2.0, 0.1):
         for value in QFFL_BIAS:
-            methods[f"q-FedAvg q={q:g}, bias {value:g}"] = {"algorithm": qfedavg(q, 1.0), "attack": bias(value)}
+            methods[f"q-FedAvg q={q:g}, bias {value:g}"] = {"algorithm": qfedavg(q, QFFL_L), "attack": bias(value)}
     for value in (0.0, 10000.0):
         methods[f"FedMGDA+, bias {value:g}"] = {"algorithm": mgda_plus(1.0, 1 / 3), "attack": bias(value)}
     methods[ALONE] = {"algorithm": FEDAVG, "attack": {**bias(0.0), "always_participate": True}}
@@ -352,8 +357,8 @@ def scaling_methods() -> dict[str, dict[str, Any]]:
     plain = {
         "FedAvg": {"algorithm": FEDAVG},
         "FedProx (μ=0.01)": {"algorithm": fedprox(0.01)},
-        "q-FedAvg (q=0.5, L=1)": {"algorithm": qfedavg(0.5, 1.0)},
-        "q-FedAvg (q=2, L=1)": {"algorithm": qfedavg(2.0, 1.0)},
+        "q-FedAvg (q=0.5, L=1)": {"algorithm": qfedavg(0.5, QFFL_L)},
+        "q-FedAvg (q=2, L=1)": {"algorithm": qfedavg(2.0, QFFL_L)},
         "FedMGDA+ (η=1, decay 0.1)": {"algorithm": mgda_plus(1.0, 0.1)},
         "FedAvg-n (η=1, decay 0.1)": {"algorithm": fedavg_n(1.0, 0.1)},
         "MGDA-Prox (η=1, decay 0.1, μ=0.1)": {"algorithm": mgda_plus(1.0, 0.1, prox=0.1)},
