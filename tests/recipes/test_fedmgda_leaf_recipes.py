@@ -99,7 +99,6 @@ class Captured:
 
         def save(fig: Any, ax: Axes, out: Path, legend: bool = True) -> Path:
             self.axes[out.name] = ax
-            self.legends = legend
             return real(fig, ax, out, legend)
 
         monkeypatch.setattr(fedhet.report.plots, "save_figure", save)
