@@ -31,6 +31,12 @@ class Availability(Component):
         """A (K,) bool mask of the clients online in `round_`."""
         raise NotImplementedError
 
+    def always_in(self, clients: Tensor) -> None:
+        """Clients (a (K,) bool mask) that are in the pool of every round whatever the process would say:
+        attackers that always opt in (`fedhet.attacks`), for processes whose pool clients join themselves
+        (MaxFL's appeal-driven participation). Default: ignored."""
+        del clients
+
     def observe(self, round_: int, engine: EngineProtocol, params: Tensor) -> None:
         """Told the global model after round `round_` (0-based); processes whose availability depends on
         the model (MaxFL's appeal-driven opt-in/out) update themselves here."""

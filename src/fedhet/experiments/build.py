@@ -149,6 +149,7 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     strategy.setup(ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack))
     availability = parts.availability
     availability.setup(data.num_clients, config.seed)
+    availability.always_in(parts.attack.opted_in())
     for plugin in parts.metrics:
         plugin.setup(engine, config.seed)
     return Experiment(config, data, engine, strategy, availability, parts.metrics)

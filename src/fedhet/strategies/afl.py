@@ -15,9 +15,12 @@ loss of its local training (``local``, the authors' code). Proj_Δ is the sort-b
 (Wang & Carreira-Perpiñán 2013).
 
 AFL's output is the *average* of the iterates, w̄_T = (1/T) Σ_{t=1..T} w_t (Mohri et al., Stochastic-AFL; the
-FedMGDA+ authors' code): with ``output: average`` (default) that average is what the run evaluates and reports,
-while training continues from the last iterate; ``output: last`` reports the last iterate (use it with the
-``improved_users`` metric, which compares consecutive iterates).
+FedMGDA+ authors' code, which averages the models after each round): with ``output: average`` (default) that
+average is what the run evaluates and reports, while training continues from the last iterate; ``output: last``
+reports the last iterate (use it with the ``improved_users`` metric, which compares consecutive iterates). The
+average leaves out the initial model w⁰; ``average_initial: true`` includes it, w̄_T = (1/(T+1)) Σ_{t=0..T} w_t,
+as FLGo's AFL does (its running mean starts from the initial model). The two differ by (w⁰ − w̄_T)/(T + 1), a
+difference that fades as 1/T.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class AFL(Strategy):
     lambda_lr: float = Field(0.1, ge=0, description="γ_λ: step size of the ascent on λ")
     loss_at: Literal["global", "local"] = Field("global", description="F_k at the received model or during training")
     output: Literal["average", "last"] = Field("average", description="report the average of the iterates or the last")
+    average_initial: bool = Field(False, description="include the initial model w⁰ in the average (FLGo's choice)")
 
     _lambda: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     _losses: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0))
@@ -87,6 +91,8 @@ class AFL(Strategy):
         gradient = torch.zeros_like(self._lambda)
         gradient[clients] = scale * losses.double()
         self._lambda = project_simplex(self._lambda + self.lambda_lr * gradient)
+        if self._count == 0 and self.average_initial:  # global_params is w⁰ in the first round
+            self._average, self._count = global_params.double().clone(), 1
         self._count += 1
         if self._count == 1:
             self._average = new.double().clone()

@@ -116,6 +116,45 @@ def test_optimal_steps_minimise_the_wasserstein_distance() -> None:
     assert float(gsnr_ratio(big_l, big_m, big_n)) == pytest.approx(cos / math.sqrt(1 - cos**2), rel=1e-9)
 
 
+def test_clients_with_fewer_than_b_samples_use_their_own_batch_in_m_and_n() -> None:
+    """A client with n_k < B trains on mini-batches of b_k = n_k: its n steps are 𝒩(nημ_k, n²η²Σ_k/b_k), the
+    global step 𝒩(ημ_g, η²Σ_g/B). Theorem 3.7's proof with the two batch sizes: n = M/N with
+    M = μ_kᵀμ_g + Σ√(v_k v_g)/√(B b_k), N = ‖μ_k‖² + Σv_k/b_k, L unchanged; b_k = B gives the paper's terms."""
+    gen = torch.Generator().manual_seed(2)
+    mu_g = torch.randn(30, generator=gen).double()
+    mu_l = (torch.randn(2, 30, generator=gen).double() + mu_g) / 2
+    v_l, v_g = torch.rand(2, 30, generator=gen).double(), torch.rand(30, generator=gen).double()
+    batch, own = 16, torch.tensor([5.0, 16.0], dtype=torch.float64)
+    big_l, big_m, big_n = gsnr_terms(mu_l, v_l, mu_g, v_g, batch, own)
+    grid = torch.linspace(0, 3, 30001, dtype=torch.float64)
+    for k in range(2):
+        d2 = ((mu_g - grid[:, None] * mu_l[k]) ** 2).sum(1) + (
+            ((v_g / batch).sqrt() - grid[:, None] * (v_l[k] / own[k]).sqrt()) ** 2
+        ).sum(1)
+        n_k = optimal_steps(big_m, big_n)[k]
+        assert float(grid[d2.argmin()]) == pytest.approx(float(n_k), abs=2e-4)
+        assert float(d2.min()) == pytest.approx(float(min_distance(big_l, big_m, big_n)[k]), rel=1e-6)
+    paper = gsnr_terms(mu_l[1:], v_l[1:], mu_g, v_g, batch)  # b_k = B: the paper's formulas
+    torch.testing.assert_close(
+        torch.stack([t.reshape(-1)[-1] for t in paper]), torch.stack([big_l, big_m[1], big_n[1]])
+    )
+
+
+def test_wrapper_caps_each_clients_batch_at_its_sample_count() -> None:
+    """B = 4 on the hand problem (clients of 3 and 2 samples): the statistics use all their samples, and client 0's
+    M and N use b_0 = 3 (`client_batch: actual`), or B = 4 as the formulas read literally (`configured`)."""
+    engine = hand_problem()
+    m_actual = 0.1 + 2 * math.sqrt(1.5 * 1.14) / math.sqrt(4 * 3)
+    m_configured = 0.1 + 2 * math.sqrt(1.5 * 1.14) / 4
+    for mode, n_expected in (("actual", m_actual / (0.5 + 3 / 3)), ("configured", m_configured / (0.5 + 3 / 4))):
+        strategy = GSNR(base="fedavg", samples=4, client_batch=mode)
+        strategy.setup(make_context(engine, steps=5, lr=0.1, batch=4, m=2))
+        strategy.configure(0, torch.tensor([0, 1]), torch.zeros(2))
+        n_opt = strategy.last_allocation()["n_opt"]
+        assert float(n_opt[0]) == pytest.approx(n_expected) and float(n_opt[1]) == 0.0
+    assert m_actual / 1.5 != pytest.approx(m_configured / 1.25)
+
+
 def test_identical_statistics_give_one_step_and_a_large_finite_gsnr() -> None:
     mu, v = torch.tensor([[0.3, -0.2]]), torch.tensor([[0.5, 0.1]])
     big_l, big_m, big_n = gsnr_terms(mu, v, mu[0], v[0], 4)

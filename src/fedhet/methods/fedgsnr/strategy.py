@@ -12,6 +12,17 @@ r_k = max(0, M_k/√(N_k L − M_k²)) (Definition 4.1), and the steps E_k = N·
 redistribution of the baseline's N·E_const steps). Clients with no steps are left out of the aggregation; the base
 strategy re-normalises its weights over the clients it is given (Algorithm 1's p̃).
 
+A client with fewer than B samples (n_k < B) measures its statistics on all n_k of them and trains on
+mini-batches of b_k = min(B, n_k) (the engine's batches never exceed a client's data). B in Theorem 3.7 is the
+size of the mini-batch whose gradient one step takes (Lemma 3.2: a step's gradient is the mean of B iid
+per-sample gradients, covariance Σ/B), so such a client's n local steps are 𝒩(nη μ_k, n²η² Σ_k/b_k) while the
+global step keeps Σ_g/B. Redoing the proof of Theorem 3.7 (App. B.3) with the two batch sizes gives
+
+    L = ‖g̃‖² + Σ v/B,   M_k = g̃_kᵀg̃ + Σ √(v_k ⊙ v)/√(B b_k),   N_k = ‖g̃_k‖² + Σ v_k/b_k,
+
+the paper's formulas when b_k = B (``client_batch: actual``, the default). ``client_batch: configured`` uses B for
+every client, as the paper's formulas read literally (and as fedhet did before).
+
 The maths are small pure functions; `GSNR` wraps a base strategy (FedAvg, FedProx, SCAFFOLD, FedNova, ...) and
 changes only the number of local steps, as the paper describes ("we just change the number of local updates").
 """
@@ -48,17 +59,25 @@ def global_statistics(means: Tensor, variances: Tensor, weights: Tensor) -> tupl
 
 
 def gsnr_terms(
-    local_mean: Tensor, local_var: Tensor, global_mean: Tensor, global_var: Tensor, batch: int
+    local_mean: Tensor,
+    local_var: Tensor,
+    global_mean: Tensor,
+    global_var: Tensor,
+    batch: int,
+    local_batch: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """L = ‖R_g‖²_F, M_k = ⟨R_k, R_g⟩_F, N_k = ‖R_k‖²_F of §4 with diagonal covariances (float64).
 
-    tr((Σ_l Σ_g)^{1/2}) is Σ_i √(v_l,i v_g,i) for diagonal Σ. Returns L () and M, N (m,).
+    tr((Σ_l Σ_g)^{1/2}) is Σ_i √(v_l,i v_g,i) for diagonal Σ. `local_batch` (m,): each client's own mini-batch
+    size b_k (default `batch` for all): R_k holds (Σ_k/b_k)^{1/2}, so M_k divides by √(B b_k) and N_k by b_k
+    (module docs). Returns L () and M, N (m,).
     """
     mu_l, v_l = local_mean.double(), local_var.double().clamp_min(0)
     mu_g, v_g = global_mean.double(), global_var.double().clamp_min(0)
+    b_k = torch.full((len(mu_l),), float(batch), dtype=torch.float64) if local_batch is None else local_batch.double()
     big_l = mu_g @ mu_g + v_g.sum() / batch
-    big_m = mu_l @ mu_g + torch.sqrt(v_l * v_g.unsqueeze(0)).sum(1) / batch
-    big_n = (mu_l**2).sum(1) + v_l.sum(1) / batch
+    big_m = mu_l @ mu_g + torch.sqrt(v_l * v_g.unsqueeze(0)).sum(1) / torch.sqrt(batch * b_k)
+    big_n = (mu_l**2).sum(1) + v_l.sum(1) / b_k
     return big_l, big_m, big_n
 
 
@@ -127,10 +146,13 @@ def allocation_entropy(n_opt: Tensor) -> float:
     return float(-(p * p.log()).sum())
 
 
-def client_gsnr(means: Tensor, variances: Tensor, weights: Tensor, batch: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Everything from the uploaded statistics: (n₁^opt, r, Δ²) per client (float64 (m,) each)."""
+def client_gsnr(
+    means: Tensor, variances: Tensor, weights: Tensor, batch: int, local_batch: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Everything from the uploaded statistics: (n₁^opt, r, Δ²) per client (float64 (m,) each); `local_batch`
+    as in `gsnr_terms`."""
     g, v = global_statistics(means, variances, weights)
-    big_l, big_m, big_n = gsnr_terms(means, variances, g, v, batch)
+    big_l, big_m, big_n = gsnr_terms(means, variances, g, v, batch, local_batch)
     return optimal_steps(big_m, big_n), gsnr_ratio(big_l, big_m, big_n), min_distance(big_l, big_m, big_n)
 
 
@@ -166,6 +188,9 @@ class GSNR(Strategy):
     max_steps: int = Field(0, ge=0, description="E_max with allocation=proportional (0: none)")
     min_steps: int = Field(0, ge=0, description="E_min for clients with n_opt > 0 with allocation=proportional")
     weighting: Literal["samples", "uniform"] = Field("samples", description="p_k in eqs. (8)–(9)")
+    client_batch: Literal["actual", "configured"] = Field(
+        "actual", description="b_k in M_k, N_k: min(B, n_k), the client's own mini-batch (actual), or B for all"
+    )
 
     _base: Strategy | None = PrivateAttr(None)
     _last: dict[str, Tensor] = PrivateAttr(default_factory=dict)
@@ -225,8 +250,11 @@ class GSNR(Strategy):
         plan = self.inner.configure(round_, clients, global_params)
         samples = self.samples or plan.batch_size
         means, variances = measure(self.ctx, global_params, clients, samples, round_)
-        weights = fedavg_weights(self.ctx.train_sizes[clients], self.weighting)
-        n_opt, r, _ = client_gsnr(means, variances, weights, self.batch or plan.batch_size)
+        sizes = self.ctx.train_sizes[clients]
+        weights = fedavg_weights(sizes, self.weighting)
+        batch = self.batch or plan.batch_size
+        local_batch = sizes.clamp(min=1, max=batch) if self.client_batch == "actual" else None
+        n_opt, r, _ = client_gsnr(means, variances, weights, batch, local_batch)
         plan.steps = self.allocate(n_opt, plan.steps).to(plan.steps.dtype)
         self._last = {"clients": clients, "n_opt": n_opt, "gsnr": r, "steps": plan.steps}
         return plan

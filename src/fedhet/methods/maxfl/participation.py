@@ -7,6 +7,10 @@ in it, all of them train (the cohort is smaller, nobody is drafted from outside 
 trains nobody and the model stays as it is. An empty pool is therefore final: the model no longer changes, so no
 client's appeal changes either, and the run goes on to its last round with the model it had (``available`` and
 ``participants`` are 0 in metrics.csv). The pool size is logged every round (``available``).
+
+Malicious clients opt in like everyone else, on their honest training loss (they lie only in the losses they
+report), unless the attack says ``opt_in: always``: then they are in the pool after every round whatever their
+loss (`fedhet.attacks.base.Attack.opted_in`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class AppealParticipation(Availability, UsesRequirements):
     split: Literal["train", "test"] = "train"
 
     _pool: Tensor | None = PrivateAttr(None)
+    _always: Tensor | None = PrivateAttr(None)  # clients in the pool whatever their loss (attackers)
 
     def available(self, round_: int) -> Tensor:
         if round_ < self.mandatory_rounds or self._pool is None:
@@ -40,6 +45,11 @@ class AppealParticipation(Availability, UsesRequirements):
         if round_ + 1 >= self.mandatory_rounds:
             losses = engine.scores(params, self.split).loss
             self._pool = losses < self.requirements.rho
+            if self._always is not None and bool(self._always.any()):
+                self._pool = self._pool | self._always.to(self._pool.device)
+
+    def always_in(self, clients: Tensor) -> None:
+        self._always = clients.clone() if bool(clients.any()) else None
 
     def state_dict(self) -> dict[str, Any]:
         return {"pool": self._pool}
