@@ -6,14 +6,26 @@ The module imports register the components (side effects); ruff's F401 is switch
 from fedhet.attacks.base import ATTACKS
 from fedhet.availability import appeal, markov
 from fedhet.availability.base import AVAILABILITY
-from fedhet.data import cafed_synthetic, embedded, partition, real, shakespeare_text
+from fedhet.data import (
+    arrays,
+    cafed_synthetic,
+    embedded,
+    huggingface,
+    images,
+    memory,
+    partition,
+    real,
+    shakespeare_text,
+    tables,
+    torchvision_source,
+)
 from fedhet.data.partition import PARTITIONERS
 from fedhet.data.sources import DATASETS
 from fedhet.metrics import appeal as appeal_metrics
 from fedhet.metrics import availability, contribution, fairness, speed
 from fedhet.metrics.base import METRIC_PLUGINS
 from fedhet.models import fedmgda as fedmgda_models
-from fedhet.models import zoo
+from fedhet.models import torch_model, zoo
 from fedhet.models.base import MODELS
 from fedhet.strategies import (
     adafed,
