@@ -95,7 +95,7 @@ def test_object_path_round_trips(tmp_path: Path, clean_path: None) -> None:
     ],
 )
 def test_bad_specs_are_one_line_config_errors(spec: str, message: str) -> None:
-    with pytest.raises(ConfigError, match="^[^\n]+$") as err:
+    with pytest.raises(ConfigError, match=r"^[^\n]+$") as err:
         load_object(spec)
     assert message in str(err.value)
 

@@ -60,7 +60,7 @@ def _from_python(key: str, value: Any) -> Any:
             return {**value, "target": hold_model(value["target"])}
         if isinstance(value, nn.Module) or callable(value):
             return {"name": "torch", "target": hold_model(value)}
-        raise ConfigError(f"'model' must be a name, a mapping, an nn.Module or a class/function building one")
+        raise ConfigError("'model' must be a name, a mapping, an nn.Module or a class/function building one")
     return value
 
 
@@ -221,9 +221,7 @@ def run(
     clients = []
     if state.client_columns:
         k = len(next(iter(state.client_columns.values())))
-        clients = [
-            {"client": float(i), **{c: float(v[i]) for c, v in state.client_columns.items()}} for i in range(k)
-        ]
+        clients = [{"client": float(i), **{c: float(v[i]) for c, v in state.client_columns.items()}} for i in range(k)]
     return RunResult(
         config=resolved_config(cfg),
         status=state.status,

@@ -109,7 +109,7 @@ def load_object(spec: str) -> Any:
     if not sep or not where or not attr:
         raise ConfigError(f"'{spec}' must look like 'package.module:Name' or 'path/to/file.py:Name'")
     obj: Any = import_module_or_file(where)
-    walked = []
+    walked: list[str] = []
     for part in attr.split("."):
         if not hasattr(obj, part):
             options = [n for n in dir(obj) if not n.startswith("_")]

@@ -121,7 +121,9 @@ def test_bad_array_files(tmp_path: Path) -> None:
     fails("is not a NumPy .npz file", path=str(tmp_path / "junk.npz"))
     np.save(tmp_path / "obj.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
     np.save(tmp_path / "y.npy", np.array([0, 1]))
-    fails("holds Python objects, which fedhet does not unpickle", x=str(tmp_path / "obj.npy"), y=str(tmp_path / "y.npy"))
+    fails(
+        "holds Python objects, which fedhet does not unpickle", x=str(tmp_path / "obj.npy"), y=str(tmp_path / "y.npy")
+    )
     write_npz(tmp_path / "ragged.npz", x=np.array([[1.0, 2.0], [3.0, 4.0]]), y=np.array([0, 1, 2]))
     fails("3 labels for 2 samples", path=str(tmp_path / "ragged.npz"))
     np.save(tmp_path / "one.npy", np.zeros(3))

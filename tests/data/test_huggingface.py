@@ -58,7 +58,7 @@ def test_saved_dataset_dict_with_images(images_on_disk: Path) -> None:
     assert data.x.shape == (9, 1, 5, 4) and data.num_classes == 4  # from the ClassLabel, not the labels seen
     assert data.y.tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2]
     assert data.users is not None and data.users.tolist() == [0, 1, 0, 1, 0, 1, 0, 1, 0]
-    assert 0.0 <= float(data.x.min()) and float(data.x.max()) <= 1.0
+    assert float(data.x.min()) >= 0.0 and float(data.x.max()) <= 1.0
     assert hf(path=str(images_on_disk), split="test", size=[3, 3], features=["img"]).x.shape == (3, 3, 3, 3)
 
 
@@ -86,8 +86,10 @@ def test_a_dataset_in_the_local_cache_by_hub_name(tmp_path: Path) -> None:
     offline_before = datasets.config.HF_HUB_OFFLINE
     data = hf(hub="someone/toy", cache_dir=str(cache), split=["train", "test"])
     assert data.x.tolist() == [[1, 2], [3, 4], [5, 6], [7, 8]] and data.y.tolist() == [0, 1, 1, 0]
-    assert datasets.config.HF_HUB_OFFLINE == offline_before  # offline only while fedhet reads the cache
-    with pytest.raises(DataError, match="'someone/other' is not in the local Hugging Face cache; rerun with --download"):
+    assert offline_before == datasets.config.HF_HUB_OFFLINE  # offline only while fedhet reads the cache
+    with pytest.raises(
+        DataError, match="'someone/other' is not in the local Hugging Face cache; rerun with --download"
+    ):
         hf(hub="someone/other", cache_dir=str(cache))
 
 

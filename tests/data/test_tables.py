@@ -84,7 +84,11 @@ def test_parquet_gives_the_same_dataset_as_csv(tmp_path: Path) -> None:
         ([HEADER, *ROWS], {"label": "lable"}, "has no label column 'lable' (did you mean 'label'?); its columns:"),
         ([HEADER, *ROWS], {"label": "label", "user": "whom"}, "has no user column 'whom'"),
         ([HEADER, *ROWS], {"label": "label", "features": ["age", "weight"]}, "has no feature column 'weight'"),
-        ([HEADER, *ROWS], {"label": "label"}, "column 'colour' is not numeric (e.g. 'red'); list it under 'categorical'"),
+        (
+            [HEADER, *ROWS],
+            {"label": "label"},
+            "column 'colour' is not numeric (e.g. 'red'); list it under 'categorical'",
+        ),
         (
             [HEADER, *ROWS],
             {"label": "label", "features": ["age"], "categorical": ["colour"]},
@@ -100,7 +104,9 @@ def test_parquet_gives_the_same_dataset_as_csv(tmp_path: Path) -> None:
         ([["f", "y"], ["inf", "a"], [1, "b"]], {"label": "y"}, "infinite feature value"),
     ],
 )
-def test_bad_tables_are_one_line_errors(tmp_path: Path, rows: list[list[Any]], spec: dict[str, Any], message: str) -> None:
+def test_bad_tables_are_one_line_errors(
+    tmp_path: Path, rows: list[list[Any]], spec: dict[str, Any], message: str
+) -> None:
     path = write_csv(tmp_path / "bad.csv", rows)
     with pytest.raises(DataError, match=ONE_LINE) as err:
         table(path, **spec)
@@ -108,10 +114,10 @@ def test_bad_tables_are_one_line_errors(tmp_path: Path, rows: list[list[Any]], s
 
 
 def test_bad_files(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="no such file or folder 'nope.csv'"):
+    with pytest.raises(DataError, match=r"no such file or folder 'nope.csv'"):
         table(Path("nope.csv"), label="y")
     (tmp_path / "t.xlsx").write_text("x")
-    with pytest.raises(DataError, match="unknown file type '.xlsx'; use .csv, .tsv or .parquet"):
+    with pytest.raises(DataError, match=r"unknown file type '.xlsx'; use .csv, .tsv or .parquet"):
         table(tmp_path / "t.xlsx", label="y")
     (tmp_path / "t.parquet").write_text("not parquet")
     with pytest.raises(DataError, match="is not a readable Parquet file"):

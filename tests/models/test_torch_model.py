@@ -166,7 +166,7 @@ def test_objects_from_python_are_held_or_named_by_path() -> None:
     ],
 )
 def test_refusals_are_one_line_config_errors(nets: str, name: str, kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match="^[^\n]+$") as err:
+    with pytest.raises(ConfigError, match=r"^[^\n]+$") as err:
         build(nets, name, **kwargs)
     assert re.search(message, str(err.value)), str(err.value)
 
@@ -184,7 +184,7 @@ def test_importing_the_target_does_not_shift_the_seeded_initialisation(tmp_path:
 
 
 def test_a_config_without_target_names_the_key() -> None:
-    with pytest.raises(ConfigError, match="model.target"):
+    with pytest.raises(ConfigError, match=r"model.target"):
         MODELS.build({"name": "torch"}, where="model")
 
 

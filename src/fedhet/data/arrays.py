@@ -102,8 +102,8 @@ def check_labels(y: ArrayLike, n: int, what: str, num_classes: int | None = None
         if bad.any():
             row = int(np.argmax(bad))
             raise DataError(
-                f"{what}: label {float(arr[row]):g} (row {row}) is not a class; labels must be integer class ids or names "
-                "(fedhet trains classifiers)"
+                f"{what}: label {float(arr[row]):g} (row {row}) is not a class; labels must be integer class ids "
+                "or names (fedhet trains classifiers)"
             )
     ids = arr.astype(np.int64)
     if ids.min() < 0:
@@ -175,7 +175,9 @@ def _read_npy(path: Path, what: str) -> np.ndarray:
         return np.asarray(np.load(path, allow_pickle=False))
     except ValueError as err:
         if "allow_pickle" in str(err) or "Object arrays" in str(err):
-            raise DataError(f"{what}: '{path}' holds Python objects, which fedhet does not unpickle; save numbers") from None
+            raise DataError(
+                f"{what}: '{path}' holds Python objects, which fedhet does not unpickle; save numbers"
+            ) from None
         raise DataError(f"{what}: '{path}' is not a NumPy file ({str(err).splitlines()[0]})") from None
     except (OSError, EOFError) as err:
         raise DataError(f"{what}: cannot read '{path}' ({str(err).splitlines()[0]})") from None

@@ -131,7 +131,9 @@ class HuggingFace(DatasetSource):
             if len(columns) > 1:
                 raise DataError(f"{WHAT}: image column '{images[0]}' must be the only feature column")
             pixels = [pil_pixels(image, self.grayscale, self.size) for image in part[images[0]]]
-            return pixels_to_tensor(stack_pixels(pixels, [f"row {i}" for i in range(len(pixels))], WHAT), self.normalize)
+            return pixels_to_tensor(
+                stack_pixels(pixels, [f"row {i}" for i in range(len(pixels))], WHAT), self.normalize
+            )
         blocks = []
         for name in columns:
             try:
@@ -151,7 +153,9 @@ class HuggingFace(DatasetSource):
         wanted = [(self.label, "label"), *((c, "feature") for c in self.features or []), (self.user, "user")]
         for name, role in wanted:
             if name is not None and name not in names:
-                raise DataError(f"{WHAT} has no {role} column '{name}'{closest(name, names)}; it has: {', '.join(names)}")
+                raise DataError(
+                    f"{WHAT} has no {role} column '{name}'{closest(name, names)}; it has: {', '.join(names)}"
+                )
         columns = self.features or [c for c in names if c not in (self.label, self.user)]
         if not columns:
             raise DataError(f"{WHAT} has no feature column (only '{self.label}')")

@@ -104,6 +104,9 @@ class Torchvision(DatasetSource):
         pixels = np.concatenate([a[0] for a in arrays])
         classes = getattr(parts[0], "classes", None)
         labels, num_classes = check_labels(
-            np.concatenate([a[1] for a in arrays]), len(pixels), f"{WHAT} ({self.dataset})", len(classes) if classes else None
+            np.concatenate([a[1] for a in arrays]),
+            len(pixels),
+            f"{WHAT} ({self.dataset})",
+            len(classes) if classes else None,
         )
         return Dataset(self.dataset.lower(), pixels_to_tensor(pixels, self.normalize), labels, num_classes)

@@ -18,10 +18,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from pydantic import Field
 import torch
+from pydantic import Field
 from torch import nn
 
 from fedhet.errors import ConfigError
@@ -72,7 +73,7 @@ def resolve_target(target: str) -> Any:
 def call_factory(factory: Any, kwargs: dict[str, Any], input_shape: tuple[int, ...], num_classes: int) -> Any:
     """Call `factory` with `kwargs`, adding ``input_shape`` and ``num_classes`` when it takes them by name."""
     try:
-        params = inspect.signature(factory).parameters
+        params: Mapping[str, inspect.Parameter] = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         params = {}  # builtins without a signature: call with kwargs only
     given = dict(kwargs)
