@@ -23,12 +23,12 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fedhet import datasets
+    from fedhet import datasets, errors
     from fedhet.api import Callback, Config, RunResult, load_run, run
 
     __version__: str
 
-__all__ = ["Callback", "Config", "RunResult", "__version__", "datasets", "load_run", "run"]
+__all__ = ["Callback", "Config", "RunResult", "__version__", "datasets", "errors", "load_run", "run"]
 
 # Loaded on first use, so that `import fedhet` stays light (no torch, no metadata scan until needed).
 _LAZY = {
@@ -45,8 +45,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    if name == "datasets":
-        return import_module("fedhet.datasets")
+    if name in ("datasets", "errors"):
+        return import_module(f"fedhet.{name}")
     if name == "__version__":
         return package_version()
     raise AttributeError(f"module 'fedhet' has no attribute '{name}'")

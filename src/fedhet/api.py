@@ -97,6 +97,11 @@ class Config(RunConfig):
         """The config in a YAML file (as ``fedhet run CONFIG``)."""
         return cls(**load_yaml(Path(path)))
 
+    def replace(self, **changes: Any) -> Config:
+        """A new, validated config with `changes` (Python objects allowed as in the constructor):
+        ``config.replace(model=Net, rounds=5)``."""
+        return type(self)(**{**self.model_dump(), **changes})
+
     def to_dict(self) -> dict[str, Any]:
         """The config as plain YAML-able values."""
         return self.model_dump(mode="json")
