@@ -156,6 +156,11 @@ def test_an_existing_run_folder_is_kept_unless_overwrite(tmp_path: Path) -> None
     assert fedhet.load_run(tmp_path / "r").rounds == 1
 
 
+def test_progress_shows_a_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    fedhet.run({**SMALL, "rounds": 2}, progress=True)
+    assert "2/2" in capsys.readouterr().out
+
+
 def test_metric_names_a_missing_metric() -> None:
     result = fedhet.run({**SMALL, "rounds": 1})
     with pytest.raises(ConfigError, match=r"no metric 'accuracy' in this run; it has: .*test_accuracy"):

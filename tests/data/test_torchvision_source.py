@@ -126,3 +126,16 @@ def test_without_torchvision_the_error_says_what_to_install(monkeypatch: pytest.
     monkeypatch.setitem(sys.modules, "torchvision", None)  # makes `import torchvision` fail
     with pytest.raises(DataError, match="needs torchvision: pip install torchvision"):
         tv(tmp_path, dataset="MNIST")
+
+
+def test_a_torchvision_that_does_not_load_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torchvision build made for another torch fails at import with a RuntimeError (seen with a CUDA build of
+    torchvision next to the CPU build of torch)."""
+    package = tmp_path / "site" / "torchvision"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "torchvision", raising=False)
+    monkeypatch.delitem(sys.modules, "torchvision.datasets", raising=False)
+    with pytest.raises(DataError, match=r"^[^\n]*torchvision is installed but does not load \(RuntimeError: operator"):
+        tv(tmp_path, dataset="MNIST")

@@ -57,6 +57,12 @@ class Torchvision(DatasetSource):
             import torchvision.datasets as tv
         except ImportError:
             raise DataError(f"{WHAT} needs torchvision: pip install torchvision (matching your torch)") from None
+        except Exception as err:  # e.g. a build made for another torch: "operator torchvision::nms does not exist"
+            first = (str(err).strip().splitlines() or [""])[0]
+            raise DataError(
+                f"{WHAT}: torchvision is installed but does not load ({type(err).__name__}: {first}); "
+                f"install the torchvision release made for torch {torch.__version__.split('+')[0]}"
+            ) from None
         names = [n for n in dir(tv) if n[:1].isupper()]
         if self.dataset not in names:
             raise DataError(f"{WHAT}: torchvision has no dataset '{self.dataset}'{closest(self.dataset, names)}")
