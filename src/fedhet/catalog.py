@@ -6,7 +6,19 @@ The module imports register the components (side effects); ruff's F401 is switch
 from fedhet.attacks.base import ATTACKS
 from fedhet.availability import markov
 from fedhet.availability.base import AVAILABILITY
-from fedhet.data import cafed_synthetic, embedded, partition, real, shakespeare_text
+from fedhet.data import (
+    arrays,
+    cafed_synthetic,
+    embedded,
+    huggingface,
+    images,
+    memory,
+    partition,
+    real,
+    shakespeare_text,
+    tables,
+    torchvision_source,
+)
 from fedhet.data.partition import PARTITIONERS
 from fedhet.data.sources import DATASETS
 from fedhet.engine.objective import TERMS
@@ -16,7 +28,7 @@ from fedhet.methods import cafed, fedgsnr, fedmgda, maxfl
 from fedhet.metrics import fairness, speed
 from fedhet.metrics.base import METRIC_PLUGINS
 from fedhet.models import fedmgda as fedmgda_models
-from fedhet.models import zoo
+from fedhet.models import torch_model, zoo
 from fedhet.models.base import MODELS
 from fedhet.strategies import (
     afl,

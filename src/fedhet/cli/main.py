@@ -29,6 +29,23 @@ err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from fedhet import package_version
+
+        console.print(f"fedhet {package_version()}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", help="print fedhet's version and exit", callback=_print_version, is_eager=True)
+    ] = False,
+) -> None:
+    """Federated learning when clients differ: run, compare and plot experiments."""
+
+
 def friendly(func: F) -> F:
     """Report fedhet errors as one line on stderr with exit code 2 (no traceback)."""
 
