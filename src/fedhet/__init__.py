@@ -22,6 +22,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from fedhet.version import package_version
+
 if TYPE_CHECKING:
     from fedhet import datasets, errors
     from fedhet.api import Callback, Config, RunResult, load_run, run
@@ -50,16 +52,6 @@ def __getattr__(name: str) -> Any:
     if name == "__version__":
         return package_version()
     raise AttributeError(f"module 'fedhet' has no attribute '{name}'")
-
-
-def package_version() -> str:
-    """fedhet's version, from the installed package's metadata."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("fedhet")
-    except PackageNotFoundError:  # a source tree that was never installed
-        return "0+unknown"
 
 
 def __dir__() -> list[str]:

@@ -77,7 +77,6 @@ def test_type_names_by_hand() -> None:
     assert gen.type_name(tuple[int, ...]) == "tuple[int, ...]"
 
 
-@pytest.mark.xfail(strict=True, reason="RunConfig keys without a description (runfolder helper / lead)")
 def test_every_run_key_has_a_description() -> None:
     page = generator().render()
     run_keys = page.split("## Run keys", 1)[1].split("\n## ", 1)[0]

@@ -31,11 +31,28 @@ def test_a_model_vmap_cannot_batch_falls_back_to_sequential_with_a_warning() -> 
     torch.manual_seed(0)
     model = FlatModel(FusedLSTM())
     data = tiny_data([5, 6], dim=3)
-    with pytest.warns(FedhetWarning, match="vmap cannot run this model"):
+    with pytest.warns(FedhetWarning, match="vmap cannot batch this model.*sequential"):
         engine = Engine(model, data)
-    assert model.vmap_failure is not None and engine.backend_for(100) == "sequential"
-    with pytest.raises(ConfigError, match="backend 'vectorised' cannot run this model"):
-        Engine(model, data, backend="vectorised")
+    assert model.vmap_probe is not None and model.vmap_probe.slow is not None
+    assert engine.backend_for(100) == "sequential"
+    with pytest.warns(FedhetWarning, match="the same numbers, but slower"):  # asked for: it runs, slowly
+        assert Engine(model, data, backend="vectorised").backend_for(100) == "vectorised"
+
+
+class ItemNet(nn.Module):
+    """`.item()` inside forward: vmap cannot run it at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(x) * (1.0 + 0.0 * x.sum().item())
+
+
+def test_a_model_vmap_cannot_run_is_refused_by_vectorised_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="backend 'vectorised' cannot run this model .*item"):
+        Engine(FlatModel(ItemNet()), tiny_data([5, 6]), backend="vectorised")
 
 
 def test_models_vmap_can_batch_are_probed_silently() -> None:
@@ -44,4 +61,4 @@ def test_models_vmap_can_batch_are_probed_silently() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Engine(model, tiny_data([5, 6]), backend="vectorised")
-    assert model.vmap_failure is None
+    assert model.vmap_probe is not None and model.vmap_probe.failure is None and model.vmap_probe.slow is None

@@ -234,7 +234,6 @@ def test_sequential_and_vectorised_give_the_same_metrics(nets: str, model: str, 
     assert torch.allclose(seq.params, vec.params, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="engine fallback pending (lead)")
 def test_auto_falls_back_to_sequential_when_vmap_cannot_run_the_model(nets: str) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # `auto` would pick the vectorised backend for this small model and cohort of 10
@@ -246,7 +245,6 @@ def test_auto_falls_back_to_sequential_when_vmap_cannot_run_the_model(nets: str)
     assert state.status == "finished" and 0.0 <= state.final["test_accuracy"] <= 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="engine: FlatModel.has_dropout only sees nn.Dropout (lead)")
 def test_channel_dropout_is_seeded_like_dropout(nets: str) -> None:
     """Dropout2d masks must come from the seeded streams too: the same run twice gives the same numbers, and
     both backends agree (today the sequential runs differ and vmap refuses the unseeded random op)."""
@@ -258,7 +256,8 @@ def test_channel_dropout_is_seeded_like_dropout(nets: str) -> None:
 
 
 def test_the_vectorised_backend_cannot_run_a_model_that_calls_item(nets: str) -> None:
-    """Why the fallback above is needed: vmap refuses `.item()` (sequential runs it)."""
+    """Why the fallback above is needed: vmap refuses `.item()` (sequential runs it); asked for explicitly, the
+    vectorised backend is refused in one line that names the cause."""
     assert small_run(nets, "ItemNet", "sequential").status == "finished"
-    with pytest.raises(RuntimeError, match="item"):
+    with pytest.raises(ConfigError, match="backend 'vectorised' cannot run this model.*item"):
         small_run(nets, "ItemNet", "vectorised")

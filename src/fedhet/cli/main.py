@@ -31,7 +31,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _print_version(value: bool) -> None:
     if value:
-        from fedhet import package_version
+        from fedhet.version import package_version
 
         console.print(f"fedhet {package_version()}", highlight=False)
         raise typer.Exit()

@@ -17,7 +17,7 @@ from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
 from fedhet.engine.state import ClientStore
 from fedhet.engine.step import Cohort, fresh_cohort
-from fedhet.engine.vmap_probe import vmap_failure
+from fedhet.engine.vmap_probe import probe_vmap
 from fedhet.errors import ConfigError, FedhetWarning
 
 BackendChoice = Literal["auto", "sequential", "vectorised", "dense"]
@@ -66,13 +66,14 @@ def resolve_backend(
                 "backend 'dense' cannot run this local objective (a data-space term or a local rule needs "
                 "autograd); use backend 'auto', 'vectorised' or 'sequential'"
             )
-    if choice == "vectorised" and model.vmap_failure is not None:
-        raise ConfigError(f"backend 'vectorised' cannot run this model ({model.vmap_failure}); use 'sequential'")
+    probe = model.vmap_probe
+    if choice == "vectorised" and probe is not None and probe.failure is not None:
+        raise ConfigError(f"backend 'vectorised' cannot run this model ({probe.failure}); use 'sequential'")
     if choice != "auto":
         return choice
     if dense_layers(model) is not None and not autograd_only:
         return "dense"
-    if model.vmap_failure is not None:
+    if probe is not None and (probe.failure or probe.slow):
         return "sequential"
     if device is not None and device.type != "cpu":
         return "vectorised"
@@ -108,12 +109,21 @@ class Engine:
         self._placed: dict[str, ClientData] = {}  # the data on `device`, moved once
         # dense networks always vectorise; probing costs vmap's first use (seconds), so only the others are probed
         may_vmap = backend == "vectorised" or (backend == "auto" and dense_layers(model) is None)
-        if model.vmap_failure is None and may_vmap:
-            model.vmap_failure = vmap_failure(model, data.train)
-            if model.vmap_failure is not None and backend == "auto":
+        if model.vmap_probe is None and may_vmap:
+            model.vmap_probe = probe_vmap(model, data.train)
+        if model.vmap_probe is not None and may_vmap:
+            reason = model.vmap_probe.failure or model.vmap_probe.slow
+            if reason is not None and backend == "auto":
                 warnings.warn(
-                    f"torch.func.vmap cannot run this model ({model.vmap_failure}); backend 'auto' trains clients "
-                    "one after another (sequential)",
+                    f"torch.func.vmap cannot batch this model ({reason}); backend 'auto' trains clients one after "
+                    "another (sequential)",
+                    FedhetWarning,
+                    stacklevel=2,
+                )
+            elif model.vmap_probe.slow is not None:
+                warnings.warn(
+                    f"backend 'vectorised' runs this model through vmap's per-sample fallback ({reason}): the same "
+                    "numbers, but slower than backend 'sequential'",
                     FedhetWarning,
                     stacklevel=2,
                 )

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
+
+if TYPE_CHECKING:
+    from fedhet.engine.vmap_probe import VmapProbe
 
 
 class FlatModel:
@@ -18,11 +23,12 @@ class FlatModel:
         self.shapes = [p.shape for _, p in named]
         self.numels = [p.numel() for _, p in named]
         self.size = sum(self.numels)
-        self.has_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in module.modules())
+        dropout = nn.modules.dropout._DropoutNd  # Dropout, Dropout1d/2d/3d, AlphaDropout, ...
+        self.has_dropout = any(isinstance(m, dropout) and m.p > 0 for m in module.modules())
         with torch.no_grad():
             self._initial = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).clone()
         self._bound: tuple[Tensor, Tensor] | None = None
-        self.vmap_failure: str | None = None  # why torch.func.vmap cannot run the model (set by the engine's probe)
+        self.vmap_probe: VmapProbe | None = None  # what torch.func.vmap makes of the model (the engine probes it)
 
     def bound_buffers(self) -> tuple[Tensor, Tensor]:
         """Flat (params, grads) buffers that the module's own parameters and gradients are views of.

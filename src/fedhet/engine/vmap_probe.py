@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -13,11 +14,19 @@ from fedhet.data.dataset import ClientData
 from fedhet.engine.functional import FlatModel
 
 
-def vmap_failure(model: FlatModel, data: ClientData) -> str | None:
-    """None when a vmapped gradient step of two stacked copies of the model runs natively on two samples of
-    `data`; else why not (an error, or vmap falling back to a slow per-sample loop for an op it cannot batch)."""
+@dataclass(frozen=True)
+class VmapProbe:
+    """What vmap made of the model: an error (it cannot run it), or a slow per-sample fallback for an operation it
+    has no batching rule for (it runs, with the same numbers, but no faster than a loop)."""
+
+    failure: str | None = None
+    slow: str | None = None
+
+
+def probe_vmap(model: FlatModel, data: ClientData) -> VmapProbe:
+    """Run a vmapped gradient step of two stacked copies of the model on two samples of `data`."""
     if len(data.y) == 0:
-        return None
+        return VmapProbe()
     x, y = data.x[:2].unsqueeze(0).expand(2, *data.x[:2].shape), data.y[:2].unsqueeze(0).expand(2, -1)
     params = {n: v.unsqueeze(0).expand(2, *v.shape) for n, v in model.unflatten(model.initial_params()).items()}
 
@@ -31,11 +40,9 @@ def vmap_failure(model: FlatModel, data: ClientData) -> str | None:
         with warnings.catch_warnings(record=True) as caught, torch.random.fork_rng():
             warnings.simplefilter("always")
             vmap(grad(loss), randomness=randomness)(params, x, y)
-        slow = [str(w.message) for w in caught if "batching rule" in str(w.message)]
-        if slow:
-            return "no vmap batching rule for one of its operations: " + slow[0].split(".")[0]
-        return None
-    except Exception as err:
-        return f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+        slow = [str(w.message).split(".")[0] for w in caught if "batching rule" in str(w.message)]
+        return VmapProbe(slow=slow[0].removeprefix("There is a performance drop because ") if slow else None)
+    except Exception as err:  # noqa: BLE001 - any failure means: do not vectorise this model
+        return VmapProbe(failure=f"{type(err).__name__}: {str(err).splitlines()[0][:160]}")
     finally:
         model.module.train(was_training)
