@@ -259,5 +259,5 @@ def test_the_vectorised_backend_cannot_run_a_model_that_calls_item(nets: str) ->
     """Why the fallback above is needed: vmap refuses `.item()` (sequential runs it); asked for explicitly, the
     vectorised backend is refused in one line that names the cause."""
     assert small_run(nets, "ItemNet", "sequential").status == "finished"
-    with pytest.raises(ConfigError, match="backend 'vectorised' cannot run this model.*item"):
+    with pytest.raises(ConfigError, match=r"backend 'vectorised' cannot run this model.*item"):
         small_run(nets, "ItemNet", "vectorised")

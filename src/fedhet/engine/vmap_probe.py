@@ -42,7 +42,7 @@ def probe_vmap(model: FlatModel, data: ClientData) -> VmapProbe:
             vmap(grad(loss), randomness=randomness)(params, x, y)
         slow = [str(w.message).split(".")[0] for w in caught if "batching rule" in str(w.message)]
         return VmapProbe(slow=slow[0].removeprefix("There is a performance drop because ") if slow else None)
-    except Exception as err:  # noqa: BLE001 - any failure means: do not vectorise this model
+    except Exception as err:
         return VmapProbe(failure=f"{type(err).__name__}: {str(err).splitlines()[0][:160]}")
     finally:
         model.module.train(was_training)
