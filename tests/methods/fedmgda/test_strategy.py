@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import pytest
 import torch
 
@@ -11,7 +14,17 @@ from fedhet.engine.plan import LocalResult
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
-from fedhet.methods.fedmgda.strategy import FedAvgN, FedMGDA, FedMGDAPlus, beta_for_decay, normalise_updates, step_size
+from fedhet.methods.fedmgda import strategy as fedmgda
+from fedhet.methods.fedmgda.min_norm import solve_min_norm
+from fedhet.methods.fedmgda.strategy import (
+    FedAvgN,
+    FedMGDA,
+    FedMGDAPlus,
+    beta_for_decay,
+    mgda_weights,
+    normalise_updates,
+    step_size,
+)
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.fedavg import FedAvg
 
@@ -185,3 +198,38 @@ def test_scaling_attack_with_one_local_step_leaves_normalised_methods_unchanged(
     clean = run(parse_config({**base, "algorithm": "fedavg", "attack": {**attack, "loss_scale": 1.0}}))
     attacked = run(parse_config({**base, "algorithm": "fedavg", "attack": attack}))
     assert float((attacked.params - clean.params).abs().max()) > 0.1
+
+
+def test_degenerate_cohorts_never_stop_a_round() -> None:
+    """Issue 13: nearly parallel updates made the min-norm QP raise late in a FedMGDA+ run. Nearly parallel,
+    duplicated and zero updates now aggregate to a finite model with λ on the simplex and no warning."""
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(6, generator=gen)
+    cohorts = [base + spread * torch.randn(8, 6, generator=gen) for spread in (1e-2, 1e-3, 1e-4)]  # cos ≈ 1 − 1e-8
+    cohorts.append(torch.stack([base, base, torch.zeros(6), base, -base, torch.zeros(6), base, base]))
+    w = torch.zeros(6)
+    for updates in cohorts:
+        for strategy in (FedMGDAPlus(epsilon=1.0), FedMGDAPlus(epsilon=0.05), FedMGDA(epsilon=0.3)):
+            setup(strategy, [4] * 8)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                new = strategy.aggregate(0, w, result_from_updates(list(range(8)), w, updates))
+            lam = strategy._lambda.double()
+            assert bool(torch.isfinite(new).all()) and abs(float(lam.sum()) - 1.0) < 1e-6 and float(lam.min()) >= 0
+
+
+def test_mgda_weights_on_huge_non_finite_and_unconverged_updates(monkeypatch: pytest.MonkeyPatch) -> None:
+    center = torch.full((3,), 1 / 3)
+    # float64 updates of size 1e200: ⟨g_i, g_j⟩ would overflow; λ* is that of the same updates at size 1
+    updates = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]], dtype=torch.float64)
+    torch.testing.assert_close(mgda_weights(updates * 1e200, center, 1.0), mgda_weights(updates, center, 1.0))
+    # a diverged client (nan update): λ0 with a warning, the nan reaches the model as it would with FedAvg
+    with pytest.warns(RuntimeWarning, match="inf/nan"):
+        lam = mgda_weights(torch.tensor([[1.0, 0.0], [float("nan"), 1.0], [0.0, 1.0]]), center, 1.0)
+    torch.testing.assert_close(lam, center)
+    # the solver stopped at its iteration cap: its best feasible λ is used, with a warning
+    monkeypatch.setattr(fedmgda, "solve_min_norm", functools.partial(solve_min_norm, max_iter=1))
+    gen = torch.Generator().manual_seed(5)
+    with pytest.warns(RuntimeWarning, match="best feasible"):
+        lam = mgda_weights(torch.randn(12, 20, generator=gen) + 1.0, torch.full((12,), 1 / 12), 1.0)
+    assert abs(float(lam.sum()) - 1.0) < 1e-6 and float(lam.min()) >= 0

@@ -20,6 +20,8 @@ the paper states the total decay over T rounds ("decay = 1/10"), converted with 
 
 from __future__ import annotations
 
+import math
+import warnings
 from typing import ClassVar, Literal
 
 import torch
@@ -28,7 +30,7 @@ from torch import Tensor
 
 from fedhet.engine.objective import Proximal
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.methods.fedmgda.min_norm import min_norm_weights
+from fedhet.methods.fedmgda.min_norm import solve_min_norm
 from fedhet.strategies.base import STRATEGIES, weighted_update
 from fedhet.strategies.fedavg import FedAvg, fedavg_weights
 
@@ -43,11 +45,30 @@ def normalise_updates(updates: Tensor) -> Tensor:
 
 
 def mgda_weights(updates: Tensor, center: Tensor, eps: float) -> Tensor:
-    """λ* of eq. (25) for the rows of `updates` (the Gram matrix is formed in float64)."""
+    """λ* of eq. (25) for the rows of `updates`; never raises for a cohort the engine can produce.
+
+    The Gram matrix is formed in float64 from the rows times one power of two (exact, and λ* is scale-free), so
+    ⟨g_i, g_j⟩ cannot overflow for huge raw updates. A non-finite update (a diverged client) has no min-norm
+    combination: λ0 is used then, which passes the inf/nan on to the model just as FedAvg would. If the solver
+    stops at its iteration cap, its best feasible λ is used (with a warning).
+    """
     u = updates.double()
-    gram = (u @ u.T).numpy()
-    lam = min_norm_weights(gram, center.double().numpy(), eps)
-    return torch.as_tensor(lam, dtype=torch.float32)
+    if not bool(torch.isfinite(u).all()):
+        msg = "FedMGDA: a client update has inf/nan entries; using λ0 (FedAvg's weights) this round"
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        return center.float()
+    peak = float(u.abs().max()) if u.numel() else 0.0
+    if peak > 0.0:
+        u = u * 2.0 ** -math.frexp(peak)[1]
+    solution = solve_min_norm((u @ u.T).numpy(), center.double().numpy(), eps)
+    if not solution.converged:
+        warnings.warn(
+            f"FedMGDA: the min-norm QP stopped after {solution.iterations} iterations; using its best feasible λ "
+            f"(relative KKT violation {solution.kkt_violation:.1e})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return torch.as_tensor(solution.weights, dtype=torch.float32)
 
 
 def step_size(server_lr: float, beta: float, round_: int, every: int = 100) -> float:
