@@ -185,4 +185,4 @@ def _figures(recipe: Recipe, runs: dict[str, list[RunState]], out: Path) -> None
             for method, states in runs.items()
         }
         rounds = {method: [row["round"] for row in states[0].history] for method, states in runs.items()}
-        plot_mean_curves(curves, rounds, metric, out / filename, title=recipe.description)
+        plot_mean_curves(curves, rounds, metric, out / filename, context=f"{recipe.name}: {recipe.description}.")

@@ -19,6 +19,7 @@ from fedhet.experiments.build import Experiment, build, resolved_config
 from fedhet.experiments.callbacks import Callback, CSVWriter, write_csv
 from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
 from fedhet.experiments.evaluation import evaluate_global
+from fedhet.experiments.tracking import with_trackers
 from fedhet.metrics.availability import ParticipationWriter
 from fedhet.metrics.base import RoundView
 
@@ -169,7 +170,7 @@ def _check_divergence(state: RunState, losses: Tensor) -> None:
 def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
     exp, cfg = state.experiment, state.config
     if state.out is not None:
-        callbacks = [CSVWriter(state.out / METRICS), ParticipationWriter(), *callbacks]
+        callbacks = [CSVWriter(state.out / METRICS), ParticipationWriter(), *with_trackers(callbacks, cfg, state.out)]
     for cb in callbacks:
         cb.on_run_start(state)
     seen = exp.data.seen
