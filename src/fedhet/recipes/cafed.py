@@ -471,7 +471,7 @@ def plot_importance(
     series = {method: (list(range(1, len(curve) + 1)), np.asarray(curve)) for method, curve in distances.items()}
     draw_lines(tv, series, colour={m: COLORS.get(m) for m in series})
     round_axis(tv)
-    tv.set_ylabel("d_TV(α, p^(t))")
+    tv.set_ylabel("total-variation distance d_TV(α, p^(t))")
     tv.set_title("Distance between the target weights α and the weights given up to round t", fontsize=10)
     tv.grid(alpha=0.3)
     fig.tight_layout()

@@ -583,7 +583,8 @@ def plot_entropy(runs: dict[str, list[RunSummary]], log_n: float, out: Path) -> 
     ax.set_title("How evenly FedGSNR spreads local steps over the clients (Fig. 3)", fontsize=10)
     caption = band_caption(seeds, replace(metric_info("gsnr_entropy"), high=round(log_n, 2)))
     caption += (
-        " H is the entropy of p(C_k) = n_k / Σ n_i, n_k the local steps FedGSNR gives client k; log N: equal steps."
+        f" H is the entropy of p(C_k) = n_k / Σ n_i, n_k the local steps FedGSNR gives client k; log N = {log_n:.2f}:"
+        " equal steps for all clients."
     )
     return save_figure(fig, ax, out, caption=caption)
 
