@@ -183,7 +183,7 @@ def _report(state: Any, quiet: bool) -> None:
     console.print(f"run folder: [bold]{state.out}[/]")
     if state.out is not None:
         for line in tracking_hints(state.config.track, state.out):
-            console.print(line, highlight=False, markup=False)
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("list")
