@@ -364,3 +364,15 @@ def test_registry_and_flatten() -> None:
     assert TRACKERS.names() == ["mlflow", "tensorboard", "wandb"]
     flat = flatten({"local": {"lr": 0.1, "steps": 2}, "metrics": [{"name": "appeal"}], "track": ["tensorboard"]})
     assert flat == {"local.lr": 0.1, "local.steps": 2, "metrics": [{"name": "appeal"}]}
+
+
+def test_a_tracker_added_on_resume_first_logs_the_rounds_already_run(tmp_path: Path) -> None:
+    need("tensorboard")
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run(parse_config({**TINY, "rounds": 5}), out, [Interrupt(3)])
+    assert not (out / "tensorboard").exists()
+    resume(out, trackers_for(["tensorboard"], out))  # what fedhet run --resume DIR --track tensorboard passes
+    scalars, _, _ = tensorboard_scalars(out / "tensorboard")
+    assert_matches(scalars, metrics_csv(out), rel=1e-6)
+    assert sorted(scalars["test_accuracy"]) == [1, 2, 3, 4, 5]

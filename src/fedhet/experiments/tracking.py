@@ -70,13 +70,20 @@ class Tracker(Callback):
         self.saved = read_state(self.where.out).get(self.key, {}) if state.round > 0 else {}
         self.open(state, resumed=bool(self.saved))
         self.save()
+        for row in state.history:  # rounds run before this tracker was added (fedhet run --resume DIR --track ...)
+            self.record(int(row["round"]), row)
 
     def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
-        if self.active and metrics is not None and state.round > self.last_round:
-            self.log(state.round, {k: float(v) for k, v in metrics.items() if k != "round"})
-            self.saved["last_round"] = state.round
-            self.save()
+        if self.active and metrics is not None:
+            self.record(state.round, metrics)
         return False
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        """Log round `step` unless this record has it already."""
+        if step > self.last_round:
+            self.log(step, {k: float(v) for k, v in metrics.items() if k != "round"})
+            self.saved["last_round"] = step
+            self.save()
 
     def on_run_end(self, state: RunState) -> None:
         if self.active:
@@ -357,7 +364,7 @@ class WandbTracker(Tracker):
     def close(self, state: RunState) -> None:
         self.run.summary["status"] = state.status
         self.run.summary["wall_time_s"] = round(state.wall_time_s, 3)
-        self.run.finish(exit_code=0 if state.status in FINAL_STATUSES else 1)
+        self.run.finish(exit_code=0 if state.status in ("finished", "stopped early") else 1)
 
 
 # ---------------------------------------------------------------------------------------------------------- factory
