@@ -73,6 +73,36 @@ def test_recipe_figures_read_well(name: str, tmp_path: Path, monkeypatch: pytest
     assert len(set(titles)) == len(titles)  # one title per plotted quantity
 
 
+EXTRA_RECIPES = sorted(name for name, factory in RECIPES.items() if factory().extra_figures is not None)
+
+
+@pytest.mark.parametrize("name", EXTRA_RECIPES)
+def test_recipe_extra_figures_read_well(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Violins and log-scale curves (FedMGDA+ Figs. 3 and 7) from synthetic runs."""
+    recipe = RECIPES[name]()
+    methods = list(recipe.methods)
+    states = fake_states(methods, "local_loss")
+    rng = np.random.default_rng(2)
+    for runs in states.values():
+        for state in runs:
+            state.client_columns = {"test_accuracy": torch.as_tensor(rng.random(10))}
+            state.out = None
+            for row in state.history:
+                row["local_loss"] = 2.0 * float(np.exp(-row["round"] / 20)) + 0.01
+    assert recipe.extra_figures is not None
+    with kept_figures(monkeypatch) as figures:
+        recipe.extra_figures(recipe, states, tmp_path)  # type: ignore[arg-type]
+    assert figures
+    for fig in figures:
+        ax = fig.axes[0]
+        check_figure(fig, rounds=ax.get_xlabel() == ROUND)
+        assert recipe.description not in ax.get_title() and recipe.name in caption(fig)
+        if ax.get_yscale() == "log":
+            assert "log scale" in ax.get_ylabel()
+        else:  # violins: what a violin is, said under the figure
+            assert "Each violin" in caption(fig)
+
+
 def cafed_arrays(rounds: int = 10, clients: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     active = rng.random((rounds, clients)) < 0.6
@@ -90,8 +120,8 @@ def cafed_arrays(rounds: int = 10, clients: int = 8, seed: int = 0) -> dict[str,
 
 
 def test_cafed_figures_read_well(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedhet.metrics.availability import cumulative_importance, importance
-    from fedhet.strategies.availability_aware import tv_distance
+    from fedhet.methods.cafed.availability_aware import tv_distance
+    from fedhet.methods.cafed.metrics import cumulative_importance, importance
 
     arrays = cafed_arrays()
     result = cafed.Table1Result()

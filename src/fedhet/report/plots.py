@@ -185,9 +185,11 @@ def plot_mean_curves(
     out: Path,
     title: str | None = None,
     context: str = "",
+    yscale: str = "linear",
 ) -> Path:
     """Mean over seeds (line) and ± 1 std over seeds (band, clipped to the metric's range) of `metric` per method.
-    The title names the quantity (`title` or the metric's); `context` (the recipe, the data) goes in the caption."""
+    The title names the quantity (`title` or the metric's); `context` (the recipe, the data) goes in the caption;
+    `yscale` "log" for losses spanning decades (FedMGDA+ Fig. 7)."""
     info = metric_info(metric)
     fig, ax = plt.subplots(figsize=(WIDTH, 4.0), dpi=120)
     series: dict[str, tuple[Sequence[float], np.ndarray]] = {}
@@ -202,14 +204,47 @@ def plot_mean_curves(
         seeds = max(seeds, len(arr))
         if len(arr) > 1:
             std = arr.std(0, ddof=1)
-            bands[method] = (clip(mean - std, info), clip(mean + std, info))
+            low = clip(mean - std, info)
+            if yscale == "log":  # no lower edge at or below 0 on a log axis: the band is left out there
+                low = np.where(low > 0, low, np.nan)
+            bands[method] = (low, clip(mean + std, info))
     draw_lines(ax, series, bands)
     round_axis(ax)
     metric_axis(ax, info)
+    ax.set_yscale(yscale)
+    if yscale == "log":
+        ax.set_ylabel(f"{info.label} (log scale)")
     ax.set_title(title or info.title)
     caption = band_caption(seeds, info)
+    if yscale == "log" and seeds > 1:
+        caption += " Where mean − std ≤ 0 the band is not drawn (log scale)."
     if info.description:
         caption += f" {metric}: {info.description}."
     if context:
         caption += f" {context}"
     return save_figure(fig, ax, out, caption=caption)
+
+
+def plot_violins(
+    groups: dict[str, list[float]], out: Path, title: str, ylabel: str, caption: str = "", xlabel: str = "method"
+) -> Path:
+    """One violin per group with its points on top and σ (std over the points) in the tick label: the
+    distribution of per-user accuracy (FedMGDA+ Fig. 3). Groups without finite values are left out."""
+    data = {name: np.asarray(v, dtype=float) for name, v in groups.items()}
+    data = {name: v[np.isfinite(v)] for name, v in data.items() if np.isfinite(v).any()}
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(data) + 1), 4.4), dpi=120)
+    if data:
+        positions = np.arange(1, len(data) + 1)
+        ax.violinplot(list(data.values()), positions=positions, showmeans=True, showextrema=False)
+        jitter = np.random.default_rng(0)  # fixed: the same figure for the same numbers
+        for pos, values in zip(positions, data.values(), strict=True):
+            ax.scatter(pos + jitter.uniform(-0.12, 0.12, len(values)), values, s=4, alpha=0.5, color="black")
+        ax.set_xticks(positions)
+        labels = [f"{name}\nσ = {np.std(values):.3f}" for name, values in data.items()]
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    shape = "Each violin: the distribution of the points (one per user), its horizontal line the mean; dots: the points"
+    shape += "; σ: their standard deviation."
+    return save_figure(fig, ax, out, legend=False, caption=f"{shape} {caption}".strip())
