@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,32 @@ def test_list_compare_and_plot(tmp_path: Path) -> None:
     assert code == 0 and (tmp_path / "loss.png").stat().st_size > 1000
     code, out = invoke("plot", *runs, "--metric", "nope", "-o", str(tmp_path / "x.png"))
     assert code == 2 and "available" in out
+
+
+def test_track_flag_and_resume_of_a_finished_run(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    out_dir = tmp_path / "r"
+    code, out = invoke("run", *FAST, "--track", "tensorboard", "--out", str(out_dir))
+    assert code == 0, out
+    assert f"tensorboard: tensorboard --logdir {out_dir / 'tensorboard'}" in out
+    assert "track:\n- tensorboard" in (out_dir / "config.yaml").read_text()
+    assert any((out_dir / "tensorboard").iterdir())
+    code, out = invoke("run", "--resume", str(out_dir))
+    assert code == 0 and out.strip() == f"'{out_dir}' is already finished (3 rounds); nothing to resume"
+    code, out = invoke("run", *FAST, "--track", "tensorbord", "--out", str(tmp_path / "x"))
+    assert code == 2 and "did you mean 'tensorboard'?" in out and len(out.strip().splitlines()) == 1
+
+
+def test_compare_names_runs_by_what_differs_and_fits_80_columns(tmp_path: Path) -> None:
+    runs = []
+    for name, extra in (("a", []), ("b", ["--algorithm", "fedprox", "--set", "algorithm.mu=0.1", "--seed", "1"])):
+        assert invoke("run", *FAST, *extra, "--quiet", "--out", str(tmp_path / name))[0] == 0
+        runs.append(str(tmp_path / name))
+    result = runner.invoke(app, ["compare", *runs, "--column", "participants"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "fedavg, seed 0" in result.output and "fedprox, seed 1" in result.output  # mu: one fedprox run
+    assert re.search(r"│\s+3 │\s+6 │", result.output) and "6.0000" not in result.output  # rounds, participants
+    result = runner.invoke(app, ["compare", *runs], env={"COLUMNS": "80"})
+    lines = result.output.splitlines()
+    assert result.exit_code == 0 and max(len(line) for line in lines) <= 80, result.output
+    assert "left out to fit 80 columns" in " ".join(result.output.split())

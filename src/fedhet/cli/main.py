@@ -91,6 +91,10 @@ def run(
         typer.Option("--import", help="a module or .py file with your own components (plugins; repeatable)"),
     ] = None,
     nodes: Annotated[int, typer.Option(help="simulated Flower nodes holding the clients (--engine flower)")] = 2,
+    track: Annotated[
+        list[str] | None,
+        typer.Option(help="log to a tracker: tensorboard, mlflow or wandb (repeatable; settings: the config's track)"),
+    ] = None,
 ) -> None:
     """Run one experiment and write its run folder."""
     from fedhet.experiments.config import apply_override, load_yaml, parse_config, set_component
@@ -106,6 +110,12 @@ def run(
 
         require_flwr()
     if resume is not None:
+        if _finished(resume):
+            return
+        if track:
+            from fedhet.experiments.tracking import trackers_for
+
+            callbacks += trackers_for(list(track), resume)
         state = _simulate(None, resume, nodes, callbacks) if engine == "flower" else resume_run(resume, callbacks)
         _report(state, quiet)
         return
@@ -127,6 +137,10 @@ def run(
         raw["imports"] = [*raw.get("imports", []), *imports]
     for assignment in set_ or []:
         apply_override(raw, assignment)
+    for name in track or []:
+        listed = raw.setdefault("track", [])
+        if name not in [t if isinstance(t, str) else t.get("name") for t in listed]:
+            listed.append(name)
     cfg = parse_config(raw)
     if out is None:
         out = (
@@ -141,6 +155,20 @@ def run(
         )
     state = _simulate(cfg, out, nodes, callbacks) if engine == "flower" else start_run(cfg, out, callbacks)
     _report(state, quiet)
+
+
+def _finished(folder: Path) -> bool:
+    """Say so (one line) when the run in `folder` has already run all its rounds."""
+    import json
+
+    summary_file = folder / "summary.json"
+    if not summary_file.is_file():
+        return False
+    summary = json.loads(summary_file.read_text())
+    if summary.get("status") != "finished" or summary.get("rounds") != summary.get("rounds_planned"):
+        return False
+    console.print(f"'{folder}' is already finished ({summary['rounds']} rounds); nothing to resume", highlight=False)
+    return True
 
 
 def _simulate(cfg: Any, out: Path, nodes: int, callbacks: list[Any]) -> Any:
@@ -159,6 +187,9 @@ def _report(state: Any, quiet: bool) -> None:
     if quiet:
         console.print(str(state.out))
         return
+    from fedhet.experiments.tracking import tracking_hints
+    from fedhet.report.labels import format_value
+
     engine = state.experiment.engine
     nodes = getattr(engine, "nodes", None)  # a Flower run's remote engine
     backend = engine.backend_for(state.config.clients_per_round)
@@ -168,9 +199,12 @@ def _report(state: Any, quiet: bool) -> None:
     table.add_column("final", justify="right")
     for key, value in state.final.items():
         if key != "round":
-            table.add_row(key, f"{value:.4f}")
+            table.add_row(key, format_value(key, value))
     console.print(table)
     console.print(f"run folder: [bold]{state.out}[/]")
+    if state.out is not None:
+        for line in tracking_hints(state.config.track, state.out):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("list")
@@ -234,14 +268,19 @@ def compare(
     runs: Annotated[list[Path], typer.Argument(help="run folders")],
     plot: Annotated[Path | None, typer.Option(help="also write a PNG of curves here")] = None,
     metric: Annotated[str, typer.Option(help="metric to plot")] = "test_accuracy",
+    column: Annotated[
+        list[str] | None, typer.Option(help="final metric to show as a column (repeatable; default: accuracy, loss)")
+    ] = None,
 ) -> None:
-    """Final metrics of several runs side by side (and their curves with --plot)."""
+    """Final metrics of several runs side by side (and their curves with --plot); runs are named by what
+    distinguishes them (algorithm, parameters that differ, seed)."""
     from fedhet.report.plots import plot_curves
-    from fedhet.report.runs import read_run
-    from fedhet.report.tables import compare_table
+    from fedhet.report.runs import read_runs
+    from fedhet.report.tables import DEFAULT_COLUMNS, compare_table
 
-    records = [read_run(p) for p in runs]
-    console.print(compare_table(records))
+    records = read_runs(runs)
+    table, _ = compare_table(records, tuple(column) if column else DEFAULT_COLUMNS, width=console.width)
+    console.print(table)
     if plot is not None:
         console.print(f"figure: {plot_curves(records, metric, plot)}")
 
@@ -253,11 +292,11 @@ def plot(
     metric: Annotated[str, typer.Option(help="metric to plot, e.g. test_accuracy")] = "test_accuracy",
     output: Annotated[Path, typer.Option("--output", "-o", help="image file to write")] = Path("plot.png"),
 ) -> None:
-    """Plot a metric against the round for one or more runs."""
+    """Plot a metric against the round for one or more runs (named by what distinguishes them)."""
     from fedhet.report.plots import plot_curves
-    from fedhet.report.runs import read_run
+    from fedhet.report.runs import read_runs
 
-    console.print(f"figure: {plot_curves([read_run(p) for p in runs], metric, output)}")
+    console.print(f"figure: {plot_curves(read_runs(runs), metric, output)}")
 
 
 @app.command()

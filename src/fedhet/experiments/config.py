@@ -6,7 +6,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from fedhet.data.labels import LabelNoise
 from fedhet.errors import ConfigError
@@ -75,6 +83,10 @@ class RunConfig(BaseModel):
     download: bool = Field(False, description="download missing dataset files (checksums verified)")
     checkpoint_every: int = Field(1, ge=1, description="write checkpoint.pt every n rounds (and after the last)")
     max_loss: float = Field(1e4, gt=0, description="stop as diverged when the local loss exceeds this")
+    track: list[ComponentSpec] = Field(
+        default_factory=list,
+        description="experiment trackers, e.g. [tensorboard, {name: mlflow, uri: ...}, {name: wandb, project: p}]",
+    )
 
     @field_validator(*COMPONENT_KEYS, mode="before")
     @classmethod
@@ -82,6 +94,21 @@ class RunConfig(BaseModel):
         if isinstance(value, str | dict):
             return value
         raise ValueError("must be a name or a mapping with a 'name' key")
+
+    @field_validator("track")
+    @classmethod
+    def _track(cls, value: list[ComponentSpec]) -> list[ComponentSpec]:
+        from fedhet.experiments.tracking import validate_track
+
+        validate_track(value)  # raises a one-line ConfigError (not caught by pydantic)
+        return value
+
+    @model_serializer(mode="wrap")
+    def _without_empty_track(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not data.get("track"):  # no trackers: config.yaml as before they existed
+            data.pop("track", None)
+        return data
 
     def spec(self, key: str) -> dict[str, Any]:
         """The component `key` as a ``{name: ..., **params}`` mapping."""

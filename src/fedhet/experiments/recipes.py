@@ -197,4 +197,4 @@ def _figures(recipe: Recipe, runs: dict[str, list[RunState]], out: Path) -> None
 
     for metric, filename in recipe.figures.items():
         curves, rounds = mean_curves(runs, metric)
-        plot_mean_curves(curves, rounds, metric, out / filename, title=recipe.description)
+        plot_mean_curves(curves, rounds, metric, out / filename, context=f"{recipe.name}: {recipe.description}.")

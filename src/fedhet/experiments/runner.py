@@ -19,6 +19,7 @@ from fedhet.experiments.callbacks import Callback, CSVWriter, write_csv
 from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
 from fedhet.experiments.evaluation import evaluate_global
 from fedhet.experiments.participation import ParticipationWriter
+from fedhet.experiments.tracking import with_trackers
 from fedhet.metrics.base import RoundView
 
 CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT = (
@@ -166,7 +167,7 @@ def _check_divergence(state: RunState, losses: Tensor) -> None:
 def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
     exp, cfg = state.experiment, state.config
     if state.out is not None:
-        callbacks = [CSVWriter(state.out / METRICS), ParticipationWriter(), *callbacks]
+        callbacks = [CSVWriter(state.out / METRICS), ParticipationWriter(), *with_trackers(callbacks, cfg, state.out)]
     for cb in callbacks:
         cb.on_run_start(state)
     seen = exp.data.seen

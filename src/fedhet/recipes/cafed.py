@@ -383,38 +383,67 @@ def plot_availability(panels: dict[str, dict[str, np.ndarray]], path: Path, titl
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
 
     from fedhet.methods.cafed.metrics import excluded_share
+    from fedhet.report.plots import add_caption, round_axis
 
     fig, axes = plt.subplots(
         len(panels), 2, figsize=(11, 5.5 * len(panels)), dpi=120, squeeze=False, gridspec_kw={"width_ratios": [5, 1]}
     )
+    states = ["white", "red", "black"]
     for (ax, side), (method, arrays) in zip(axes, panels.items(), strict=True):
         order, labels, starts = _class_order(arrays)
         state = arrays["active"].astype(int) + arrays["selected"].astype(int)  # 0, 1 (excluded), 2 (selected)
+        rounds = state.shape[0]
         ax.imshow(
-            state.T[order], aspect="auto", interpolation="nearest", cmap=ListedColormap(["white", "red", "black"])
+            state.T[order],
+            aspect="auto",
+            interpolation="nearest",
+            cmap=ListedColormap(states),
+            vmin=0,
+            vmax=2,
+            extent=(0.5, rounds + 0.5, len(order) - 0.5, -0.5),  # x: the round (1-based), y: the client's row
         )
         ax.set_yticks(range(len(order)), labels, fontsize=6)
-        ax.set_xlabel("communication round")
-        ax.set_title(f"{method}: {title} (white: inactive, red: active but excluded, black: selected)", fontsize=8)
+        ax.set_ylabel("client (id, data group, π, λ)")
+        round_axis(ax)
+        ax.set_title(f"Who took part in each round: {method} ({title})", fontsize=9)
         share = np.nan_to_num(excluded_share(arrays["active"], arrays["selected"]))
         side.barh(range(len(order)), share[order], color="red")
         side.set_ylim(len(order) - 0.5, -0.5)
         side.set_yticks([])
         side.set_xlim(0, 1)
-        side.set_xlabel("excluded / active rounds", fontsize=8)
+        side.set_xlabel("share of its active rounds excluded", fontsize=8)
+        side.set_title("excluded / active", fontsize=8)
         for y in starts:
             for a in (ax, side):
                 a.axhline(y - 0.5, color="tab:blue", linewidth=1.2)
     fig.tight_layout()
-    fig.savefig(path)
+    handles: list[Any] = [
+        Patch(facecolor=c, edgecolor="0.3", label=text)
+        for c, text in zip(states, ("inactive", "active, excluded (q_k = 0)", "selected"), strict=True)
+    ]
+    handles.append(plt.Line2D([], [], color="tab:blue", label="block boundary (group, π)"))
+    axes[0][1].legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.05, 1.0), borderaxespad=0, fontsize=8, frameon=False
+    )
+    add_caption(
+        fig,
+        "Each row is a client, sorted by data group, then availability π (more available first), then correlation λ "
+        "(most correlated first). Right: the share of a client's active rounds in which the strategy excluded it.",
+    )
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
 def plot_importance(
-    importances: dict[str, np.ndarray], distances: dict[str, np.ndarray], arrays: dict[str, np.ndarray], path: Path
+    importances: dict[str, np.ndarray],
+    distances: dict[str, np.ndarray],
+    arrays: dict[str, np.ndarray],
+    path: Path,
+    seeds: int = 1,
 ) -> Path:
     """Fig. 2: the share of aggregation weight each client got over training per method, next to α; below it,
     d_TV(α, p^(t)) of the importance p^(t) accumulated up to each round."""
@@ -422,6 +451,8 @@ def plot_importance(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from fedhet.report.plots import add_caption, draw_lines, outside_legend, round_axis
 
     order, labels, starts = _class_order(arrays)
     bars = {"Target α": arrays["alpha"], **importances}
@@ -433,49 +464,77 @@ def plot_importance(
     for start in starts:
         ax.axvline(start - 0.5, color="grey", linewidth=0.8)
     ax.set_xticks(range(len(order)), labels, rotation=90, fontsize=6)
+    ax.set_xlabel("client (id, data group, π, λ)")
     ax.set_ylabel("importance p_k (share of aggregation weight)")
-    ax.set_title("Importance given to each client over training (synthetic; mean over seeds)", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_title("Share of the aggregation weight each client received over training", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
-    for method, curve in distances.items():
-        tv.plot(np.arange(1, len(curve) + 1), curve, label=method, linewidth=1.3, color=COLORS.get(method))
-    tv.set_xlabel("communication round")
-    tv.set_ylabel("d_TV(α, p^(t)), p^(t) up to round t")
+    series = {method: (list(range(1, len(curve) + 1)), np.asarray(curve)) for method, curve in distances.items()}
+    draw_lines(tv, series, colour={m: COLORS.get(m) for m in series})
+    round_axis(tv)
+    tv.set_ylabel("total-variation distance d_TV(α, p^(t))")
+    tv.set_title("Distance between the target weights α and the weights given up to round t", fontsize=10)
     tv.grid(alpha=0.3)
-    tv.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
+    outside_legend(ax)
+    outside_legend(tv)
+    mean = f"mean over {seeds} seeds" if seeds > 1 else "one seed"
+    add_caption(
+        fig,
+        f"Bars and lines: {mean} (no band). Clients sorted by data group, availability π and correlation λ; grey lines "
+        "separate the (group, π) blocks. d_TV is the total-variation distance: 0 when the weights match α.",
+    )
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
 def plot_time_average(result: Table1Result, path: Path) -> Path:
-    """Fig. 3: time-average test accuracy up to each round, mean over seeds, one panel per dataset."""
+    """Fig. 3: time-average test accuracy up to each round, mean over seeds with a ± std band, one panel per
+    dataset."""
+    from dataclasses import replace
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from fedhet.report.labels import metric_info
+    from fedhet.report.plots import add_caption, band_caption, draw_lines, outside_legend, round_axis
+
     names = list(result.curves)
     fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), dpi=120, squeeze=False)
+    seeds = 1
     for ax, name in zip(axes[0], names, strict=True):
+        series, bands = {}, {}
         for method, per_seed in result.curves[name].items():
             arr = 100 * np.asarray(per_seed)
-            style = "-" if method in CAFED_VARIANTS else "--"
-            x = np.arange(1, arr.shape[1] + 1)
-            ax.plot(x, arr.mean(0), style, label=method, linewidth=1.4, color=COLORS.get(method))
-        ax.set_xlabel("communication round")
+            seeds = max(seeds, len(arr))
+            mean = arr.mean(0)
+            series[method] = (list(range(1, arr.shape[1] + 1)), mean)
+            if len(arr) > 1:
+                std = arr.std(0, ddof=1)
+                bands[method] = (np.clip(mean - std, 0, 100), np.clip(mean + std, 0, 100))
+        styles = {m: "-" if m in CAFED_VARIANTS else "--" for m in series}
+        draw_lines(ax, series, bands, styles=styles, colour={m: COLORS.get(m) for m in series})
+        round_axis(ax)
         ax.set_ylabel("time-average test accuracy (%)")
         ax.set_title(f"({'ab'[names.index(name)]}) {name}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        means = np.stack([100 * np.asarray(c).mean(0) for c in result.curves[name].values()])
+        means = np.stack([m for _, m in series.values()])
         rounds = means.shape[1]
         low = means[:, max(rounds // 5 - 1, 0)].min()  # from round T/5 on: where the methods differ
         ax.set_ylim(low - 0.5, means.max() + 0.5)
         ax.set_xlim(0, rounds + 1)
+    fig.suptitle("Time-average test accuracy up to each round (CA-Fed Fig. 3)", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path)
+    outside_legend(axes[0][-1])
+    caption = band_caption(seeds, replace(metric_info("time_avg_accuracy"), high=100.0))
+    add_caption(
+        fig,
+        f"{caption} The time average at round t is the mean of the α-weighted test accuracy over rounds 1…t. "
+        "The y axis starts just below the lowest mean at round T/5, where the methods begin to differ.",
+    )
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -505,7 +564,8 @@ def write_figures(result: Table1Result, out: Path, dataset: str = "Synthetic") -
         for m, arrays in runs.items()
     }
     first = next(iter(runs.values()))[0]
-    paths.append(plot_importance(importances, distances, first, out / "fig2_importance.png"))
+    seeds = max(len(arrays) for arrays in runs.values())
+    paths.append(plot_importance(importances, distances, first, out / "fig2_importance.png", seeds))
     return paths
 
 

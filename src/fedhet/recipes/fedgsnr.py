@@ -296,7 +296,14 @@ def accuracy_figures(out: Path, results: dict[tuple[str, str], list[RunSummary]]
 
     curves = {row: [r.curve(ACCURACY)[1] for r in results[(row, col)]] for row in rows}
     rounds = {row: results[(row, col)][0].curve(ACCURACY)[0] for row in rows}
-    plot_mean_curves(curves, rounds, ACCURACY, out / f"accuracy_{slug(col)}.png", title=f"test accuracy, {col}")
+    plot_mean_curves(
+        curves,
+        rounds,
+        ACCURACY,
+        out / f"accuracy_{slug(col)}.png",
+        title=f"Test accuracy of the global model, partition {col}",
+        context="FedGSNR: each base strategy with and without FedGSNR's per-client local steps.",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -548,22 +555,38 @@ def fig5_study(
 
 
 def plot_entropy(runs: dict[str, list[RunSummary]], log_n: float, out: Path) -> Path:
-    """Fig. 3: the entropy H of the step allocation per round (mean over seeds) per partition, and log N."""
+    """Fig. 3: the entropy H of the step allocation per round (mean over seeds, ± std band) per partition, and
+    log N (equal steps)."""
+    from dataclasses import replace
+
     import matplotlib.pyplot as plt
 
-    from fedhet.report.plots import save_figure
+    from fedhet.report.labels import metric_info
+    from fedhet.report.plots import band_caption, draw_lines, round_axis, save_figure
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    fig, ax = plt.subplots(figsize=(8.0, 4.0), dpi=120)
+    series, bands, seeds = {}, {}, 1
     for partition, summaries in runs.items():
         curves = [s.curve("gsnr_entropy") for s in summaries]
         length = min(len(c[1]) for c in curves)
-        mean = np.mean([c[1][:length] for c in curves], axis=0)
-        ax.plot(curves[0][0][:length], mean, label=partition, linewidth=1.3)
-    ax.axhline(log_n, color="tab:blue", linestyle="--", linewidth=1.0, label="uniform (equal steps): log N")
-    ax.set_xlabel("round")
-    ax.set_ylabel("entropy H of p(C_k) = n_k / Σ n_i")
-    ax.set_title("FedGSNR step allocation per partition (Fig. 3)", fontsize=9)
-    return save_figure(fig, ax, out)
+        arr = np.asarray([c[1][:length] for c in curves], dtype=float)
+        mean = arr.mean(0)
+        series[partition] = (curves[0][0][:length], mean)
+        seeds = max(seeds, len(arr))
+        if len(arr) > 1:
+            std = arr.std(0, ddof=1)
+            bands[partition] = (np.clip(mean - std, 0, log_n), np.clip(mean + std, 0, log_n))
+    draw_lines(ax, series, bands)
+    ax.axhline(log_n, color="black", linestyle=":", linewidth=1.0, label="equal steps for all: log N")
+    round_axis(ax)
+    ax.set_ylabel("entropy H of the step shares (nats)")
+    ax.set_title("How evenly FedGSNR spreads local steps over the clients (Fig. 3)", fontsize=10)
+    caption = band_caption(seeds, replace(metric_info("gsnr_entropy"), high=round(log_n, 2)))
+    caption += (
+        f" H is the entropy of p(C_k) = n_k / Σ n_i, n_k the local steps FedGSNR gives client k; log N = {log_n:.2f}:"
+        " equal steps for all clients."
+    )
+    return save_figure(fig, ax, out, caption=caption)
 
 
 def plot_partition_gsnr(runs: dict[str, list[RunSummary]], out: Path) -> Path:
@@ -579,14 +602,22 @@ def plot_partition_gsnr(runs: dict[str, list[RunSummary]], out: Path) -> Path:
     ]
     ax.boxplot(data)
     ax.set_xticks(range(1, len(runs) + 1), list(runs), fontsize=8)
-    ax.set_ylabel("client GSNR (mean over rounds)")
-    ax.set_title("GSNR of the clients per partition (Fig. 7)", fontsize=9)
-    return save_figure(fig, ax, out, legend=False)
+    ax.set_xlabel("partition of the data among the clients")
+    ax.set_ylabel("client GSNR score (mean over rounds)")
+    ax.set_title("Clients' gradient signal-to-noise ratio per partition (Fig. 7)", fontsize=10)
+    seeds = max(len(summaries) for summaries in runs.values())
+    caption = (
+        f"One score per client and seed ({seeds} seed{'s' if seeds > 1 else ''} pooled). Box: the middle half of the "
+        "clients (25th to 75th percentile), line: median, whiskers: up to 1.5 × the box height, circles: outliers."
+    )
+    return save_figure(fig, ax, out, legend=False, caption=caption)
 
 
 def plot_summary_contribution(summary: RunSummary, out: Path, title: str) -> Path:
-    """Figs. 5b / 6 for one run of a study (see `fedhet.methods.fedgsnr.contribution.plot_contribution`)."""
+    """Figs. 5b / 6 for one run of a study (see `fedhet.methods.fedgsnr.contribution.plot_contribution`); the title
+    says what the bars and whiskers are."""
     assert summary.contribution is not None and summary.label_counts is not None
+    title = f"{title}: bars mean over rounds, whiskers 25–75% of rounds"
     return plot_contribution(summary.contribution, summary.label_counts, summary.corrupted, out, title)
 
 

@@ -169,8 +169,14 @@ def accuracy_violins(recipe: Recipe, runs: dict[str, list[RunState]], out: Path)
     from fedhet.report.plots import plot_violins
 
     groups = {method: user_accuracies(states) for method, states in runs.items()}
-    title = f"{recipe.description}\nper-user test accuracy of the final model (all seeds)"
-    plot_violins(groups, out / "user_accuracy_violins.png", title=title, ylabel="user test accuracy")
+    seeds = max((len(states) for states in runs.values()), default=0)
+    plot_violins(
+        groups,
+        out / "user_accuracy_violins.png",
+        title="Per-user test accuracy of the final model (FedMGDA+ Fig. 3)",
+        ylabel="test accuracy of a user (final model)",
+        caption=f"Users of all {seeds} seeds pooled. {recipe.name}: {recipe.description}.",
+    )
 
 
 def log_loss_curves(recipe: Recipe, runs: dict[str, list[RunState]], out: Path) -> None:
@@ -178,8 +184,15 @@ def log_loss_curves(recipe: Recipe, runs: dict[str, list[RunState]], out: Path) 
     from fedhet.report.plots import plot_mean_curves
 
     curves, rounds = mean_curves(runs, "local_loss")
-    title = f"{recipe.description}\nuniformly averaged training loss (log scale)"
-    plot_mean_curves(curves, rounds, "local_loss", out / "local_loss_log.png", title=title, yscale="log")
+    plot_mean_curves(
+        curves,
+        rounds,
+        "local_loss",
+        out / "local_loss_log.png",
+        title="Participants' training loss, uniformly averaged (FedMGDA+ Fig. 7)",
+        context=f"{recipe.name}: {recipe.description}.",
+        yscale="log",
+    )
 
 
 # ------------------------------------------------------------------------------------------- interpolation

@@ -262,7 +262,7 @@ def _mean_estimation(out: Path, quick: bool, seeds: tuple[int, ...], embedded: b
 
     runs, points = (2000, 11) if quick else (10_000, 21)
     curve = two_client_curve(points=points, runs=runs, seed=seeds[0])
-    plot_two_client_curve(curve, out / "mean_estimation_two_clients.png")
+    plot_two_client_curve(curve, out / "mean_estimation_two_clients.png", runs=runs)
     table = "### MaxFL mean estimation, two clients: expected GM-appeal against heterogeneity γ_G²\n\n"
     table += _curve_table(curve)
     three_curve = three_client_curve(points=points, runs=runs, seed=seeds[0])
@@ -270,7 +270,8 @@ def _mean_estimation(out: Path, quick: bool, seeds: tuple[int, ...], embedded: b
         three_curve,
         out / "mean_estimation_three_clients.png",
         bounds=False,
-        title="three clients: θ1 = θ2 = 0, θ3 = 2γ_G (two close, one far)",
+        title="Expected GM-appeal against heterogeneity, three clients: θ1 = θ2 = 0, θ3 = 2γ_G",
+        runs=runs,
     )
     table += "\n### Three clients, θ_1 = θ_2 = 0 and θ_3 = 2γ_G: expected GM-appeal against γ_G²\n\n"
     table += _curve_table(three_curve)

@@ -1,11 +1,16 @@
-"""Figures (matplotlib, headless)."""
+"""Figures (matplotlib, headless) that a reader can take in without the code: a title naming the plotted quantity,
+axes labelled in words, legends beside the data, a caption saying what lines and bands are, and curves that lie on
+top of each other marked ("= FedAvg") and drawn so that both show."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
+import numpy as np
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -13,36 +18,164 @@ if TYPE_CHECKING:
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from fedhet.errors import ConfigError
-from fedhet.report.runs import RunRecord, metric_names
+from fedhet.report.labels import MetricInfo, metric_info
+from fedhet.report.runs import RunRecord, common_description, metric_names
+
+ROUND_LABEL = "communication round"
+WIDTH = 8.0  # inches: the axes and a legend column beside them
 
 
-def save_figure(fig: Figure, ax: Axes, out: Path, legend: bool = True) -> Path:
-    """Grid, legend, tight layout, write `out` (creating its folder) and close the figure."""
+def save_figure(fig: Figure, ax: Axes, out: Path, legend: bool = True, caption: str = "") -> Path:
+    """Grid, a legend outside the axes (right), a caption below, write `out` (creating its folder), close."""
     ax.grid(alpha=0.3)
+    fig.tight_layout()  # before the legend: the axes keep their size, the saved image grows to hold the legend
     if legend:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+        outside_legend(ax)
+    add_caption(fig, caption)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    fig.savefig(out, bbox_inches="tight")
     plt.close(fig)
     return out
 
 
+def outside_legend(ax: Axes, **kwargs: Any) -> None:
+    """The legend of `ax` in a column to the right of it, so that it never hides data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8, frameon=False, **kwargs)
+
+
+def add_caption(fig: Figure, caption: str) -> None:
+    """`caption` in small type under the figure (kept in the saved image by ``bbox_inches='tight'``)."""
+    if caption:
+        fig.text(0.01, 0.0, caption, ha="left", va="top", fontsize=7.5, wrap=True, color="0.25")
+
+
+def round_axis(ax: Axes) -> None:
+    """x is the communication round: labelled so, integer ticks."""
+    ax.set_xlabel(ROUND_LABEL)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def metric_axis(ax: Axes, info: MetricInfo) -> None:
+    """y is metric `info`: its label in words, integer ticks for counts."""
+    ax.set_ylabel(info.label)
+    if info.count:  # from 0, with room for a few integer ticks even when every curve is flat
+        top = max(math.ceil(ax.get_ylim()[1]), 1)
+        ax.set_ylim(-0.03 * top, 1.05 * top + 0.3)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def colours(n: int) -> list[Any]:
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def same_as(curves: dict[str, np.ndarray], scale: float) -> dict[str, str]:
+    """For each curve equal to an earlier one, "= <earlier>" (equal to rounding) or "≈ <earlier>" (nowhere more
+    than 1% of the axis range `scale` apart: a few pixels, one line hides the other on the figure)."""
+    notes: dict[str, str] = {}
+    names = list(curves)
+    for i, name in enumerate(names):
+        for other in names[:i]:
+            if other in notes:
+                continue
+            a, b = curves[name], curves[other]
+            if a.shape != b.shape:
+                continue
+            if np.allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True):
+                notes[name] = f"= {other}"
+                break
+            both = ~(np.isnan(a) | np.isnan(b))
+            if (np.isnan(a) == np.isnan(b)).all() and both.any() and np.abs(a[both] - b[both]).max() <= 0.01 * scale:
+                notes[name] = f"≈ {other}"
+                break
+    return notes
+
+
+def draw_lines(
+    ax: Axes,
+    series: Mapping[str, tuple[Sequence[float], Any]],
+    bands: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    styles: Mapping[str, str] | None = None,
+    colour: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """One line per entry of `series` (name → x, y), with optional bands (name → low, high). A line equal to an
+    earlier one is labelled "name (= other)" and drawn dashed with markers on top, so both stay visible. Returns the
+    notes ({name: "= other"})."""
+    values = np.concatenate([np.asarray(y, dtype=float).ravel() for _, y in series.values()] or [np.zeros(1)])
+    finite = values[np.isfinite(values)]
+    scale = float(np.ptp(finite)) if len(finite) else 1.0
+    notes = same_as({n: np.asarray(y, dtype=float) for n, (_, y) in series.items()}, scale or 1.0)
+    palette = colours(len(series))
+    for i, (name, (x, y)) in enumerate(series.items()):
+        c = (colour or {}).get(name, palette[i])
+        style = (styles or {}).get(name, "-" if i < 10 else "--")
+        kwargs: dict[str, Any] = {"color": c, "linewidth": 1.5, "linestyle": style, "label": name}
+        if name in notes:
+            kwargs.update(
+                linestyle=(0, (4, 3)),
+                marker="o",
+                markevery=max(1, len(x) // 12),
+                markersize=3.5,
+                zorder=3,
+                label=f"{name} ({notes[name]})",
+            )
+        ax.plot(x, y, **kwargs)
+        if bands is not None and name in bands:
+            low, high = bands[name]
+            ax.fill_between(x, low, high, color=c, alpha=0.15, linewidth=0)
+    return notes
+
+
+def clip(values: np.ndarray, info: MetricInfo) -> np.ndarray:
+    """`values` clipped to the metric's range (a band never shows an accuracy above 1 or a negative loss)."""
+    low = -np.inf if info.low is None else info.low
+    high = np.inf if info.high is None else info.high
+    return np.clip(values, low, high)
+
+
+def range_text(info: MetricInfo) -> str:
+    """ ", clipped to [0, 1]" / ", clipped at 0" for a metric with a range, "" without."""
+    if info.low is not None and info.high is not None:
+        return f", clipped to the metric's range [{info.low:g}, {info.high:g}]"
+    if info.low is not None:
+        return f", clipped at {info.low:g} (the metric's lowest value)"
+    if info.high is not None:
+        return f", clipped at {info.high:g} (the metric's highest value)"
+    return ""
+
+
+def band_caption(seeds: int, info: MetricInfo) -> str:
+    """What the lines and bands of a mean-over-seeds figure are."""
+    if seeds <= 1:
+        return "Lines: one seed (no band)."
+    return f"Lines: mean over {seeds} seeds; bands: ± 1 standard deviation over seeds{range_text(info)}."
+
+
 def plot_curves(records: list[RunRecord], metric: str, out: Path, title: str | None = None) -> Path:
-    """One line per run: `metric` against the round; saved as PNG (or any format matplotlib knows)."""
+    """One line per run: `metric` against the round, each run labelled by its ``label`` (`read_runs` sets it to what
+    distinguishes the run); saved as PNG (or any format matplotlib knows)."""
     available = metric_names(records)
     if metric not in available:
         raise ConfigError(f"no run has metric '{metric}'; available: {', '.join(available)}")
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    info = metric_info(metric)
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.0), dpi=120)
+    series = {}
     for rec in records:
         x, y = rec.curve(metric)
-        ax.plot(x, y, label=rec.label, linewidth=1.5)
-    ax.set_xlabel("round")
-    ax.set_ylabel(metric)
-    ax.set_title(title or metric)
-    return save_figure(fig, ax, out, legend=len(records) > 1)
+        series[rec.label] = (x, np.asarray(y, dtype=float))
+    draw_lines(ax, series)
+    round_axis(ax)
+    metric_axis(ax, info)
+    ax.set_title(title or info.title)
+    common = common_description(records)
+    caption = "One line per run" + (" (labels: what differs between the runs' configs)" if len(records) > 1 else "")
+    caption += f". All runs: {common}." if common else "."
+    if info.description:
+        caption += f" {metric}: {info.description}."
+    return save_figure(fig, ax, out, legend=True, caption=caption)
 
 
 def plot_mean_curves(
@@ -51,31 +184,52 @@ def plot_mean_curves(
     metric: str,
     out: Path,
     title: str | None = None,
+    context: str = "",
     yscale: str = "linear",
 ) -> Path:
-    """Mean over seeds (line) and ±1 std (band) of `metric` per method; `yscale` "log" for losses spanning
-    decades (FedMGDA+ Fig. 7)."""
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    """Mean over seeds (line) and ± 1 std over seeds (band, clipped to the metric's range) of `metric` per method.
+    The title names the quantity (`title` or the metric's); `context` (the recipe, the data) goes in the caption;
+    `yscale` "log" for losses spanning decades (FedMGDA+ Fig. 7)."""
+    info = metric_info(metric)
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.0), dpi=120)
+    series: dict[str, tuple[Sequence[float], np.ndarray]] = {}
+    bands: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    seeds = 0
     for method, per_seed in curves.items():
-        arr = np.asarray(per_seed, dtype=float)
-        x = rounds[method][: arr.shape[1]]
-        mean, std = arr.mean(0), arr.std(0)
-        ax.plot(x, mean, label=method, linewidth=1.5)
-        ax.fill_between(x, mean - std, mean + std, alpha=0.2)
-    ax.set_xlabel("round")
-    ax.set_ylabel(metric + (" (log scale)" if yscale == "log" else ""))
+        length = min(len(c) for c in per_seed)
+        arr = np.asarray([c[:length] for c in per_seed], dtype=float)
+        x = rounds[method][:length]
+        mean = arr.mean(0)
+        series[method] = (x, mean)
+        seeds = max(seeds, len(arr))
+        if len(arr) > 1:
+            std = arr.std(0, ddof=1)
+            low = clip(mean - std, info)
+            if yscale == "log":  # no lower edge at or below 0 on a log axis: the band is left out there
+                low = np.where(low > 0, low, np.nan)
+            bands[method] = (low, clip(mean + std, info))
+    draw_lines(ax, series, bands)
+    round_axis(ax)
+    metric_axis(ax, info)
     ax.set_yscale(yscale)
-    ax.set_title(title or metric, fontsize=9)
-    return save_figure(fig, ax, out)
+    if yscale == "log":
+        ax.set_ylabel(f"{info.label} (log scale)")
+    ax.set_title(title or info.title)
+    caption = band_caption(seeds, info)
+    if yscale == "log" and seeds > 1:
+        caption += " Where mean − std ≤ 0 the band is not drawn (log scale)."
+    if info.description:
+        caption += f" {metric}: {info.description}."
+    if context:
+        caption += f" {context}"
+    return save_figure(fig, ax, out, caption=caption)
 
 
-def plot_violins(groups: dict[str, list[float]], out: Path, title: str, ylabel: str) -> Path:
+def plot_violins(
+    groups: dict[str, list[float]], out: Path, title: str, ylabel: str, caption: str = "", xlabel: str = "method"
+) -> Path:
     """One violin per group with its points on top and σ (std over the points) in the tick label: the
     distribution of per-user accuracy (FedMGDA+ Fig. 3). Groups without finite values are left out."""
-    import numpy as np
-
     data = {name: np.asarray(v, dtype=float) for name, v in groups.items()}
     data = {name: v[np.isfinite(v)] for name, v in data.items() if np.isfinite(v).any()}
     fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(data) + 1), 4.4), dpi=120)
@@ -88,6 +242,9 @@ def plot_violins(groups: dict[str, list[float]], out: Path, title: str, ylabel: 
         ax.set_xticks(positions)
         labels = [f"{name}\nσ = {np.std(values):.3f}" for name, values in data.items()]
         ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    return save_figure(fig, ax, out, legend=False)
+    ax.set_title(title, fontsize=10)
+    shape = "Each violin: the distribution of the points (one per user), its horizontal line the mean; dots: the points"
+    shape += "; σ: their standard deviation."
+    return save_figure(fig, ax, out, legend=False, caption=f"{shape} {caption}".strip())
