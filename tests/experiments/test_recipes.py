@@ -49,4 +49,4 @@ def test_rerunning_a_recipe_reuses_its_finished_runs(tmp_path: Path) -> None:
     assert again.values == first.values
     assert (tmp_path / "FedAvg" / "seed0" / "checkpoint.pt").stat().st_mtime_ns == stamp  # nothing retrained
     changed = Recipe(**{**recipe.__dict__, "base": deep_merge(BASE, {"rounds": 4})})
-    assert run_recipe(changed, tmp_path, seeds=(0,)).runs["FedAvg"][0].round == 4
+    assert run_recipe(changed, tmp_path, seeds=(0,)).runs["FedAvg"][0].rounds == 4
