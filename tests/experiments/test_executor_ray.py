@@ -69,7 +69,7 @@ def cluster() -> Iterator[str]:
                 time.sleep(1)
         yield address
     finally:
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
             try:
                 os.killpg(head.pid, sig)
                 head.wait(wait)

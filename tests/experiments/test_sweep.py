@@ -198,7 +198,7 @@ def test_worker_processes_give_the_serial_run_folders(tmp_path: Path) -> None:
 
 def test_failing_and_diverging_runs_do_not_stop_the_others(tmp_path: Path) -> None:
     grid = ["local.lr=0.05,1e6", "partition.min_size=20,1000"]
-    sweep = make_sweep({**TINY, "max_loss": 50.0}, grid=grid)
+    sweep = make_sweep({**TINY, "max_loss": 50.0, "rounds": 2}, grid=grid)
     with Executor(2) as pool:
         result = run_sweep(sweep, tmp_path, pool)
     status = {o.task.meta["point"]: o.status for o in result.outcomes}
@@ -242,6 +242,7 @@ def test_an_interrupted_sweep_reruns_only_what_is_missing(tmp_path: Path) -> Non
     assert_same_run_folders(tmp_path / "reference", tmp_path / "sweep")
 
 
+@pytest.mark.slow
 def test_a_killed_worker_process_is_replaced_and_its_run_resumed(tmp_path: Path) -> None:
     sweep = make_sweep(TINY, grid=["local.lr=0.02,0.1"], seeds=2)
     with Executor(1) as reference:

@@ -19,7 +19,7 @@ import os
 import pickle
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -290,27 +290,25 @@ class Executor:
             self._ray.shutdown()
             self._ray = None
 
-    @property
-    def where(self) -> str:
+    def _where(self, pending: int) -> str:
         if self.ray_address is not None:
-            return f"Ray cluster at {self.ray_address}"
-        if self.workers == 1:
+            return f"the Ray cluster at {self.ray_address}"
+        if self.workers == 1 or pending <= 1:
             return "this process"
-        return f"{self.workers} worker processes"
+        return f"{min(self.workers or 1, pending)} worker processes"
 
     def run(self, tasks: Sequence[Task], post: Post | None = None, stage: str = "runs") -> list[Outcome]:
         """Run every task (reusing finished run folders when there is no `post`), in task order."""
         tasks = [Task(t.config, t.out.absolute(), t.label, t.meta) for t in tasks]
-        folders = [t.out for t in tasks]
-        if len(set(folders)) < len(folders):
-            twice = next(f for f in folders if folders.count(f) > 1)
-            raise ConfigError(f"two runs would share the run folder '{twice}'; give them different labels")
+        twice = [folder for folder, n in Counter(t.out for t in tasks).items() if n > 1]
+        if twice:
+            raise ConfigError(f"two runs would share the run folder '{twice[0]}'; give them different labels")
         outcomes: list[Outcome | None] = [reuse(t) if post is None else None for t in tasks]
         pending = [i for i, o in enumerate(outcomes) if o is None]
         settings = _Settings(self.callbacks, post, self.threads)
         for task in tasks:
             task.out.parent.mkdir(parents=True, exist_ok=True)
-        self.monitor.start(stage, tasks, len(tasks) - len(pending), self.where)
+        self.monitor.start(stage, tasks, len(tasks) - len(pending), self._where(len(pending)))
         try:
             if not pending:
                 pass

@@ -329,9 +329,9 @@ class SweepResult:
 
 
 def run_sweep(sweep: Sweep, out: Path, executor: Executor) -> SweepResult:
-    """Run (or finish) every point × seed of `sweep` into `out`, then write and return its summary."""
-    tasks = sweep.tasks(out)
-    out.mkdir(parents=True, exist_ok=True)
+    """Run (or finish) every point × seed of `sweep` into `out`, then write and return its summary. A folder that
+    holds a sweep of another base config is refused (the grid and the seeds may change: finished runs are
+    reused)."""
     record = out / "sweep.json"
     if record.is_file():
         try:
@@ -343,22 +343,35 @@ def run_sweep(sweep: Sweep, out: Path, executor: Executor) -> SweepResult:
                 f"'{out}' holds a sweep of another base config; choose another --out (a sweep of the same base "
                 "config may change its grid and seeds: finished runs are reused)"
             )
+    tasks = prepare_sweep(sweep, out)
+    result = finish_sweep(sweep, out, executor.run(tasks, stage="sweep"))
+    if result.best is None and any(r.ok for r in result.results):
+        names = sorted({m for r in result.results for m in r.values})
+        raise ConfigError(
+            f"no run reports '{sweep.metric}'{closest(sweep.metric, names)}; the runs are kept: summarise them by "
+            f"rerunning with --metric one of {', '.join(names)}"
+        )
+    return result
+
+
+def prepare_sweep(sweep: Sweep, out: Path) -> list[Task]:
+    """The sweep's tasks (every point checked), with ``sweep.json`` and each point's ``point.json`` written."""
+    tasks = sweep.tasks(out)
+    out.mkdir(parents=True, exist_ok=True)
     spec = {"base": sweep.base, "grid": sweep.grid, "seeds": list(sweep.seeds), "metric": sweep.metric}
-    write_text(record, json.dumps({**spec, "mode": sweep.mode}, indent=1) + "\n")
+    write_text(out / "sweep.json", json.dumps({**spec, "mode": sweep.mode}, indent=1) + "\n")
     for point in sweep.points():
         (out / point.name).mkdir(exist_ok=True)
         write_text(out / point.name / "point.json", json.dumps(point.__dict__, indent=1) + "\n")
-    outcomes = executor.run(tasks, stage="sweep")
+    return tasks
+
+
+def finish_sweep(sweep: Sweep, out: Path, outcomes: list[Outcome]) -> SweepResult:
+    """Read the sweep's results from its run folders; write ``runs.json``, ``summary.md`` and ``summary.csv``."""
     write_index(out / "runs.json", outcomes)
     results = read_results(sweep, out)
     best = best_point(results, sweep.metric, sweep.mode)
     table = summary_markdown(sweep, results, best)
     write_text(out / "summary.md", table)
     write_text(out / "summary.csv", summary_csv(sweep, results))
-    if best is None and any(r.ok for r in results):
-        names = sorted({m for r in results for m in r.values})
-        raise ConfigError(
-            f"no run reports '{sweep.metric}'{closest(sweep.metric, names)}; the runs are kept: summarise them by "
-            f"rerunning with --metric one of {', '.join(names)}"
-        )
     return SweepResult(results, best, outcomes, table)

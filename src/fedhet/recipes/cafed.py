@@ -17,7 +17,8 @@ reports, F̂* the loss of a model fitted on the client alone, β = 1 i.e. the co
 
 Outputs: ``table.md`` (Table I next to the paper's, which clients CA-Fed excludes, the issue's CA-Fed vs
 Unbiased check), ``tuning.md``, ``results.json``, one run folder per dataset/method/seed (with
-``availability.npz``) and per tuning run (``tuning/<dataset>/<method>/lr-<η>_server-lr-<η_s>``),
+``availability.npz``), and a sweep folder per tuned method (``tuning/<dataset>/<method>/``: a run folder per
+(η, η_s), ``summary.md``),
 ``fig1_availability.png``, ``fig2_importance.png``, ``fig3_time_average.png``. The tuning runs go first, all at
 once, then the final runs: both stages through the `Executor` that ``fedhet reproduce --workers/--ray`` chooses.
 """
@@ -32,9 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.experiments.executor import Executor, Outcome, Task, raise_failures
+from fedhet.errors import FedhetError
+from fedhet.experiments.executor import Executor, Task, raise_failures
 from fedhet.experiments.naming import safe_name
 from fedhet.experiments.recipes import Recipe, deep_merge, mean_std, register_recipe
+from fedhet.experiments.sweep import Point, Sweep, SweepResult, finish_sweep, prepare_sweep
 
 AVAILABILITY: dict[str, Any] = {"name": "cafed_classes", "g": 0.4, "nu": 0.9, "eps": 1e-2}
 ROUNDS = 150
@@ -153,35 +156,27 @@ def _mnist_available(data_dir: Path) -> bool:
     return True
 
 
-def tuning_grid(method: str) -> list[tuple[float, float]]:
-    """The (η, η_s) pairs tuned for `method` (AdaFed's η_s is fixed)."""
-    servers = (FIXED_SERVER_LR[method],) if method in FIXED_SERVER_LR else SERVER_GRID
-    return [(lr, server_lr) for lr in LOCAL_GRID for server_lr in servers]
+def tuning_sweep(dataset: dict[str, Any], method: str, rounds: int) -> Sweep:
+    """The (η, η_s) grid of `method` on `TUNING_SEED` (AdaFed's η_s is fixed), picked by time-average α-weighted
+    test accuracy."""
+    grid: dict[str, list[Any]] = {"local.lr": list(LOCAL_GRID)}
+    if method not in FIXED_SERVER_LR:
+        grid["algorithm.server_lr"] = list(SERVER_GRID)
+    base = method_config(dataset, method, *DEFAULT_LRS, TUNING_SEED, rounds)
+    return Sweep(base, grid, seeds=(TUNING_SEED,), metric="time_avg_accuracy", mode="max")
 
 
-def tuning_tasks(out: Path, datasets: dict[str, dict[str, Any]], methods: tuple[str, ...], rounds: int) -> list[Task]:
-    """Every method's (η, η_s) grid on `TUNING_SEED`, into ``out/tuning/<dataset>/<method>/lr-<η>_server-lr-<η_s>``."""
-    return [
-        Task(
-            method_config(dataset, method, lr, server_lr, TUNING_SEED, rounds),
-            out / "tuning" / name.lower() / slug(method) / safe_name(f"lr-{lr:.4g}_server-lr-{server_lr:.4g}"),
-            f"tuning {name} {method}: η={lr:.4g}, η_s={server_lr:.4g}",
-            {"recipe": "cafed-table1", "dataset": name, "method": method, "lrs": (lr, server_lr)},
-        )
-        for name, dataset in datasets.items()
-        for method in methods
-        for lr, server_lr in tuning_grid(method)
-    ]
+def pick(method: str, result: SweepResult) -> tuple[tuple[float, float], dict[str, float]]:
+    """The best (η, η_s) of a tuning sweep (diverged runs are skipped) and every pair's score."""
 
+    def lrs(point: Point) -> tuple[float, float]:
+        values = point.values
+        return float(values["local.lr"]), float(values.get("algorithm.server_lr", FIXED_SERVER_LR.get(method, 0)))
 
-def pick(outcomes: list[Outcome]) -> tuple[tuple[float, float], dict[str, float]]:
-    """The (η, η_s) of the best time-average α-weighted test accuracy among one method's tuning runs (diverged
-    runs are skipped), and every pair's score."""
-    scores = {
-        tuple(o.task.meta["lrs"]): float(o.final["time_avg_accuracy"]) if o.ok else float("nan") for o in outcomes
-    }
-    best = max((k for k in scores if not np.isnan(scores[k])), key=lambda k: scores[k])
-    return (best[0], best[1]), {f"{lr:.4g}/{s:.4g}": v for (lr, s), v in scores.items()}
+    if result.best is None:
+        raise FedhetError(f"every tuning run of {method} diverged; see {result.outcomes[0].task.out.parent.parent}")
+    scores = {"{:.4g}/{:.4g}".format(*lrs(r.point)): r.mean("time_avg_accuracy") for r in result.results}
+    return lrs(result.best.point), scores
 
 
 def run_table1(
@@ -217,14 +212,16 @@ def run_table1(
         result.lrs[name] = dict.fromkeys(methods, DEFAULT_LRS)
     if tuning:
         say(f"tuning (η, η_s) of {', '.join(methods)} on {', '.join(datasets)}")
-        outcomes = executor.run(tuning_tasks(out, chosen, methods, rounds), stage="tuning")
-        for name in datasets:
-            for method in methods:
-                mine = [o for o in outcomes if o.task.meta["dataset"] == name and o.task.meta["method"] == method]
-                result.lrs[name][method], grid[f"{name}/{method}"] = pick(mine)
-                lr, server_lr = result.lrs[name][method]
-                best = grid[f"{name}/{method}"][f"{lr:.4g}/{server_lr:.4g}"]
-                say(f"  tuned {name} {method}: η = {lr:.4g}, η_s = {server_lr:.4g} (time-average {100 * best:.2f}%)")
+        sweeps = {(name, method): tuning_sweep(chosen[name], method, rounds) for name in datasets for method in methods}
+        folders = {(name, method): out / "tuning" / name.lower() / slug(method) for name, method in sweeps}
+        prepared = {key: prepare_sweep(sweep, folders[key]) for key, sweep in sweeps.items()}
+        done = iter(executor.run([task for tasks in prepared.values() for task in tasks], stage="tuning"))
+        for (name, method), sweep in sweeps.items():
+            tuned = finish_sweep(sweep, folders[name, method], [next(done) for _ in prepared[name, method]])
+            result.lrs[name][method], grid[f"{name}/{method}"] = pick(method, tuned)
+            lr, server_lr = result.lrs[name][method]
+            best = grid[f"{name}/{method}"][f"{lr:.4g}/{server_lr:.4g}"]
+            say(f"  tuned {name} {method}: η = {lr:.4g}, η_s = {server_lr:.4g} (time-average {100 * best:.2f}%)")
     tasks = [
         Task(
             method_config(chosen[name], method, *result.lrs[name][method], seed, rounds),
