@@ -199,8 +199,8 @@ def test_worker_processes_give_the_serial_run_folders(tmp_path: Path) -> None:
 def test_failing_and_diverging_runs_do_not_stop_the_others(tmp_path: Path) -> None:
     grid = ["local.lr=0.05,1e6", "partition.min_size=20,1000"]
     sweep = make_sweep({**TINY, "max_loss": 50.0, "rounds": 2}, grid=grid)
-    with Executor(2) as pool:
-        result = run_sweep(sweep, tmp_path, pool)
+    with Executor(1) as serial:  # the same run_task as in a worker process
+        result = run_sweep(sweep, tmp_path, serial)
     status = {o.task.meta["point"]: o.status for o in result.outcomes}
     assert status == {
         "lr-0.05_min_size-20": "finished",

@@ -303,6 +303,10 @@ def sweep(
     metric: Annotated[str | None, typer.Option(help="final metric that picks the best point")] = None,
     mode: Annotated[str | None, typer.Option(help="max or min (default: min for losses, max otherwise)")] = None,
     show: Annotated[list[str] | None, typer.Option(help="another metric for the summary table (repeatable)")] = None,
+    imports: Annotated[
+        list[str] | None,
+        typer.Option("--import", help="a module or .py file with your own components (plugins; repeatable)"),
+    ] = None,
     workers: WorkersOption = None,
     ray: RayOption = None,
     threads: ThreadsOption = 1,
@@ -314,6 +318,8 @@ def sweep(
     from fedhet.experiments.sweep import make_sweep, run_sweep
 
     raw: dict[str, Any] = load_yaml(config) if config is not None else {}
+    if imports:
+        raw["imports"] = [*raw.get("imports", []), *imports]
     for assignment in set_ or []:
         apply_override(raw, assignment)
     spec = make_sweep(raw, grid or [], seeds, metric, mode, show or [])
