@@ -2,11 +2,13 @@
 embedded digits) run with --workers 1 (in this process), 2, 4, ... up to the cores this process may use, the
 speedup over one worker, and a check that every run folder's metrics.csv is byte-identical to the serial one's.
 
-Run: python benchmarks/sweep_scaling.py [--rounds 40] [--max-workers N] [--json runs/sweep_scaling.json]
+Run: python benchmarks/sweep_scaling.py [--rounds 100] [--max-workers N] [--json runs/sweep_scaling.json]
 
 The same as the command line does: fedhet sweep <config> --grid ... --seeds 2 --workers N. Timings include
-starting the worker processes. The machine's load average is printed before and after: other processes on the
-cores lower the speedup.
+starting the worker processes (about 3 CPU-seconds each to import torch and fedhet; the serial sweep runs in this
+process, which has them already). The machine's load average is printed before and after, and the share of a core
+the serial sweep got (its CPU time over its wall time: about 1 on a quiet machine); other processes on the cores
+lower the speedup.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def identical(a: Path, b: Path) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=40, help="rounds per run (default 40)")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds per run (default 100: ~7 s of one core)")
     parser.add_argument("--max-workers", type=int, default=default_workers(), help="most workers to try")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
@@ -60,13 +62,17 @@ def main() -> None:
     load = os.getloadavg()
     print(f"{len(sweep.points()) * len(sweep.seeds)} runs of {args.rounds} rounds; workers {counts}; load {load}")
     rows: list[dict[str, Any]] = []
+    share = 0.0
     with tempfile.TemporaryDirectory(prefix="fedhet-sweep-") as tmp:
         root = Path(tmp)
         for workers in counts:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             with Executor(workers) as executor:
                 result = run_sweep(sweep, root / f"w{workers}", executor)
             seconds = time.perf_counter() - start
+            if workers == 1:
+                share = (time.process_time() - cpu) / seconds
+                print(f"the serial sweep got {share:.2f} of a core (about 1 on a quiet machine)")
             assert all(o.ok for o in result.outcomes), [o.error for o in result.outcomes if not o.ok]
             same = identical(root / "w1", root / f"w{workers}")
             speedup = rows[0]["seconds"] / seconds if rows else 1.0
@@ -81,7 +87,8 @@ def main() -> None:
             "cores": os.cpu_count(),
             "torch": torch.__version__,
         }
-        payload = {"rounds": args.rounds, "rows": rows, "load": [load[0], after[0]], "machine": machine}
+        payload = {"rounds": args.rounds, "rows": rows, "load": [load[0], after[0]], "core_share": share}
+        payload["machine"] = machine
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=1) + "\n")
     if not all(r["identical"] for r in rows):

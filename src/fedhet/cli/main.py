@@ -330,7 +330,7 @@ def sweep(
     except KeyboardInterrupt:
         err_console.print(INTERRUPTED)
         raise typer.Exit(130) from None
-    console.print(result.table, highlight=False, markup=False)
+    console.print(result.table, highlight=False, markup=False, soft_wrap=True)
     failed = [o for o in result.outcomes if o.status == "failed"]
     if any(o.detail for o in failed):
         (out / "errors.log").write_text("".join(f"{o.task.label}\n{o.detail}\n" for o in failed if o.detail))

@@ -79,8 +79,9 @@ class RunsProgress(Monitor):
             BarColumn(),
             TextColumn("{task.fields[counts]}"),
             TimeElapsedColumn(),
-            TextColumn("left"),
+            TextColumn("elapsed,"),
             TimeRemainingColumn(),
+            TextColumn("left"),
             console=self.console,
         )
         self.bar = self.progress.add_task(stage, total=len(tasks), completed=done, counts=self._counts())

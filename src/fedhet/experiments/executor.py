@@ -274,6 +274,7 @@ class Executor:
         self.threads, self.ray_address, self.retries = threads, ray, retries
         self.workers = workers if workers is not None or ray is not None else default_workers(threads)
         self.callbacks, self.monitor = callbacks, monitor or Monitor()
+        self.history: list[Outcome] = []  # every outcome of every stage, in order
         self._pool: ProcessPoolExecutor | None = None
         self._queue: Any = None
         self._ray: Any = None
@@ -323,7 +324,9 @@ class Executor:
             raise
         finally:
             self.monitor.stop()
-        return [o for o in outcomes if o is not None]
+        done = [o for o in outcomes if o is not None]
+        self.history.extend(done)
+        return done
 
     # ---------------------------------------------------------------------------------------------- serially
 

@@ -120,8 +120,11 @@ def run_recipe(
     executor = executor or Executor(1)
     out.mkdir(parents=True, exist_ok=True)
     if recipe.custom is not None:
+        start = len(executor.history)
         table = recipe.custom(out, quick, seeds, embedded, executor)
         (out / "table.md").write_text(table)
+        if len(executor.history) > start:
+            write_index(out / "runs.json", executor.history[start:])
         return RecipeResult(table, {}, {})
     if embedded is None:
         embedded = recipe.fallback is not None and not _dataset_available(recipe.base)
