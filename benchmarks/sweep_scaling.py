@@ -2,7 +2,7 @@
 embedded digits) run with --workers 1 (in this process), 2, 4, ... up to the cores this process may use, the
 speedup over one worker, and a check that every run folder's metrics.csv is byte-identical to the serial one's.
 
-Run: python benchmarks/sweep_scaling.py [--rounds 100] [--max-workers N] [--json runs/sweep_scaling.json]
+Run: python benchmarks/sweep_scaling.py [--rounds 500] [--max-workers N] [--json runs/sweep_scaling.json]
 
 The same as the command line does: fedhet sweep <config> --grid ... --seeds 2 --workers N. Timings include
 starting the worker processes (about 3 CPU-seconds each to import torch and fedhet; the serial sweep runs in this
@@ -49,7 +49,7 @@ def identical(a: Path, b: Path) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=100, help="rounds per run (default 100: ~7 s of one core)")
+    parser.add_argument("--rounds", type=int, default=500, help="rounds per run (default 500: ~6 s of one core)")
     parser.add_argument("--max-workers", type=int, default=default_workers(), help="most workers to try")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
