@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch is pinned so that pip takes the CPU build (an unpinned torch pulls a multi-GB CUDA build).
 TORCH := torch==2.13.0
 
-.PHONY: install demo test lint docs bench bench-quick clean flower-venv test-flower flower-demo
+.PHONY: install demo test lint docs bench bench-quick clean flower-venv test-flower flower-demo test-ray
 
 $(BIN)/fedhet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ flower-venv: $(FLOWER_BIN)/flwr
 # The Flower tests: FEDHET_FLOWER_TESTS=1 makes a missing flwr an error instead of an ignored folder.
 test-flower: flower-venv
 	FEDHET_FLOWER_TESTS=1 $(FLOWER_BIN)/pytest tests/flower
+
+# The Ray executor's test (docs/sweeps.md): a local Ray head on loopback; FEDHET_RAY_TESTS=1 makes a missing Ray an
+# error instead of a skip.
+test-ray: install
+	$(BIN)/pip install -q -e '.[dev,ray]' $(TORCH)
+	FEDHET_RAY_TESTS=1 $(BIN)/pytest tests/experiments/test_executor_ray.py
 
 # MaxFL on a local SuperLink with 3 SuperNodes (loopback); the run folder is runs/flower-demo.
 flower-demo: flower-venv

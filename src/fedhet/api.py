@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import ValidationError
 
+from fedhet.config_keys import COMPONENT_KEYS
 from fedhet.errors import ConfigError, FedhetError
 from fedhet.experiments.callbacks import Callback
-from fedhet.experiments.config import COMPONENT_KEYS, RunConfig, load_yaml
+from fedhet.experiments.config import RunConfig, load_yaml
 from fedhet.registry import Component, format_validation_error, spec_of
 
 if TYPE_CHECKING:

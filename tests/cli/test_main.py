@@ -126,3 +126,40 @@ def test_compare_names_runs_by_what_differs_and_fits_80_columns(tmp_path: Path) 
     lines = result.output.splitlines()
     assert result.exit_code == 0 and max(len(line) for line in lines) <= 80, result.output
     assert "left out to fit 80 columns" in " ".join(result.output.split())
+
+
+def test_sweep_from_a_yaml_section_and_flags(tmp_path: Path) -> None:
+    cfg = tmp_path / "grid.yaml"
+    cfg.write_text(
+        "dataset: digits\nrounds: 2\nnum_clients: 6\nmodel: {name: mlp, hidden: [8]}\n"
+        "sweep:\n  grid:\n    local.lr: [0.02, 0.1]\n  seeds: 2\n"
+    )
+    out_dir = tmp_path / "sweep"
+    args = ["sweep", str(cfg), "--grid", "algorithm=fedavg,fedprox", "--out", str(out_dir), "--workers", "1"]
+    code, out = invoke(*args, "--show", "test_loss")
+    assert code == 0, out
+    assert "best by test_accuracy (max):" in out and "| point | test_accuracy | test_loss |" in out
+    assert len(list(out_dir.glob("*/seed*/metrics.csv"))) == 8
+    assert (out_dir / "lr-0.1_algorithm-fedprox" / "seed1" / "summary.json").is_file()
+    code, again = invoke(*args, "--show", "test_loss")  # everything is reused: the same summary
+    assert code == 0 and "8 runs on this process; 8 already finished" in again
+    assert [line for line in again.splitlines() if line.startswith("|")] == [
+        line for line in out.splitlines() if line.startswith("|")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sweep", "--seeds", "0"], "--seeds 0: give the number of seeds, at least 1"),
+        (["sweep", "--grid", "local.lr"], "--grid 'local.lr' must look like key=value1,value2"),
+        (["sweep", "--grid", "local.lr=0.1,0.1"], "the value 0.1 is listed twice"),
+        (["sweep", "--grid", "algorithm=fedavgg"], "grid point algorithm=fedavgg: unknown algorithm"),
+        (["sweep", "--workers", "0"], "--workers 0: give at least 1"),
+        (["reproduce", "fedmgda-improved", "--seeds", "0"], "--seeds 0: give at least 1 seed"),
+    ],
+)
+def test_bad_sweeps_are_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
+    code, out = invoke(*args, "--out", str(tmp_path / "x"), "--quiet")
+    assert code == 2, out
+    assert message in out and len(out.strip().splitlines()) == 1, out

@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
+from fedhet.config_keys import flatten
 from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import RunState, resume, run
 from fedhet.experiments.tracking import (
     TRACKERS,
-    flatten,
     prepare_tracking,
     read_state,
     trackers_for,

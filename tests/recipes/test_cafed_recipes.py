@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedhet.engine.threads import torch_threads
 from fedhet.experiments.build import components
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.recipes import deep_merge
+from fedhet.experiments.runner import run
 from fedhet.methods.cafed.availability_aware import AvailabilityAware
 from fedhet.methods.cafed.strategy import CAFed
 from fedhet.recipes import get_recipe
@@ -21,9 +23,7 @@ from fedhet.recipes.cafed import (
     METHODS,
     MNIST_FALLBACK,
     PAPER_TABLE,
-    _run,
     class_exclusion,
-    counting,
     method_config,
     run_table1,
     slug,
@@ -60,7 +60,7 @@ def test_every_method_runs_in_the_paper_setting() -> None:
 
 
 def test_tiny_table1_writes_the_table_and_figures(tmp_path: Path) -> None:
-    result = run_table1(tmp_path, seeds=(0, 1), rounds=6, datasets=("Synthetic",), tuning=False, progress=False)
+    result = run_table1(tmp_path, seeds=(0, 1), rounds=6, datasets=("Synthetic",), tuning=False)
     assert set(result.values["Synthetic"]) == set(METHODS)
     text = table_markdown(result, (0, 1), 6)
     for method in (*METHODS, *PAPER_TABLE):
@@ -84,8 +84,8 @@ def test_cafed_orders_against_unbiased_on_a_reduced_run() -> None:
     excluded: list[dict[str, np.ndarray]] = []
     for method in ("Unbiased", "CA-Fed"):
         for seed in (0, 1, 2):
-            with counting(0, enabled=False):  # one torch thread, as the recipes run
-                state = _run(method_config(DATASETS["Synthetic"], method, *DEFAULT_LRS, seed, 150), None)
+            with torch_threads(1):  # as the recipes run
+                state = run(parse_config(method_config(DATASETS["Synthetic"], method, *DEFAULT_LRS, seed, 150)))
             for key in ("time_avg_accuracy", "second_half_std"):
                 values.setdefault(method, {}).setdefault(key, []).append(state.final[key])
             if method == "CA-Fed":

@@ -299,6 +299,90 @@ def plot(
     console.print(f"figure: {plot_curves(read_runs(runs), metric, output)}")
 
 
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(help="runs at once, each in its own process (default: one per core; 1: one after another here)"),
+]
+RayOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        help="run on the Ray cluster at this address (host:port, or auto); needs fedhet[ray] and run folders on "
+        "a file system every node sees",
+    ),
+]
+ThreadsOption = Annotated[int, typer.Option(help="torch threads per run")]
+INTERRUPTED = "interrupted; run the same command again to continue (finished runs are reused, cut-off runs resume)"
+
+
+def _executor(workers: int | None, ray: str | None, threads: int, quiet: bool) -> Any:
+    from fedhet.experiments.executor import Executor
+
+    monitor = None
+    if not quiet:
+        from fedhet.cli.progress import RunsProgress
+
+        monitor = RunsProgress(console)
+    return Executor(workers, ray=ray, threads=threads, monitor=monitor)
+
+
+@app.command()
+@friendly
+def sweep(
+    config: Annotated[Path | None, typer.Argument(help="YAML config file; may hold a sweep: section")] = None,
+    grid: Annotated[
+        list[str] | None,
+        typer.Option("--grid", help="a key and its values, e.g. --grid local.lr=0.01,0.05 (repeatable)"),
+    ] = None,
+    seeds: Annotated[int | None, typer.Option(help="seeds per point: seed, seed+1, ... (default 1)")] = None,
+    out: Annotated[Path | None, typer.Option(help="sweep folder (default runs/sweep-<config name>)")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override a key of the base config (repeatable)")
+    ] = None,
+    metric: Annotated[str | None, typer.Option(help="final metric that picks the best point")] = None,
+    mode: Annotated[str | None, typer.Option(help="max or min (default: min for losses, max otherwise)")] = None,
+    show: Annotated[list[str] | None, typer.Option(help="another metric for the summary table (repeatable)")] = None,
+    imports: Annotated[
+        list[str] | None,
+        typer.Option("--import", help="a module or .py file with your own components (plugins; repeatable)"),
+    ] = None,
+    workers: WorkersOption = None,
+    ray: RayOption = None,
+    threads: ThreadsOption = 1,
+    quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
+) -> None:
+    """Run a grid of configs over several seeds: one run folder per point and seed, a summary (mean ± std over
+    seeds) and the best point."""
+    from fedhet.experiments.config import apply_override, load_yaml
+    from fedhet.experiments.sweep import make_sweep, run_sweep
+
+    raw: dict[str, Any] = load_yaml(config) if config is not None else {}
+    if imports:
+        raw["imports"] = [*raw.get("imports", []), *imports]
+    for assignment in set_ or []:
+        apply_override(raw, assignment)
+    spec = make_sweep(raw, grid or [], seeds, metric, mode, show or [])
+    out = out or Path("runs") / f"sweep-{config.stem if config is not None else 'default'}"
+    try:
+        with _executor(workers, ray, threads, quiet) as executor:
+            result = run_sweep(spec, out, executor)
+    except KeyboardInterrupt:
+        err_console.print(INTERRUPTED)
+        raise typer.Exit(130) from None
+    console.print(result.table, highlight=False, markup=False, soft_wrap=True)
+    failed = [o for o in result.outcomes if o.status == "failed"]
+    if any(o.detail for o in failed):
+        (out / "errors.log").write_text("".join(f"{o.task.label}\n{o.detail}\n" for o in failed if o.detail))
+    console.print(f"results: [bold]{out}[/] (summary.md, summary.csv, one run folder per point and seed)")
+    if failed:
+        err_console.print(
+            f"[red]{len(failed)} of {len(result.outcomes)} runs failed[/] (see above"
+            + (f" and {out / 'errors.log'}" if any(o.detail for o in failed) else "")
+            + "); run the same command again to retry them"
+        )
+        raise typer.Exit(1)
+
+
 @app.command()
 @friendly
 def reproduce(
@@ -309,24 +393,34 @@ def reproduce(
     embedded: Annotated[
         bool | None, typer.Option("--embedded/--paper-data", help="force the embedded dataset, or the paper's")
     ] = None,
-    quiet: Annotated[bool, typer.Option(help="no progress bars")] = False,
+    workers: WorkersOption = None,
+    ray: RayOption = None,
+    threads: ThreadsOption = 1,
+    quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
 ) -> None:
     """Rerun a paper's experiment: every method over several seeds, a markdown table and figures."""
     from fedhet.experiments.recipes import run_recipe
     from fedhet.recipes import get_recipe
 
     chosen = get_recipe(recipe)
+    if seeds is not None and seeds < 1:
+        raise FedhetError(f"--seeds {seeds}: give at least 1 seed (or leave it out for the recipe's seeds)")
     out = out or Path("runs") / recipe
     seed_list = tuple(range(seeds)) if seeds is not None else None
-    result = run_recipe(
-        chosen,
-        out,
-        quick=quick,
-        seeds=seed_list,
-        embedded=embedded,
-        callbacks=None if quiet else (lambda method, seed: [_progress()]),
-        say=lambda text: console.print(f"[yellow]{text}[/]"),
-    )
+    try:
+        with _executor(workers, ray, threads, quiet) as executor:
+            result = run_recipe(
+                chosen,
+                out,
+                quick=quick,
+                seeds=seed_list,
+                embedded=embedded,
+                executor=executor,
+                say=lambda text: console.print(f"[yellow]{escape(text)}[/]"),
+            )
+    except KeyboardInterrupt:
+        err_console.print(INTERRUPTED)
+        raise typer.Exit(130) from None
     console.print(result.table)
     console.print(f"results: [bold]{out}[/] (table.md, figures, one run folder per method and seed)")
 

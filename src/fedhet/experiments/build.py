@@ -11,6 +11,7 @@ import torch
 from fedhet.attacks.base import Attack
 from fedhet.availability.base import Availability
 from fedhet.catalog import ATTACKS, AVAILABILITY, DATASETS, METRIC_PLUGINS, MODELS, PARTITIONERS, STRATEGIES
+from fedhet.config_keys import COMPONENT_KEYS
 from fedhet.data.dataset import FederatedData
 from fedhet.data.federate import federate
 from fedhet.data.labels import corrupt_labels
@@ -22,7 +23,7 @@ from fedhet.engine.objective import TERMS, LocalTerm
 from fedhet.engine.optimizers import OPTIMIZERS, ClientOptimizer
 from fedhet.engine.plan import LocalSettings
 from fedhet.engine.protocol import EngineProtocol
-from fedhet.experiments.config import COMPONENT_KEYS, RunConfig
+from fedhet.experiments.config import RunConfig
 from fedhet.methods.maxfl.requirements import ClientRequirements, UsesRequirements
 from fedhet.metrics.base import Metric
 from fedhet.models.base import ModelSpec

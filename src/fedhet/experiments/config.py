@@ -16,13 +16,13 @@ from pydantic import (
     model_serializer,
 )
 
+from fedhet.config_keys import COMPONENT_KEYS
 from fedhet.data.labels import LabelNoise
 from fedhet.errors import ConfigError
 from fedhet.methods.maxfl.requirements import RequirementsConfig
 from fedhet.registry import format_validation_error
 
 ComponentSpec = str | dict[str, Any]
-COMPONENT_KEYS = ("algorithm", "dataset", "partition", "model", "availability", "attack")
 
 
 class LocalConfig(BaseModel):
@@ -140,13 +140,19 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError(f"--set '{assignment}' must look like key=value, e.g. local.lr=0.1")
     key, text = assignment.split("=", 1)
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ConfigError(f"--set '{assignment}': empty key")
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         value = text
+    set_key(raw, key, value, f"--set '{assignment}'")
+
+
+def set_key(raw: dict[str, Any], key: str, value: Any, where: str) -> None:
+    """Set the ``dotted.key`` of the raw config mapping to `value` in place (a component given by name becomes a
+    mapping when one of its parameters is set); `where` names the source in error messages."""
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"{where}: empty key")
     node = raw
     for depth, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -156,7 +162,7 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
             default = RunConfig.model_fields[part].default if part in COMPONENT_KEYS else {}
             child = {"name": default} if isinstance(default, str) else dict(default or {})
         elif not isinstance(child, dict):
-            raise ConfigError(f"--set '{assignment}': '{part}' is not a section")
+            raise ConfigError(f"{where}: '{part}' is not a section")
         node[part] = child
         node = child
     node[parts[-1]] = value

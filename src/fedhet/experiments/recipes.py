@@ -1,7 +1,8 @@
 """Recipes: a paper's experiment as several methods × seeds, summarised as a markdown table and figures.
 
-`fedhet reproduce NAME` runs every (method, seed) into ``OUT/<method>/seed<k>/`` (a normal run folder, so
-`fedhet compare` works on them), then writes ``OUT/table.md`` (mean ± std over seeds) and the figures.
+`fedhet reproduce NAME` describes every (method, seed) run first, runs them through an `Executor` (serially, in
+worker processes or on Ray) into ``OUT/<method>/seed<k>/`` (a normal run folder, so `fedhet compare` works on
+them), then writes ``OUT/table.md`` (mean ± std over seeds) and the figures from the runs' results.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from fedhet.errors import ConfigError, DivergenceError
-from fedhet.experiments.callbacks import Callback
-from fedhet.experiments.config import parse_config
-from fedhet.experiments.runner import RunState, run_or_resume
+from fedhet.errors import ConfigError
+from fedhet.experiments.executor import Executor, Outcome, Task, raise_failures, write_index
+from fedhet.experiments.naming import safe_name
+from fedhet.experiments.runner import RunState
+from fedhet.experiments.sweep import mean_std
 from fedhet.registry import closest
 from fedhet.report.tables import markdown_table
+
+__all__ = ["Recipe", "RecipeResult", "deep_merge", "get_recipe", "mean_std", "register_recipe", "run_recipe"]
 
 
 def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -52,12 +54,14 @@ class Recipe:
     seeds: tuple[int, ...] = (0, 1, 2)
     quick: dict[str, Any] = field(default_factory=dict)  # changes for --quick (fewer rounds, clients)
     figures: dict[str, str] = field(default_factory=dict)  # metric → figure file name
-    summarise: Callable[[RunState], dict[str, float]] | None = None  # extra per-run numbers for the table
+    # extra per-run numbers for the table, from the run's final state (called where the run ran: picklable, e.g. a
+    # module-level function, for runs in worker processes)
+    summarise: Callable[[RunState], dict[str, float]] | None = None
     fallback: dict[str, Any] | None = None  # changes to an embedded dataset when the paper's files are missing
-    # a study that is not a set of runs: (out, quick, seeds, embedded) → markdown table
-    custom: Callable[[Path, bool, tuple[int, ...], bool | None], str] | None = None
+    # a study of its own: (out, quick, seeds, embedded, executor) → markdown table
+    custom: Callable[[Path, bool, tuple[int, ...], bool | None, Executor], str] | None = None
     # figures other than mean curves (violins, log scales): (recipe, method → runs, out) → None
-    extra_figures: Callable[[Recipe, dict[str, list[RunState]], Path], None] | None = None
+    extra_figures: Callable[[Recipe, dict[str, list[Outcome]], Path], None] | None = None
 
     def config(self, method: str, seed: int, quick: bool, embedded: bool = False) -> dict[str, Any]:
         raw = deep_merge(self.base, self.methods[method])
@@ -89,7 +93,7 @@ def get_recipe(name: str) -> Recipe:
 class RecipeResult:
     table: str
     values: dict[str, dict[str, list[float]]]  # method → column → one value per seed
-    runs: dict[str, list[RunState]]
+    runs: dict[str, list[Outcome]]  # method → its finished runs
 
 
 def run_recipe(
@@ -99,19 +103,28 @@ def run_recipe(
     quick: bool = False,
     seeds: tuple[int, ...] | None = None,
     embedded: bool | None = None,
-    callbacks: Callable[[str, int], list[Callback]] | None = None,
+    executor: Executor | None = None,
     say: Callable[[str], None] = print,
 ) -> RecipeResult:
     """Run every method over every seed and write ``table.md`` and the figures into `out`.
 
+    The runs go through `executor` (default: one after another in this process), into ``OUT/<method>/seed<k>/``
+    with the method's label made shell-safe (`safe_name`); ``OUT/runs.json`` lists label, folder and status.
     `embedded`: True forces the embedded fallback dataset, None uses it only when the paper's dataset files
-    are missing (and says so).
+    are missing (and says so). A run that diverges leaves a gap in the table; one that fails otherwise too, and
+    the recipe ends with an error once the table is written.
     """
+    if seeds is not None and not seeds:
+        raise ConfigError("--seeds 0: give at least 1 seed (or leave it out for the recipe's seeds)")
     seeds = seeds or recipe.seeds
+    executor = executor or Executor(1)
     out.mkdir(parents=True, exist_ok=True)
     if recipe.custom is not None:
-        table = recipe.custom(out, quick, seeds, embedded)
+        start = len(executor.history)
+        table = recipe.custom(out, quick, seeds, embedded, executor)
         (out / "table.md").write_text(table)
+        if len(executor.history) > start:
+            write_index(out / "runs.json", executor.history[start:])
         return RecipeResult(table, {}, {})
     if embedded is None:
         embedded = recipe.fallback is not None and not _dataset_available(recipe.base)
@@ -121,24 +134,30 @@ def run_recipe(
                 f"'{recipe.base.get('data_dir', 'data')}'; running on the embedded fallback: "
                 f"{recipe.fallback.get('dataset') if recipe.fallback else ''}"
             )
+    tasks = [
+        Task(
+            recipe.config(method, seed, quick, embedded),
+            out / safe_name(method) / f"seed{seed}",
+            f"{method}, seed {seed}",
+            {"recipe": recipe.name, "method": method, "seed": seed},
+        )
+        for method in recipe.methods
+        for seed in seeds
+    ]
+    outcomes = executor.run(tasks, post=recipe.summarise)
+    write_index(out / "runs.json", outcomes)
     values: dict[str, dict[str, list[float]]] = {}
-    runs: dict[str, list[RunState]] = {}
-    for method in recipe.methods:
-        for seed in seeds:
-            cfg = parse_config(recipe.config(method, seed, quick, embedded))
-            folder = out / method / f"seed{seed}"
-            try:
-                state = run_or_resume(cfg, folder, callbacks(method, seed) if callbacks else None)
-            except DivergenceError as err:  # one diverging run leaves a gap in the table, not a lost recipe
-                say(f"{method}, seed {seed}: {err} (its run folder {folder} is kept)")
-                numbers: dict[str, float] = {}
-            else:
-                numbers = dict(state.final)
-                if recipe.summarise is not None:
-                    numbers.update(recipe.summarise(state))
-                runs.setdefault(method, []).append(state)
-            for column in recipe.columns:
-                values.setdefault(method, {}).setdefault(column, []).append(numbers.get(column, float("nan")))
+    runs: dict[str, list[Outcome]] = {}
+    for outcome in outcomes:
+        method, seed, folder = outcome.task.meta["method"], outcome.task.meta["seed"], outcome.task.out
+        numbers: dict[str, float] = {}
+        if outcome.ok:
+            numbers = {**outcome.final, **(outcome.result or {})}
+            runs.setdefault(method, []).append(outcome)
+        else:  # one failing run leaves a gap in the table, not a lost recipe
+            say(f"{method}, seed {seed}: {outcome.error} (its run folder {folder} is kept)")
+        for column in recipe.columns:
+            values.setdefault(method, {}).setdefault(column, []).append(numbers.get(column, float("nan")))
     header = ["method", *recipe.columns.values()]
     rows = [[method, *(mean_std(values[method][c]) for c in recipe.columns)] for method in recipe.methods]
     data_note = f"; embedded data: {recipe.fallback.get('dataset')}" if embedded and recipe.fallback else ""
@@ -150,6 +169,7 @@ def run_recipe(
     _figures(recipe, runs, out)
     if recipe.extra_figures is not None:
         recipe.extra_figures(recipe, runs, out)
+    raise_failures(outcomes)
     return RecipeResult(table, values, runs)
 
 
@@ -165,21 +185,8 @@ def _dataset_available(base: dict[str, Any]) -> bool:
     return True
 
 
-def mean_std(values: list[float], digits: int = 4, scale: float = 1.0) -> str:
-    """ "mean ± std" of `scale`·values over the seeds (sample std); seeds without a value (NaN: a diverged run, a
-    target never reached) are left out and counted."""
-    arr = scale * np.asarray(values, dtype=float)
-    ok = arr[~np.isnan(arr)]
-    missing = f" ({len(arr) - len(ok)} of {len(arr)} missing)" if len(ok) < len(arr) else ""
-    if len(ok) == 0:
-        return "n/a" + missing
-    if len(ok) == 1:
-        return f"{ok[0]:.{digits}f}" + missing
-    return f"{ok.mean():.{digits}f} ± {ok.std(ddof=1):.{digits}f}" + missing
-
-
 def mean_curves(
-    runs: dict[str, list[RunState]], metric: str
+    runs: dict[str, list[Outcome]], metric: str
 ) -> tuple[dict[str, list[list[float]]], dict[str, list[float]]]:
     """`metric` per method and seed against the round (NaN where a round lacks it), and each method's rounds."""
     curves = {
@@ -190,7 +197,7 @@ def mean_curves(
     return curves, rounds
 
 
-def _figures(recipe: Recipe, runs: dict[str, list[RunState]], out: Path) -> None:
+def _figures(recipe: Recipe, runs: dict[str, list[Outcome]], out: Path) -> None:
     if not recipe.figures:
         return
     from fedhet.report.plots import plot_mean_curves

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
+from fedhet.config_keys import flatten
 from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
 from fedhet.registry import Component, Registry
@@ -453,20 +454,6 @@ def with_trackers(callbacks: list[Callback], config: RunConfig, out: Path) -> li
 
 
 # ---------------------------------------------------------------------------------------------------------- helpers
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings as dotted keys (``{"local": {"lr": 0.1}}`` → ``{"local.lr": 0.1}``); lists stay values.
-    The ``track`` key is left out: trackers are not part of what a run computes."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if not prefix and key == "track":
-            continue
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def read_state(out: Path) -> dict[str, Any]:

@@ -17,21 +17,27 @@ reports, F̂* the loss of a model fitted on the client alone, β = 1 i.e. the co
 
 Outputs: ``table.md`` (Table I next to the paper's, which clients CA-Fed excludes, the issue's CA-Fed vs
 Unbiased check), ``tuning.md``, ``results.json``, one run folder per dataset/method/seed (with
-``availability.npz``), ``fig1_availability.png``, ``fig2_importance.png``, ``fig3_time_average.png``.
+``availability.npz``), and a sweep folder per tuned method (``tuning/<dataset>/<method>/``: a run folder per
+(η, η_s), ``summary.md``),
+``fig1_availability.png``, ``fig2_importance.png``, ``fig3_time_average.png``. The tuning runs go first, all at
+once, then the final runs: both stages through the `Executor` that ``fedhet reproduce --workers/--ray`` chooses.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedhet.errors import FedhetError
+from fedhet.experiments.executor import Executor, Task, raise_failures
+from fedhet.experiments.naming import safe_name
 from fedhet.experiments.recipes import Recipe, deep_merge, mean_std, register_recipe
+from fedhet.experiments.sweep import Point, Sweep, SweepResult, finish_sweep, prepare_sweep
 
 AVAILABILITY: dict[str, Any] = {"name": "cafed_classes", "g": 0.4, "nu": 0.9, "eps": 1e-2}
 ROUNDS = 150
@@ -125,7 +131,7 @@ def method_config(
 
 def slug(method: str) -> str:
     """A folder name for `method` ("CA-Fed (code)" → "CA-Fed-code")."""
-    return "-".join(method.replace("(", " ").replace(")", " ").split())
+    return safe_name(method)
 
 
 @dataclass
@@ -139,44 +145,6 @@ class Table1Result:
     notes: list[str] = field(default_factory=list)
 
 
-class RunCounter:
-    """A progress bar over the runs of a study (or nothing, with ``enabled=False``)."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.progress: Any = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-            self.progress = Progress(*columns)
-            self.task = self.progress.add_task("runs", total=total)
-
-    def advance(self, what: str) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task, advance=1, description=what)
-
-    def say(self, text: str) -> None:
-        if self.progress is not None:
-            self.progress.console.print(text)
-
-
-@contextmanager
-def counting(total: int, enabled: bool) -> Iterator[RunCounter]:
-    """A `RunCounter` shown while the block runs, with torch on one thread (models of a few hundred parameters:
-    extra threads only contend)."""
-    from fedhet.engine.threads import torch_threads
-
-    counter = RunCounter(total, enabled)
-    if counter.progress is not None:
-        counter.progress.start()
-    try:
-        with torch_threads(1):
-            yield counter
-    finally:
-        if counter.progress is not None:
-            counter.progress.stop()
-
-
 def _mnist_available(data_dir: Path) -> bool:
     from fedhet.catalog import DATASETS as SOURCES
     from fedhet.errors import DataError
@@ -188,36 +156,27 @@ def _mnist_available(data_dir: Path) -> bool:
     return True
 
 
-def _run(raw: dict[str, Any], out: Path | None) -> Any:
-    from fedhet.experiments.config import parse_config
-    from fedhet.experiments.runner import run, run_or_resume
+def tuning_sweep(dataset: dict[str, Any], method: str, rounds: int) -> Sweep:
+    """The (η, η_s) grid of `method` on `TUNING_SEED` (AdaFed's η_s is fixed), picked by time-average α-weighted
+    test accuracy."""
+    grid: dict[str, list[Any]] = {"local.lr": list(LOCAL_GRID)}
+    if method not in FIXED_SERVER_LR:
+        grid["algorithm.server_lr"] = list(SERVER_GRID)
+    base = method_config(dataset, method, *DEFAULT_LRS, TUNING_SEED, rounds)
+    return Sweep(base, grid, seeds=(TUNING_SEED,), metric="time_avg_accuracy", mode="max")
 
-    return run(parse_config(raw)) if out is None else run_or_resume(parse_config(raw), out)
 
+def pick(method: str, result: SweepResult) -> tuple[tuple[float, float], dict[str, float]]:
+    """The best (η, η_s) of a tuning sweep (diverged runs are skipped) and every pair's score."""
 
-def grid_size(method: str) -> int:
-    return len(LOCAL_GRID) * (1 if method in FIXED_SERVER_LR else len(SERVER_GRID))
+    def lrs(point: Point) -> tuple[float, float]:
+        values = point.values
+        return float(values["local.lr"]), float(values.get("algorithm.server_lr", FIXED_SERVER_LR.get(method, 0)))
 
-
-def tune(
-    dataset: dict[str, Any], method: str, rounds: int, counter: RunCounter
-) -> tuple[tuple[float, float], dict[str, float]]:
-    """Grid search of (η, η_s) on `TUNING_SEED` by time-average α-weighted test accuracy (diverged: skipped)."""
-    from fedhet.errors import DivergenceError
-
-    servers = (FIXED_SERVER_LR[method],) if method in FIXED_SERVER_LR else SERVER_GRID
-    scores: dict[tuple[float, float], float] = {}
-    for lr in LOCAL_GRID:
-        for server_lr in servers:
-            try:
-                state = _run(method_config(dataset, method, lr, server_lr, TUNING_SEED, rounds), None)
-                scores[(lr, server_lr)] = float(state.final["time_avg_accuracy"])
-            except DivergenceError:
-                scores[(lr, server_lr)] = float("nan")
-            counter.advance(f"tuning {method}")
-    best = max((k for k in scores if not np.isnan(scores[k])), key=lambda k: scores[k])
-    counter.say(f"  tuned {method}: η = {best[0]:.4g}, η_s = {best[1]:.4g} (time-average {100 * scores[best]:.2f}%)")
-    return best, {f"{lr:.4g}/{s:.4g}": v for (lr, s), v in scores.items()}
+    if result.best is None:
+        raise FedhetError(f"every tuning run of {method} diverged; see {result.outcomes[0].task.out.parent.parent}")
+    scores = {"{:.4g}/{:.4g}".format(*lrs(r.point)): r.mean("time_avg_accuracy") for r in result.results}
+    return lrs(result.best.point), scores
 
 
 def run_table1(
@@ -229,41 +188,61 @@ def run_table1(
     methods: tuple[str, ...] = tuple(METHODS),
     tuning: bool = True,
     data_dir: Path = Path("data"),
-    progress: bool = True,
     embedded: bool | None = None,
+    executor: Executor | None = None,
+    say: Callable[[str], None] = print,
 ) -> Table1Result:
-    """Tune (optionally) and run every method × seed on every dataset; write run folders under `out`.
+    """Tune (optionally; every grid first, all at once) and then run every method × seed on every dataset,
+    through `executor`; write run folders under `out`.
 
     `embedded`: True runs the MNIST column on digits, False requires the MNIST files, None uses digits only when
     the files are missing (and says so)."""
+    executor = executor or Executor(1)
     result = Table1Result()
+    chosen: dict[str, dict[str, Any]] = {}
+    for name in datasets:
+        chosen[name] = DATASETS[name]
+        if name == "MNIST" and (embedded or (embedded is None and not _mnist_available(data_dir))):
+            chosen[name] = deep_merge(DATASETS[name], MNIST_FALLBACK)
+            why = "--embedded" if embedded else f"MNIST IDX files not found in '{data_dir / 'mnist'}'"
+            result.notes.append(f"{why}: the MNIST column uses digits")
+            say(result.notes[-1])
     grid: dict[str, Any] = {}
-    per_dataset = sum((grid_size(m) if tuning else 0) + len(seeds) for m in methods)
-    with counting(per_dataset * len(datasets), progress) as counter:
-        for name in datasets:
-            dataset = DATASETS[name]
-            if name == "MNIST" and (embedded or (embedded is None and not _mnist_available(data_dir))):
-                dataset = deep_merge(dataset, MNIST_FALLBACK)
-                why = "--embedded" if embedded else f"MNIST IDX files not found in '{data_dir / 'mnist'}'"
-                result.notes.append(f"{why}: the MNIST column uses digits")
-                counter.say(result.notes[-1])
-            counter.say(f"{name}: {'tuning and ' if tuning else ''}running {', '.join(methods)}")
-            for method in methods:
-                if tuning:
-                    lrs, grid[f"{name}/{method}"] = tune(dataset, method, rounds, counter)
-                else:
-                    lrs = DEFAULT_LRS
-                result.lrs.setdefault(name, {})[method] = lrs
-                for seed in seeds:
-                    folder = out / name.lower() / slug(method) / f"seed{seed}"
-                    state = _run(method_config(dataset, method, *lrs, seed, rounds), folder)
-                    counter.advance(f"{name} {method} seed {seed}")
-                    per = result.values.setdefault(name, {}).setdefault(method, {})
-                    for column in COLUMNS:
-                        per.setdefault(column, []).append(float(state.final[column]))
-                    curve = [row["time_avg_accuracy"] for row in state.history]
-                    result.curves.setdefault(name, {}).setdefault(method, []).append(curve)
-                    result.folders.setdefault(name, {}).setdefault(method, []).append(folder)
+    for name in datasets:
+        result.lrs[name] = dict.fromkeys(methods, DEFAULT_LRS)
+    if tuning:
+        say(f"tuning (η, η_s) of {', '.join(methods)} on {', '.join(datasets)}")
+        sweeps = {(name, method): tuning_sweep(chosen[name], method, rounds) for name in datasets for method in methods}
+        folders = {(name, method): out / "tuning" / name.lower() / slug(method) for name, method in sweeps}
+        prepared = {key: prepare_sweep(sweep, folders[key]) for key, sweep in sweeps.items()}
+        done = iter(executor.run([task for tasks in prepared.values() for task in tasks], stage="tuning"))
+        for (name, method), sweep in sweeps.items():
+            tuned = finish_sweep(sweep, folders[name, method], [next(done) for _ in prepared[name, method]])
+            result.lrs[name][method], grid[f"{name}/{method}"] = pick(method, tuned)
+            lr, server_lr = result.lrs[name][method]
+            best = grid[f"{name}/{method}"][f"{lr:.4g}/{server_lr:.4g}"]
+            say(f"  tuned {name} {method}: η = {lr:.4g}, η_s = {server_lr:.4g} (time-average {100 * best:.2f}%)")
+    tasks = [
+        Task(
+            method_config(chosen[name], method, *result.lrs[name][method], seed, rounds),
+            out / name.lower() / slug(method) / f"seed{seed}",
+            f"{name} {method}, seed {seed}",
+            {"recipe": "cafed-table1", "dataset": name, "method": method, "seed": seed},
+        )
+        for name in datasets
+        for method in methods
+        for seed in seeds
+    ]
+    outcomes = executor.run(tasks)
+    raise_failures(outcomes, diverged=True)
+    for outcome in outcomes:
+        name, method = outcome.task.meta["dataset"], outcome.task.meta["method"]
+        per = result.values.setdefault(name, {}).setdefault(method, {})
+        for column in COLUMNS:
+            per.setdefault(column, []).append(float(outcome.final.get(column, float("nan"))))
+        curve = [row["time_avg_accuracy"] for row in outcome.history]
+        result.curves.setdefault(name, {}).setdefault(method, []).append(curve)
+        result.folders.setdefault(name, {}).setdefault(method, []).append(outcome.task.out)
     if grid:
         (out / "tuning.md").write_text(_tuning_markdown(grid))
     return result
@@ -569,9 +548,9 @@ def write_figures(result: Table1Result, out: Path, dataset: str = "Synthetic") -
     return paths
 
 
-def _table1(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None) -> str:
+def _table1(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None, executor: Executor) -> str:
     rounds = 40 if quick else ROUNDS
-    result = run_table1(out, seeds=seeds, rounds=rounds, tuning=not quick, embedded=embedded)
+    result = run_table1(out, seeds=seeds, rounds=rounds, tuning=not quick, embedded=embedded, executor=executor)
     write_figures(result, out)
     (out / "results.json").write_text(
         json.dumps(
@@ -605,24 +584,32 @@ class SensitivityResult:
     participation: dict[str, dict[str, list[dict[str, np.ndarray]]]] = field(default_factory=dict)
 
 
-def run_sensitivity(seeds: tuple[int, ...], rounds: int = ROUNDS, progress: bool = True) -> SensitivityResult:
-    """Unbiased and both CA-Fed variants in every `SENSITIVITY_SETTINGS` on the synthetic task, `DEFAULT_LRS`."""
-    from fedhet.experiments.participation import participation_arrays
-
+def run_sensitivity(
+    out: Path, seeds: tuple[int, ...], rounds: int = ROUNDS, executor: Executor | None = None
+) -> SensitivityResult:
+    """Unbiased and both CA-Fed variants in every `SENSITIVITY_SETTINGS` on the synthetic task, `DEFAULT_LRS`,
+    into ``out/<setting>/<method>/seed<k>``."""
+    tasks = [
+        Task(
+            method_config(dataset, method, *DEFAULT_LRS, seed, rounds, availability),
+            out / safe_name(setting) / slug(method) / f"seed{seed}",
+            f"{setting}: {method}, seed {seed}",
+            {"recipe": "cafed-sensitivity", "setting": setting, "method": method, "seed": seed},
+        )
+        for setting, (dataset, availability) in SENSITIVITY_SETTINGS.items()
+        for method in SENSITIVITY_METHODS
+        for seed in seeds
+    ]
+    outcomes = (executor or Executor(1)).run(tasks)
+    raise_failures(outcomes, diverged=True)
     result = SensitivityResult()
-    total = len(SENSITIVITY_SETTINGS) * len(SENSITIVITY_METHODS) * len(seeds)
-    with counting(total, progress) as counter:
-        for setting, (dataset, availability) in SENSITIVITY_SETTINGS.items():
-            for method in SENSITIVITY_METHODS:
-                for seed in seeds:
-                    raw = method_config(dataset, method, *DEFAULT_LRS, seed, rounds, availability)
-                    state = _run(raw, None)
-                    counter.advance(f"{setting}: {method} seed {seed}")
-                    per = result.values.setdefault(setting, {}).setdefault(method, {})
-                    for column in COLUMNS:
-                        per.setdefault(column, []).append(float(state.final[column]))
-                    runs = result.participation.setdefault(setting, {}).setdefault(method, [])
-                    runs.append(participation_arrays(state))
+    for outcome in outcomes:
+        setting, method = outcome.task.meta["setting"], outcome.task.meta["method"]
+        per = result.values.setdefault(setting, {}).setdefault(method, {})
+        for column in COLUMNS:
+            per.setdefault(column, []).append(float(outcome.final[column]))
+        runs = result.participation.setdefault(setting, {}).setdefault(method, [])
+        runs.append(load_arrays(outcome.task.out))
     return result
 
 
@@ -651,10 +638,10 @@ def sensitivity_markdown(result: SensitivityResult, seeds: tuple[int, ...], roun
     return text + markdown_table(["Setting", "Method", *CLASSES.values()], rows)
 
 
-def _sensitivity(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None) -> str:
+def _sensitivity(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None, executor: Executor) -> str:
     del embedded  # synthetic data only
     rounds = 40 if quick else ROUNDS
-    result = run_sensitivity(seeds, rounds)
+    result = run_sensitivity(out, seeds, rounds, executor)
     (out / "results.json").write_text(json.dumps({"values": result.values, "rounds": rounds}, indent=1))
     code_mix = result.participation["50 train, code's classes"]
     panels = {m: code_mix[m][0] for m in CAFED_VARIANTS}

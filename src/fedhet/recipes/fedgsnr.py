@@ -18,7 +18,6 @@ reached the target; the "average speedup" is the mean over the table's finite ce
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +26,11 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from fedhet.engine.threads import torch_threads
 from fedhet.errors import DataError
-from fedhet.experiments.config import parse_config
+from fedhet.experiments.executor import Executor, Task, raise_failures
+from fedhet.experiments.naming import safe_name
 from fedhet.experiments.recipes import Recipe, deep_merge, mean_std, register_recipe
-from fedhet.experiments.runner import RunState, run_or_resume
+from fedhet.experiments.runner import RunState
 from fedhet.methods.fedgsnr.contribution import Contribution, contribution_scores, label_counts, plot_contribution
 from fedhet.metrics.speed import speedup
 from fedhet.report.tables import markdown_table
@@ -131,7 +130,7 @@ def paired_methods(
 
 def slug(text: str) -> str:
     """A folder name for a table label ("α = 0.5" → "alpha-0.5", "FedGSNR with FedAvg" → "fedgsnr-with-fedavg")."""
-    return re.sub(r"[^a-z0-9.]+", "-", text.lower().replace("α", "alpha")).strip("-")
+    return safe_name(text.lower())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -197,20 +196,41 @@ def setting(
 Cells = dict[tuple[str, str], dict[str, Any]]  # (row, column) → config
 
 
+def cell_tasks(out: Path, cells: Cells, seeds: tuple[int, ...]) -> list[Task]:
+    """One task per cell and seed, into ``out/<column>/<row>/seed<k>/``."""
+    return [
+        Task(
+            {**raw, "seed": seed},
+            out / slug(col) / slug(row) / f"seed{seed}",
+            f"{col} | {row} | seed {seed}",
+            {"row": row, "column": col, "seed": seed},
+        )
+        for (row, col), raw in cells.items()
+        for seed in seeds
+    ]
+
+
 def run_cells(
-    out: Path, cells: Cells, seeds: tuple[int, ...], say: Callable[[str], None] = print
-) -> dict[tuple[str, str], list[RunSummary]]:
-    """Run every cell's config for every seed into ``out/<column>/<row>/seed<k>/``."""
-    results: dict[tuple[str, str], list[RunSummary]] = {}
-    for (row, col), raw in cells.items():
-        for seed in seeds:
-            folder = out / slug(col) / slug(row) / f"seed{seed}"
-            with torch_threads(1 if raw["dataset"] == EMBEDDED["dataset"] else None):
-                state = run_or_resume(parse_config({**raw, "seed": seed}), folder)
-            summary = summarise(state)
-            results.setdefault((row, col), []).append(summary)
+    executor: Executor | None,
+    groups: list[tuple[Path, Cells]],
+    seeds: tuple[int, ...],
+    say: Callable[[str], None] = print,
+) -> list[dict[tuple[str, str], list[RunSummary]]]:
+    """Run every cell's config for every seed, of every (folder, cells) group at once, through `executor`."""
+    tasks = [cell_tasks(out, cells, seeds) for out, cells in groups]
+    outcomes = (executor or Executor(1)).run([t for group in tasks for t in group], post=summarise)
+    raise_failures(outcomes, diverged=True)
+    results: list[dict[tuple[str, str], list[RunSummary]]] = []
+    start = 0
+    for group in tasks:
+        mine: dict[tuple[str, str], list[RunSummary]] = {}
+        for outcome in outcomes[start : start + len(group)]:
+            meta, summary = outcome.task.meta, outcome.result
+            mine.setdefault((meta["row"], meta["column"]), []).append(summary)
             reached, best = summary.final.get("rounds_to_target"), summary.final.get("best_test_accuracy")
-            say(f"{col} | {row} | seed {seed}: rounds to target {reached}, best accuracy {best:.4f}")
+            say(f"{outcome.task.label}: rounds to target {reached}, best accuracy {best:.4f}")
+        results.append(mine)
+        start += len(group)
     return results
 
 
@@ -317,6 +337,7 @@ def table1_study(
     seeds: tuple[int, ...],
     *,
     embedded: bool | None = None,
+    executor: Executor | None = None,
     changes: dict[str, Any] | None = None,
     partitions: dict[str, dict[str, Any]] | None = None,
     bases: dict[str, str | dict[str, Any]] | None = None,
@@ -333,7 +354,7 @@ def table1_study(
         for p, spec in partitions.items()
         for m, change in methods.items()
     }
-    results = run_cells(out, cells, seeds)
+    [results] = run_cells(executor, [(out, cells)], seeds)
     rows, columns = list(methods), list(partitions)
     speed, finite = speed_table(results, rows, columns, lambda r: r.removeprefix("FedGSNR with "), base["rounds"])
     for col in columns:
@@ -366,6 +387,7 @@ def table2_study(
     seeds: tuple[int, ...],
     *,
     embedded: bool | None = None,
+    executor: Executor | None = None,
     changes: dict[str, Any] | None = None,
     fractions: dict[str, float] | None = None,
 ) -> str:
@@ -379,7 +401,7 @@ def table2_study(
         for f, frac in fractions.items()
         for m, change in TABLE2_METHODS.items()
     }
-    results = run_cells(out, cells, seeds)
+    [results] = run_cells(executor, [(out, cells)], seeds)
     rows, columns = list(TABLE2_METHODS), list(fractions)
     speed, _ = speed_table(results, rows, columns, lambda r: "FedAvg", base["rounds"])
     for col in columns:
@@ -399,6 +421,7 @@ def figures_study(
     seeds: tuple[int, ...],
     *,
     embedded: bool | None = None,
+    executor: Executor | None = None,
     changes: dict[str, Any] | None = None,
     partitions: dict[str, dict[str, Any]] | None = None,
     flip_partitions: tuple[str, ...] = ("IID", "NonBalance"),
@@ -412,7 +435,6 @@ def figures_study(
         ("FedGSNR with FedAvg", p): deep_merge(base, {"partition": spec, "algorithm": gsnr("fedavg")})
         for p, spec in partitions.items()
     }
-    entropy = run_cells(out / "entropy", entropy_cells, seeds)
     flip = {"fraction": 1 / base["num_clients"], "mapping": "shift"}
     flip_methods: dict[str, dict[str, Any]] = {
         "FedAvg": {"algorithm": "fedavg"},
@@ -423,10 +445,10 @@ def figures_study(
         for p in flip_partitions
         for m, change in flip_methods.items()
     }
-    flipped = run_cells(out / "label-flip", flip_cells, seeds)
-    # the same clients with their true labels: FedGSNR's runs above, and FedAvg's run here
+    # the same clients with their true labels: FedGSNR's entropy runs, and FedAvg's runs here
     true_cells = {("FedAvg", p): deep_merge(base, {"partition": partitions[p]}) for p in flip_partitions}
-    truth = {**run_cells(out / "true-labels", true_cells, seeds)}
+    groups = [(out / "entropy", entropy_cells), (out / "label-flip", flip_cells), (out / "true-labels", true_cells)]
+    entropy, flipped, truth = run_cells(executor, groups, seeds)
     truth.update({("FedGSNR with FedAvg", p): entropy[("FedGSNR with FedAvg", p)] for p in flip_partitions})
 
     log_n = math.log(base["clients_per_round"])
@@ -520,6 +542,7 @@ def fig5_study(
     seeds: tuple[int, ...],
     *,
     embedded: bool | None = None,
+    executor: Executor | None = None,
     changes: dict[str, Any] | None = None,
     bases: dict[str, str | dict[str, Any]] | None = None,
 ) -> str:
@@ -532,7 +555,7 @@ def fig5_study(
     measured = ("FedGSNR with FedAvg", "Pareto")
     if measured in cells:
         cells[measured]["metrics"] = [*base["metrics"], "contribution"]
-    results = run_cells(out, cells, seeds)
+    [results] = run_cells(executor, [(out, cells)], seeds)
     rows = list(methods)
     speed, _ = speed_table(results, rows, ["Pareto"], lambda r: r.removeprefix("FedGSNR with "), base["rounds"])
     accuracy_figures(out, results, rows, "Pareto")
@@ -621,9 +644,9 @@ def plot_summary_contribution(summary: RunSummary, out: Path, title: str) -> Pat
     return plot_contribution(summary.contribution, summary.label_counts, summary.corrupted, out, title)
 
 
-def _custom(study: Callable[..., str]) -> Callable[[Path, bool, tuple[int, ...], bool | None], str]:
-    def go(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None) -> str:
-        return study(out, quick, seeds, embedded=embedded)
+def _custom(study: Callable[..., str]) -> Callable[[Path, bool, tuple[int, ...], bool | None, Executor], str]:
+    def go(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None, executor: Executor) -> str:
+        return study(out, quick, seeds, embedded=embedded, executor=executor)
 
     return go
 

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedhet.experiments.executor import Outcome
 from fedhet.experiments.recipes import Recipe, deep_merge, mean_curves, register_recipe
 from fedhet.experiments.runner import CLIENTS, RunState
 from fedhet.methods.fedmgda.strategy import beta_for_decay
@@ -130,41 +131,34 @@ class FedMGDARecipe(Recipe):
         return raw
 
 
-def mean_over_rounds(metric: str) -> Any:
-    """A `summarise` hook: the mean of `metric` over the evaluated rounds (and over the last half)."""
+@dataclass(frozen=True)
+class MeanOverRounds:
+    """A `summarise` hook: the mean of `metric` over the evaluated rounds (and over the last half); a class, not a
+    closure, so that runs in worker processes can be given it."""
 
-    def summarise(state: RunState) -> dict[str, float]:
-        values = np.asarray([row.get(metric, np.nan) for row in state.history], dtype=float)
+    metric: str
+
+    def __call__(self, state: RunState) -> dict[str, float]:
+        values = np.asarray([row.get(self.metric, np.nan) for row in state.history], dtype=float)
         if len(values) == 0:
             return {}
         return {
-            f"{metric}_mean": float(np.nanmean(values)),
-            f"{metric}_late": float(np.nanmean(values[len(values) // 2 :])),
+            f"{self.metric}_mean": float(np.nanmean(values)),
+            f"{self.metric}_late": float(np.nanmean(values[len(values) // 2 :])),
         }
 
-    return summarise
 
-
-def user_accuracies(states: list[RunState]) -> list[float]:
-    """The final model's test accuracy on every seen client, over all seeds (from clients.csv when a finished
-    run was loaded rather than recomputed)."""
+def user_accuracies(runs: list[Outcome]) -> list[float]:
+    """The final model's test accuracy on every seen client, over all seeds (from each run's clients.csv)."""
     values: list[float] = []
-    for state in states:
-        columns = state.client_columns
-        if columns.get("test_accuracy") is not None:
-            seen = (
-                columns["seen"].bool()
-                if "seen" in columns
-                else torch.ones(len(columns["test_accuracy"]), dtype=torch.bool)
-            )
-            values += columns["test_accuracy"][seen].double().tolist()
-        elif state.out is not None and (state.out / CLIENTS).is_file():
-            with (state.out / CLIENTS).open(newline="") as f:
+    for run in runs:
+        if (run.task.out / CLIENTS).is_file():
+            with (run.task.out / CLIENTS).open(newline="") as f:
                 values += [float(r["test_accuracy"]) for r in csv.DictReader(f) if float(r.get("seen", 1)) > 0]
     return values
 
 
-def accuracy_violins(recipe: Recipe, runs: dict[str, list[RunState]], out: Path) -> None:
+def accuracy_violins(recipe: Recipe, runs: dict[str, list[Outcome]], out: Path) -> None:
     """Fig. 3: violins of the final per-user test accuracy, one per method, σ over users in the labels."""
     from fedhet.report.plots import plot_violins
 
@@ -179,7 +173,7 @@ def accuracy_violins(recipe: Recipe, runs: dict[str, list[RunState]], out: Path)
     )
 
 
-def log_loss_curves(recipe: Recipe, runs: dict[str, list[RunState]], out: Path) -> None:
+def log_loss_curves(recipe: Recipe, runs: dict[str, list[Outcome]], out: Path) -> None:
     """Fig. 7: the uniformly averaged training loss of the participants (``local_loss``) on a log scale."""
     from fedhet.report.plots import plot_mean_curves
 
@@ -303,7 +297,7 @@ def improved() -> Recipe:
         seeds=(1, 5000, 6000, 9000),
         quick={**QUICK, "eval_every": 1},
         figures={"improved_users_ewm": "improved_users.png", "test_accuracy": "accuracy.png"},
-        summarise=mean_over_rounds("improved_users"),
+        summarise=MeanOverRounds("improved_users"),
         fallback={**DIGITS, "eval_every": 1},
     )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fedhet.experiments.executor import Executor
 from fedhet.experiments.recipes import Recipe, register_recipe
 from fedhet.experiments.runner import RunState
 
@@ -254,8 +255,8 @@ def _curve_table(curve: Any) -> str:
     return markdown_table(["γ_G²", "standard FL", "MaxFL (ReLU)", "MaxFL"], rows)
 
 
-def _mean_estimation(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None) -> str:
-    del embedded  # an analytic study: no dataset
+def _mean_estimation(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None, executor: Executor) -> str:
+    del embedded, executor  # an analytic study: no dataset, no runs
     from fedhet.report.tables import markdown_table
     from fedhet.studies.mean_estimation import three_client_appeal, three_client_curve, two_client_curve
     from fedhet.studies.plots import plot_two_client_curve

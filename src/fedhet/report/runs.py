@@ -10,9 +10,8 @@ from typing import Any
 
 import yaml
 
+from fedhet.config_keys import COMPONENT_KEYS, flatten
 from fedhet.errors import ConfigError
-from fedhet.experiments.config import COMPONENT_KEYS
-from fedhet.experiments.tracking import flatten
 
 
 @dataclass

@@ -1,0 +1,114 @@
+"""The executor, in this process: task order, what a monitor is told, reusing finished run folders, a run's
+result function, and its one-line errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fedhet.errors import ConfigError, FedhetError
+from fedhet.experiments.executor import Executor, Monitor, Outcome, Task, raise_failures, reuse
+from fedhet.experiments.runner import RunState
+from sweep_helpers import TINY
+
+
+class Recorder(Monitor):
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def start(self, stage: str, tasks: Any, done: int, where: str) -> None:
+        self.events.append(("start", stage, len(tasks), done, where))
+
+    def started(self, key: int) -> None:
+        self.events.append(("started", key))
+
+    def rounds(self, key: int, done: int, total: int) -> None:
+        self.events.append(("rounds", key, done, total))
+
+    def finished(self, key: int, outcome: Outcome) -> None:
+        self.events.append(("finished", key, outcome.status))
+
+    def stop(self) -> None:
+        self.events.append(("stop",))
+
+
+def tasks(root: Path, lrs: tuple[float, ...] = (0.05, 0.1), rounds: int = 2) -> list[Task]:
+    return [
+        Task({**TINY, "rounds": rounds, "local": {**TINY["local"], "lr": lr}}, root / f"lr{lr}", f"lr {lr}")
+        for lr in lrs
+    ]
+
+
+def client_accuracy(state: RunState) -> list[float]:
+    return state.client_columns["test_accuracy"].double().tolist()
+
+
+def test_serial_runs_in_order_and_tells_the_monitor(tmp_path: Path) -> None:
+    monitor = Recorder()
+    outcomes = Executor(1, monitor=monitor).run(tasks(tmp_path), stage="grid")
+    assert [o.task.label for o in outcomes] == ["lr 0.05", "lr 0.1"] and all(o.ok for o in outcomes)
+    assert [o.rounds for o in outcomes] == [2, 2] and outcomes[0].final == outcomes[0].history[-1]
+    assert monitor.events[0] == ("start", "grid", 2, 0, "this process")
+    assert monitor.events[1:5] == [("started", 0), ("rounds", 0, 0, 2), ("rounds", 0, 1, 2), ("rounds", 0, 2, 2)]
+    assert monitor.events[5] == ("finished", 0, "finished") and monitor.events[-1] == ("stop",)
+
+
+def test_finished_folders_are_reused_and_a_result_function_sees_the_run(tmp_path: Path) -> None:
+    first = Executor(1).run(tasks(tmp_path), post=client_accuracy)
+    assert reuse(tasks(tmp_path)[0]) is not None
+    assert reuse(tasks(tmp_path, rounds=3)[0]) is None  # another config: not this run
+    monitor = Recorder()
+    again = Executor(1, monitor=monitor).run(tasks(tmp_path))
+    assert all(o.reused and o.attempts == 0 for o in again) and monitor.events[0][3] == 2
+    assert [o.history for o in again] == [o.history for o in first]  # metrics.csv holds the same numbers
+    loaded = Executor(1).run(tasks(tmp_path), post=client_accuracy)  # a result function: the run is loaded
+    assert not loaded[0].reused and [o.result for o in loaded] == [o.result for o in first]
+    assert len(first[0].result) == 6 and isinstance(first[0].result[0], float)
+
+
+def test_errors_are_recorded_and_raised_as_one_line(tmp_path: Path) -> None:
+    bad = Task({**TINY, "partition": {"name": "dirichlet", "alpha": 0.5, "min_size": 1000}}, tmp_path / "bad", "bad")
+    outcomes = Executor(1).run([*tasks(tmp_path, (0.05,)), bad])
+    assert [o.status for o in outcomes] == ["finished", "failed"] and "\n" not in outcomes[1].error
+    with pytest.raises(FedhetError, match=r"1 of 2 runs failed, the first: bad: ") as err:
+        raise_failures(outcomes)
+    assert "\n" not in str(err.value)
+
+
+def test_a_bug_is_recorded_with_its_traceback(tmp_path: Path) -> None:
+    def broken(state: RunState) -> None:
+        raise ValueError("oops\nsecond line")
+
+    [outcome] = Executor(1).run(tasks(tmp_path, (0.05,)), post=broken)
+    assert outcome.status == "failed" and outcome.error == "ValueError: oops"
+    assert "Traceback" in outcome.detail and "broken" in outcome.detail
+
+
+def test_two_tasks_cannot_share_a_folder(tmp_path: Path) -> None:
+    twice = [*tasks(tmp_path, (0.05,)), *tasks(tmp_path, (0.05,))]
+    with pytest.raises(ConfigError, match="two runs would share the run folder"):
+        Executor(1).run(twice)
+
+
+def test_what_worker_processes_cannot_be_given_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot be sent to worker processes") as err:
+        Executor(2, callbacks=lambda task: []).run(tasks(tmp_path))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="--threads 0"):
+        Executor(1, threads=0)
+
+
+def test_ray_missing_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as if it were not installed
+    with pytest.raises(FedhetError, match=r"--ray needs Ray: pip install 'fedhet\[ray\]'"):
+        Executor(ray="auto").run(tasks(tmp_path))
+
+
+def test_runs_use_the_threads_they_are_given(tmp_path: Path) -> None:
+    before = torch.get_num_threads()
+    [outcome] = Executor(1, threads=1).run(tasks(tmp_path, (0.05,)), post=lambda state: torch.get_num_threads())
+    assert outcome.result == 1 and torch.get_num_threads() == before
