@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
+import errno
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -29,21 +32,81 @@ err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (sent by `timeout`, Slurm, `docker stop`), raised like Ctrl-C so that a run ends the same way."""
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While inside, SIGTERM raises `Terminated` (only the main thread can take signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _say_error(text: str) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def _os_error(err: OSError) -> str:
+    """One line for a failed read or write: what, where, and (for a full disk) what to do."""
+    where = f" '{err.filename}'" if err.filename else ""
+    text = f"cannot access{where}: {err.strerror or err}"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        text += " (free some space, then run the command again)"
+    return text
+
+
 def friendly(func: F) -> F:
-    """Report fedhet errors as one line on stderr with exit code 2 (no traceback)."""
+    """Report fedhet errors, failed file operations and exhausted memory as one line on stderr with exit code 2 (no
+    traceback); Ctrl-C and SIGTERM as one line with exit code 130 and 143."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return func(*args, **kwargs)
+            with _sigterm_as_interrupt():
+                return func(*args, **kwargs)
         except FedhetError as err:
-            err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+            _say_error(str(err))
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err_console.print("interrupted; continue with: fedhet run --resume <run folder>")
-            raise typer.Exit(130) from None
+        except OSError as err:
+            _say_error(_os_error(err))
+            raise typer.Exit(2) from None
+        except MemoryError:
+            _say_error("out of memory; lower the sizes in the config (clients, local.batch_size, the model)")
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt as err:
+            hint = getattr(err, "fedhet_hint", "")
+            err_console.print(f"interrupted{'; ' + hint if hint else ''}", highlight=False, soft_wrap=True)
+            raise typer.Exit(143 if isinstance(err, Terminated) else 130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# flags of `fedhet run` that change the run: a resume takes none of them (but --rounds)
+_RUN_FLAGS = (
+    "config",
+    "algorithm",
+    "dataset",
+    "model",
+    "partition",
+    "seed",
+    "backend",
+    "out",
+    "set_",
+    "data_dir",
+    "download",
+    "overwrite",
+)
 
 
 @app.command()
@@ -57,15 +120,25 @@ def run(
     rounds: Annotated[int | None, typer.Option(help="communication rounds")] = None,
     seed: Annotated[int | None, typer.Option(help="random seed")] = None,
     backend: Annotated[str | None, typer.Option(help="auto, sequential or vectorised")] = None,
-    out: Annotated[Path | None, typer.Option(help="run folder to write")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="run folder to write: new, empty, or (with --overwrite) a fedhet run")
+    ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="override a key, e.g. --set local.lr=0.1 (repeatable)")
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="folder with dataset files")] = None,
     download: Annotated[bool, typer.Option(help="download missing dataset files")] = False,
-    resume: Annotated[Path | None, typer.Option(help="continue the interrupted run in this folder")] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="continue the interrupted (or finished) run in this folder as configured there; with --rounds N, "
+            "run it up to N rounds; no other flag that changes the run is taken"
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar or table")] = False,
-    overwrite: Annotated[bool, typer.Option(help="replace an existing run in --out")] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="replace the fedhet run in --out (removes fedhet's files only)")
+    ] = False,
     engine: Annotated[
         str, typer.Option(help="native, or flower: Flower's simulation runtime (needs the fedhet[flower] extra)")
     ] = "native",
@@ -75,21 +148,39 @@ def run(
     ] = None,
     nodes: Annotated[int, typer.Option(help="simulated Flower nodes holding the clients (--engine flower)")] = 2,
 ) -> None:
-    """Run one experiment and write its run folder."""
+    """Run one experiment and write its run folder (one fedhet process per folder; Ctrl-C or SIGTERM stops it
+    cleanly and --resume continues it)."""
     from fedhet.experiments.config import apply_override, load_yaml, parse_config, set_component
-    from fedhet.experiments.runner import CHECKPOINT
+    from fedhet.experiments.runfolder import prepare_new
     from fedhet.experiments.runner import resume as resume_run
     from fedhet.experiments.runner import run as start_run
 
     callbacks = [] if quiet else [_progress()]
     if engine not in ("native", "flower"):
         raise FedhetError(f"--engine '{engine}' is not one of: native, flower")
+    if resume is not None:
+        given = locals()
+        extra = [name for name in _RUN_FLAGS if given[name] not in (None, False, [])]
+        if extra:
+            flags = ", ".join(
+                "the config file" if n == "config" else "--" + n.rstrip("_").replace("_", "-") for n in extra
+            )
+            raise FedhetError(
+                f"--resume continues the run as configured in '{resume}' and takes no {flags} (only --rounds); "
+                "to change the run, start a new one with --out"
+            )
     if engine == "flower":
         from fedhet.flower import require_flwr
 
         require_flwr()
     if resume is not None:
-        state = _simulate(None, resume, nodes, callbacks) if engine == "flower" else resume_run(resume, callbacks)
+        with _resume_hint(resume):
+            if engine == "flower":
+                if rounds is not None:
+                    raise FedhetError("--rounds with --resume is not supported with --engine flower")
+                state = _simulate(None, resume, nodes, callbacks)
+            else:
+                state = resume_run(resume, callbacks, rounds=rounds)
         _report(state, quiet)
         return
     raw: dict[str, Any] = load_yaml(config) if config is not None else {}
@@ -116,14 +207,24 @@ def run(
             Path("runs")
             / f"{cfg.spec('algorithm')['name']}_{cfg.spec('dataset')['name']}_seed{cfg.seed}_{int(time.time())}"
         )
-    if (out / CHECKPOINT).exists() and overwrite:
-        shutil.rmtree(out)
-    if (out / CHECKPOINT).exists():
-        raise FedhetError(
-            f"'{out}' already holds a run; continue it with --resume {out} or choose another --out (or --overwrite)"
-        )
-    state = _simulate(cfg, out, nodes, callbacks) if engine == "flower" else start_run(cfg, out, callbacks)
+    with _resume_hint(out):
+        if engine == "flower":
+            prepare_new(out, overwrite)
+            state = _simulate(cfg, out, nodes, callbacks)
+        else:
+            state = start_run(cfg, out, callbacks, overwrite=overwrite)
     _report(state, quiet)
+
+
+@contextmanager
+def _resume_hint(out: Path) -> Iterator[None]:
+    """An interrupted run's message names its folder and the command that continues it."""
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        if (out / "config.yaml").is_file():
+            err.fedhet_hint = f"continue with: fedhet run --resume {out}"  # type: ignore[attr-defined]
+        raise
 
 
 def _simulate(cfg: Any, out: Path, nodes: int, callbacks: list[Any]) -> Any:
@@ -249,7 +350,7 @@ def reproduce(
     recipe: Annotated[str, typer.Argument(help="recipe name (fedhet list recipes)")],
     out: Annotated[Path | None, typer.Option(help="folder for the runs, table.md and figures")] = None,
     quick: Annotated[bool, typer.Option(help="a reduced version (fewer rounds and clients)")] = False,
-    seeds: Annotated[int | None, typer.Option(help="number of seeds (default: the recipe's)")] = None,
+    seeds: Annotated[int | None, typer.Option(help="number of seeds, at least 1 (default: the recipe's)")] = None,
     embedded: Annotated[
         bool | None, typer.Option("--embedded/--paper-data", help="force the embedded dataset, or the paper's")
     ] = None,
@@ -259,6 +360,8 @@ def reproduce(
     from fedhet.experiments.recipes import run_recipe
     from fedhet.recipes import get_recipe
 
+    if seeds is not None and seeds < 1:
+        raise FedhetError(f"--seeds {seeds}: give at least 1 seed (or leave --seeds out for the recipe's own)")
     chosen = get_recipe(recipe)
     out = out or Path("runs") / recipe
     seed_list = tuple(range(seeds)) if seeds is not None else None
@@ -289,6 +392,8 @@ def bench(
     from fedhet.bench.run import run_bench
     from fedhet.bench.targets import check_targets
 
+    if threads < 0:
+        raise FedhetError(f"--threads {threads}: give a number of threads, or 0 for torch's default")
     only = tuple(workload or ())
 
     def say(line: str) -> None:
