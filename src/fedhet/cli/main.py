@@ -58,12 +58,14 @@ def _say_error(text: str) -> None:
 
 
 def _os_error(err: OSError) -> str:
-    """One line for a failed read or write: what, where, and (for a full disk) what to do."""
+    """One line for a failed read or write: what, where, and what to do."""
     where = f" '{err.filename}'" if err.filename else ""
-    text = f"cannot access{where}: {err.strerror or err}"
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        text += " (free some space, then run the command again)"
-    return text
+    full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = f"cannot {'write' if full or err.errno == errno.EROFS else 'access'}{where}: {err.strerror or err}"
+    hint = getattr(err, "fedhet_hint", "")
+    if hint:
+        return f"{text}; {'free some space, then ' if full else ''}{hint}"
+    return text + ("; free some space and run the command again" if full else "")
 
 
 def friendly(func: F) -> F:
@@ -162,12 +164,12 @@ def run(
         given = locals()
         extra = [name for name in _RUN_FLAGS if given[name] not in (None, False, [])]
         if extra:
-            flags = ", ".join(
+            flags = " and ".join(
                 "the config file" if n == "config" else "--" + n.rstrip("_").replace("_", "-") for n in extra
             )
             raise FedhetError(
-                f"--resume continues the run as configured in '{resume}' and takes no {flags} (only --rounds); "
-                "to change the run, start a new one with --out"
+                f"--resume continues the run as configured in '{resume}': leave out {flags} (of its settings only "
+                "--rounds may change), or start a new run with --out"
             )
     if engine == "flower":
         from fedhet.flower import require_flwr
@@ -221,9 +223,9 @@ def _resume_hint(out: Path) -> Iterator[None]:
     """An interrupted run's message names its folder and the command that continues it."""
     try:
         yield
-    except KeyboardInterrupt as err:
+    except (KeyboardInterrupt, OSError) as err:
         if (out / "config.yaml").is_file():
-            err.fedhet_hint = f"continue with: fedhet run --resume {out}"  # type: ignore[attr-defined]
+            err.fedhet_hint = f"continue with: fedhet run --resume {out}"  # type: ignore[union-attr]
         raise
 
 

@@ -77,20 +77,35 @@ class MetricsLog:
     def sha256(self) -> str:
         return self._hash.copy().hexdigest()
 
-    def restore(self, size: int, sha256: str) -> list[dict[str, float]]:
-        """Cut the file back to its first `size` bytes, which must hash to `sha256` (what the checkpoint recorded),
-        and return its rows; raises ValueError when the file does not hold them."""
+    def restore(self, columns: list[str], count: int, sha256: str) -> list[dict[str, float]]:
+        """Bring the file back to what it held when the checkpoint was written (its `columns`, first `count` rows,
+        hashing to `sha256`) and return those rows; raises ValueError when the file does not hold them.
+
+        Rows past `count` (written after the checkpoint, perhaps half) are cut off; a header widened after the
+        checkpoint (a new column) is narrowed back, so that the resumed run writes what an uninterrupted one does.
+        """
         data = self.path.read_bytes() if self.path.is_file() else b""
-        if len(data) < size or hashlib.sha256(data[:size]).hexdigest() != sha256:
-            raise ValueError("it was changed or truncated since the checkpoint")
-        if len(data) > size:
-            with self.path.open("r+b") as f:
-                f.truncate(size)
-        reader = csv.DictReader(io.StringIO(data[:size].decode(), newline=""))
-        self.rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in reader]
-        self.columns = list(reader.fieldnames or [])
-        self.size, self._hash = size, hashlib.sha256(data[:size])
-        return list(self.rows)
+        lines = data.split(b"\r\n")
+        if columns and len(lines) < count + 2:
+            raise ValueError(f"it holds fewer rows than the checkpoint's {count}")
+        try:
+            text = b"".join(line + b"\r\n" for line in lines[: count + 1]).decode() if columns else ""
+            reader = csv.DictReader(io.StringIO(text, newline=""))
+            rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in reader]
+        except (UnicodeDecodeError, ValueError, TypeError, csv.Error):
+            raise ValueError("it was changed since the checkpoint") from None
+        canonical = _csv_text(columns, rows, header=bool(columns)).encode()
+        if hashlib.sha256(canonical).hexdigest() != sha256:
+            raise ValueError("it was changed since the checkpoint")
+        if data[: len(canonical)] == canonical:
+            if len(data) > len(canonical):
+                with self.path.open("r+b") as f:
+                    f.truncate(len(canonical))
+        else:
+            write_bytes(self.path, canonical)
+        self.columns, self.rows = list(columns), rows
+        self.size, self._hash = len(canonical), hashlib.sha256(canonical)
+        return list(rows)
 
     def _rewrite(self) -> None:
         data = _csv_text(self.columns, self.rows, header=bool(self.columns)).encode()

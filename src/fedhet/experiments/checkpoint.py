@@ -13,6 +13,7 @@ import hashlib
 import io
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ def decode(value: Any) -> Any:
 
 def _array_tensor(array: np.ndarray, where: str) -> Tensor:
     try:
-        return torch.from_numpy(np.ascontiguousarray(array)).clone()
+        return torch.from_numpy(np.array(array, order="C", copy=True))
     except TypeError:
         raise TypeError(f"{where}: cannot checkpoint a NumPy array of dtype {array.dtype}") from None
 
@@ -152,8 +153,11 @@ def _load(source: Path | bytes, what: str) -> Any:
                 raise CheckpointError(f"{what} is a folder, not a file")
             if source.stat().st_size == 0:
                 raise CheckpointError(f"{what} is corrupt (empty file)")
-            return torch.load(source, map_location="cpu", weights_only=True)
-        return torch.load(io.BytesIO(source), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about odd pickle protocols: the error below says it all
+            warnings.simplefilter("ignore")
+            return torch.load(
+                source if isinstance(source, Path) else io.BytesIO(source), map_location="cpu", weights_only=True
+            )
     except (CheckpointError, OSError):
         raise
     except Exception as err:  # any failure to parse the file means it is not a usable checkpoint
@@ -164,7 +168,10 @@ def _load(source: Path | bytes, what: str) -> Any:
                 f"{what} holds a Python object ({found.group(1)}) that fedhet refuses to load, since loading it "
                 "could run code (a file from an older fedhet, or a crafted one)"
             ) from None
-        reason = text.splitlines()[0][:100] if text.strip() else type(err).__name__
+        if isinstance(err, pickle.UnpicklingError):
+            reason = "not a torch checkpoint"
+        else:  # torch's first sentence, e.g. "PytorchStreamReader failed reading zip archive: failed finding ..."
+            reason = text.strip().split(". ")[0].splitlines()[0][:100] if text.strip() else type(err).__name__
         raise CheckpointError(f"{what} is corrupt or truncated ({reason})") from None
 
 

@@ -149,7 +149,7 @@ def parse_config(raw: dict[str, Any]) -> RunConfig:
         first = err.errors()[0]
         if first["type"] == "value_error" and not first["loc"]:  # a check across keys (`RunConfig._sizes`)
             raise ConfigError(str(first["msg"]).removeprefix("Value error, ")) from None
-        raise ConfigError(format_validation_error(err, "", RunConfig).replace("Value error, ", "")) from None
+        raise ConfigError(format_validation_error(err, "", RunConfig)) from None
 
 
 def _non_string_key(raw: Any, where: str = "") -> str | None:

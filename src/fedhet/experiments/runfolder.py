@@ -135,13 +135,21 @@ class RunFolder:
 
     def read_config(self) -> dict[str, Any]:
         """config.yaml as a raw mapping (errors name the file)."""
+        if not (self.path / CONFIG).is_file():
+            raise ConfigError(
+                f"'{self.path}' has no {CONFIG}, without which its run cannot continue; restore it, or start afresh "
+                f"with fedhet run --out {self.path} --overwrite"
+            )
         raw = load_yaml(self.path / CONFIG)
         if not raw:
             raise ConfigError(
                 f"'{self.path / CONFIG}' is empty; restore it, or start afresh with fedhet run --out {self.path} "
                 "--overwrite"
             )
-        parse_config(raw)
+        try:
+            parse_config(raw)
+        except ConfigError as err:
+            raise ConfigError(f"'{self.path / CONFIG}': {err}") from None
         return raw
 
     def write_config(self, config_text: str) -> None:
@@ -149,15 +157,27 @@ class RunFolder:
 
     def write_checkpoint(self, payload: dict[str, Any]) -> None:
         """Write checkpoint.pt atomically, recording where metrics.csv ends at this round."""
-        payload = {**payload, "metrics_size": self.metrics.size, "metrics_sha256": self.metrics.sha256()}
+        log = self.metrics
+        payload = {
+            **payload,
+            "metrics_columns": log.columns,
+            "metrics_rows": len(log.rows),
+            "metrics_sha256": log.sha256(),
+        }
         write_bytes(self.path / CHECKPOINT, dumps(payload))
 
     def read_checkpoint(self) -> dict[str, Any] | None:
         """The checkpoint's payload (None when the run has none yet); format and checksum checked."""
         path = self.path / CHECKPOINT
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             return None
-        return loads(path, f"checkpoint '{path}'")
+        try:
+            return loads(path, f"checkpoint '{path}'")
+        except CheckpointError as err:
+            raise CheckpointError(
+                f"{err}; delete it to restart this run from round 0, or start afresh with fedhet run --out "
+                f"{self.path} --overwrite"
+            ) from None
 
     def restore_metrics(self, saved: dict[str, Any] | None) -> list[dict[str, float]]:
         """Cut metrics.csv back to the checkpoint's round and return its rows (the run's history)."""
@@ -165,8 +185,11 @@ class RunFolder:
             self.metrics.start()
             return []
         try:
-            return self.metrics.restore(int(saved["metrics_size"]), str(saved["metrics_sha256"]))
-        except (ValueError, OSError) as err:
+            columns, count, sha = saved["metrics_columns"], saved["metrics_rows"], saved["metrics_sha256"]
+            if not (isinstance(columns, list) and all(isinstance(c, str) for c in columns)) or type(count) is not int:
+                raise ValueError("the checkpoint does not describe it")
+            return self.metrics.restore(columns, count, str(sha))
+        except (ValueError, KeyError) as err:
             raise CheckpointError(
                 f"'{self.metrics.path}' does not match the checkpoint ({err}); restore it, or start afresh with "
                 f"fedhet run --out {self.path} --overwrite"

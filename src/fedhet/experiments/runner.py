@@ -158,6 +158,7 @@ def _checkpoint(state: RunState) -> dict[str, Any]:
         "params": state.params,
         "wall_time_s": state.wall_time_s,
         "last_row": state.final,
+        "client_columns": state.client_columns,  # clients.csv of the last evaluation
         "strategy": exp.strategy.state_dict(),
         "availability": exp.availability.state_dict(),
         "engine": exp.engine.state_dict(),
@@ -188,19 +189,25 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
         got = tuple(params.shape) if isinstance(params, Tensor) else type(params).__name__
         raise CheckpointError(f"{what} holds parameters of another model ({got}, expected {tuple(state.params.shape)})")
     try:
+        for key in ("strategy", "availability", "engine"):
+            if not isinstance(saved[key], dict):
+                raise TypeError(f"its {key} state is not a mapping")
         exp.strategy.load_state_dict(saved["strategy"])
         exp.availability.load_state_dict(saved["availability"])
         exp.engine.load_state_dict(saved["engine"])
         for plugin, plugin_state in zip(exp.metrics, saved["metrics"], strict=True):
             plugin.load_state_dict(plugin_state)
         wall_time = float(saved["wall_time_s"])
+        columns = saved["client_columns"]
+        if not isinstance(columns, dict) or not all(isinstance(v, Tensor) for v in columns.values()):
+            raise TypeError("its client columns are not tensors")
         last_row = saved["last_row"]
         if not isinstance(last_row, dict):
             raise TypeError("last_row is not a mapping")
     except Exception as err:  # a payload that passed its checksum but does not fit this run's components
         reason = str(err).splitlines()[0][:100] if str(err) else type(err).__name__
         raise CheckpointError(f"{what} does not fit this run ({reason}); {restart}") from None
-    state.params, state.round, state.wall_time_s = params, round_, wall_time
+    state.params, state.round, state.wall_time_s, state.client_columns = params, round_, wall_time, columns
 
 
 def _persist(state: RunState, metrics: dict[str, float] | None) -> None:
