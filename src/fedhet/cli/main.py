@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, FedhetWarning
 
 app = typer.Typer(
     name="fedhet",
@@ -34,6 +35,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (sent by `timeout`, Slurm, `docker stop`), raised like Ctrl-C so that a run ends the same way."""
+
+
+@contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """While inside, a `FedhetWarning` prints as one ``warning: ...`` line on stderr (not Python's two lines)."""
+    previous = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, FedhetWarning):
+            text = " ".join(str(message).split())
+            err_console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
+        else:
+            previous(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
 
 
 @contextmanager
@@ -75,7 +95,7 @@ def friendly(func: F) -> F:
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            with _sigterm_as_interrupt():
+            with _sigterm_as_interrupt(), _one_line_warnings():
                 return func(*args, **kwargs)
         except FedhetError as err:
             _say_error(str(err))

@@ -1,4 +1,5 @@
-"""Checks of a built experiment that config validation cannot make, run before a run folder is written."""
+"""Checks of a run that config validation cannot make (they need the data), made before the engine is built and
+before anything is written: the model must fit the data, and one round's mini-batches must fit in memory."""
 
 from __future__ import annotations
 
@@ -6,64 +7,75 @@ import math
 
 import torch
 
+from fedhet.data.dataset import FederatedData
+from fedhet.engine.functional import FlatModel
 from fedhet.errors import ConfigError
-from fedhet.experiments.build import Experiment
+from fedhet.experiments.config import RunConfig
 
-MAX_BATCH_BYTES = 4 << 30  # the mini-batches of one round's cohort: indices, weights and gathered inputs
+MAX_BATCH_BYTES = 4 << 30  # the padded mini-batches of one round's cohort: indices, weights and gathered inputs
 
 
-def check_experiment(experiment: Experiment) -> None:
-    """Refuse, in one line, an experiment that would fail in its first round: the model does not fit the data, or
-    one round's mini-batches would not fit in memory."""
-    check_batch_memory(experiment)
-    check_model_fits(experiment)
+def check_run(config: RunConfig, data: FederatedData, model: FlatModel) -> None:
+    """Refuse, in one line, a run that would fail in its first round."""
+    check_batch_memory(config, data)
+    check_model_fits(config, data, model)
 
 
 def batch_bytes(clients: int, steps: int, batch: int, features: int) -> int:
     """Bytes of one round's padded mini-batches: (clients, steps, batch) int64 indices and float32 weights, and the
-    float32 inputs they gather (the engine pads every batch to `batch` rows; see `fedhet.engine.batches`)."""
+    float32 inputs they gather (every batch is padded to `batch` rows; see `fedhet.engine.batches`)."""
     return clients * steps * batch * (12 + 4 * features)
 
 
-def check_batch_memory(experiment: Experiment) -> None:
-    """Refuse a `local.batch_size` whose padded batches need more than `MAX_BATCH_BYTES` in one round."""
-    cfg, data = experiment.config, experiment.data
+def local_steps(config: RunConfig, data: FederatedData) -> int:
+    """The most local steps a client takes in a round (``local.epochs`` gives larger clients more)."""
+    local = config.local
+    if local.epochs is None:
+        return local.steps
+    largest = int(data.train.sizes.max()) if data.num_clients else 0
+    return max(1, math.ceil(local.epochs * largest / local.batch_size))
+
+
+def check_batch_memory(config: RunConfig, data: FederatedData) -> None:
+    """Refuse a `local.batch_size` (or steps, epochs) whose padded batches need more than `MAX_BATCH_BYTES` in one
+    round."""
+    local = config.local
     features = math.prod(data.input_shape) if data.input_shape else 1
-    need = batch_bytes(cfg.clients_per_round, cfg.local.steps, cfg.local.batch_size, features)
+    steps = local_steps(config, data)
+    need = batch_bytes(config.clients_per_round, steps, local.batch_size, features)
     if need <= MAX_BATCH_BYTES:
         return
     largest = int(data.train.sizes.max()) if data.num_clients else 0
     hint = (
         f"; no client has more than {largest} training samples, so a larger batch only adds padding"
-        if cfg.local.batch_size > largest
+        if local.batch_size > largest
         else ""
     )
+    what = f"local.epochs {local.epochs:g} ({steps:,} steps)" if local.epochs is not None else f"local.steps {steps:,}"
     raise ConfigError(
-        f"local.batch_size {cfg.local.batch_size} × local.steps {cfg.local.steps} × clients_per_round "
-        f"{cfg.clients_per_round} needs about {need / 2**30:,.1f} GiB of mini-batches per round (at most "
-        f"{MAX_BATCH_BYTES / 2**30:.0f}); lower local.batch_size{hint}"
+        f"local.batch_size {local.batch_size:,} × {what} × clients_per_round {config.clients_per_round} needs about "
+        f"{need / 2**30:,.1f} GiB of mini-batches per round (at most {MAX_BATCH_BYTES / 2**30:.0f}); lower "
+        f"local.batch_size or the steps{hint}"
     )
 
 
-def check_model_fits(experiment: Experiment) -> None:
+def check_model_fits(config: RunConfig, data: FederatedData, model: FlatModel) -> None:
     """One forward pass of the initial model on two training samples: it must run and give (2, classes) logits.
 
-    Runs under a forked RNG and without gradients, so the run's numbers do not change. Skipped when the engine
-    holds no samples (a remote engine: the nodes have the data).
+    Runs under a forked RNG and without gradients, so the run's numbers do not change. Skipped when there are no
+    samples here (a Flower server: the nodes hold the data).
     """
-    engine, data, cfg = experiment.engine, experiment.data, experiment.config
-    x = getattr(data.train, "x", None)
-    if not isinstance(x, torch.Tensor) or len(x) == 0:
+    x = data.train.x
+    if len(x) == 0:
         return
-    model, dataset = cfg.spec("model")["name"], cfg.spec("dataset")["name"]
-    fit = f"model '{model}' does not fit dataset '{dataset}' (samples of shape {tuple(x.shape[1:])}, {x.dtype})"
+    name, dataset = config.spec("model")["name"], config.spec("dataset")["name"]
+    fit = f"model '{name}' does not fit dataset '{dataset}' (samples of shape {tuple(x.shape[1:])}, {x.dtype})"
     hint = "choose another model (fedhet list models)"
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
-            logits = engine.model.logits(engine.initial_params(), x[:2].cpu())
+            logits = model.logits(model.initial_params(), x[:2].cpu())
     except (RuntimeError, ValueError, IndexError, TypeError) as err:
-        reason = _first_line(err)
-        raise ConfigError(f"{fit}: {reason}; {hint}") from None
+        raise ConfigError(f"{fit}: {_first_line(err)}; {hint}") from None
     expected = (min(2, len(x)), data.num_classes)
     if tuple(logits.shape) != expected:
         raise ConfigError(f"{fit}: it gives outputs of shape {tuple(logits.shape)}, not {expected}; {hint}")

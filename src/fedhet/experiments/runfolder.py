@@ -35,6 +35,9 @@ CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT = (
     "checkpoint.pt",
 )
 LOCK, PARTICIPATION, NODE_STATE = ".fedhet.lock", "availability.npz", "node-state"
+# folders that fedhet's Flower tools keep in a run folder (never removed by --overwrite): the simulation's node
+# state, and scripts/flower_local.sh's deployment (SuperLink database, logs, partition files)
+FLOWER_FOLDERS = (NODE_STATE, "deploy")
 OWN_FILES = (CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT, PARTICIPATION)
 MARKERS = (CONFIG, CHECKPOINT)
 STAGING_PREFIX = ".fedhet-staging-"
@@ -278,7 +281,7 @@ def _foreign(path: Path) -> list[str]:
 
 
 def _own_name(name: str) -> bool:
-    if name in OWN_FILES or name in (LOCK, NODE_STATE) or name.startswith(STAGING_PREFIX):
+    if name in OWN_FILES or name == LOCK or name in FLOWER_FOLDERS or name.startswith(STAGING_PREFIX):
         return True
     return any(is_temp_of(name, own) for own in OWN_FILES)
 

@@ -23,7 +23,6 @@ from fedhet.experiments.checkpoint import CheckpointError
 from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
 from fedhet.experiments.evaluation import evaluate_global
 from fedhet.experiments.participation import ParticipationWriter
-from fedhet.experiments.preflight import check_experiment
 from fedhet.experiments.runfolder import (
     CHECKPOINT,
     CLIENTS,
@@ -86,7 +85,6 @@ def run(
     `builder` makes the run's objects (default `build`; the Flower adapter passes one whose engine is remote).
     """
     experiment = builder(config)
-    check_experiment(experiment)
     state = RunState(experiment, experiment.engine.initial_params(), out=out)
     if out is None:
         return _loop(state, callbacks or [])
@@ -112,7 +110,6 @@ def resume(
         if rounds is not None:
             raw = {**raw, "rounds": rounds}
         experiment = builder(parse_config(raw))
-        check_experiment(experiment)
         state = RunState(experiment, experiment.engine.initial_params(), out=out, folder=folder)
         saved = folder.read_checkpoint()
         if saved is not None:
