@@ -50,7 +50,7 @@ def format_validation_error(err: ValidationError, where: str, cls: type[BaseMode
         return f"unknown key '{key}'{hint}; allowed keys: {', '.join(allowed)}"
     got = first.get("input")
     got_text = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
-    return f"invalid value for '{key}': {first['msg']}{got_text}"
+    return f"invalid value for '{key}': {str(first['msg']).removeprefix('Value error, ')}{got_text}"
 
 
 class Registry(Generic[C]):

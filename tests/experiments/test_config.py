@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedhet.errors import ConfigError
 from fedhet.experiments.build import components
@@ -74,3 +75,104 @@ def test_yaml_errors(tmp_path: Path) -> None:
     bad.write_text("rounds: [1,\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_yaml(bad)
+
+
+# ---- adversarial configs (property-based) --------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fedhet.experiments.config import MAX_BATCH_SLOTS, RunConfig  # noqa: E402
+
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.sampled_from(["fedavg", "scaffold", "mlp", "digits", "bernoulli", "dirichlet", "auto", "yes", "1e23"]),
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6) | st.integers(), inner, max_size=3),
+    max_leaves=8,
+)
+KEYS = st.sampled_from([*RunConfig.model_fields, "local", "rouns"]) | st.text(max_size=6)
+NESTED = {
+    "local": st.dictionaries(st.sampled_from(["steps", "lr", "batch_size", "weight_decay", "epochs"]), SCALARS),
+    "availability": st.fixed_dictionaries(
+        {"name": st.sampled_from(["bernoulli", "markov", "always"])},
+        optional={"p": VALUES, "pi": VALUES, "lam": VALUES},
+    ),
+}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=st.dictionaries(KEYS, VALUES, max_size=6), nested=st.fixed_dictionaries({}, optional=NESTED))
+def test_any_config_is_valid_or_one_config_error(raw: dict, nested: dict) -> None:
+    """Whatever a YAML file or --set can produce: a valid config, or one ConfigError line (never another error)."""
+    raw = {**raw, **nested}
+    try:
+        cfg = parse_config(raw)
+    except ConfigError as err:
+        assert "\n" not in str(err) and str(err)
+        return
+    assert 1 <= cfg.clients_per_round <= cfg.num_clients and 1 <= cfg.rounds <= 1_000_000
+    assert cfg.clients_per_round * cfg.local.steps * cfg.local.batch_size <= MAX_BATCH_SLOTS
+    try:
+        components(cfg)
+    except ConfigError as err:
+        assert "\n" not in str(err) and str(err)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+def test_any_config_file_is_a_mapping_or_one_config_error(
+    tmp_path_factory: pytest.TempPathFactory, data: bytes
+) -> None:
+    path = tmp_path_factory.mktemp("yaml") / "c.yaml"
+    path.write_bytes(data)
+    try:
+        raw = load_yaml(path)
+    except ConfigError as err:
+        assert "\n" not in str(err)
+        return
+    assert isinstance(raw, dict)
+    try:
+        parse_config(raw)
+    except ConfigError as err:
+        assert "\n" not in str(err)
+
+
+def test_limits_and_defaults() -> None:
+    assert parse_config({"num_clients": 4}).clients_per_round == 4  # the default 10, capped at the clients
+    with pytest.raises(ConfigError, match=r"clients_per_round \(5\) is more than num_clients \(4\)"):
+        parse_config({"num_clients": 4, "clients_per_round": 5})
+    with pytest.raises(ConfigError, match="not yes/no"):
+        parse_config({"local": {"steps": True}})
+    with pytest.raises(ConfigError, match="samples per round"):
+        parse_config({"clients_per_round": 100, "num_clients": 100, "local": {"steps": 10_000, "batch_size": 1000}})
+    with pytest.raises(ConfigError, match=r"local\.epochs"):
+        parse_config({"local": {"epochs": 1e9}})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    name=st.sampled_from(["bernoulli", "markov", "markov_clusters", "always"]),
+    params=st.dictionaries(st.sampled_from(["p", "pi", "lam", "clusters"]), VALUES, max_size=3),
+    clients=st.integers(1, 6),
+)
+def test_availability_parameters_fail_before_the_first_round_or_never(name: str, params: dict, clients: int) -> None:
+    """An availability process either refuses its parameters when built or set up (before a run folder is written),
+    or answers every round (the issue's `availability.p=1.5` failed only in round 1)."""
+    from fedhet.catalog import AVAILABILITY
+
+    try:
+        process = AVAILABILITY.build({"name": name, **params})
+        process.setup(clients, seed=0)
+    except ConfigError as err:
+        assert "\n" not in str(err)
+        return
+    for round_ in range(3):
+        mask = process.available(round_)
+        assert mask.shape == (clients,) and mask.dtype == torch.bool

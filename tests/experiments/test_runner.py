@@ -10,6 +10,7 @@ import torch
 
 from fedhet.errors import DivergenceError
 from fedhet.experiments.callbacks import Callback, EarlyStopping
+from fedhet.experiments.checkpoint import CheckpointError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import RunState, resume, run, run_or_resume
 
@@ -130,3 +131,238 @@ def test_run_or_resume_loads_a_finished_run_and_continues_an_interrupted_one(tmp
     counter = CountRounds()  # another config in the same folder starts afresh
     other = run_or_resume(parse_config(small(seed=3)), tmp_path / "full", [counter])
     assert counter.rounds == 6 and other.history != full.history
+
+
+# ---- resumes are checked -----------------------------------------------------------------------------------------
+
+
+def _interrupted(tmp_path: Path, **changes: object) -> Path:
+    """A run of `small` interrupted after round 3 of 6."""
+    with pytest.raises(KeyboardInterrupt):
+        run(parse_config(small(**changes)), tmp_path / "cut", callbacks=[Interrupt(at=3)])
+    return tmp_path / "cut"
+
+
+def _payload(folder: Path) -> dict:
+    from fedhet.experiments.checkpoint import loads
+
+    return loads(folder / "checkpoint.pt", "c")
+
+
+def _rewrite(folder: Path, **changes: object) -> None:
+    """Rewrite the checkpoint with a valid checksum (a crafted file, or one from a buggy writer)."""
+    from fedhet.experiments.checkpoint import dumps
+
+    (folder / "checkpoint.pt").write_bytes(dumps({**_payload(folder), **changes}))
+
+
+EDITS = {
+    "emptied config.yaml": (lambda f: (f / "config.yaml").write_text(""), r"config.yaml' is empty"),
+    "edited seed": (
+        lambda f: (f / "config.yaml").write_text((f / "config.yaml").read_text().replace("seed: 2", "seed: 3")),
+        "another config",
+    ),
+    "invalid config.yaml": (lambda f: (f / "config.yaml").write_text("rounds: [\n"), "not valid YAML"),
+    "config.yaml gone": (lambda f: (f / "config.yaml").unlink(), "has no config.yaml"),
+    "checkpoint of another model": (lambda f: _rewrite(f, params=torch.zeros(7)), r"another model \(\(7,\)"),
+    "checkpoint from another run": (lambda f: _rewrite(f, config_sha256="0" * 64), "another config"),
+    "round 10**6": (lambda f: _rewrite(f, round=10**6), "at round 1000000, beyond the 6 rounds planned"),
+    "round 0": (lambda f: _rewrite(f, round=0), r"corrupt \(round 0\)"),
+    "round as text": (lambda f: _rewrite(f, round="3"), "corrupt"),
+    "missing strategy state": (lambda f: _rewrite(f, strategy=None), "does not fit this run"),
+    "missing key": (
+        lambda f: (f / "checkpoint.pt").write_bytes(
+            __import__("fedhet.experiments.checkpoint", fromlist=["dumps"]).dumps(
+                {k: v for k, v in _payload(f).items() if k != "availability"}
+            )
+        ),
+        "does not fit this run",
+    ),
+    "wrong metrics count": (lambda f: _rewrite(f, metrics=[{}, {}]), "does not fit this run"),
+    "flipped byte": (
+        lambda f: (f / "checkpoint.pt").write_bytes(_flip((f / "checkpoint.pt").read_bytes())),
+        "checksum",
+    ),
+    "truncated": (
+        lambda f: (f / "checkpoint.pt").write_bytes((f / "checkpoint.pt").read_bytes()[:500]),
+        "corrupt or truncated",
+    ),
+    "random bytes": (lambda f: (f / "checkpoint.pt").write_bytes(bytes(range(256)) * 8), "corrupt"),
+    "zero bytes": (lambda f: (f / "checkpoint.pt").write_bytes(b""), "empty file"),
+    "a folder": (lambda f: ((f / "checkpoint.pt").unlink(), (f / "checkpoint.pt").mkdir()), "is a folder"),
+    "edited metrics.csv": (
+        lambda f: (f / "metrics.csv").write_bytes((f / "metrics.csv").read_bytes().replace(b"\r\n2,", b"\r\n7,")),
+        "metrics.csv' does not match the checkpoint",
+    ),
+    "truncated metrics.csv": (
+        lambda f: (f / "metrics.csv").write_bytes((f / "metrics.csv").read_bytes()[:100]),
+        "metrics.csv' does not match",
+    ),
+}
+
+
+def _flip(data: bytes) -> bytes:
+    """Flip one bit inside the stored parameters (the payload's largest tensor)."""
+    out = bytearray(data)
+    out[len(data) // 2] ^= 0x10
+    return bytes(out)
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_a_resume_refuses_what_does_not_match_in_one_line_and_changes_nothing(tmp_path: Path, edit: str) -> None:
+    from fedhet.errors import FedhetError
+
+    folder = _interrupted(tmp_path)
+    change, message = EDITS[edit]
+    change(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    with pytest.raises(FedhetError, match=message) as info:
+        resume(folder)
+    assert "\n" not in str(info.value)
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
+
+
+def test_a_changed_data_dir_and_more_rounds_are_allowed(tmp_path: Path) -> None:
+    full = run(parse_config(small(rounds=8)), tmp_path / "full")
+    folder = _interrupted(tmp_path)
+    text = (folder / "config.yaml").read_text()
+    (folder / "config.yaml").write_text(text.replace("data_dir: data", "data_dir: elsewhere"))
+    resumed = resume(folder, rounds=8)
+    assert resumed.round == 8 and "rounds: 8" in (folder / "config.yaml").read_text()
+    assert (folder / "metrics.csv").read_bytes() == (tmp_path / "full/metrics.csv").read_bytes()
+    assert torch.equal(resumed.params, full.params)
+    with pytest.raises(CheckpointError, match="beyond the 5 rounds planned; resume with --rounds 8"):
+        resume(folder, rounds=5)
+
+
+def test_a_run_interrupted_before_its_first_checkpoint_restarts(tmp_path: Path) -> None:
+    run(parse_config(small()), tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        run(parse_config(small(checkpoint_every=4)), tmp_path / "cut", callbacks=[Interrupt(at=2)])
+    (tmp_path / "cut/config.yaml").write_text((tmp_path / "full/config.yaml").read_text())
+    assert not (tmp_path / "cut/checkpoint.pt").exists()
+    assert resume(tmp_path / "cut").round == 6
+    assert (tmp_path / "cut/metrics.csv").read_bytes() == (tmp_path / "full/metrics.csv").read_bytes()
+
+
+def test_checkpoint_every_cuts_metrics_back_to_the_checkpoint(tmp_path: Path) -> None:
+    run(parse_config(small(checkpoint_every=2)), tmp_path / "full")
+    folder = _interrupted(tmp_path, checkpoint_every=2)  # checkpoint at round 2, rows up to 3
+    assert _payload(folder)["round"] == 2
+    assert resume(folder).round == 6
+    assert (folder / "metrics.csv").read_bytes() == (tmp_path / "full/metrics.csv").read_bytes()
+
+
+# ---- kills in the middle of every write --------------------------------------------------------------------------
+
+KILL_CONFIG = small(
+    algorithm="scaffold",  # server and client state
+    availability={"name": "bernoulli", "p": 0.8},  # its own random stream
+    metrics=["alpha_accuracy"],  # a plugin that reads the history back
+    model="logistic",
+    num_clients=6,
+    clients_per_round=3,
+    local={"steps": 2, "lr": 0.1, "batch_size": 8},
+    rounds=3,
+    eval_every=2,  # rows at rounds 2 and 3 only
+)
+
+
+class Killed(BaseException):
+    """The process died (nothing after it runs: every later write fails too)."""
+
+
+def _kill_at(monkeypatch: pytest.MonkeyPatch, n: int) -> list[int]:
+    """Make the n-th write primitive call die halfway; returns the call counter."""
+    from fedhet import atomic
+
+    calls = [0]
+    real_write, real_replace, real_append = atomic._write_file, atomic._replace, atomic._append
+
+    def step() -> bool:
+        if calls[0] >= n:
+            raise Killed  # dead processes write nothing
+        calls[0] += 1
+        return calls[0] == n
+
+    def write_file(path: Path, data: bytes | bytearray | memoryview) -> None:
+        if step():
+            real_write(path, bytes(data)[: len(data) // 2])
+            raise Killed
+        real_write(path, data)
+
+    def replace(source: Path, target: Path) -> None:
+        if step():
+            raise Killed
+        real_replace(source, target)
+
+    def append(path: Path, data: bytes) -> None:
+        if step():
+            real_append(path, data[: len(data) // 2])
+            raise Killed
+        real_append(path, data)
+
+    monkeypatch.setattr(atomic, "_write_file", write_file)
+    monkeypatch.setattr(atomic, "_replace", replace)
+    monkeypatch.setattr(atomic, "_append", append)
+    return calls
+
+
+def _outputs(folder: Path) -> dict[str, object]:
+    summary = json.loads((folder / "summary.json").read_text())
+    summary.pop("wall_time_s")
+    return {
+        "metrics": (folder / "metrics.csv").read_bytes(),
+        "clients": (folder / "clients.csv").read_bytes(),
+        "config": (folder / "config.yaml").read_bytes(),
+        "summary": summary,
+    }
+
+
+@pytest.mark.slow
+def test_a_kill_in_any_write_resumes_to_identical_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as m:
+        calls = _kill_at(m, 10**9)
+        run(parse_config(KILL_CONFIG), tmp_path / "full")
+        writes = calls[0]
+    expected = _outputs(tmp_path / "full")
+    assert writes >= 14  # config, metrics, 3 checkpoints (write + rename), 2 rows, clients, summary
+    for n in range(1, writes + 1):
+        folder = tmp_path / f"kill{n}"
+        with monkeypatch.context() as m:
+            _kill_at(m, n)
+            with pytest.raises(Killed):
+                run(parse_config(KILL_CONFIG), folder)
+        (folder / ".checkpoint.pt.dead.tmp").write_bytes(b"what a killed write leaves")
+        if (folder / "config.yaml").is_file():
+            resume(folder)
+        else:  # killed before config.yaml existed: nothing to resume, start again
+            run(parse_config(KILL_CONFIG), folder)
+        assert _outputs(folder) == expected, n
+        assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")], n
+
+
+def test_a_full_disk_leaves_no_temporary_file_and_the_run_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from fedhet import atomic
+
+    run(parse_config(small()), tmp_path / "full")
+    real = atomic._write_file
+
+    def full(path: Path, data: bytes | bytearray | memoryview) -> None:
+        if path.name.startswith(".checkpoint.pt") and len(list((tmp_path / "cut").glob("checkpoint.pt"))):
+            real(path, bytes(data)[:10])
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, data)
+
+    monkeypatch.setattr(atomic, "_write_file", full)
+    with pytest.raises(OSError, match="No space left"):
+        run(parse_config(small()), tmp_path / "cut")
+    monkeypatch.undo()
+    assert not [p for p in (tmp_path / "cut").iterdir() if p.name.endswith(".tmp")]
+    assert json.loads((tmp_path / "cut/summary.json").read_text())["status"] == "interrupted"
+    resume(tmp_path / "cut")
+    assert (tmp_path / "cut/metrics.csv").read_bytes() == (tmp_path / "full/metrics.csv").read_bytes()

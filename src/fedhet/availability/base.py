@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from torch import Tensor
 
 from fedhet.engine.protocol import EngineProtocol
+from fedhet.errors import ConfigError
 from fedhet.registry import Component, Registry
 from fedhet.seeding import torch_gen
 
@@ -69,6 +70,21 @@ class Bernoulli(Availability):
     name: ClassVar[str] = "bernoulli"
     description: ClassVar[str] = "each client is online independently with probability p each round"
     p: float | list[float] = Field(0.5, description="probability of being online (scalar or one per client)")
+
+    @field_validator("p")
+    @classmethod
+    def _in_unit_interval(cls, p: float | list[float]) -> float | list[float]:
+        values = p if isinstance(p, list) else [p]
+        if not all(0.0 <= v <= 1.0 for v in values):  # also refuses NaN
+            raise ValueError("every probability must lie in [0, 1]")
+        return p
+
+    def setup(self, num_clients: int, seed: int) -> None:
+        super().setup(num_clients, seed)
+        if isinstance(self.p, list) and len(self.p) != num_clients:
+            raise ConfigError(
+                f"availability.p has {len(self.p)} probabilities; give one, or one per client ({num_clients})"
+            )
 
     def _probabilities(self) -> Tensor:
         p = torch.as_tensor(self.p, dtype=torch.float64).expand(self._num_clients)

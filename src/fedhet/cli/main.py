@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
+import errno
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -15,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, FedhetWarning
 
 app = typer.Typer(
     name="fedhet",
@@ -46,21 +50,102 @@ def _main(
     """Federated learning when clients differ: run, compare and plot experiments."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (sent by `timeout`, Slurm, `docker stop`), raised like Ctrl-C so that a run ends the same way."""
+
+
+@contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """While inside, a `FedhetWarning` prints as one ``warning: ...`` line on stderr (not Python's two lines)."""
+    previous = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, FedhetWarning):
+            text = " ".join(str(message).split())
+            err_console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
+        else:
+            previous(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While inside, SIGTERM raises `Terminated` (only the main thread can take signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _say_error(text: str) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def _os_error(err: OSError) -> str:
+    """One line for a failed read or write: what, where, and what to do."""
+    where = f" '{err.filename}'" if err.filename else ""
+    full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = f"cannot {'write' if full or err.errno == errno.EROFS else 'access'}{where}: {err.strerror or err}"
+    hint = getattr(err, "fedhet_hint", "")
+    if hint:
+        return f"{text}; {'free some space, then ' if full else ''}{hint}"
+    return text + ("; free some space and run the command again" if full else "")
+
+
 def friendly(func: F) -> F:
-    """Report fedhet errors as one line on stderr with exit code 2 (no traceback)."""
+    """Report fedhet errors, failed file operations and exhausted memory as one line on stderr with exit code 2 (no
+    traceback); Ctrl-C and SIGTERM as one line with exit code 130 and 143."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return func(*args, **kwargs)
+            with _sigterm_as_interrupt(), _one_line_warnings():
+                return func(*args, **kwargs)
         except FedhetError as err:
-            err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+            _say_error(str(err))
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err_console.print("interrupted; continue with: fedhet run --resume <run folder>")
-            raise typer.Exit(130) from None
+        except OSError as err:
+            _say_error(_os_error(err))
+            raise typer.Exit(2) from None
+        except MemoryError:
+            _say_error("out of memory; lower the sizes in the config (clients, local.batch_size, the model)")
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt as err:
+            hint = getattr(err, "fedhet_hint", "")
+            err_console.print(f"interrupted{'; ' + hint if hint else ''}", highlight=False, soft_wrap=True)
+            raise typer.Exit(143 if isinstance(err, Terminated) else 130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# flags of `fedhet run` that change the run: a resume takes none of them (but --rounds)
+_RUN_FLAGS = (
+    "config",
+    "algorithm",
+    "dataset",
+    "model",
+    "partition",
+    "seed",
+    "backend",
+    "out",
+    "set_",
+    "data_dir",
+    "download",
+    "overwrite",
+)
 
 
 @app.command()
@@ -74,15 +159,25 @@ def run(
     rounds: Annotated[int | None, typer.Option(help="communication rounds")] = None,
     seed: Annotated[int | None, typer.Option(help="random seed")] = None,
     backend: Annotated[str | None, typer.Option(help="auto, sequential or vectorised")] = None,
-    out: Annotated[Path | None, typer.Option(help="run folder to write")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="run folder to write: new, empty, or (with --overwrite) a fedhet run")
+    ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="override a key, e.g. --set local.lr=0.1 (repeatable)")
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="folder with dataset files")] = None,
     download: Annotated[bool, typer.Option(help="download missing dataset files")] = False,
-    resume: Annotated[Path | None, typer.Option(help="continue the interrupted run in this folder")] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="continue the interrupted (or finished) run in this folder as configured there; with --rounds N, "
+            "run it up to N rounds; no other flag that changes the run is taken"
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar or table")] = False,
-    overwrite: Annotated[bool, typer.Option(help="replace an existing run in --out")] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="replace the fedhet run in --out (removes fedhet's files only)")
+    ] = False,
     engine: Annotated[
         str, typer.Option(help="native, or flower: Flower's simulation runtime (needs the fedhet[flower] extra)")
     ] = "native",
@@ -96,27 +191,45 @@ def run(
         typer.Option(help="log to a tracker: tensorboard, mlflow or wandb (repeatable; settings: the config's track)"),
     ] = None,
 ) -> None:
-    """Run one experiment and write its run folder."""
+    """Run one experiment and write its run folder (one fedhet process per folder; Ctrl-C or SIGTERM stops it
+    cleanly and --resume continues it)."""
     from fedhet.experiments.config import apply_override, load_yaml, parse_config, set_component
-    from fedhet.experiments.runner import CHECKPOINT
+    from fedhet.experiments.runfolder import prepare_new
     from fedhet.experiments.runner import resume as resume_run
     from fedhet.experiments.runner import run as start_run
 
     callbacks = [] if quiet else [_progress()]
     if engine not in ("native", "flower"):
         raise FedhetError(f"--engine '{engine}' is not one of: native, flower")
+    if resume is not None:
+        given = locals()
+        extra = [name for name in _RUN_FLAGS if given[name] not in (None, False, [])]
+        if extra:
+            flags = " and ".join(
+                "the config file" if n == "config" else "--" + n.rstrip("_").replace("_", "-") for n in extra
+            )
+            raise FedhetError(
+                f"--resume continues the run as configured in '{resume}': leave out {flags} (of its settings only "
+                "--rounds may change), or start a new run with --out"
+            )
     if engine == "flower":
         from fedhet.flower import require_flwr
 
         require_flwr()
     if resume is not None:
-        if _finished(resume):
+        if rounds is None and _finished(resume):
             return
         if track:
             from fedhet.experiments.tracking import trackers_for
 
             callbacks += trackers_for(list(track), resume)
-        state = _simulate(None, resume, nodes, callbacks) if engine == "flower" else resume_run(resume, callbacks)
+        with _resume_hint(resume):
+            if engine == "flower":
+                if rounds is not None:
+                    raise FedhetError("--rounds with --resume is not supported with --engine flower")
+                state = _simulate(None, resume, nodes, callbacks)
+            else:
+                state = resume_run(resume, callbacks, rounds=rounds)
         _report(state, quiet)
         return
     raw: dict[str, Any] = load_yaml(config) if config is not None else {}
@@ -147,13 +260,12 @@ def run(
             Path("runs")
             / f"{cfg.spec('algorithm')['name']}_{cfg.spec('dataset')['name']}_seed{cfg.seed}_{int(time.time())}"
         )
-    if (out / CHECKPOINT).exists() and overwrite:
-        shutil.rmtree(out)
-    if (out / CHECKPOINT).exists():
-        raise FedhetError(
-            f"'{out}' already holds a run; continue it with --resume {out} or choose another --out (or --overwrite)"
-        )
-    state = _simulate(cfg, out, nodes, callbacks) if engine == "flower" else start_run(cfg, out, callbacks)
+    with _resume_hint(out):
+        if engine == "flower":
+            prepare_new(out, overwrite)
+            state = _simulate(cfg, out, nodes, callbacks)
+        else:
+            state = start_run(cfg, out, callbacks, overwrite=overwrite)
     _report(state, quiet)
 
 
@@ -164,11 +276,29 @@ def _finished(folder: Path) -> bool:
     summary_file = folder / "summary.json"
     if not summary_file.is_file():
         return False
-    summary = json.loads(summary_file.read_text())
-    if summary.get("status") != "finished" or summary.get("rounds") != summary.get("rounds_planned"):
+    try:
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # a damaged summary: resume checks the folder and says what is wrong
+    if (
+        not isinstance(summary, dict)
+        or summary.get("status") != "finished"
+        or summary.get("rounds") != summary.get("rounds_planned")
+    ):
         return False
     console.print(f"'{folder}' is already finished ({summary['rounds']} rounds); nothing to resume", highlight=False)
     return True
+
+
+@contextmanager
+def _resume_hint(out: Path) -> Iterator[None]:
+    """An interrupted run's message names its folder and the command that continues it."""
+    try:
+        yield
+    except (KeyboardInterrupt, OSError) as err:
+        if (out / "config.yaml").is_file():
+            err.fedhet_hint = f"continue with: fedhet run --resume {out}"  # type: ignore[union-attr]
+        raise
 
 
 def _simulate(cfg: Any, out: Path, nodes: int, callbacks: list[Any]) -> Any:
@@ -389,7 +519,7 @@ def reproduce(
     recipe: Annotated[str, typer.Argument(help="recipe name (fedhet list recipes)")],
     out: Annotated[Path | None, typer.Option(help="folder for the runs, table.md and figures")] = None,
     quick: Annotated[bool, typer.Option(help="a reduced version (fewer rounds and clients)")] = False,
-    seeds: Annotated[int | None, typer.Option(help="number of seeds (default: the recipe's)")] = None,
+    seeds: Annotated[int | None, typer.Option(help="number of seeds, at least 1 (default: the recipe's)")] = None,
     embedded: Annotated[
         bool | None, typer.Option("--embedded/--paper-data", help="force the embedded dataset, or the paper's")
     ] = None,
@@ -402,6 +532,8 @@ def reproduce(
     from fedhet.experiments.recipes import run_recipe
     from fedhet.recipes import get_recipe
 
+    if seeds is not None and seeds < 1:
+        raise FedhetError(f"--seeds {seeds}: give at least 1 seed (or leave --seeds out for the recipe's own)")
     chosen = get_recipe(recipe)
     if seeds is not None and seeds < 1:
         raise FedhetError(f"--seeds {seeds}: give at least 1 seed (or leave it out for the recipe's seeds)")
@@ -439,6 +571,8 @@ def bench(
     from fedhet.bench.run import run_bench
     from fedhet.bench.targets import check_targets
 
+    if threads < 0:
+        raise FedhetError(f"--threads {threads}: give a number of threads, or 0 for torch's default")
     only = tuple(workload or ())
 
     def say(line: str) -> None:

@@ -24,6 +24,7 @@ from fedhet.engine.optimizers import OPTIMIZERS, ClientOptimizer
 from fedhet.engine.plan import LocalSettings
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.experiments.config import RunConfig
+from fedhet.experiments.preflight import check_run
 from fedhet.methods.maxfl.requirements import ClientRequirements, UsesRequirements
 from fedhet.metrics.base import Metric
 from fedhet.models.base import ModelSpec
@@ -160,5 +161,7 @@ def build(config: RunConfig) -> Experiment:
     """Load and federate the data, build the model, engine, strategy and availability process."""
     parts = components(config)
     data = federated_data(config, parts)
-    engine = make_engine(config, parts, build_model(config, parts, data.input_shape, data.num_classes), data)
+    model = build_model(config, parts, data.input_shape, data.num_classes)
+    check_run(config, data, model)  # before the engine probes the model, and before anything is written
+    engine = make_engine(config, parts, model, data)
     return assemble(config, parts, data, engine)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from fedhet.config_keys import COMPONENT_KEYS
@@ -24,17 +26,41 @@ from fedhet.registry import format_validation_error
 
 ComponentSpec = str | dict[str, Any]
 
+# Limits on what a run may ask for (docs/reliability.md, "Limits"): values beyond them are typing mistakes that
+# would otherwise run for years or allocate terabytes before failing.
+MAX_ROUNDS = 1_000_000
+MAX_CLIENTS = 1_000_000
+MAX_STEPS = 1_000_000
+MAX_EPOCHS = 10_000
+MAX_BATCH = 1_000_000
+MAX_SEED = 2**63 - 1
+MAX_BATCH_SLOTS = 1 << 28  # clients_per_round × local.steps × local.batch_size: 12 bytes of batch indices each
+MAX_CONFIG_BYTES = 1 << 20  # a config file larger than 1 MiB is not a config
+MAX_CONFIG_VALUES = 100_000  # values in a config once YAML aliases are expanded
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("must be a whole number, not yes/no/true/false")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_no_bool)]
+
 
 class LocalConfig(BaseModel):
     """Default local training of every client (a strategy may change it per client)."""
 
-    model_config = ConfigDict(extra="forbid")
-    steps: int = Field(10, ge=1, description="local SGD steps per round")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    steps: Count = Field(10, ge=1, le=MAX_STEPS, description="local SGD steps per round")
     epochs: float | None = Field(
-        None, gt=0, description="instead of steps: client k takes ⌈epochs · n_k / batch_size⌉ steps per round"
+        None,
+        gt=0,
+        le=MAX_EPOCHS,
+        description="instead of steps: client k takes ⌈epochs · n_k / batch_size⌉ steps per round",
     )
     lr: float = Field(0.05, gt=0, description="local learning rate")
-    batch_size: int = Field(10, ge=1, description="mini-batch size")
+    batch_size: Count = Field(10, ge=1, le=MAX_BATCH, description="mini-batch size")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ added to the local gradient as λw")
     optimizer: ComponentSpec = Field(
         "sgd", description="client optimiser: sgd (momentum, nesterov) or adam; persistent: keep its state"
@@ -62,26 +88,32 @@ class RunConfig(BaseModel):
     availability: ComponentSpec = Field("always", description="who is online each round (fedhet list availability)")
     attack: ComponentSpec = Field("none", description="malicious clients (fedhet list attacks)")
     metrics: list[ComponentSpec] = Field(default_factory=list, description="metric plugins, e.g. [appeal]")
-    num_clients: int = Field(20, ge=1, description="clients that train (seen clients)")
-    unseen_clients: int = Field(0, ge=0, description="held-out clients that are only evaluated")
+    num_clients: Count = Field(20, ge=1, le=MAX_CLIENTS, description="clients that train (seen clients)")
+    unseen_clients: Count = Field(0, ge=0, le=MAX_CLIENTS, description="held-out clients that are only evaluated")
     label_noise: LabelNoise = Field(default_factory=LabelNoise, description="corrupt some clients' labels")
     requirements: RequirementsConfig = Field(
         default_factory=RequirementsConfig, description="client requirements ρ_k (MaxFL, appeal metrics)"
     )
     test_fraction: float = Field(0.2, ge=0, lt=1, description="share of each client's samples kept for test")
-    clients_per_round: int = Field(10, ge=1, description="m: clients sampled among the available ones each round")
-    rounds: int = Field(20, ge=1, description="communication rounds")
+    clients_per_round: Count = Field(
+        10,
+        ge=1,
+        description="m: clients sampled among the available ones each round (default 10, or num_clients if fewer)",
+    )
+    rounds: Count = Field(20, ge=1, le=MAX_ROUNDS, description="communication rounds")
     local: LocalConfig = Field(default_factory=LocalConfig, description="every client's default local training")
-    eval_every: int = Field(1, ge=1, description="evaluate every n rounds (and always after the last)")
-    seed: int = Field(0, ge=0, description="seeds every random draw (data split, sampling, batches, init)")
+    eval_every: Count = Field(1, ge=1, description="evaluate every n rounds (and always after the last)")
+    seed: Count = Field(
+        0, ge=0, le=MAX_SEED, description="seeds every random draw (data split, sampling, batches, init)"
+    )
     backend: Literal["auto", "sequential", "vectorised", "dense"] = Field(
         "auto", description="how a cohort trains: the same numbers on each, auto picks the fastest"
     )
-    chunk_size: int = Field(0, ge=0, description="clients per chunk (0: whole cohort, or per worker for dense)")
+    chunk_size: Count = Field(0, ge=0, description="clients per chunk (0: whole cohort, or per worker for dense)")
     device: str = Field("cpu", description="where training and evaluation run: 'cpu' or 'cuda' (dense/vectorised)")
     data_dir: str = Field("data", description="folder holding dataset files (data_dir/<dataset name>/)")
     download: bool = Field(False, description="download missing dataset files (checksums verified)")
-    checkpoint_every: int = Field(1, ge=1, description="write checkpoint.pt every n rounds (and after the last)")
+    checkpoint_every: Count = Field(1, ge=1, description="write checkpoint.pt every n rounds (and after the last)")
     max_loss: float = Field(1e4, gt=0, description="stop as diverged when the local loss exceeds this")
     track: list[ComponentSpec] = Field(
         default_factory=list,
@@ -110,6 +142,30 @@ class RunConfig(BaseModel):
             data.pop("track", None)
         return data
 
+    @model_validator(mode="after")
+    def _sizes(self) -> RunConfig:
+        """Sizes that only make sense together (one-line errors, raised before anything runs or is written)."""
+        if "clients_per_round" not in self.model_fields_set:  # the default, 10, means "10 or all of them"
+            self.clients_per_round = min(self.clients_per_round, self.num_clients)
+        if self.clients_per_round > self.num_clients:
+            raise ValueError(
+                f"clients_per_round ({self.clients_per_round}) is more than num_clients ({self.num_clients}); "
+                f"at most {self.num_clients} clients can train in a round"
+            )
+        slots = self.clients_per_round * self.local.steps * self.local.batch_size
+        if slots > MAX_BATCH_SLOTS:
+            raise ValueError(
+                f"clients_per_round × local.steps × local.batch_size = {slots:,} samples per round need "
+                f"{slots * 12 / 2**30:,.0f} GiB for the batch indices alone (at most {MAX_BATCH_SLOTS:,}); lower "
+                "local.batch_size (a batch larger than a client's data only adds padding) or local.steps"
+            )
+        for key in ("steps", "batch_size"):
+            value = getattr(self.requirements, key, None)
+            limit = MAX_STEPS if key == "steps" else MAX_BATCH
+            if isinstance(value, int) and value > limit:
+                raise ValueError(f"requirements.{key} ({value:,}) is more than {limit:,}")
+        return self
+
     def spec(self, key: str) -> dict[str, Any]:
         """The component `key` as a ``{name: ..., **params}`` mapping."""
         value = getattr(self, key)
@@ -117,22 +173,86 @@ class RunConfig(BaseModel):
 
 
 def parse_config(raw: dict[str, Any]) -> RunConfig:
+    """Validate a raw mapping (from YAML, flags or code) into a `RunConfig`; every problem is one `ConfigError`."""
+    if _expanded_size(raw, {}) > MAX_CONFIG_VALUES:
+        raise ConfigError(
+            f"the config expands to more than {MAX_CONFIG_VALUES:,} values (YAML aliases?); write it out plainly"
+        )
+    bad = _non_string_key(raw)
+    if bad is not None:
+        raise ConfigError(f"config key {bad} is not a name; keys must be text, e.g. rounds or local.lr")
     try:
-        return RunConfig(**raw)
+        return RunConfig.model_validate(raw)
     except ValidationError as err:
+        first = err.errors()[0]
+        if first["type"] == "value_error" and not first["loc"]:  # a check across keys (`RunConfig._sizes`)
+            raise ConfigError(str(first["msg"]).removeprefix("Value error, ")) from None
         raise ConfigError(format_validation_error(err, "", RunConfig)) from None
 
 
+def _non_string_key(raw: Any, where: str = "") -> str | None:
+    """The first mapping key in `raw` that is not a string (as ``section.key`` text), else None."""
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            if not isinstance(key, str):
+                return repr(f"{where}{key}") if where else repr(key)
+            found = _non_string_key(value, f"{where}{key}.")
+            if found is not None:
+                return found
+    elif isinstance(raw, list):
+        for item in raw:
+            found = _non_string_key(item, where)
+            if found is not None:
+                return found
+    return None
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
+    """A YAML config file as a mapping; one-line errors for a missing, non-text, oversized or invalid file."""
     if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist")
+        what = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"config file '{path}' {what}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"cannot read config file '{path}': {err.strerror or err}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file '{path}' is {len(data):,} bytes; a config is at most {MAX_CONFIG_BYTES:,}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"config file '{path}' is not UTF-8 text (byte 0x{data[err.start]:02x} at position {err.start}); "
+            "save it as UTF-8"
+        ) from None
+    try:
+        loaded = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"config file '{path}' is not valid YAML: {str(err).splitlines()[0]}") from None
-    if not isinstance(data, dict):
+    except RecursionError:
+        raise ConfigError(f"config file '{path}' is nested too deeply to be a config") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
         raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
-    return data
+    return loaded
+
+
+def _expanded_size(value: Any, seen: dict[int, int]) -> int:
+    """How many values `value` holds once shared (aliased) parts are counted every time they appear."""
+    if not isinstance(value, dict | list):
+        return 1
+    if id(value) in seen:
+        return seen[id(value)]
+    seen[id(value)] = MAX_CONFIG_VALUES + 1  # a cycle (a recursive alias) counts as too large
+    items = list(value.values()) if isinstance(value, dict) else value
+    total = 1
+    for item in items:
+        total += _expanded_size(item, seen)
+        if total > MAX_CONFIG_VALUES:
+            break
+    seen[id(value)] = total
+    return total
 
 
 def apply_override(raw: dict[str, Any], assignment: str) -> None:
@@ -142,7 +262,7 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     key, text = assignment.split("=", 1)
     try:
         value = yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         value = text
     set_key(raw, key, value, f"--set '{assignment}'")
 

@@ -8,11 +8,13 @@ Figs. 1 and 2.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedhet.atomic import write_bytes
 from fedhet.availability.markov import ClientClasses, MarkovChains
 from fedhet.experiments.callbacks import Callback
 
@@ -44,5 +46,8 @@ def participation_arrays(state: RunState) -> dict[str, np.ndarray]:
 
 
 def write_participation(state: RunState, path: Path) -> Path:
-    np.savez_compressed(path, **participation_arrays(state))  # type: ignore[arg-type]
+    """Write ``availability.npz`` atomically (arrays only: ``np.load(path)`` reads it without pickle)."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **participation_arrays(state))  # type: ignore[arg-type]
+    write_bytes(path, buffer.getbuffer())
     return path

@@ -1,8 +1,11 @@
-"""The round loop: select, configure, train, aggregate, evaluate, checkpoint; with callbacks and resume."""
+"""The round loop: select, configure, train, aggregate, evaluate, checkpoint; with callbacks and resume.
+
+The run folder's files, lock and checks are `fedhet.experiments.runfolder`'s; the checkpoint format is
+`fedhet.experiments.checkpoint`'s (docs/reliability.md says what they guarantee).
+"""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,22 +16,37 @@ import torch
 from torch import Tensor
 
 from fedhet.engine.plan import LocalResult
-from fedhet.errors import ConfigError, DivergenceError
+from fedhet.errors import DivergenceError, FedhetError
 from fedhet.experiments.build import Experiment, build, resolved_config
-from fedhet.experiments.callbacks import Callback, CSVWriter, write_csv
+from fedhet.experiments.callbacks import Callback, write_csv
+from fedhet.experiments.checkpoint import CheckpointError
 from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
 from fedhet.experiments.evaluation import evaluate_global
 from fedhet.experiments.participation import ParticipationWriter
+from fedhet.experiments.runfolder import (
+    CHECKPOINT,
+    CLIENTS,
+    CONFIG,
+    METRICS,
+    SUMMARY,
+    RunFolder,
+    identity,
+)
 from fedhet.experiments.tracking import with_trackers
 from fedhet.metrics.base import RoundView
 
-CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT = (
-    "config.yaml",
-    "metrics.csv",
-    "clients.csv",
-    "summary.json",
-    "checkpoint.pt",
-)
+__all__ = [
+    "CHECKPOINT",
+    "CLIENTS",
+    "CONFIG",
+    "METRICS",
+    "SUMMARY",
+    "RunState",
+    "resume",
+    "run",
+    "run_or_resume",
+    "same_run",
+]
 
 
 @dataclass
@@ -43,6 +61,7 @@ class RunState:
     status: str = "running"
     out: Path | None = None
     client_columns: dict[str, Tensor] = field(default_factory=dict)
+    folder: RunFolder | None = field(default=None, repr=False)  # the open, locked run folder (with `out`)
 
     @property
     def config(self) -> RunConfig:
@@ -58,40 +77,50 @@ def run(
     out: Path | None = None,
     callbacks: list[Callback] | None = None,
     builder: Callable[[RunConfig], Experiment] = build,
+    overwrite: bool = False,
 ) -> RunState:
-    """Run `config` from the start; with `out`, write the run folder (see README: "Run folders").
+    """Run `config` from the start; with `out`, write the run folder (docs/reliability.md: "Run folders").
 
+    Everything is validated before the folder is touched. `out` must be missing, empty or hold only fedhet's files;
+    a run already there is refused unless `overwrite` (which removes fedhet's own files only).
     `builder` makes the run's objects (default `build`; the Flower adapter passes one whose engine is remote).
     """
     experiment = builder(config)
     state = RunState(experiment, experiment.engine.initial_params(), out=out)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / CONFIG).write_text(dump_yaml(experiment.resolved_config()))
-    return _loop(state, callbacks or [])
+    if out is None:
+        return _loop(state, callbacks or [])
+    with RunFolder.create(out, dump_yaml(experiment.resolved_config()), overwrite) as folder:
+        state.folder = folder
+        return _loop(state, callbacks or [])
 
 
 def resume(
-    out: Path, callbacks: list[Callback] | None = None, builder: Callable[[RunConfig], Experiment] = build
+    out: Path,
+    callbacks: list[Callback] | None = None,
+    builder: Callable[[RunConfig], Experiment] = build,
+    rounds: int | None = None,
 ) -> RunState:
-    """Continue the run in folder `out` from its last checkpoint; ends with the same numbers as an
-    uninterrupted run."""
-    if not (out / CONFIG).is_file():
-        raise ConfigError(f"'{out}' is not a run folder (no {CONFIG}); start it with fedhet run --out {out}")
-    config = parse_config(load_yaml(out / CONFIG))
-    experiment = builder(config)
-    state = RunState(experiment, experiment.engine.initial_params(), out=out)
-    checkpoint = out / CHECKPOINT
-    if checkpoint.is_file():
-        saved: dict[str, Any] = torch.load(checkpoint, weights_only=False)
-        state.params, state.round = saved["params"], saved["round"]
-        state.history, state.wall_time_s = saved["history"], saved["wall_time_s"]
-        experiment.strategy.load_state_dict(saved["strategy"])
-        experiment.availability.load_state_dict(saved["availability"])
-        experiment.engine.load_state_dict(saved.get("engine", {}))
-        for plugin, plugin_state in zip(experiment.metrics, saved["metrics"], strict=True):
-            plugin.load_state_dict(plugin_state)
-    return _loop(state, callbacks or [])
+    """Continue the run in folder `out` from its last checkpoint; ends with the same numbers (and metrics.csv)
+    as an uninterrupted run. The checkpoint must match config.yaml and metrics.csv (else `CheckpointError`).
+
+    `rounds` changes the planned number of rounds (at least the checkpoint's; config.yaml is updated): a run
+    continued to more rounds equals one planned that long, except that the old last round was evaluated.
+    """
+    with RunFolder.open(out) as folder:
+        raw = folder.read_config()
+        if rounds is not None:
+            raw = {**raw, "rounds": rounds}
+        experiment = builder(parse_config(raw))
+        state = RunState(experiment, experiment.engine.initial_params(), out=out, folder=folder)
+        saved = folder.read_checkpoint()
+        if saved is not None:
+            _restore(state, saved)
+        state.history = folder.restore_metrics(saved)  # the last step: it cuts metrics.csv back to the checkpoint
+        if saved is not None and state.history and saved.get("last_row", {}).get("round") == state.final["round"]:
+            state.history[-1] = dict(saved["last_row"])  # the same row, with its columns in their original order
+        if rounds is not None:
+            folder.write_config(dump_yaml(experiment.resolved_config()))
+        return _loop(state, callbacks or [])
 
 
 def run_or_resume(
@@ -101,43 +130,104 @@ def run_or_resume(
     builder: Callable[[RunConfig], Experiment] = build,
 ) -> RunState:
     """`run` into `out`, unless `out` already holds a checkpointed run of this very config: then `resume` it (a
-    finished run is loaded, not recomputed). So a recipe that was interrupted picks up where it stopped."""
-    config_file, checkpoint = out / CONFIG, out / CHECKPOINT
-    same = checkpoint.is_file() and config_file.is_file()
-    if same and config_file.read_text() == dump_yaml(resolved_config(config)):
+    finished run is loaded, not recomputed). So a recipe that was interrupted picks up where it stopped; a run of
+    another config there is replaced (fedhet's own files only)."""
+    if (out / CHECKPOINT).is_file() and (out / CONFIG).is_file() and same_run(config, out):
         return resume(out, callbacks, builder)
-    return run(config, out, callbacks, builder)
+    return run(config, out, callbacks, builder, overwrite=True)
 
 
-def _save_checkpoint(state: RunState) -> None:
-    assert state.out is not None
+def same_run(config: RunConfig, out: Path) -> bool:
+    """Whether the run folder `out` holds a run of `config` (its config.yaml has the same identity and rounds)."""
+    try:
+        folder_config = parse_config(load_yaml(out / CONFIG))
+        same = identity(resolved_config(folder_config)) == identity(resolved_config(config))
+        return same and folder_config.rounds == config.rounds
+    except FedhetError:
+        return False
+
+
+def _checkpoint(state: RunState) -> dict[str, Any]:
+    """What a checkpoint holds besides metrics.csv's extent (the history itself is metrics.csv)."""
     exp = state.experiment
-    payload = {
+    return {
+        "config_sha256": identity(exp.resolved_config()),
         "round": state.round,
         "params": state.params,
-        "history": state.history,
         "wall_time_s": state.wall_time_s,
+        "last_row": state.final,
+        "client_columns": state.client_columns,  # clients.csv of the last evaluation
         "strategy": exp.strategy.state_dict(),
         "availability": exp.availability.state_dict(),
         "engine": exp.engine.state_dict(),
         "metrics": [plugin.state_dict() for plugin in exp.metrics],
     }
-    tmp = state.out / (CHECKPOINT + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(state.out / CHECKPOINT)
+
+
+def _restore(state: RunState, saved: dict[str, Any]) -> None:
+    """Load a checkpoint's payload into `state`, refusing one that belongs to another run or does not fit."""
+    assert state.folder is not None
+    exp, out = state.experiment, state.folder.path
+    what = f"checkpoint '{out / CHECKPOINT}'"
+    restart = f"start afresh with fedhet run --out {out} --overwrite"
+    if saved.get("config_sha256") != identity(exp.resolved_config()):
+        raise CheckpointError(
+            f"{what} was written by a run of another config than {out / CONFIG} (was config.yaml edited?); restore "
+            f"config.yaml, or {restart}"
+        )
+    round_, params = saved.get("round"), saved.get("params")
+    if type(round_) is not int or round_ < 1:
+        raise CheckpointError(f"{what} is corrupt (round {round_!r})")
+    if round_ > state.config.rounds:
+        raise CheckpointError(
+            f"{what} is at round {round_}, beyond the {state.config.rounds} rounds planned; resume with --rounds "
+            f"{round_} or more"
+        )
+    if not isinstance(params, Tensor) or params.shape != state.params.shape or params.dtype != state.params.dtype:
+        got = tuple(params.shape) if isinstance(params, Tensor) else type(params).__name__
+        raise CheckpointError(f"{what} holds parameters of another model ({got}, expected {tuple(state.params.shape)})")
+    try:
+        for key in ("strategy", "availability", "engine"):
+            if not isinstance(saved[key], dict):
+                raise TypeError(f"its {key} state is not a mapping")
+        exp.strategy.load_state_dict(saved["strategy"])
+        exp.availability.load_state_dict(saved["availability"])
+        exp.engine.load_state_dict(saved["engine"])
+        for plugin, plugin_state in zip(exp.metrics, saved["metrics"], strict=True):
+            plugin.load_state_dict(plugin_state)
+        wall_time = float(saved["wall_time_s"])
+        columns = saved["client_columns"]
+        if not isinstance(columns, dict) or not all(isinstance(v, Tensor) for v in columns.values()):
+            raise TypeError("its client columns are not tensors")
+        last_row = saved["last_row"]
+        if not isinstance(last_row, dict):
+            raise TypeError("last_row is not a mapping")
+    except Exception as err:  # a payload that passed its checksum but does not fit this run's components
+        reason = str(err).splitlines()[0][:100] if str(err) else type(err).__name__
+        raise CheckpointError(f"{what} does not fit this run ({reason}); {restart}") from None
+    state.params, state.round, state.wall_time_s, state.client_columns = params, round_, wall_time, columns
+
+
+def _persist(state: RunState, metrics: dict[str, float] | None) -> None:
+    """After a round: append its metrics row, then (when due) the checkpoint, which records the row's end."""
+    assert state.folder is not None
+    cfg = state.config
+    if metrics is not None:
+        state.folder.metrics.append(metrics)
+    if state.round % cfg.checkpoint_every == 0 or state.round == cfg.rounds:
+        state.folder.write_checkpoint(_checkpoint(state))
 
 
 def _write_outputs(state: RunState) -> None:
-    """clients.csv and summary.json (metrics.csv is written as rounds go)."""
-    if state.out is None:
+    """clients.csv, the metric plugins' files and summary.json (metrics.csv is written as rounds go)."""
+    if state.folder is None:
         return
     cfg = state.config
     if state.client_columns:
         k = len(next(iter(state.client_columns.values())))
         rows = [{"client": float(i), **{c: float(v[i]) for c, v in state.client_columns.items()}} for i in range(k)]
-        write_csv(state.out / CLIENTS, rows)
-    for plugin in state.experiment.metrics:
-        plugin.save(state.out)
+        write_csv(state.folder.path / CLIENTS, rows)
+    state.folder.save_plugin_files(state.experiment.metrics)
     summary = {
         "algorithm": cfg.spec("algorithm")["name"],
         "dataset": cfg.spec("dataset")["name"],
@@ -149,7 +239,7 @@ def _write_outputs(state: RunState) -> None:
         "wall_time_s": round(state.wall_time_s, 3),
         "final": state.final,
     }
-    (state.out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    state.folder.write_summary(summary)
 
 
 def _check_divergence(state: RunState, losses: Tensor) -> None:
@@ -166,8 +256,8 @@ def _check_divergence(state: RunState, losses: Tensor) -> None:
 
 def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
     exp, cfg = state.experiment, state.config
-    if state.out is not None:
-        callbacks = [CSVWriter(state.out / METRICS), ParticipationWriter(), *with_trackers(callbacks, cfg, state.out)]
+    if state.folder is not None:
+        callbacks = [ParticipationWriter(), *with_trackers(callbacks, cfg, state.folder.path)]
     for cb in callbacks:
         cb.on_run_start(state)
     seen = exp.data.seen
@@ -225,8 +315,8 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
                     state.client_columns.update(columns)
                 state.history.append(metrics)
             state.wall_time_s = time.perf_counter() - started
-            if state.out is not None and (state.round % cfg.checkpoint_every == 0 or state.round == cfg.rounds):
-                _save_checkpoint(state)
+            if state.folder is not None:
+                _persist(state, metrics)
             stop = False
             for cb in callbacks:
                 stop = cb.on_round_end(state, metrics) or stop
@@ -242,7 +332,9 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
         state.wall_time_s = time.perf_counter() - started
         if state.status == "running":
             state.status = "interrupted"
-        _write_outputs(state)
-        for cb in callbacks:
-            cb.on_run_end(state)
+        try:
+            _write_outputs(state)
+        finally:
+            for cb in callbacks:
+                cb.on_run_end(state)
     return state

@@ -14,7 +14,6 @@ from the run's config), or ``data-file`` (a partition file written by scripts/fl
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from collections.abc import Callable
@@ -22,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedhet.flower import require_flwr
 
@@ -32,9 +30,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
+from fedhet.atomic import write_bytes, write_text  # noqa: E402
+from fedhet.errors import ConfigError  # noqa: E402
 from fedhet.experiments.callbacks import Callback  # noqa: E402
+from fedhet.experiments.checkpoint import load_state, save_state  # noqa: E402
 from fedhet.experiments.config import RunConfig, load_yaml, parse_config  # noqa: E402
-from fedhet.experiments.runner import CHECKPOINT, SUMMARY, RunState, resume, run  # noqa: E402
+from fedhet.experiments.runner import CHECKPOINT, CONFIG, SUMMARY, RunState, resume, run, same_run  # noqa: E402
 from fedhet.flower.codec import Arrays, Config, Payload  # noqa: E402
 from fedhet.flower.node import (  # noqa: E402
     NodeWorker,
@@ -118,27 +119,24 @@ def _state_file(config: Config, node_config: dict[str, Any]) -> Path | None:
 
 
 def _load_state(worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any]) -> None:
-    """The clients' state from Flower's context (this run), else from the node's state file (a resumed run)."""
+    """The clients' state from Flower's context (this run), else from the node's state file (a resumed run); both
+    are read weights-only and checksummed (`fedhet.experiments.checkpoint.load_state`)."""
     if STATE_KEY in context.state:
         blob = context.state[STATE_KEY]["blob"].numpy().tobytes()
-        worker.engine.load_state_dict(torch.load(io.BytesIO(blob), weights_only=False))
+        worker.engine.load_state_dict(load_state(blob, "the node's client state"))
         return
     path = _state_file(config, node_config)
     if path is not None and path.is_file():
-        worker.engine.load_state_dict(torch.load(path, weights_only=False))
+        worker.engine.load_state_dict(load_state(path, f"node state file '{path}'"))
 
 
 def _save_state(worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any]) -> None:
-    state = worker.engine.state_dict()
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    context.state[STATE_KEY] = ArrayRecord({"blob": Array(np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy())})
+    data = save_state(worker.engine.state_dict())
+    context.state[STATE_KEY] = ArrayRecord({"blob": Array(np.frombuffer(data, dtype=np.uint8).copy())})
     path = _state_file(config, node_config)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        tmp.replace(path)
+        write_bytes(path, data)
 
 
 client_app = ClientApp()
@@ -171,18 +169,20 @@ def serve(
 ) -> RunState:
     """Run `config` into `out` across the grid's nodes, or resume the run in `out` if it has a checkpoint."""
     builder = remote_builder(GridTransport(grid), settings)
-    if (out / CHECKPOINT).is_file():
+    if (out / CHECKPOINT).is_file() or (config is None and (out / CONFIG).is_file()):
+        if config is not None and not same_run(config, out):
+            raise ConfigError(f"'{out}' holds the checkpoint of another config; give another 'out' or remove it")
         state = resume(out, callbacks, builder)
     elif config is None:
-        raise FileNotFoundError(f"'{out}' holds no checkpoint to resume and no config was given")
-    else:
-        state = run(config, out, callbacks, builder)
+        raise ConfigError(f"'{out}' holds no run to resume and no config was given")
+    else:  # a server restarted before its first checkpoint starts the run again
+        state = run(config, out, callbacks, builder, overwrite=True)
     engine = state.experiment.engine
     assert isinstance(engine, RemoteEngine)
     summary_path = out / SUMMARY
     summary = json.loads(summary_path.read_text())
     summary.update({"engine": "flower", "nodes": len(engine.nodes), "nodes_lost": sorted(engine.lost)})
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    write_text(summary_path, json.dumps(summary, indent=2) + "\n")
     return state
 
 

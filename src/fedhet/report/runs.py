@@ -36,10 +36,25 @@ def read_run(path: Path) -> RunRecord:
     summary_file, metrics_file, config_file = path / "summary.json", path / "metrics.csv", path / "config.yaml"
     if not summary_file.is_file() or not metrics_file.is_file():
         raise ConfigError(f"'{path}' is not a run folder (needs summary.json and metrics.csv from fedhet run)")
-    summary = json.loads(summary_file.read_text())
-    with metrics_file.open() as f:
-        rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
-    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+    try:
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ConfigError(f"'{summary_file}' is not valid JSON ({err}); rerun or resume that run") from None
+    final = summary.get("final", {}) if isinstance(summary, dict) else None
+    if not isinstance(final, dict) or not all(type(v) in (int, float) for v in final.values()):
+        raise ConfigError(
+            f"'{summary_file}' does not hold a run summary (an object whose 'final' maps names to numbers)"
+        )
+    try:
+        with metrics_file.open(encoding="utf-8", newline="") as f:
+            rows = [{str(k): float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+    except (UnicodeDecodeError, ValueError, TypeError, csv.Error) as err:
+        reason = str(err).splitlines()[0][:100] if str(err) else type(err).__name__
+        raise ConfigError(f"'{metrics_file}' is not a metrics table of numbers ({reason})") from None
+    try:
+        config = yaml.safe_load(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    except (UnicodeDecodeError, yaml.YAMLError):
+        config = {}  # config.yaml only names the run; a damaged one leaves it named by its folder
     return RunRecord(path, summary, rows, config if isinstance(config, dict) else {})
 
 

@@ -1,0 +1,160 @@
+"""Run folders: one writer at a time, only fedhet's files touched, metrics.csv appended and restorable."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from fedhet.experiments.callbacks import MetricsLog, write_csv
+from fedhet.experiments.runfolder import (
+    LOCK,
+    RunFolder,
+    RunFolderError,
+    check_new,
+    clean_leftovers,
+    prepare_new,
+    remove_own_files,
+)
+
+
+def test_a_second_writer_is_refused_until_the_first_ends(tmp_path: Path) -> None:
+    first = RunFolder.create(tmp_path / "r", "rounds: 1\n")
+    with pytest.raises(RunFolderError, match=rf"in use by another fedhet process \(pid {os.getpid()}\)"):
+        RunFolder.open(tmp_path / "r")
+    with pytest.raises(RunFolderError, match="in use"):
+        prepare_new(tmp_path / "r", overwrite=True)
+    first.close()
+    with RunFolder.open(tmp_path / "r") as again:
+        assert again.read_config() == {"rounds": 1}
+
+
+def test_new_runs_go_only_into_new_empty_or_fedhet_folders(tmp_path: Path) -> None:
+    check_new(tmp_path / "new" / "deeper", overwrite=False)
+    (tmp_path / "empty").mkdir()
+    check_new(tmp_path / "empty", overwrite=False)
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "notes.txt").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(RunFolderError, match="not empty and is not a fedhet run folder"):
+            check_new(tmp_path / "user", overwrite)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunFolderError, match="is a file, not a folder"):
+        check_new(tmp_path / "file", overwrite=False)
+    with pytest.raises(RunFolderError, match="is a file"):
+        check_new(tmp_path / "file" / "run", overwrite=False)
+    assert sorted(os.listdir(tmp_path)) == ["empty", "file", "user"]  # the checks wrote nothing
+
+
+@pytest.mark.skipif(os.geteuid() == 0 if hasattr(os, "geteuid") else True, reason="root may write anywhere")
+def test_unwritable_parent_is_refused(tmp_path: Path) -> None:  # pragma: no cover - depends on the user
+    locked = tmp_path / "ro"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(RunFolderError, match="not writable"):
+        check_new(locked / "run", overwrite=False)
+
+
+def test_overwrite_removes_fedhets_files_only(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    with RunFolder.create(out, "rounds: 1\n") as folder:
+        folder.write_summary({"status": "finished"})
+        folder.plugin_files.append("contribution.csv")
+        folder.write_summary({"status": "finished"})
+    for name in ("checkpoint.pt", "clients.csv", "availability.npz", "contribution.csv", ".checkpoint.pt.1.tmp"):
+        (out / name).write_text("fedhet's")
+    (out / "notes.txt").write_text("mine")
+    (out / "figures").mkdir()
+    (out / "figures" / "mine.png").write_text("mine")
+    (out / "node-state").mkdir()
+    (out / "node-state" / "abc-1.pt").write_text("node")
+    with pytest.raises(RunFolderError, match="already holds a run"):
+        RunFolder.create(out, "rounds: 2\n")
+    with RunFolder.create(out, "rounds: 2\n", overwrite=True) as folder:
+        assert sorted(os.listdir(out)) == [LOCK, "config.yaml", "figures", "metrics.csv", "notes.txt"]
+        assert folder.read_config() == {"rounds": 2}
+    assert (out / "figures" / "mine.png").read_text() == "mine"
+
+
+def test_summary_cannot_make_overwrite_delete_folders_or_paths_outside(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "config.yaml").write_text("rounds: 1\n")
+    (out / "data").mkdir()
+    (out / "data" / "x").write_text("mine")
+    (tmp_path / "outside.txt").write_text("mine")
+    (out / "summary.json").write_text('{"files": ["data", "../outside.txt", ".fedhet.lock", "/etc/passwd"]}')
+    remove_own_files(out)
+    assert (out / "data" / "x").is_file() and (tmp_path / "outside.txt").is_file()
+
+
+def test_leftovers_of_a_killed_process_are_cleaned(tmp_path: Path) -> None:
+    (tmp_path / ".checkpoint.pt.ab12.tmp").write_text("half")
+    (tmp_path / ".fedhet-staging-x").mkdir()
+    (tmp_path / ".fedhet-staging-x" / "contribution.csv").write_text("half")
+    (tmp_path / "keep.tmp").write_text("user's")
+    clean_leftovers(tmp_path)
+    assert os.listdir(tmp_path) == ["keep.tmp"]
+
+
+ROWS = [
+    {"round": 1.0, "acc": 0.5, "loss": float("nan")},
+    {"round": 2.0, "acc": -0.0, "loss": 1e-300},
+    {"round": 3.0, "acc": 0.25, "loss": 2.0, "extra": 1e20},  # a new column: the file is rewritten
+    {"round": 4.0, "loss": 3.0},  # a missing column: left empty
+]
+
+
+def _mark(log: MetricsLog) -> tuple[list[str], int, str]:
+    return list(log.columns), len(log.rows), log.sha256()
+
+
+def test_metrics_log_equals_a_whole_write_and_restores_exactly(tmp_path: Path) -> None:
+    log = MetricsLog(tmp_path / "metrics.csv")
+    log.start()
+    marks = [_mark(log)]
+    for row in ROWS:
+        log.append(row)
+        marks.append(_mark(log))
+        data = (tmp_path / "metrics.csv").read_bytes()
+        assert log.size == len(data) and log.sha256() == hashlib.sha256(data).hexdigest()
+    write_csv(tmp_path / "whole.csv", ROWS)
+    whole = (tmp_path / "whole.csv").read_bytes()
+    assert (tmp_path / "metrics.csv").read_bytes() == whole
+    assert "-0.0" in whole.decode()  # the sign of zero survives a resume
+    table = list(csv.DictReader(io.StringIO(whole.decode())))
+    assert table[3]["acc"] == "" and table[2]["extra"] == "1e+20"
+
+    (tmp_path / "metrics.csv").open("ab").write(b"5,0.9,half a ro")  # a killed append
+    for done, mark in enumerate(marks):  # a checkpoint after any round; the header was widened after round 2
+        again = MetricsLog(tmp_path / "metrics.csv")
+        rows = again.restore(*mark)
+        assert [r["round"] for r in rows] == [r["round"] for r in ROWS[:done]]
+        if done >= 2:
+            assert str(rows[1]["acc"]) == "-0.0" and rows[1]["loss"] == 1e-300 and rows[0]["loss"] != rows[0]["loss"]
+        write_csv(tmp_path / "prefix.csv", ROWS[:done])
+        expected = (tmp_path / "prefix.csv").read_bytes() if done else b""
+        assert (tmp_path / "metrics.csv").read_bytes() == expected
+        for row in ROWS[done:]:
+            again.append(row)
+        assert (tmp_path / "metrics.csv").read_bytes() == whole
+
+
+def test_metrics_log_refuses_an_edited_file(tmp_path: Path) -> None:
+    log = MetricsLog(tmp_path / "metrics.csv")
+    log.start()
+    log.append(ROWS[0])
+    mark = _mark(log)
+    data = (tmp_path / "metrics.csv").read_bytes()
+    (tmp_path / "metrics.csv").write_bytes(data.replace(b"0.5", b"0.9"))
+    with pytest.raises(ValueError, match="changed"):
+        MetricsLog(tmp_path / "metrics.csv").restore(*mark)
+    (tmp_path / "metrics.csv").write_text("")
+    with pytest.raises(ValueError, match="fewer rows than the checkpoint's 1"):
+        MetricsLog(tmp_path / "metrics.csv").restore(*mark)
+    (tmp_path / "metrics.csv").write_bytes(b"\xff\xfe\r\n\x00\r\n")
+    with pytest.raises(ValueError, match="changed"):
+        MetricsLog(tmp_path / "metrics.csv").restore(*mark)
