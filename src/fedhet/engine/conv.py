@@ -1,0 +1,575 @@
+"""Local SGD for convolutional networks with hand-written backward passes: the `conv` backend.
+
+The papers' image models (LeNet-5, the FedAvg CNNs, FedMGDA+'s CNNs, VGG-16) are chains of Conv2d, pooling,
+element-wise activations, local response or group normalisation, dropout, a flatten and Linear layers under
+cross-entropy. For those, `batched_loss_grad` computes every client's gradient of its weighted mean mini-batch
+loss (`functional.FlatModel.batch_loss`) for a chunk of clients at once, layer by layer, without autograd:
+
+    forward   a_l = f_l(a_{l−1}; w_l) for every layer (saving what its backward needs), logits z = a_L
+    loss      ℓ_k = Σ_r wt_r ce(z_r, y_r) / max(Σ_r wt_r, 1)
+    backward  g_L = (softmax(z) − onehot(y)) · wt / max(Σ wt, 1),  g_{l−1} = (∂f_l/∂a_{l−1})ᵀ g_l,
+              ∇w_l = (∂f_l/∂w_l)ᵀ g_l  (written straight into the (c, P) gradient)
+
+Convolutions run per client with torch's own kernels (`aten.convolution` and `aten.convolution_backward`,
+oneDNN on a CPU), which on one core reach 50–115 GFLOP/s for a batch of 10 images; grouped convolutions over
+the clients and unfold + batched products were measured slower (see docs/performance.md). Linear layers are
+batched matrix products over the chunk's clients, as in the dense backend; pooling, activations and dropout
+run once for the whole chunk; local response and group normalisation use the vector-Jacobian product of
+torch's own functions. Every backward formula is the one autograd uses, so the numbers equal the other
+backends' up to float rounding (tested on every CNN of the zoo).
+
+`train_conv` runs a `LocalPlan` of plain local SGD with weight decay, w ← w − η_k (∇F_k(w; ξ) + λ w), chunk by
+chunk on worker threads of one core each (like the dense backend: a chunk runs all its steps while its weights
+are in cache), on the mini-batches of `batches.local_batches` and with dropout masks seeded per (round, step)
+as the other backends seed them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedhet.data.dataset import ClientData
+from fedhet.engine.batches import gather_rows, local_batches
+from fedhet.engine.dense import _map
+from fedhet.engine.functional import FlatModel
+from fedhet.engine.plan import LocalPlan
+from fedhet.models.fedmgda import ChannelDropout
+from fedhet.models.zoo import ConvClassifier, Flatten, ToImage
+from fedhet.seeding import derive_seed
+
+aten = torch.ops.aten
+CHUNK_BYTES = 4 << 20  # a chunk's weights (measured: see `default_chunk`)
+
+Ctx = Any  # what a layer's forward keeps for its backward
+
+
+class Layer(Protocol):
+    """One layer of a `ConvSpec`: forward on a chunk's activations (n, b, *shape), backward to its input."""
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]: ...
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None: ...
+
+
+def _pair(v: int | tuple[int, ...] | str) -> tuple[int, int]:
+    if isinstance(v, str):
+        raise TypeError("string padding")
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[-1]))
+
+
+def _merge(a: Tensor) -> Tensor:
+    """(n, b, C, H, W) as (n·b, C, H, W) (a view)."""
+    return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
+
+
+@dataclass(frozen=True)
+class Conv:
+    """`nn.Conv2d` (zero padding): each client's convolution with its own weights, torch's kernels."""
+
+    weight: slice
+    bias: slice | None
+    shape: tuple[int, int, int, int]  # (out, in / groups, kh, kw)
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+
+    def _w(self, params: Tensor, i: int) -> tuple[Tensor, Tensor | None]:
+        w = params[i, self.weight].view(self.shape)
+        return w, params[i, self.bias] if self.bias is not None else None
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        outs = []
+        for i in range(len(a)):
+            w, b = self._w(params, i)
+            outs.append(
+                aten.convolution(a[i], w, b, self.stride, self.padding, self.dilation, False, (0, 0), self.groups)
+            )
+        return torch.stack(outs), a
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+        a: Tensor = ctx
+        inputs = []
+        bias = [self.shape[0]] if self.bias is not None else None
+        for i in range(len(a)):
+            w, _ = self._w(params, i)
+            gi, gw, gb = aten.convolution_backward(
+                g[i],
+                a[i],
+                w,
+                bias,
+                self.stride,
+                self.padding,
+                self.dilation,
+                False,
+                (0, 0),
+                self.groups,
+                (need_input, True, self.bias is not None),
+            )
+            grad[i, self.weight].copy_(gw.reshape(-1))
+            if self.bias is not None:
+                grad[i, self.bias].copy_(gb)
+            inputs.append(gi)
+        return torch.stack(inputs) if need_input else None
+
+
+@dataclass(frozen=True)
+class Linear:
+    """`nn.Linear` on (n, b, in): batched matrix products over the chunk's clients."""
+
+    weight: slice
+    bias: slice | None
+    shape: tuple[int, int]  # (out, in)
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        n = len(a)
+        w_t = params[:, self.weight].view(n, *self.shape).mT
+        if self.bias is None:
+            return torch.bmm(a, w_t), a
+        return torch.baddbmm(params[:, self.bias].view(n, 1, -1), a, w_t), a
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+        a: Tensor = ctx
+        n = len(a)
+        grad[:, self.weight].view(n, *self.shape).baddbmm_(g.mT, a, beta=0.0)
+        if self.bias is not None:
+            grad[:, self.bias].copy_(g.sum(1))
+        return torch.bmm(g, params[:, self.weight].view(n, *self.shape)) if need_input else None
+
+
+def _relu_backward(g: Tensor, out: Tensor) -> Tensor:
+    return aten.threshold_backward(g, out, 0)
+
+
+_FORWARD: dict[str, Callable[[Tensor], Tensor]] = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+_BACKWARD: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "relu": _relu_backward,
+    "tanh": aten.tanh_backward,
+    "sigmoid": aten.sigmoid_backward,
+}
+
+
+@dataclass(frozen=True)
+class Activation:
+    """ReLU, Tanh or Sigmoid; the backward from the output, as autograd computes it."""
+
+    kind: str
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        out = _FORWARD[self.kind](a)
+        return out, out
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+        return _BACKWARD[self.kind](g, ctx)
+
+
+@dataclass(frozen=True)
+class MaxPool:
+    """`nn.MaxPool2d`: torch's kernel and its backward (the gradient goes to the first maximum of a window)."""
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    ceil_mode: bool
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        out, index = aten.max_pool2d_with_indices(
+            _merge(a), self.kernel, self.stride, self.padding, self.dilation, self.ceil_mode
+        )
+        return out.view(*a.shape[:2], *out.shape[1:]), (a, index)
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+        a, index = ctx
+        out = aten.max_pool2d_with_indices_backward(
+            _merge(g), _merge(a), self.kernel, self.stride, self.padding, self.dilation, self.ceil_mode, index
+        )
+        return out.view(a.shape)
+
+
+@dataclass(frozen=True)
+class AvgPool:
+    """`nn.AvgPool2d`: torch's kernel and its backward."""
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    ceil_mode: bool
+    count_include_pad: bool
+    divisor: int | None
+
+    def _args(self) -> tuple[Any, ...]:
+        return (self.kernel, self.stride, self.padding, self.ceil_mode, self.count_include_pad, self.divisor)
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        out = aten.avg_pool2d(_merge(a), *self._args())
+        return out.view(*a.shape[:2], *out.shape[1:]), a
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+        a: Tensor = ctx
+        return aten.avg_pool2d_backward(_merge(g), _merge(a), *self._args()).view(a.shape)
+
+
+@dataclass(frozen=True)
+class LocalResponseNorm:
+    """`nn.LocalResponseNorm` over each sample's channels; the backward is the vector-Jacobian product of
+    torch's own function."""
+
+    size: int
+    alpha: float
+    beta: float
+    k: float
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        def fn(x: Tensor) -> Tensor:
+            return F.local_response_norm(x, self.size, self.alpha, self.beta, self.k)
+
+        out, vjp = torch.func.vjp(fn, _merge(a))[:2]
+        return out.view(a.shape), vjp
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+        (out,) = ctx(_merge(g))
+        return out.view(g.shape)
+
+
+@dataclass(frozen=True)
+class GroupNorm:
+    """`nn.GroupNorm`: torch's normalisation of each sample, then each client's own scale and shift."""
+
+    groups: int
+    eps: float
+    weight: slice | None
+    bias: slice | None
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        def fn(x: Tensor) -> Tensor:
+            return F.group_norm(x, self.groups, None, None, self.eps)
+
+        normed, vjp = torch.func.vjp(fn, _merge(a))[:2]
+        normed = normed.view(a.shape)
+        n, channels = len(a), a.shape[2]
+        lead = (n, 1, channels) + (1,) * (a.dim() - 3)
+        out = normed
+        if self.weight is not None:
+            out = out * params[:, self.weight].view(lead)
+        if self.bias is not None:
+            out = out + params[:, self.bias].view(lead)
+        return out, (normed, vjp, lead)
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+        normed, vjp, lead = ctx
+        dims = (1, *range(3, g.dim()))
+        if self.bias is not None:
+            grad[:, self.bias].copy_(g.sum(dims))
+        if self.weight is not None:
+            grad[:, self.weight].copy_((g * normed).sum(dims))
+            g = g * params[:, self.weight].view(lead)
+        if not need_input:
+            return None
+        (out,) = vjp(_merge(g))
+        return out.view(g.shape)
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """`nn.Dropout` (element-wise) or fedhet's `ChannelDropout` (whole channels): multiplies by the step's
+    mask, the same for every client (drawn by `dropout_masks`)."""
+
+    p: float
+    channels: bool
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        if mask is None:
+            return a, None
+        m = mask.view(*mask.shape, *(1,) * (a.dim() - 1 - mask.dim())) if self.channels else mask
+        return a * m, m
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+        return g if ctx is None else g * ctx
+
+
+@dataclass(frozen=True)
+class Reshape:
+    """A reshape of every sample (the image view of flat inputs, a flatten before the head)."""
+
+    shape: tuple[int, ...]
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        return a.reshape(*a.shape[:2], *self.shape), a.shape
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+        return g.reshape(ctx)
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A model as a chain of layers, with each layer's per-sample output shape (to draw dropout masks)."""
+
+    layers: tuple[Layer, ...]
+    shapes: tuple[tuple[int, ...], ...]  # per-sample output shape of each layer
+    input_shape: tuple[int, ...]
+    size: int  # P, the number of parameters
+
+    @property
+    def has_dropout(self) -> bool:
+        return any(isinstance(la, Dropout) and la.p > 0 for la in self.layers)
+
+
+def _leaves(module: nn.Module) -> list[nn.Module]:
+    if isinstance(module, ConvClassifier):
+        return [module.to_image, *_leaves(module.features), Flatten(), *_leaves(module.head)]
+    if isinstance(module, nn.Sequential):
+        return [leaf for child in module for leaf in _leaves(child)]
+    return [module]
+
+
+def _layer(leaf: nn.Module, where: dict[int, slice], used: list[slice]) -> Layer | None:
+    """The layer for one leaf module (None when not supported); the slices of its parameters go to `used`."""
+
+    def at(p: Tensor | None) -> slice | None:
+        if p is None:
+            return None
+        used.append(where[id(p)])
+        return where[id(p)]
+
+    if isinstance(leaf, nn.Conv2d):
+        if leaf.padding_mode != "zeros" or isinstance(leaf.padding, str):
+            return None
+        w = at(leaf.weight)
+        assert w is not None
+        shape = tuple(leaf.weight.shape)
+        return Conv(w, at(leaf.bias), shape, _pair(leaf.stride), _pair(leaf.padding), _pair(leaf.dilation), leaf.groups)  # type: ignore[arg-type]
+    if isinstance(leaf, nn.Linear):
+        w = at(leaf.weight)
+        assert w is not None
+        return Linear(w, at(leaf.bias), (leaf.out_features, leaf.in_features))
+    if isinstance(leaf, nn.ReLU | nn.Tanh | nn.Sigmoid):
+        return Activation(type(leaf).__name__.lower())
+    if isinstance(leaf, nn.MaxPool2d):
+        if leaf.return_indices:
+            return None
+        stride = leaf.stride if leaf.stride is not None else leaf.kernel_size
+        return MaxPool(
+            _pair(leaf.kernel_size), _pair(stride), _pair(leaf.padding), _pair(leaf.dilation), bool(leaf.ceil_mode)
+        )
+    if isinstance(leaf, nn.AvgPool2d):
+        stride = leaf.stride if leaf.stride is not None else leaf.kernel_size
+        return AvgPool(
+            _pair(leaf.kernel_size),
+            _pair(stride),
+            _pair(leaf.padding),
+            bool(leaf.ceil_mode),
+            bool(leaf.count_include_pad),
+            leaf.divisor_override,
+        )
+    if isinstance(leaf, nn.LocalResponseNorm):
+        return LocalResponseNorm(leaf.size, leaf.alpha, leaf.beta, leaf.k)
+    if isinstance(leaf, nn.GroupNorm):
+        return GroupNorm(leaf.num_groups, leaf.eps, at(leaf.weight), at(leaf.bias))
+    if isinstance(leaf, ChannelDropout):
+        return Dropout(float(leaf.dropout.p), channels=True)
+    if type(leaf) is nn.Dropout:
+        return Dropout(float(leaf.p), channels=False)
+    return None
+
+
+def conv_layers(model: FlatModel, input_shape: Sequence[int] | None = None) -> ConvSpec | None:
+    """`model` as a `ConvSpec`, or None when the conv backend cannot run it.
+
+    Qualify: `fedhet.models.zoo.ConvClassifier` networks and `nn.Sequential` chains of Conv2d (zero padding),
+    MaxPool2d, AvgPool2d, ReLU/Tanh/Sigmoid, LocalResponseNorm, GroupNorm, Dropout, `ChannelDropout`, Flatten
+    and Linear, with at least one convolution. A model that does not start with `ToImage` needs
+    `input_shape` (one sample's shape)."""
+    module = model.module
+    where: dict[int, slice] = {}
+    start = 0
+    for p, n in zip(module.parameters(), model.numels, strict=True):
+        where[id(p)] = slice(start, start + n)
+        start += n
+    leaves = _leaves(module)
+    used: list[slice] = []
+    if leaves and isinstance(leaves[0], ToImage):
+        shape: tuple[int, ...] = tuple(leaves[0].shape)
+        layers: list[Layer] = [Reshape(shape)]
+        leaves = leaves[1:]
+    elif input_shape is not None:
+        shape, layers = tuple(input_shape), []
+    else:
+        return None
+    shapes: list[tuple[int, ...]] = [shape] * len(layers)
+    x = torch.zeros(1, *shape)
+    training = module.training
+    try:  # a dry run on one sample gives each layer's output shape
+        for leaf in leaves:
+            if isinstance(leaf, Flatten | nn.Flatten):
+                if isinstance(leaf, nn.Flatten) and (leaf.start_dim != 1 or leaf.end_dim != -1):
+                    return None
+                layer: Layer | None = Reshape((x[0].numel(),))
+            else:
+                layer = _layer(leaf, where, used)
+            if layer is None:
+                return None
+            with torch.no_grad():
+                x = leaf.eval()(x) if not isinstance(layer, Reshape) else x.reshape(1, *layer.shape)
+            layers.append(layer)
+            shapes.append(tuple(x.shape[1:]))
+    except RuntimeError:
+        return None
+    finally:
+        module.train(training)
+    covered = sum(sl.stop - sl.start for sl in used)
+    if covered != model.size or not any(isinstance(la, Conv) for la in layers) or len(shapes[-1]) != 1:
+        return None
+    return ConvSpec(tuple(layers), tuple(shapes), shape, model.size)
+
+
+def dropout_masks(spec: ConvSpec, batch: int, seed: int, round_: int, step: int, stream: str) -> list[Tensor | None]:
+    """Step `step`'s dropout mask of every layer (None for the others), drawn as the sequential backend's
+    modules draw them after its seeding: the same for every client."""
+    if not spec.has_dropout:
+        return [None] * len(spec.layers)
+    torch.manual_seed(derive_seed(seed, f"dropout/{stream}", round_, step))
+    masks: list[Tensor | None] = []
+    for i, la in enumerate(spec.layers):
+        if isinstance(la, Dropout) and la.p > 0:
+            shape = spec.shapes[i][:1] if la.channels else spec.shapes[i]
+            masks.append(F.dropout(torch.ones(batch, *shape), la.p, training=True))
+        else:
+            masks.append(None)
+    return masks
+
+
+def _logit_grad(z: Tensor, y: Tensor, wt: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-client weighted mean cross-entropy of logits z (n, b, C) and its gradient with respect to z."""
+    share = wt / wt.sum(1, keepdim=True).clamp_min(1.0)
+    lse = torch.logsumexp(z, 2, keepdim=True)
+    nll = lse.squeeze(2) - z.gather(2, y.unsqueeze(2)).squeeze(2)
+    g = (z - lse).exp_()
+    g.scatter_add_(2, y.unsqueeze(2), torch.full_like(g[..., :1], -1.0))
+    return g.mul_(share.unsqueeze(2)), (nll * share).sum(1)
+
+
+def loss_grad_into(
+    spec: ConvSpec,
+    params: Tensor,
+    x: Tensor,
+    y: Tensor,
+    wt: Tensor,
+    grad: Tensor,
+    masks: Sequence[Tensor | None] | None = None,
+) -> Tensor:
+    """`batched_loss_grad` on one thread, writing the gradient into `grad` (c, P); returns the losses (c,)."""
+    n, b = y.shape
+    a = x.reshape(n, b, *spec.input_shape)
+    masks = masks if masks is not None else [None] * len(spec.layers)
+    saved = []
+    for layer, mask in zip(spec.layers, masks, strict=True):
+        a, ctx = layer.forward(a, params, mask)
+        saved.append(ctx)
+    g, loss = _logit_grad(a, y, wt)
+    first = next(i for i, la in enumerate(spec.layers) if isinstance(la, Conv | Linear | GroupNorm))
+    for i in range(len(spec.layers) - 1, first - 1, -1):
+        out = spec.layers[i].backward(g, saved[i], params, grad, need_input=i > first)
+        if out is not None:
+            g = out
+    return loss
+
+
+def batched_loss_grad(
+    spec: ConvSpec,
+    params: Tensor,
+    x: Tensor,
+    y: Tensor,
+    wt: Tensor,
+    masks: Sequence[Tensor | None] | None = None,
+    workers: int = 1,
+) -> tuple[Tensor, Tensor]:
+    """∇ and value of each client's weighted mean cross-entropy on its mini-batch:
+    ℓ_k(w_k) = Σ_r wt_kr ce(f(w_k; x_kr), y_kr) / max(Σ_r wt_kr, 1) (padded rows have weight 0).
+
+    params (c, P), x (c, b, *sample shape), y (c, b), wt (c, b); `masks` from `dropout_masks` (None: no
+    dropout, as in evaluation). Returns (grad (c, P), loss (c,)). With `workers` > 1 (on a CPU) the clients are
+    split among that many threads of one core each."""
+    c = len(params)
+    grad = torch.empty_like(params)
+    loss = torch.empty(c, device=params.device)
+    workers = max(1, min(workers, c)) if params.device.type == "cpu" else 1
+    part = -(-c // workers) if c else 1
+
+    def run(lo: int) -> None:
+        sl = slice(lo, lo + part)
+        loss[sl] = loss_grad_into(spec, params[sl], x[sl], y[sl], wt[sl], grad[sl], masks)
+
+    _map(run, range(0, c, part), workers)
+    return grad, loss
+
+
+def default_chunk(spec: ConvSpec, clients: int, workers: int) -> int:
+    """Clients per chunk: an equal share of the cohort per worker, at most `CHUNK_BYTES` of weights."""
+    share = -(-clients // max(workers, 1))
+    return max(1, min(share, CHUNK_BYTES // (4 * spec.size)))
+
+
+def train_conv(
+    model: FlatModel,
+    spec: ConvSpec,
+    data: ClientData,
+    w0: Tensor,
+    plan: LocalPlan,
+    seed: int,
+    round_: int,
+    chunk_size: int = 0,
+    workers: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """Plain local SGD with weight decay, w ← w − η_k (∇F_k(w; ξ) + λ w), for `plan`'s clients; each client
+    takes its own number of steps. Returns (params (m, P), mean loss over the steps taken (m,), nan for 0).
+
+    Clients run in order of decreasing steps (those still training at step t are a prefix of their chunk);
+    chunks of `chunk_size` clients (default `default_chunk`) run all their steps on `workers` threads
+    (default: torch's intra-op thread count) of one core each; elsewhere than on a CPU, one chunk at a time."""
+    m, dev = len(plan.clients), w0.device
+    params = w0.unsqueeze(0).repeat(m, 1)
+    losses = torch.full((m,), float("nan"), device=dev)
+    if m == 0 or int(plan.steps.max()) == 0:
+        return params, losses
+    order = torch.argsort(plan.steps, descending=True, stable=True)
+    steps = plan.steps[order]
+    index, weight = local_batches(data.offsets, plan.clients[order], steps, plan.batch_size, seed, round_, plan.stream)
+    index, weight = index.to(dev), weight.to(dev)
+    drawn = [dropout_masks(spec, plan.batch_size, seed, round_, t, plan.stream) for t in range(int(steps[0]))]
+    masks = [[mk.to(dev) if mk is not None else None for mk in step] for step in drawn]
+    lr = plan.lr[order].to(dev)
+    decay = plan.weight_decay
+    workers = 1 if dev.type != "cpu" else workers or torch.get_num_threads()
+    chunk = chunk_size if chunk_size > 0 else default_chunk(spec, m, workers)
+    work = torch.empty_like(params)
+    totals = torch.zeros(m, device=dev)
+    remaining = steps.tolist()
+
+    def run(lo: int) -> None:
+        hi = min(lo + chunk, m)
+        w = work[lo:hi]
+        w.copy_(w0.expand(hi - lo, -1))
+        g = torch.empty_like(w)
+        rate = lr[lo:hi].unsqueeze(1)
+        for t in range(remaining[lo]):
+            k = next((j for j in range(lo, hi) if remaining[j] <= t), hi) - lo  # clients still training
+            rows = index[lo : lo + k, t]
+            x = gather_rows(data.x, rows)
+            loss = loss_grad_into(spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], g[:k], masks[t])
+            if decay:
+                g[:k].add_(w[:k], alpha=decay)
+            w[:k].addcmul_(rate[:k], g[:k], value=-1.0)
+            totals[lo : lo + k] += loss
+
+    _map(run, range(0, m, chunk), workers)
+    params[order] = work
+    tau = steps.to(dev)
+    losses[order] = torch.where(tau > 0, totals / tau.clamp_min(1), torch.nan)
+    return params, losses
