@@ -54,7 +54,49 @@ class Layer(Protocol):
 
     def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]: ...
 
-    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None: ...
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None: ...
+
+
+class Sink:
+    """Where a backward pass puts the parameter gradients: into a (c, P) buffer `grad`, or (`grad` None) straight
+    into the weights as an SGD step, w ← shrink · w − g, where the backward then carries η·∇ and
+    shrink = 1 − ηλ (weight decay; None for none). Layers hand each gradient over after their last use of
+    the weights it changes."""
+
+    def __init__(self, params: Tensor, grad: Tensor | None = None, shrink: Tensor | None = None) -> None:
+        self.params, self.grad, self.shrink = params, grad, shrink
+
+    def rows(self, where: slice, value: Tensor) -> None:
+        """The gradient (n, …) of one parameter of every client."""
+        value = value.reshape(len(value), -1)
+        if self.grad is not None:
+            self.grad[:, where].copy_(value)
+            return
+        w = self.params[:, where]
+        if self.shrink is not None:
+            w.mul_(self.shrink)
+        w.sub_(value)
+
+    def row(self, i: int, where: slice, value: Tensor) -> None:
+        """The gradient of one parameter of client i."""
+        if self.grad is not None:
+            self.grad[i, where].copy_(value.reshape(-1))
+            return
+        w = self.params[i, where]
+        if self.shrink is not None:
+            w.mul_(self.shrink[i])
+        w.sub_(value.reshape(-1))
+
+    def outer(self, where: slice, shape: tuple[int, int], d_t: Tensor, a: Tensor) -> None:
+        """A Linear weight's gradient d_tᵀ-style batched product d_t (n, out, b) · a (n, b, in), in place."""
+        n = len(a)
+        if self.grad is not None:
+            self.grad[:, where].view(n, *shape).baddbmm_(d_t, a, beta=0.0)
+            return
+        w = self.params[:, where].view(n, *shape)
+        if self.shrink is not None:
+            w.mul_(self.shrink.view(n, 1, 1))
+        w.baddbmm_(d_t, a, alpha=-1.0)
 
 
 def _pair(v: int | tuple[int, ...] | str) -> tuple[int, int]:
@@ -93,7 +135,7 @@ class Conv:
             )
         return torch.stack(outs), a
 
-    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
         a: Tensor = ctx
         inputs = []
         bias = [self.shape[0]] if self.bias is not None else None
@@ -112,9 +154,9 @@ class Conv:
                 self.groups,
                 (need_input, True, self.bias is not None),
             )
-            grad[i, self.weight].copy_(gw.reshape(-1))
+            sink.row(i, self.weight, gw)
             if self.bias is not None:
-                grad[i, self.bias].copy_(gb)
+                sink.row(i, self.bias, gb)
             inputs.append(gi)
         return torch.stack(inputs) if need_input else None
 
@@ -134,13 +176,14 @@ class Linear:
             return torch.bmm(a, w_t), a
         return torch.baddbmm(params[:, self.bias].view(n, 1, -1), a, w_t), a
 
-    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
         a: Tensor = ctx
         n = len(a)
-        grad[:, self.weight].view(n, *self.shape).baddbmm_(g.mT, a, beta=0.0)
+        out = torch.bmm(g, params[:, self.weight].view(n, *self.shape)) if need_input else None
+        sink.outer(self.weight, self.shape, g.mT, a)
         if self.bias is not None:
-            grad[:, self.bias].copy_(g.sum(1))
-        return torch.bmm(g, params[:, self.weight].view(n, *self.shape)) if need_input else None
+            sink.rows(self.bias, g.sum(1))
+        return out
 
 
 def _relu_backward(g: Tensor, out: Tensor) -> Tensor:
@@ -165,13 +208,19 @@ class Activation:
         out = _FORWARD[self.kind](a)
         return out, out
 
-    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
         return _BACKWARD[self.kind](g, ctx)
 
 
 @dataclass(frozen=True)
 class MaxPool:
-    """`nn.MaxPool2d`: torch's kernel and its backward (the gradient goes to the first maximum of a window)."""
+    """`nn.MaxPool2d`; the gradient goes to the first maximum of each window, as torch's backward sends it.
+
+    Windows of 2×2 with stride 2 on even-sized maps (every pooling layer of the zoo) are two element-wise
+    maxima of strided views, over pairs of columns and then of rows: the first maximum of a window in torch's
+    row-major order is the first of its row pair's maxima, taken in the first row that holds it. Measured on
+    one core for 150 maps of 6×28×28: 0.35 ms forward and 1.1 ms backward, against 3.9 and 0.15 ms with
+    torch's kernel (its forward does not vectorise). Other windows use torch's kernel."""
 
     kernel: tuple[int, int]
     stride: tuple[int, int]
@@ -179,16 +228,36 @@ class MaxPool:
     dilation: tuple[int, int]
     ceil_mode: bool
 
+    def _pairs(self, a: Tensor) -> bool:
+        simple = self.padding == (0, 0) and self.dilation == (1, 1) and not self.ceil_mode
+        even = a.shape[-1] % 2 == 0 and a.shape[-2] % 2 == 0
+        return simple and self.kernel == (2, 2) and self.stride == (2, 2) and even
+
     def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        if self._pairs(a):
+            cols = torch.maximum(a[..., 0::2], a[..., 1::2])  # (…, H, W/2)
+            return torch.maximum(cols[..., 0::2, :], cols[..., 1::2, :]), (a, cols)
         out, index = aten.max_pool2d_with_indices(
             _merge(a), self.kernel, self.stride, self.padding, self.dilation, self.ceil_mode
         )
         return out.view(*a.shape[:2], *out.shape[1:]), (a, index)
 
-    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
-        a, index = ctx
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
+        a, saved = ctx
+        if self._pairs(a):  # masks as floats: 1 where the first of a pair is the (first) maximum
+            cols: Tensor = saved
+            first_row = torch.ge(cols[..., 0::2, :], cols[..., 1::2, :]).float()
+            g_cols = g.new_empty(*g.shape[:-1], 2, g.shape[-1])  # (…, H/2, 2, W/2)
+            torch.mul(g, first_row, out=g_cols[..., 0, :])
+            torch.sub(g, g_cols[..., 0, :], out=g_cols[..., 1, :])
+            g_cols = g_cols.view(cols.shape)
+            first_col = torch.ge(a[..., 0::2], a[..., 1::2]).float()
+            out = g.new_empty(*cols.shape, 2)  # (…, H, W/2, 2)
+            torch.mul(g_cols, first_col, out=out[..., 0])
+            torch.sub(g_cols, out[..., 0], out=out[..., 1])
+            return out.view(a.shape)
         out = aten.max_pool2d_with_indices_backward(
-            _merge(g), _merge(a), self.kernel, self.stride, self.padding, self.dilation, self.ceil_mode, index
+            _merge(g), _merge(a), self.kernel, self.stride, self.padding, self.dilation, self.ceil_mode, saved
         )
         return out.view(a.shape)
 
@@ -211,7 +280,7 @@ class AvgPool:
         out = aten.avg_pool2d(_merge(a), *self._args())
         return out.view(*a.shape[:2], *out.shape[1:]), a
 
-    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
         a: Tensor = ctx
         return aten.avg_pool2d_backward(_merge(g), _merge(a), *self._args()).view(a.shape)
 
@@ -233,7 +302,7 @@ class LocalResponseNorm:
         out, vjp = torch.func.vjp(fn, _merge(a))[:2]
         return out.view(a.shape), vjp
 
-    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
         (out,) = ctx(_merge(g))
         return out.view(g.shape)
 
@@ -262,17 +331,17 @@ class GroupNorm:
             out = out + params[:, self.bias].view(lead)
         return out, (normed, vjp, lead)
 
-    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
         normed, vjp, lead = ctx
         dims = (1, *range(3, g.dim()))
+        g_normed = g * params[:, self.weight].view(lead) if self.weight is not None else g
         if self.bias is not None:
-            grad[:, self.bias].copy_(g.sum(dims))
+            sink.rows(self.bias, g.sum(dims))
         if self.weight is not None:
-            grad[:, self.weight].copy_((g * normed).sum(dims))
-            g = g * params[:, self.weight].view(lead)
+            sink.rows(self.weight, (g * normed).sum(dims))
         if not need_input:
             return None
-        (out,) = vjp(_merge(g))
+        (out,) = vjp(_merge(g_normed))
         return out.view(g.shape)
 
 
@@ -290,7 +359,7 @@ class Dropout:
         m = mask.view(*mask.shape, *(1,) * (a.dim() - 1 - mask.dim())) if self.channels else mask
         return a * m, m
 
-    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
         return g if ctx is None else g * ctx
 
 
@@ -303,7 +372,7 @@ class Reshape:
     def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
         return a.reshape(*a.shape[:2], *self.shape), a.shape
 
-    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, grad: Tensor, need_input: bool) -> Tensor | None:
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
         return g.reshape(ctx)
 
 
@@ -455,6 +524,35 @@ def _logit_grad(z: Tensor, y: Tensor, wt: Tensor) -> tuple[Tensor, Tensor]:
     return g.mul_(share.unsqueeze(2)), (nll * share).sum(1)
 
 
+def _step(
+    spec: ConvSpec,
+    params: Tensor,
+    x: Tensor,
+    y: Tensor,
+    wt: Tensor,
+    sink: Sink,
+    masks: Sequence[Tensor | None] | None,
+    rate: Tensor | None = None,
+) -> Tensor:
+    """Forward, loss and backward of a chunk; gradients (times `rate` (n,) when given) go to `sink`."""
+    n, b = y.shape
+    a = x.reshape(n, b, *spec.input_shape)
+    masks = masks if masks is not None else [None] * len(spec.layers)
+    saved = []
+    for layer, mask in zip(spec.layers, masks, strict=True):
+        a, ctx = layer.forward(a, params, mask)
+        saved.append(ctx)
+    g, loss = _logit_grad(a, y, wt)
+    if rate is not None:
+        g.mul_(rate.view(n, 1, 1))
+    first = next(i for i, la in enumerate(spec.layers) if isinstance(la, Conv | Linear | GroupNorm))
+    for i in range(len(spec.layers) - 1, first - 1, -1):
+        out = spec.layers[i].backward(g, saved[i], params, sink, need_input=i > first)
+        if out is not None:
+            g = out
+    return loss
+
+
 def loss_grad_into(
     spec: ConvSpec,
     params: Tensor,
@@ -465,20 +563,24 @@ def loss_grad_into(
     masks: Sequence[Tensor | None] | None = None,
 ) -> Tensor:
     """`batched_loss_grad` on one thread, writing the gradient into `grad` (c, P); returns the losses (c,)."""
-    n, b = y.shape
-    a = x.reshape(n, b, *spec.input_shape)
-    masks = masks if masks is not None else [None] * len(spec.layers)
-    saved = []
-    for layer, mask in zip(spec.layers, masks, strict=True):
-        a, ctx = layer.forward(a, params, mask)
-        saved.append(ctx)
-    g, loss = _logit_grad(a, y, wt)
-    first = next(i for i, la in enumerate(spec.layers) if isinstance(la, Conv | Linear | GroupNorm))
-    for i in range(len(spec.layers) - 1, first - 1, -1):
-        out = spec.layers[i].backward(g, saved[i], params, grad, need_input=i > first)
-        if out is not None:
-            g = out
-    return loss
+    return _step(spec, params, x, y, wt, Sink(params, grad), masks)
+
+
+def sgd_step_(
+    spec: ConvSpec,
+    params: Tensor,
+    x: Tensor,
+    y: Tensor,
+    wt: Tensor,
+    lr: Tensor,
+    weight_decay: float = 0.0,
+    masks: Sequence[Tensor | None] | None = None,
+) -> Tensor:
+    """One SGD step in place, w ← w − η_k (∇ℓ_k(w) + λ w), each layer's weights updated as soon as the backward
+    pass is done with them (no gradient buffer: half the memory traffic of the large layers). Returns the
+    losses ℓ_k(w) before the step (c,)."""
+    shrink = (1.0 - lr * weight_decay).unsqueeze(1) if weight_decay else None
+    return _step(spec, params, x, y, wt, Sink(params, None, shrink), masks, rate=lr)
 
 
 def batched_loss_grad(
@@ -556,17 +658,14 @@ def train_conv(
         hi = min(lo + chunk, m)
         w = work[lo:hi]
         w.copy_(w0.expand(hi - lo, -1))
-        g = torch.empty_like(w)
-        rate = lr[lo:hi].unsqueeze(1)
         for t in range(remaining[lo]):
             k = next((j for j in range(lo, hi) if remaining[j] <= t), hi) - lo  # clients still training
             rows = index[lo : lo + k, t]
             x = gather_rows(data.x, rows)
-            loss = loss_grad_into(spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], g[:k], masks[t])
-            if decay:
-                g[:k].add_(w[:k], alpha=decay)
-            w[:k].addcmul_(rate[:k], g[:k], value=-1.0)
-            totals[lo : lo + k] += loss
+            rate = lr[lo : lo + k]
+            totals[lo : lo + k] += sgd_step_(
+                spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], rate, decay, masks[t]
+            )
 
     _map(run, range(0, m, chunk), workers)
     params[order] = work
