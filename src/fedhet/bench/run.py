@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedhet.bench.flower import flower_available, flower_round_times
+from fedhet.bench.pfl import pfl_available, pfl_round_times
 from fedhet.bench.systems import (
     System,
     build_module,
@@ -222,8 +223,9 @@ class Settings:
     min_reps: int = 5
     budget_s: float = 150.0  # per workload, for the interleaved rounds after warm-up
     flower_rounds: int = 5
-    flower: bool = True
-    comparators: tuple[str, ...] = ("plain", "vmap", "naive", "flower")
+    flower: bool = field(default_factory=flower_available)  # run the frameworks' comparators (when installed)
+    comparators: tuple[str, ...] = ("plain", "vmap", "naive", "pfl", "flower")
+    pfl: bool = field(default_factory=pfl_available)
     fresh_memory: bool = True  # the cohort sweep's memory, each size in a fresh process
 
 
@@ -268,26 +270,30 @@ def bench_workload(w: Workload, data: FederatedData, settings: Settings, say: Ca
     fresh = fresh_peak_mb(w) if settings.fresh_memory and "clients" in w.tags else None
     rows.insert(len(backends), replace(chosen, backend=f"auto ({auto})", note="the backend `auto` picks"))
     rows[len(backends)].fresh_peak_mb = fresh
-    flower = None
+    separate = []  # frameworks that run their own loop of rounds: timed one after the other
+    if "pfl" in w.comparators and "pfl" in settings.comparators and settings.pfl:
+        times = pfl_round_times(w, data, build_module(w), settings.flower_rounds)
+        separate.append(("pfl simulation", times, "pfl's SimulatedBackend in this process"))
     if "flower" in w.comparators and "flower" in settings.comparators and settings.flower:
-        base = _memory_mb("VmRSS")
-        rounds, trains, rests = flower_round_times(w, data, settings.flower_rounds)
-        note = f"rounds 2-{settings.flower_rounds}, Ray actors of 1 CPU; memory: actors not counted"
-        flower = _median(rounds)
+        times = flower_round_times(w, data, settings.flower_rounds)
+        separate.append(("flower simulation", times, "Ray actors of 1 CPU; memory: actors not counted"))
+    for name, (rounds, trains, rests), note in separate:
+        median = _median(rounds)
+        spread = (max(rounds) - min(rounds)) / median
+        note = f"rounds 2-{settings.flower_rounds}; {note}"
         nan = float("nan")
-        spread = (max(rounds) - min(rounds)) / flower
         rows.append(
             Row(
                 w.name,
-                "flower simulation",
-                flower,
+                name,
+                median,
                 _median(trains),
                 _median(rests),
                 len(rounds),
                 train_flops,
                 eval_flops,
                 nan,
-                base,
+                _memory_mb("VmRSS"),
                 _load(),
                 rate / 1e9,
                 spread,
@@ -371,14 +377,19 @@ def run_bench(
     flower: bool = True,
     custom: list[Workload] | None = None,
     threads: int = 0,
+    pfl: bool = True,
 ) -> list[Row]:
     """All workloads (or `only` these, or `custom` ones); `quick` uses fewer repetitions, smaller sweeps and
-    Flower on logistic regression only. `threads` > 0 sets torch's intra-op threads for everything timed
-    (fedhet's backends, the references, the matmul limit; Flower's actors keep their own)."""
+    Flower and pfl (when installed and not switched off) on logistic regression only. `threads` > 0 sets
+    torch's intra-op threads for everything timed in this process (fedhet's backends, the references, pfl, the
+    matmul limit; Flower's actors keep their own)."""
     settings = Settings(reps=3, warmup=1, min_reps=3, flower_rounds=3) if quick else Settings()
     settings.flower = flower and flower_available()
+    settings.pfl = pfl and pfl_available()
     if flower and not settings.flower:
         progress("Flower is not installed: its comparator is skipped (pip install 'fedhet[flower]' to include it)")
+    if pfl and not settings.pfl:
+        progress("pfl is not installed: its comparator is skipped (pip install pfl to include it)")
     everything = custom if custom is not None else workloads(quick and not only)
     chosen = [w for w in everything if not only or w.name in only]
     unknown = set(only) - {w.name for w in workloads(False)} - {w.name for w in everything}
@@ -394,7 +405,7 @@ def run_bench(
             progress(f"{w.name}: {w.description}")
             run_settings = settings
             if quick and w.name not in ("logreg", *only):
-                run_settings = replace(settings, comparators=("plain", "vmap", "naive"))  # Flower on logreg only
+                run_settings = replace(settings, comparators=("plain", "vmap", "naive"))  # frameworks on logreg only
             rows += bench_workload(w, w.data(), run_settings, progress)
         used_threads = torch.get_num_threads()
     if json_path is not None:
@@ -407,6 +418,7 @@ def run_bench(
             "load_avg_end": _load(),
             "machine": {**machine(), "torch_threads": used_threads},
             "flower": settings.flower,
+            "pfl": settings.pfl,
             "targets": [asdict(t) for t in check_targets(rows)],
             "rows": [r.as_dict() for r in rows],
         }

@@ -26,7 +26,7 @@ class Workload:
     steps: int = 10
     batch: int = 10
     lr: float = 0.05
-    comparators: tuple[str, ...] = ("plain", "vmap", "naive", "flower")
+    comparators: tuple[str, ...] = ("plain", "vmap", "naive", "pfl", "flower")
     tags: dict[str, float] = field(default_factory=dict)
 
     def data(self, seed: int = 0) -> FederatedData:
