@@ -70,12 +70,18 @@ def _cells(r: dict[str, Any]) -> list[str]:
     ]
 
 
+TERMINAL = ("workload", "system", "round ms", "train ms", "eval ms", "train × plain", "train / best", "train FLOP frac")
+
+
 def rows_table(rows: Sequence[Row]) -> Table:
+    """The main columns (the JSON file and `python -m fedhet.bench.report` have them all)."""
     table = Table(title="medians per round: local training, and the rest (aggregation + evaluation of every client)")
-    for name in COLUMNS:
+    keep = [COLUMNS.index(name) for name in TERMINAL]
+    for name in TERMINAL:
         table.add_column(name, justify="left" if name in ("workload", "system") else "right")
     for r in rows:
-        table.add_row(*_cells(r.as_dict()))
+        cells = _cells(r.as_dict())
+        table.add_row(*(cells[i] for i in keep))
     return table
 
 

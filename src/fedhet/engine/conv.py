@@ -26,6 +26,7 @@ as the other backends seed them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -44,7 +45,7 @@ from fedhet.models.zoo import ConvClassifier, Flatten, ToImage
 from fedhet.seeding import derive_seed
 
 aten = torch.ops.aten
-CHUNK_BYTES = 4 << 20  # a chunk's weights (measured: see `default_chunk`)
+CHUNK_BYTES = 4 << 20  # a chunk's weights and activations (see `default_chunk`)
 
 Ctx = Any  # what a layer's forward keeps for its backward
 
@@ -612,10 +613,12 @@ def batched_loss_grad(
     return grad, loss
 
 
-def default_chunk(spec: ConvSpec, clients: int, workers: int) -> int:
-    """Clients per chunk: an equal share of the cohort per worker, at most `CHUNK_BYTES` of weights."""
+def default_chunk(spec: ConvSpec, clients: int, workers: int, batch: int) -> int:
+    """Clients per chunk: an equal share of the cohort per worker, but at most `CHUNK_BYTES` of weights and
+    activations (a core's cache; the large ops then run per client anyway, only small ones batch)."""
     share = -(-clients // max(workers, 1))
-    return max(1, min(share, CHUNK_BYTES // (4 * spec.size)))
+    activations = 2 * batch * sum(math.prod(shape) for shape in spec.shapes)  # outputs and their gradients
+    return max(1, min(share, CHUNK_BYTES // (4 * (spec.size + activations))))
 
 
 def train_conv(
@@ -649,7 +652,7 @@ def train_conv(
     lr = plan.lr[order].to(dev)
     decay = plan.weight_decay
     workers = 1 if dev.type != "cpu" else workers or torch.get_num_threads()
-    chunk = chunk_size if chunk_size > 0 else default_chunk(spec, m, workers)
+    chunk = chunk_size if chunk_size > 0 else default_chunk(spec, m, workers, plan.batch_size)
     work = torch.empty_like(params)
     totals = torch.zeros(m, device=dev)
     remaining = steps.tolist()
