@@ -77,17 +77,19 @@ def test_interleaved_timing_and_budget() -> None:
         return System(name, train, lambda _: None)
 
     a, b = system("a", 0.0), system("b", 0.01)
-    timings = time_interleaved([a, b], warmup=1, reps=3, min_reps=2, budget_s=100.0)
+    timings = time_interleaved([a, b], warmup=1, min_reps=3, max_reps=3, target_s=100.0)
     assert calls == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3), ("a", 4), ("b", 4)]
     assert [len(t.rounds) for t in timings] == [3, 3]
     assert min(timings[1].train) >= 0.01 and timings[1].rounds[0] >= timings[1].train[0]
     calls.clear()
-    timings = time_interleaved([a, b], warmup=1, reps=50, min_reps=2, budget_s=0.001)  # over budget: min_reps
+    timings = time_interleaved([a, b], warmup=1, min_reps=2, max_reps=50, target_s=0.001)  # slow: min_reps
     assert [len(t.rounds) for t in timings] == [2, 2]
+    timings = time_interleaved([a, b], warmup=1, min_reps=2, max_reps=4, target_s=100.0)  # fast: max_reps
+    assert [len(t.rounds) for t in timings] == [4, 4]
 
 
 def test_bench_workload_rows_and_ratios() -> None:
-    rows = bench_workload(TINY, TINY.data(), Settings(reps=2, warmup=1, flower=False), lambda _: None)
+    rows = bench_workload(TINY, TINY.data(), Settings(warmup=1, min_reps=2, max_reps=2, flower=False), lambda _: None)
     names = [r.backend for r in rows]
     assert names == [
         "sequential",
@@ -119,7 +121,7 @@ def test_bench_workload_rows_and_ratios() -> None:
 
 def test_cnn_workloads_time_the_conv_backend() -> None:
     w = Workload("c", "", {"name": "lenet_cifar"}, (3, 32, 32), clients=2, samples=10, steps=2, batch=5)
-    settings = Settings(reps=1, warmup=0, flower=False, comparators=("plain",))
+    settings = Settings(warmup=0, min_reps=1, max_reps=1, flower=False, comparators=("plain",))
     rows = bench_workload(w, w.data(), settings, lambda _: None)
     assert [r.backend for r in rows][:3] == ["sequential", "vectorised", "conv"]
     assert "plain loop" in [r.backend for r in rows]

@@ -181,15 +181,21 @@ def _run(system: System, round_: int, timing: Timing | None) -> float:
     return end - start
 
 
-def time_interleaved(systems: Sequence[System], warmup: int, reps: int, min_reps: int, budget_s: float) -> list[Timing]:
-    """Warm-up rounds of each system, then `reps` rounds of every system in turn (fewer, but at least
-    `min_reps`, when a turn of all systems times `reps` would exceed `budget_s`)."""
+def time_interleaved(
+    systems: Sequence[System], warmup: int, min_reps: int, max_reps: int, target_s: float
+) -> list[Timing]:
+    """Warm-up rounds of each system, then rounds of every system in turn: as many turns as fit in `target_s`
+    (a turn's time from the last warm-up round), but at least `min_reps` and at most `max_reps`. The first
+    warm-up round of a slow workload (a turn over 5 s) is the only one."""
     per_turn = [0.0] * len(systems)
     for r in range(warmup):
         for i, s in enumerate(systems):
             per_turn[i] = _run(s, r + 1, None)
-    if warmup and sum(per_turn) * reps > budget_s:
-        reps = max(min_reps, int(budget_s // max(sum(per_turn), 1e-9)))
+        if sum(per_turn) > 5.0:
+            break
+    turn = sum(per_turn)
+    reps = max_reps if not warmup or turn <= 0 else int(target_s // turn)
+    reps = max(min_reps, min(max_reps, reps))
     timings = [Timing() for _ in systems]
     for r in range(reps):
         for s, timing in zip(systems, timings, strict=True):
@@ -215,13 +221,13 @@ def fresh_peak_mb(w: Workload, rounds: int = 2) -> float:
 
 @dataclass
 class Settings:
-    """How long to measure: repetitions after warm-up rounds (fewer when a workload's turn is slow), and
-    Flower's rounds."""
+    """How long to measure: warm-up rounds, then interleaved rounds (as many as fit in `target_s` per workload,
+    between `min_reps` and `max_reps`), and the frameworks' rounds."""
 
-    reps: int = 11
     warmup: int = 2
-    min_reps: int = 5
-    budget_s: float = 150.0  # per workload, for the interleaved rounds after warm-up
+    min_reps: int = 9
+    max_reps: int = 41
+    target_s: float = 40.0
     flower_rounds: int = 5
     flower: bool = field(default_factory=flower_available)  # run the frameworks' comparators (when installed)
     comparators: tuple[str, ...] = ("plain", "vmap", "naive", "pfl", "flower")
@@ -241,8 +247,8 @@ def bench_workload(w: Workload, data: FederatedData, settings: Settings, say: Ca
     backends = fedhet_backends(w)
     systems = [fedhet_system(w, data, b, BIG_COHORT if big and b == "vectorised" else 0) for b in backends]
     systems += [COMPARATORS[c](w, data) for c in COMPARATORS if c in w.comparators and c in settings.comparators]
-    warmup, reps = (0, 1) if big else (settings.warmup, settings.reps)
-    timings = time_interleaved(systems, warmup, reps, settings.min_reps, settings.budget_s)
+    warmup, min_reps, max_reps = (0, 1, 1) if big else (settings.warmup, settings.min_reps, settings.max_reps)
+    timings = time_interleaved(systems, warmup, min_reps, max_reps, settings.target_s)
     rows: list[Row] = []
     for s, t in zip(systems, timings, strict=True):
         median = _median(t.rounds)
@@ -383,7 +389,7 @@ def run_bench(
     Flower and pfl (when installed and not switched off) on logistic regression only. `threads` > 0 sets
     torch's intra-op threads for everything timed in this process (fedhet's backends, the references, pfl, the
     matmul limit; Flower's actors keep their own)."""
-    settings = Settings(reps=3, warmup=1, min_reps=3, flower_rounds=3) if quick else Settings()
+    settings = Settings(warmup=1, min_reps=3, max_reps=3, flower_rounds=3) if quick else Settings()
     settings.flower = flower and flower_available()
     settings.pfl = pfl and pfl_available()
     if flower and not settings.flower:
