@@ -52,8 +52,10 @@ def test_which_models_qualify() -> None:
         spec = conv_layers(model)
         assert spec is not None, name
         assert spec.size == model.size and spec.shapes[-1] == (10,)
-    fmnist = conv_layers(_model("cnn_fmnist")[0])
+    model = _model("cnn_fmnist")[0]
+    fmnist = conv_layers(model)
     assert fmnist is not None and fmnist.has_dropout
+    assert conv_layers(model) is fmnist  # found once per model
     assert not conv_layers(_model("lenet")[0]).has_dropout  # type: ignore[union-attr]
     mlp = FlatModel(MODELS.build({"name": "mlp"}).build((784,), 10))
     assert conv_layers(mlp) is None  # no convolution: the dense backend's

@@ -29,6 +29,7 @@ them (`sgd_step_`).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -451,6 +452,10 @@ def _layer(leaf: nn.Module, where: dict[int, slice], used: list[slice]) -> Layer
     return None
 
 
+_SPECS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...] | None, ConvSpec | None]]
+_SPECS = weakref.WeakKeyDictionary()  # a model's spec, found once (resolving the backend asks every round)
+
+
 def conv_layers(model: FlatModel, input_shape: Sequence[int] | None = None) -> ConvSpec | None:
     """`model` as a `ConvSpec`, or None when the conv backend cannot run it.
 
@@ -458,6 +463,14 @@ def conv_layers(model: FlatModel, input_shape: Sequence[int] | None = None) -> C
     MaxPool2d, AvgPool2d, ReLU/Tanh/Sigmoid, LocalResponseNorm, GroupNorm, Dropout, `ChannelDropout`, Flatten
     and Linear, with at least one convolution. A model that does not start with `ToImage` needs
     `input_shape` (one sample's shape)."""
+    key = tuple(input_shape) if input_shape is not None else None
+    known = _SPECS.setdefault(model.module, {})
+    if key not in known:
+        known[key] = _find_spec(model, input_shape)
+    return known[key]
+
+
+def _find_spec(model: FlatModel, input_shape: Sequence[int] | None) -> ConvSpec | None:
     module = model.module
     where: dict[int, slice] = {}
     start = 0
