@@ -11,6 +11,7 @@ from torch import nn
 
 from fedhet.catalog import MODELS
 from fedhet.data.dataset import ClientData
+from fedhet.engine import conv
 from fedhet.engine.conv import batched_loss_grad, conv_layers, dropout_masks, train_conv
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import train_sequential, train_vectorised
@@ -211,3 +212,30 @@ def test_no_steps_and_no_clients() -> None:
     empty = LocalPlan.uniform(torch.zeros(0, dtype=torch.long), 3, 0.1, 4)
     params, losses = train_conv(model, spec, data, w0, empty, 0, 0)
     assert params.shape == (0, model.size) and losses.shape == (0,)
+
+
+@pytest.mark.parametrize("name", ["lenet", "cnn_fmnist"])
+def test_large_linear_layers_client_by_client(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linear layers above `LARGE_LINEAR` weights (FedAvg CNN's 512×3136) run with 2-D products per client:
+    the same gradients and the same training (here every Linear layer takes that path)."""
+    monkeypatch.setattr(conv, "LARGE_LINEAR", 1)
+    model, shape = _model(name)
+    spec = conv_layers(model)
+    assert spec is not None and all(la.per_client for la in spec.layers if isinstance(la, conv.Linear))
+    gen = torch.Generator().manual_seed(4)
+    params = model.initial_params() + 0.05 * torch.randn(3, model.size, generator=gen)
+    x, y = torch.randn(3, 4, *shape, generator=gen), torch.randint(0, 10, (3, 4), generator=gen)
+    wt = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
+    model.module.eval()
+    grad, _ = batched_loss_grad(spec, params, x, y, wt)
+    for k in range(3):
+        w = params[k].clone().requires_grad_(True)
+        (expected,) = torch.autograd.grad(model.batch_loss(w, x[k], y[k], wt[k]), w)
+        torch.testing.assert_close(grad[k], expected, **TOL)
+    data = _data(shape, [9, 3, 14, 2, 11])
+    w0 = model.initial_params()
+    plan = _plan(weight_decay=0.01)
+    model.module.train()
+    seq = train_sequential(model, data, w0, plan, 3, 2)
+    got = train_conv(model, spec, data, w0, plan, 3, 2, chunk_size=3, workers=1)
+    torch.testing.assert_close(got[0], seq[0], **TOL)

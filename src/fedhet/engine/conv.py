@@ -49,6 +49,7 @@ from fedhet.seeding import derive_seed
 
 aten = torch.ops.aten
 CHUNK_BYTES = 4 << 20  # a chunk's weights and activations (see `default_chunk`)
+LARGE_LINEAR = 1 << 18  # Linear layers of this many weights and more run client by client
 
 Ctx = Any  # what a layer's forward keeps for its backward
 
@@ -90,6 +91,16 @@ class Sink:
         if self.shrink is not None:
             w.mul_(self.shrink[i])
         w.sub_(value.reshape(-1))
+
+    def outer_row(self, i: int, where: slice, shape: tuple[int, int], d_t: Tensor, a: Tensor) -> None:
+        """Client i's Linear weight gradient d_t (out, b) · a (b, in), in place."""
+        if self.grad is not None:
+            torch.mm(d_t, a, out=self.grad[i, where].view(shape))
+            return
+        w = self.params[i, where].view(shape)
+        if self.shrink is not None:
+            w.mul_(self.shrink[i])
+        w.addmm_(d_t, a, alpha=-1.0)
 
     def outer(self, where: slice, shape: tuple[int, int], d_t: Tensor, a: Tensor) -> None:
         """A Linear weight's gradient d_tᵀ-style batched product d_t (n, out, b) · a (n, b, in), in place."""
@@ -167,24 +178,44 @@ class Conv:
 
 @dataclass(frozen=True)
 class Linear:
-    """`nn.Linear` on (n, b, in): batched matrix products over the chunk's clients."""
+    """`nn.Linear` on (n, b, in): batched matrix products over the chunk's clients, or client by client with
+    2-D products for large weights (a single-client `bmm` runs 1.3× and an in-place `baddbmm_` 1.7× slower
+    than `addmm` / `addmm_` for FedAvg CNN's 512×3136 layer at a batch of 10)."""
 
     weight: slice
     bias: slice | None
     shape: tuple[int, int]  # (out, in)
 
+    @property
+    def per_client(self) -> bool:
+        return self.shape[0] * self.shape[1] >= LARGE_LINEAR
+
     def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
         n = len(a)
-        w_t = params[:, self.weight].view(n, *self.shape).mT
-        if self.bias is None:
-            return torch.bmm(a, w_t), a
-        return torch.baddbmm(params[:, self.bias].view(n, 1, -1), a, w_t), a
+        w = params[:, self.weight].view(n, *self.shape)
+        bias = params[:, self.bias].view(n, 1, -1) if self.bias is not None else None
+        if self.per_client:
+            out = a.new_empty(n, a.shape[1], self.shape[0])
+            for i in range(n):
+                if bias is None:
+                    torch.mm(a[i], w[i].T, out=out[i])
+                else:
+                    torch.addmm(bias[i], a[i], w[i].T, out=out[i])
+            return out, a
+        return (torch.bmm(a, w.mT) if bias is None else torch.baddbmm(bias, a, w.mT)), a
 
     def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
         a: Tensor = ctx
         n = len(a)
-        out = torch.bmm(g, params[:, self.weight].view(n, *self.shape)) if need_input else None
-        sink.outer(self.weight, self.shape, g.mT, a)
+        w = params[:, self.weight].view(n, *self.shape)
+        out = None
+        if need_input:
+            out = torch.stack([g[i] @ w[i] for i in range(n)]) if self.per_client else torch.bmm(g, w)
+        if self.per_client:
+            for i in range(n):
+                sink.outer_row(i, self.weight, self.shape, g[i].T, a[i])
+        else:
+            sink.outer(self.weight, self.shape, g.mT, a)
         if self.bias is not None:
             sink.rows(self.bias, g.sum(1))
         return out
