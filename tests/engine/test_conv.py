@@ -17,6 +17,7 @@ from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import train_sequential, train_vectorised
 from fedhet.engine.plan import LocalPlan
 from fedhet.models.zoo import ConvClassifier, ToImage
+from fedhet.seeding import derive_seed
 
 TOL = {"atol": 1e-6, "rtol": 1e-5}
 
@@ -239,3 +240,27 @@ def test_large_linear_layers_client_by_client(name: str, monkeypatch: pytest.Mon
     seq = train_sequential(model, data, w0, plan, 3, 2)
     got = train_conv(model, spec, data, w0, plan, 3, 2, chunk_size=3, workers=1)
     torch.testing.assert_close(got[0], seq[0], **TOL)
+
+
+def test_batched_loss_grad_with_the_steps_dropout_masks() -> None:
+    """With the masks of `dropout_masks`, the gradient is autograd's on the module in training mode seeded as
+    the sequential backend seeds a step (the masks the modules draw are the same for every client)."""
+    model, shape = _model("cnn_fmnist")
+    spec = conv_layers(model)
+    assert spec is not None
+    gen = torch.Generator().manual_seed(5)
+    params = model.initial_params() + 0.05 * torch.randn(2, model.size, generator=gen)
+    x, y = torch.randn(2, 4, *shape, generator=gen), torch.randint(0, 10, (2, 4), generator=gen)
+    wt = torch.ones(2, 4)
+    masks = dropout_masks(spec, 4, seed=7, round_=3, step=2, stream="train")
+    grad, loss = batched_loss_grad(spec, params, x, y, wt, masks)
+    no_dropout, _ = batched_loss_grad(spec, params, x, y, wt)
+    assert float((grad - no_dropout).abs().max()) > 1e-3  # the masks matter
+    model.module.train()
+    for k in range(2):
+        torch.manual_seed(derive_seed(7, "dropout/train", 3, 2))
+        w = params[k].clone().requires_grad_(True)
+        expected_loss = model.batch_loss(w, x[k], y[k], wt[k])
+        (expected,) = torch.autograd.grad(expected_loss, w)
+        torch.testing.assert_close(loss[k], expected_loss.detach(), **TOL)
+        torch.testing.assert_close(grad[k], expected, **TOL)
