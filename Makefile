@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch is pinned so that pip takes the CPU build (an unpinned torch pulls a multi-GB CUDA build).
 TORCH := torch==2.13.0
 
-.PHONY: install demo test lint bench bench-quick clean flower-venv test-flower flower-demo
+.PHONY: install demo test lint docs bench bench-quick clean flower-venv test-flower flower-demo
 
 $(BIN)/fedhet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,12 +20,21 @@ demo: install
 	$(BIN)/fedhet run --algorithm fedavg --dataset digits --rounds 30 --seed 1 --out runs/demo --overwrite
 
 lint: install
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff format --check src tests examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 test: lint
 	$(BIN)/pytest
+
+# The documentation site (mkdocs.yml) into site/, strict: a broken link or reference fails the build.
+$(BIN)/mkdocs: $(BIN)/fedhet
+	$(BIN)/pip install -q -e '.[dev,docs]' $(TORCH)
+	touch $(BIN)/mkdocs
+
+docs: $(BIN)/mkdocs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # The full benchmark (the table of benchmarks/README.md), Flower included, so it runs from the Flower venv:
 # runs/bench.json and its Markdown tables in runs/bench.md.
@@ -58,4 +67,4 @@ flower-demo: flower-venv
 	scripts/flower_local.sh demo scripts/flower-maxfl.yaml runs/flower-demo 3
 
 clean:
-	rm -rf $(VENV) $(FLOWER_VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLOWER_VENV) runs site .pytest_cache .mypy_cache .ruff_cache

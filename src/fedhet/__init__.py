@@ -1,6 +1,58 @@
-"""fedhet: federated learning when clients differ.
+"""fedhet: federated learning when clients differ (MaxFL, CA-Fed, FedMGDA+, FedGSNR and their baselines).
 
-One engine (sequential and vectorised backends) serves every algorithm; strategies are short files.
+Start here:
+
+    $ fedhet run --algorithm fedavg --dataset digits --rounds 30      # a first run (CLI)
+    $ fedhet list                                                     # every algorithm, dataset, model
+
+    >>> import fedhet
+    >>> result = fedhet.run({"algorithm": "fedavg", "dataset": "digits", "rounds": 30})
+    >>> result.final["test_accuracy"]
+
+Your data and model: ``dataset: {name: table, path: data.csv, label: y}`` (also ``arrays``, ``image_folder``,
+``huggingface``, ``torchvision``, or ``fedhet.datasets.from_arrays(x, y)`` from Python) and
+``model: {name: torch, target: "my_nets.py:Net"}`` (or the class itself from Python).
+
+Public API: `run`, `load_run`, `Config`, `RunResult`, `Callback`, `datasets`; the documentation site
+(``make docs``) has the getting-started guide and the configuration reference.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from fedhet.version import package_version
+
+if TYPE_CHECKING:
+    from fedhet import datasets, errors
+    from fedhet.api import Callback, Config, RunResult, load_run, run
+
+    __version__: str
+
+__all__ = ["Callback", "Config", "RunResult", "__version__", "datasets", "errors", "load_run", "run"]
+
+# Loaded on first use, so that `import fedhet` stays light (no torch, no metadata scan until needed).
+_LAZY = {
+    "run": "fedhet.api",
+    "load_run": "fedhet.api",
+    "Config": "fedhet.api",
+    "RunResult": "fedhet.api",
+    "Callback": "fedhet.api",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in ("datasets", "errors"):
+        return import_module(f"fedhet.{name}")
+    if name == "__version__":
+        return package_version()
+    raise AttributeError(f"module 'fedhet' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -4,36 +4,58 @@ The module imports register the components (side effects); ruff's F401 is switch
 """
 
 from fedhet.attacks.base import ATTACKS
-from fedhet.availability import appeal, markov
+from fedhet.availability import markov
 from fedhet.availability.base import AVAILABILITY
-from fedhet.data import cafed_synthetic, embedded, partition, real, shakespeare_text
+from fedhet.data import (
+    arrays,
+    cafed_synthetic,
+    embedded,
+    huggingface,
+    images,
+    memory,
+    partition,
+    real,
+    shakespeare_text,
+    tables,
+    torchvision_source,
+)
 from fedhet.data.partition import PARTITIONERS
 from fedhet.data.sources import DATASETS
-from fedhet.metrics import appeal as appeal_metrics
-from fedhet.metrics import availability, contribution, fairness, speed
+from fedhet.engine.objective import TERMS
+from fedhet.engine.optimizers import OPTIMIZERS
+from fedhet.engine.rules import RULES
+from fedhet.methods import cafed, fedgsnr, fedmgda, maxfl
+from fedhet.metrics import fairness, speed
 from fedhet.metrics.base import METRIC_PLUGINS
 from fedhet.models import fedmgda as fedmgda_models
-from fedhet.models import zoo
+from fedhet.models import torch_model, zoo
 from fedhet.models.base import MODELS
 from fedhet.strategies import (
-    adafed,
     afl,
-    cafed,
-    f3ast,
     fedavg,
-    fedmgda,
     fednova,
+    fedopt,
     fedprox,
-    gsnr,
-    maxfl,
-    mwfed,
+    moon,
     perfedavg,
     pfedme,
     qffl,
     robust,
     scaffold,
-    unbiased,
 )
 from fedhet.strategies.base import STRATEGIES
+from fedhet.strategies.server import SERVER_OPTIMIZERS
 
-__all__ = ["ATTACKS", "AVAILABILITY", "DATASETS", "METRIC_PLUGINS", "MODELS", "PARTITIONERS", "STRATEGIES"]
+__all__ = [
+    "ATTACKS",
+    "AVAILABILITY",
+    "DATASETS",
+    "METRIC_PLUGINS",
+    "MODELS",
+    "OPTIMIZERS",
+    "PARTITIONERS",
+    "RULES",
+    "SERVER_OPTIMIZERS",
+    "STRATEGIES",
+    "TERMS",
+]

@@ -15,3 +15,7 @@ class DataError(FedhetError):
 
 class DivergenceError(FedhetError):
     """Training produced a NaN or exploding loss."""
+
+
+class FedhetWarning(UserWarning):
+    """Something the user should know that does not stop the run (the CLI prints it on one line)."""

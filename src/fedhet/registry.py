@@ -7,7 +7,9 @@ and `build` validates a ``{"name": ..., **params}`` mapping into an instance wit
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -69,6 +71,17 @@ class Registry(Generic[C]):
 
     def names(self) -> list[str]:
         return sorted(self._classes)
+
+    def origin(self, name: str) -> str:
+        """Where component `name` comes from: "fedhet" for a built-in, else the plugin's module (or file)."""
+        module_name = self.get(name).__module__
+        if module_name == "fedhet" or module_name.startswith("fedhet."):
+            return "fedhet"
+        file = getattr(sys.modules.get(module_name), "__file__", None)
+        if not (module_name.startswith("fedhet_user_") and file):
+            return module_name
+        path = Path(file)
+        return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
     def __iter__(self) -> Iterator[type[C]]:
         return iter(self._classes[n] for n in self.names())

@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import http.server
 import io
+import json
 import pickle
 import tarfile
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedhet.data.checksums import RECORD
 from fedhet.data.files import (
     RemoteFile,
     download,
@@ -146,7 +148,10 @@ def test_download_verifies_checksums(server: tuple[str, Path], tmp_path: Path) -
     dest = tmp_path / "out" / "file.bin"
     assert download(f"{base}/file.bin", dest, sha, md5=md5) == dest
     assert dest.read_bytes() == content
-    assert [p.name for p in dest.parent.iterdir()] == ["file.bin"]  # no temporary file left
+    # no temporary file left; the digests checked are remembered, so the first use does not hash the file again
+    assert sorted(p.name for p in dest.parent.iterdir()) == [RECORD, "file.bin"]
+    entry = json.loads((dest.parent / RECORD).read_text())["files"]["file.bin"]
+    assert entry["md5"] == md5 and entry["sha256"] == sha and entry["size"] == len(content)
     assert download(f"{base}/file.bin", tmp_path / "plain" / "file.bin", None).read_bytes() == content
 
 
@@ -208,3 +213,104 @@ def test_extract_archives(tmp_path: Path) -> None:
     (tmp_path / "bad.tar.gz").write_bytes(b"\x1f\x8b broken")
     with pytest.raises(DataError, match=r"cannot unpack .*bad\.tar\.gz"):
         extract_tar(tmp_path / "bad.tar.gz", tmp_path / "tar_out")
+
+
+# ---------------------------------------------------------------------------------------------- bad inputs
+
+
+def test_json_that_python_cannot_parse_is_one_line(tmp_path: Path) -> None:
+    cases = {
+        "deep.json": (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),  # json raises RecursionError
+        "deep_object.json": (b'{"a":' * 100_000 + b"1" + b"}" * 100_000, "nested too deeply"),
+        "digits.json": (b'{"x": ' + b"7" * 5000 + b"}", "not valid JSON"),  # int over 4300 digits: ValueError
+        "cut.json": (b'{"users": ["a", "b"], "user_data": {"a": {"x": [[0.1, 0', "not valid JSON"),
+        "empty.json": (b"", "not valid JSON"),
+        "latin1.json": ('{"users": ["Andr\xe9"]}'.encode("latin1"), "not valid JSON"),
+        "binary.json": (bytes(range(256)) * 4, "not valid JSON"),
+    }
+    for name, (content, message) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(DataError, match=message) as err:
+            read_json(tmp_path / name)
+        assert str(tmp_path / name) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_text_must_be_utf8(tmp_path: Path) -> None:
+    (tmp_path / "bom.txt").write_bytes("\ufeffROMEO.\n".encode())
+    assert read_text(tmp_path / "bom.txt") == "ROMEO.\n"  # the byte-order mark of Gutenberg's UTF-8 files
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait".encode("latin1"))
+    with pytest.raises(DataError) as err:
+        read_text(tmp_path / "latin1.txt")
+    message = str(err.value)
+    assert "latin1.txt' is not UTF-8 text (byte 0xe9 at offset 3)" in message and "iconv" in message
+    assert "\n" not in message
+    (tmp_path / "bad.gz").write_bytes(gzip.compress(b"ok\xff"))
+    with pytest.raises(DataError, match=r"bad\.gz' is not UTF-8 text \(byte 0xff at offset 2\)"):
+        read_text(tmp_path / "bad.gz")
+
+
+def test_a_folder_where_a_file_is_expected(tmp_path: Path) -> None:
+    (tmp_path / "train-images-idx3-ubyte").mkdir()
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte' is a folder, where a dataset file is expected"):
+        find(tmp_path, "train-images-idx3-ubyte", "hint")
+    (tmp_path / "t.gz").mkdir()
+    with pytest.raises(DataError, match=r"t\.gz' is a folder"):
+        find(tmp_path, "t", "hint")
+    for reader in (read_idx, read_json, read_pickle, read_text):
+        with pytest.raises(DataError, match="is a folder") as err:
+            reader(tmp_path / "train-images-idx3-ubyte")
+        assert "\n" not in str(err.value)
+
+
+def test_empty_and_truncated_files(tmp_path: Path) -> None:
+    (tmp_path / "empty.gz").write_bytes(b"")
+    with pytest.raises(DataError, match="bad magic number none"):
+        read_idx(tmp_path / "empty.gz")
+    batch = pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1]}, protocol=2)
+    for name, content in (("empty", b""), ("cut", batch[: len(batch) // 2]), ("noise", bytes(range(256)))):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(DataError, match="not a readable pickle batch") as err:
+            read_pickle(tmp_path / name)
+        assert str(tmp_path / name) in str(err.value) and "\n" not in str(err.value)
+
+
+def tar_with(archive: Path, name: str, link: str | None = None) -> Path:
+    with tarfile.open(archive, "w") as tar:
+        info = tarfile.TarInfo(name)
+        if link is None:
+            info.size = 4
+            tar.addfile(info, io.BytesIO(b"evil"))
+        else:
+            info.type, info.linkname = tarfile.SYMTYPE, link
+            tar.addfile(info)
+    return archive
+
+
+def test_tar_members_outside_the_destination_are_refused(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    for archive in (
+        tar_with(tmp_path / "up.tar", "../evil.txt"),
+        tar_with(tmp_path / "link.tar", "link", link="../../etc/passwd"),
+        tar_with(tmp_path / "abslink.tar", "link", link="/etc/passwd"),
+    ):
+        with pytest.raises(DataError, match=rf"cannot unpack .*{archive.name}") as err:
+            extract_tar(archive, dest)
+        assert "\n" not in str(err.value)
+        assert not (tmp_path / "evil.txt").exists() and not (dest / "link").is_symlink()
+    outside = tmp_path / "abs" / "evil.txt"
+    extract_tar(tar_with(tmp_path / "abs.tar", str(outside)), dest)  # an absolute name is made relative
+    assert not outside.exists() and (dest / str(outside).lstrip("/")).read_bytes() == b"evil"
+
+
+def test_zip_members_are_written_flat_inside_the_destination(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("../../wanted.gz", b"w")
+        z.writestr("/abs/other.gz", b"o")
+    (tmp_path / "a.zip").write_bytes(buffer.getvalue())
+    dest = tmp_path / "deep" / "dest"
+    dest.mkdir(parents=True)
+    assert extract_zip(tmp_path / "a.zip", dest, ["wanted.gz", "other.gz"]) == [dest / "wanted.gz", dest / "other.gz"]
+    assert sorted(p.name for p in dest.iterdir()) == ["other.gz", "wanted.gz"]
+    assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["dest"]
+    assert not (tmp_path / "wanted.gz").exists()

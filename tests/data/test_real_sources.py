@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import gzip
 import hashlib
 import http.server
+import io
 import json
 import pickle
 import tarfile
@@ -18,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedhet.data.checksums import RECORD, SKIP_ENV
 from fedhet.data.files import RemoteFile, read_idx
 from fedhet.data.real import (
     ALL_LETTERS,
@@ -39,6 +42,18 @@ from fedhet.data.sources import DATASETS
 from fedhet.errors import DataError
 
 # ---------------------------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(autouse=True)
+def fixtures_stand_in_for_official_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny files these tests write under the official names cannot match the published checksums: use them
+    unchecked, as FEDHET_SKIP_CHECKSUMS=1 allows (downloads are verified all the same). Checksum tests undo it."""
+    monkeypatch.setenv(SKIP_ENV, "1")
+
+
+def listing(folder: Path) -> list[str]:
+    """The files in `folder`, without fedhet's checksum record."""
+    return sorted(p.name for p in folder.iterdir() if p.name != RECORD)
 
 
 def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
@@ -409,8 +424,14 @@ def mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def with_digests(table: tuple[RemoteFile, ...], root: Path) -> tuple[RemoteFile, ...]:
-    """`table` with the md5 of the fixture files served from `root` (the real table keeps the official digests)."""
-    return tuple(r._replace(md5=hashlib.md5((root / r.filename).read_bytes()).hexdigest()) for r in table)
+    """`table` with the digests of the fixture files in `root` (the real table keeps the official digests)."""
+    return tuple(
+        r._replace(
+            md5=hashlib.md5((root / r.filename).read_bytes()).hexdigest(),
+            sha256=hashlib.sha256((root / r.filename).read_bytes()).hexdigest() if r.sha256 else None,
+        )
+        for r in table
+    )
 
 
 def test_official_tables_are_intact() -> None:
@@ -429,7 +450,7 @@ def test_mnist_download(mirror: Path, tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(MNIST, "files", with_digests(MNIST.files, mirror))
     ds = MNIST().load(tmp_path / "data", download=True)
     assert len(ds) == 8 and ds.y.tolist() == [0, 1, 2, 3, 4, 1, 2, 3]
-    assert sorted(p.name for p in (tmp_path / "data" / "mnist").iterdir()) == sorted(f"{f}.gz" for f in MNIST_FILES)
+    assert listing(tmp_path / "data" / "mnist") == sorted(f"{f}.gz" for f in MNIST_FILES)
 
 
 def test_download_checksum_mismatch_leaves_nothing(mirror: Path, tmp_path: Path) -> None:
@@ -459,15 +480,14 @@ def test_emnist_download_unpacks_the_split(mirror: Path, tmp_path: Path, monkeyp
     ds = EMNIST(split="digits").load(tmp_path / "data", download=True)
     assert len(ds) == 8 and ds.num_classes == 10
     folder = tmp_path / "data" / "emnist"
-    assert sorted(p.name for p in folder.iterdir()) == sorted(
-        [f"{n}.gz" for n in idx_names("emnist-digits")] + ["gzip.zip"]
-    )
+    assert listing(folder) == sorted([f"{n}.gz" for n in idx_names("emnist-digits")] + ["gzip.zip"])
     (mirror / "gzip.zip").unlink()  # a second split comes from the archive already downloaded
     assert len(EMNIST(split="mnist").load(tmp_path / "data", download=True)) == 8
 
 
-def test_adult_download(mirror: Path, tmp_path: Path) -> None:
+def test_adult_download(mirror: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_adult(mirror)
+    monkeypatch.setattr(Adult, "files", with_digests(Adult.files, mirror))
     ds = Adult().load(tmp_path / "data", download=True)
     assert len(ds) == 4 and (tmp_path / "data" / "adult" / "adult.test").is_file()
 
@@ -476,3 +496,249 @@ def test_download_error_is_one_line(mirror: Path, tmp_path: Path) -> None:
     with pytest.raises(DataError) as err:  # the mirror serves nothing
         Adult().load(tmp_path / "data", download=True)
     assert "adult.data" in str(err.value) and "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------- checksums on disk
+
+
+@pytest.fixture
+def checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files on disk are checked against the (patched) published digests, as for a user."""
+    monkeypatch.delenv(SKIP_ENV)
+
+
+def test_published_digests_of_files_on_disk() -> None:
+    assert [(r.filename, r.md5, r.sha256) for r in Adult.files] == [
+        (
+            "adult.data",
+            "5d7c39d7b8804f071cdd1f2a7c460872",
+            "5b00264637dbfec36bdeaab5676b0b309ff9eb788d63554ca0a249491c86603d",
+        ),
+        (
+            "adult.test",
+            "35238206dfdf7f1fe215bbb874adecdc",
+            "a2a9044bc167a35b2361efbabec64e89d69ce82d9790d2980119aac5fd7e9c05",
+        ),
+    ]
+    assert [m.filename for m in CIFAR10.members] == list(CIFAR10_BATCHES)
+    assert [m.filename for m in CIFAR100.members] == list(CIFAR100_FILES)
+    assert all(len(m.md5 or "") == 32 for m in CIFAR10.members + CIFAR100.members)
+
+
+@pytest.mark.usefixtures("checked")
+def test_adult_files_on_disk_are_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_adult(tmp_path / "adult")
+    with pytest.raises(DataError) as err:  # the fixture is not the official adult.data
+        Adult().load(tmp_path)
+    message = str(err.value)
+    assert "adult.data' failed its md5 check (expected 5d7c39d7b880..." in message and "--download" in message
+    monkeypatch.setattr(Adult, "files", with_digests(Adult.files, tmp_path / "adult"))
+    assert len(Adult().load(tmp_path)) == 4
+    record = json.loads((tmp_path / "adult" / RECORD).read_text())["files"]
+    assert set(record) == {"adult.data", "adult.test"} and all("sha256" in e for e in record.values())
+    with (tmp_path / "adult" / "adult.test").open("a") as f:
+        f.write(adult_row(33) + "\n")  # edited after it was checked
+    with pytest.raises(DataError, match=r"adult\.test' failed its md5 check"):
+        Adult().load(tmp_path)
+
+
+@pytest.mark.usefixtures("checked")
+def test_cifar_batches_on_disk_are_checked_before_unpickling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "cifar10" / "cifar-10-batches-py"
+    write_cifar(folder)
+    members = tuple(
+        m._replace(md5=hashlib.md5((folder / m.filename).read_bytes()).hexdigest()) for m in CIFAR10.members
+    )
+    monkeypatch.setattr(CIFAR10, "members", members)
+    assert len(CIFAR10().load(tmp_path)) == 12
+    marker = tmp_path / "marker"
+    (folder / "data_batch_3").write_bytes(pickle.dumps({b"data": Payload(marker)}))
+    with pytest.raises(DataError, match=r"data_batch_3' failed its md5 check"):
+        CIFAR10().load(tmp_path)
+    assert not marker.exists()
+
+
+@pytest.mark.usefixtures("checked")
+def test_a_pre_placed_archive_is_checked_before_it_is_unpacked(tmp_path: Path) -> None:
+    root = tmp_path / "cifar10"
+    root.mkdir()
+    with tarfile.open(root / "cifar-10-python.tar.gz", "w:gz") as tar:  # not the official archive
+        info = tarfile.TarInfo("cifar-10-batches-py/data_batch_1")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"evil"))
+    with pytest.raises(DataError, match=r"cifar-10-python\.tar\.gz' failed its md5 check"):
+        CIFAR10().load(tmp_path, download=True)
+    assert listing(root) == ["cifar-10-python.tar.gz"]  # nothing unpacked
+
+
+@pytest.mark.usefixtures("checked")
+def test_mnist_gz_files_are_checked_plain_ones_cannot_be(tmp_path: Path) -> None:
+    write_mnist(tmp_path / "mnist", compress=True)
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte\.gz' failed its md5 check"):
+        MNIST().load(tmp_path)
+    write_mnist(tmp_path / "plain" / "mnist")  # published digests are of the .gz files only
+    assert len(MNIST().load(tmp_path / "plain")) == 8
+
+
+# ---------------------------------------------------------------------------------------------- bad inputs
+
+
+class Payload:
+    """Unpickling this creates `marker` (with plain pickle)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return builtins.exec, (f"open({str(self.marker)!r}, 'w').close()",)
+
+
+def assert_one_line(err: pytest.ExceptionInfo[DataError], *parts: str) -> None:
+    message = str(err.value)
+    assert "\n" not in message and all(p in message for p in parts), message
+
+
+def test_crafted_cifar_batch_runs_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar100" / "cifar-100-python"
+    write_cifar100(folder)
+    marker = tmp_path / "marker"
+    (folder / "test").write_bytes(pickle.dumps({b"data": Payload(marker), b"fine_labels": [0]}, protocol=2))
+    with pytest.raises(DataError) as err:
+        CIFAR100().load(tmp_path)
+    assert_one_line(err, str(folder / "test"), "builtin__.exec'", "refuses to load")  # Python 2 spelling at protocol 2
+    assert not marker.exists()
+
+
+def test_bad_cifar_batches(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar10"
+    good = pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1]})
+    deep = b"\x80\x02}(C\x04data" + b"]" * 100_000 + b"a" * 99_999 + b"C\x06labels]K\x00au."  # 100k nested lists
+    cases = {
+        "empty": (b"", "not a readable pickle batch"),
+        "truncated": (good[:-40], "not a readable pickle batch"),
+        "garbage": (bytes(range(256)) * 3, "not a readable pickle batch"),
+        "nested": (deep, "not arrays of numbers"),
+        "text labels": (
+            pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": ["cat"]}),
+            "expected integers",
+        ),
+        "float data": (pickle.dumps({b"data": np.zeros((1, 3072)), b"labels": [0]}), "expected (N, 3072) uint8"),
+        "no dict": (pickle.dumps([1, 2]), "not a batch dictionary"),
+    }
+    for content, message in cases.values():
+        write_cifar(folder)
+        (folder / "test_batch").write_bytes(content)
+        with pytest.raises(DataError) as err:
+            CIFAR10().load(tmp_path)
+        assert_one_line(err, str(folder / "test_batch"), message)
+    write_cifar(folder)
+    (folder / "test_batch").unlink()
+    (folder / "test_batch").mkdir()
+    with pytest.raises(DataError) as err:
+        CIFAR10().load(tmp_path)
+    assert_one_line(err, "test_batch' is a folder")
+
+
+def test_bad_idx_files(tmp_path: Path) -> None:
+    folder = tmp_path / "mnist"
+    write_mnist(folder)
+    header = bytes([0, 0, 0x0D, 3]) + b"".join(int(d).to_bytes(4, "big") for d in (5, 28, 28))
+    (folder / "train-images-idx3-ubyte").write_bytes(header + np.full((5, 28, 28), np.nan, ">f4").tobytes())
+    with pytest.raises(DataError) as err:
+        MNIST().load(tmp_path)
+    assert_one_line(err, "train-images-idx3-ubyte' holds float32 pixels", "unsigned bytes")
+    write_mnist(folder)
+    labels = bytes([0, 0, 0x0D, 1]) + (5).to_bytes(4, "big") + np.full(5, 0.5, ">f4").tobytes()
+    (folder / "train-labels-idx1-ubyte").write_bytes(labels)
+    with pytest.raises(DataError) as err:
+        MNIST().load(tmp_path)
+    assert_one_line(err, "train-labels-idx1-ubyte' holds float32 labels, expected integers")
+    write_mnist(folder)
+    (folder / "t10k-labels-idx1-ubyte").unlink()
+    (folder / "t10k-labels-idx1-ubyte").mkdir()
+    with pytest.raises(DataError) as err:
+        MNIST().load(tmp_path)
+    assert_one_line(err, "t10k-labels-idx1-ubyte' is a folder")
+    (folder / "t10k-labels-idx1-ubyte").rmdir()
+    (folder / "t10k-labels-idx1-ubyte.gz").write_bytes(b"")  # an empty .gz
+    with pytest.raises(DataError) as err:
+        MNIST().load(tmp_path)
+    assert_one_line(err, "t10k-labels-idx1-ubyte.gz' is not an IDX file")
+
+
+def test_bad_leaf_files(tmp_path: Path) -> None:
+    folder = tmp_path / "leaf_synthetic"
+    path = folder / "train" / "train_data.json"
+    deep_x = "[" * 100_000 + "]" * 100_000
+    cases = {
+        "deep": ('{"user_data": {"u": {"x": ' + deep_x + ', "y": [0]}}}', "nested too deeply"),
+        "deep inputs": ('{"user_data": {"u": {"x": [' + "[" * 500 + "]" * 500 + '], "y": [0]}}}', "not equal-length"),
+        "huge int": ('{"user_data": {"u": {"x": [[1]], "y": [' + "9" * 5000 + "]}}}", "not valid JSON"),
+        "huge label": ('{"user_data": {"u": {"x": [[1]], "y": [1e400]}}}', "not integers"),
+        "big label": ('{"user_data": {"u": {"x": [[1]], "y": [' + "9" * 40 + "]}}}", "not integers"),
+        "overflow": ('{"user_data": {"u": {"x": [[' + "9" * 400 + '.0]], "y": [0]}}}', "NaN or infinite"),
+        "nan": ('{"user_data": {"u": {"x": [[NaN, 1]], "y": [0]}}}', "NaN or infinite"),
+        "inf": ('{"user_data": {"u": {"x": [[1e39, 1]], "y": [0]}}}', "NaN or infinite"),
+        "truncated": ('{"user_data": {"u": {"x": [[1, 2]], "y": [0', "not valid JSON"),
+        "empty": ("", "not valid JSON"),
+        "no users": ("{}", "no 'user_data'"),
+        "label count": ('{"user_data": {"u": {"x": [[1]], "y": [5000000]}}}', "dataset.num_classes"),
+    }
+    for name, (content, message) in cases.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        with pytest.raises(DataError) as err:
+            LeafSyntheticFiles().load(tmp_path)
+        assert_one_line(err, message)
+        assert name == "label count" or str(path) in str(err.value)
+    path.write_bytes('{"user_data": {"Andr\xe9": {"x": [[1]], "y": [0]}}}'.encode("latin1"))
+    with pytest.raises(DataError) as err:
+        LeafSyntheticFiles().load(tmp_path)
+    assert_one_line(err, str(path), "not valid JSON")
+    path.unlink()
+    (folder / "train" / "folder.json").mkdir()  # a folder named like a JSON file and fedhet's record are skipped
+    (folder / "train" / RECORD).write_text('{"version": 1, "files": {}}')
+    leaf(folder, {"u": ([[1.0]], [0])}, part="test")
+    assert len(LeafSyntheticFiles().load(tmp_path)) == 1
+
+
+def test_bad_adult_files(tmp_path: Path) -> None:
+    folder = tmp_path / "adult"
+    good = adult_row() + "\n"
+    cases = {
+        "latin1": ((good.replace("State-gov", "\xc9tat")).encode("latin1"), "not UTF-8 text (byte 0xc9 at offset 4)"),
+        "binary": (bytes(range(256)) * 8, "not UTF-8 text"),
+        "truncated": (good.encode() + good[:30].encode(), "line 2 has 4 fields"),
+        "nan": (adult_row(age="nan").encode(), "'age'"),
+        "inf": (adult_row(age="1e400").encode(), "NaN or infinite"),
+        "categories": (
+            "\n".join(adult_row(edu=f"E{i}") for i in range(1001)).encode(),
+            "1003 different values",  # with adult.data's two
+        ),
+    }
+    for content, message in cases.values():
+        write_adult(folder)
+        (folder / "adult.test").write_bytes(content)
+        with pytest.raises(DataError) as err:
+            Adult().load(tmp_path)
+        assert_one_line(err, message)
+    write_adult(folder)
+    (folder / "adult.data").write_bytes(b"")  # an empty file: its rows are missing, the other file's are used
+    assert len(Adult().load(tmp_path)) == 2
+    (folder / "adult.test").write_bytes(b"")
+    with pytest.raises(DataError) as err:
+        Adult().load(tmp_path)
+    assert_one_line(err, "hold no complete rows")
+    (folder / "adult.test").unlink()
+    (folder / "adult.test").mkdir()
+    with pytest.raises(DataError) as err:
+        Adult().load(tmp_path)
+    assert_one_line(err, "adult.test' is a folder")
+
+
+def test_glove_folder(tmp_path: Path) -> None:
+    leaf(tmp_path / "sent140", {"u": (["good"], [1])})
+    (tmp_path / "sent140" / "glove.txt").mkdir()
+    with pytest.raises(DataError) as err:
+        Sent140().load(tmp_path)
+    assert_one_line(err, "glove.txt' is a folder")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from fedhet.data.federate import federate
 from fedhet.data.partition import PARTITIONERS
 from fedhet.data.real import ALL_LETTERS
-from fedhet.data.shakespeare_text import ShakespeareText, parse_roles, role_windows
+from fedhet.data.shakespeare_text import ShakespeareText, _drop_brackets, parse_roles, role_windows
 from fedhet.errors import DataError
 
 OLD = """The Project Gutenberg EBook of The Complete Works of William Shakespeare
@@ -126,4 +127,44 @@ def test_missing_file_says_what_to_do(tmp_path: Path) -> None:
     other.mkdir()
     (other / "notes.txt").write_text("nothing here\n")
     with pytest.raises(DataError, match="no speaking role"):
+        ShakespeareText().load(tmp_path)
+
+
+def test_brackets_are_dropped_like_the_regular_expression_in_linear_time() -> None:
+    pattern = re.compile(r"\[[^\]]*\]")
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        line = "".join(rng.choice(list("ab []"), int(rng.integers(0, 30))))
+        assert _drop_brackets(line) == pattern.sub(" ", line), line
+    assert _drop_brackets("[" * 300_000) == "[" * 300_000  # the regular expression needs minutes for this line
+    assert parse_roles("ROMEO.\n" + "[" * 300_000 + "\n") == {(0, "ROMEO"): "[" * 300_000}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            "  ROMEO. Caf\xe9 au lait, good sir, and more words to make the line long enough.\n".encode("latin1"),
+            "not UTF-8",
+        ),
+        (bytes(range(256)) * 16, "not UTF-8"),
+        (b"", "no speaking role"),
+        (b"\x00" * 4096, "no speaking role"),
+        ("ROMEO.\nshort\n".encode("utf-16"), "not UTF-8"),
+    ],
+)
+def test_bad_text_files_are_one_line(tmp_path: Path, content: bytes, message: str) -> None:
+    folder = tmp_path / "shakespeare_text"
+    folder.mkdir()
+    (folder / "pg100.txt").write_bytes(content)
+    with pytest.raises(DataError, match=message) as err:
+        ShakespeareText().load(tmp_path)
+    assert str(folder / "pg100.txt") in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_folder_given_as_the_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="is a folder"):
+        ShakespeareText(file=str(tmp_path)).load(tmp_path)
+    (tmp_path / "shakespeare_text" / "pg100.txt").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"pg100\.txt' is a folder"):
         ShakespeareText().load(tmp_path)

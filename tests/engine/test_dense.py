@@ -6,12 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import linear_model, tiny_data
+from conftest import Shift, cohort, linear_model, tiny_data
 from fedhet.catalog import MODELS
 from fedhet.engine.dense import dense_layers, train_dense
 from fedhet.engine.engine import Engine, resolve_backend
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import train_sequential, train_vectorised
+from fedhet.engine.objective import Proximal, WeightDecay
 from fedhet.engine.plan import LocalPlan
 from fedhet.errors import ConfigError
 
@@ -48,10 +49,10 @@ def test_dense_matches_both_autograd_backends(activation: type[nn.Module], dropo
     data = tiny_data([9, 3, 14, 2, 11], dim=5, classes=3).train
     w0 = model.initial_params()
     corr = torch.randn(5, model.size, generator=torch.Generator().manual_seed(1)) * 0.01
-    plan = _plan(model, prox_mu=0.1, weight_decay=0.01, correction=corr)
-    seq = train_sequential(model, data, w0, plan, 3, 2)
-    vec = train_vectorised(model, data, w0, plan, 3, 2)
-    den = train_dense(model, layers, data, w0, plan, 3, 2, chunk_size=chunk, workers=2)
+    plan = _plan(model, terms=(Proximal(mu=0.1), WeightDecay(lam=0.01), Shift()))
+    seq = train_sequential(model, data, w0, plan, cohort(plan, w0, corr), 3, 2)
+    vec = train_vectorised(model, data, w0, plan, cohort(plan, w0, corr), 3, 2)
+    den = train_dense(model, layers, data, w0, plan, cohort(plan, w0, corr), 3, 2, chunk_size=chunk, workers=2)
     assert float((seq[0] - w0).abs().max()) > 1e-2  # the clients moved
     torch.testing.assert_close(den[0], seq[0], **TOL)
     torch.testing.assert_close(den[0], vec[0], **TOL)
@@ -60,21 +61,20 @@ def test_dense_matches_both_autograd_backends(activation: type[nn.Module], dropo
 
 
 @pytest.mark.parametrize(
-    "extra",
-    [{}, {"prox_mu": 0.5}, {"weight_decay": 0.05}, {"correction": "random"}],
+    "terms",
+    [(), (Proximal(mu=0.5),), (WeightDecay(lam=0.05),), (Shift(),)],
     ids=["sgd", "prox", "decay", "correction"],
 )
-def test_each_update_term_without_bias(extra: dict[str, object]) -> None:
+def test_each_update_term_without_bias(terms: tuple) -> None:
     model = _mlp(nn.ReLU, 0.0, bias=False)
     layers = dense_layers(model)
     assert layers is not None and all(la.bias is None for la in layers)
     data = tiny_data([9, 3, 14, 2, 11], dim=5, classes=3).train
     w0 = model.initial_params()
-    if extra.get("correction") == "random":
-        extra = {"correction": torch.linspace(-0.05, 0.05, 5 * model.size).reshape(5, -1)}
-    plan = _plan(model, **extra)
-    seq = train_sequential(model, data, w0, plan, 0, 1)
-    den = train_dense(model, layers, data, w0, plan, 0, 1, workers=1)
+    shift = torch.linspace(-0.05, 0.05, 5 * model.size).reshape(5, -1)
+    plan = _plan(model, terms=terms)
+    seq = train_sequential(model, data, w0, plan, cohort(plan, w0, shift), 0, 1)
+    den = train_dense(model, layers, data, w0, plan, cohort(plan, w0, shift), 0, 1, workers=1)
     torch.testing.assert_close(den[0], seq[0], **TOL)
     torch.testing.assert_close(den[1], seq[1], equal_nan=True, **TOL)
 
@@ -105,8 +105,8 @@ def test_image_inputs_are_flattened() -> None:
     images = type(base.train)(base.train.x.reshape(-1, 2, 3, 3), base.train.y, base.train.offsets)
     w0 = model.initial_params()
     plan = LocalPlan.uniform(torch.tensor([0, 1]), 3, 0.1, 4)
-    seq = train_sequential(model, images, w0, plan, 0, 0)
-    den = train_dense(model, layers, images, w0, plan, 0, 0)
+    seq = train_sequential(model, images, w0, plan, cohort(plan, w0), 0, 0)
+    den = train_dense(model, layers, images, w0, plan, cohort(plan, w0), 0, 0)
     torch.testing.assert_close(den[0], seq[0], **TOL)
 
 
@@ -129,7 +129,7 @@ def test_engine_rounds_agree_across_backends() -> None:
         engine = Engine(model, data, backend=backend, seed=4)  # type: ignore[arg-type]
         w = engine.initial_params()
         for round_ in range(3):
-            plan = LocalPlan.uniform(torch.tensor([0, 2, 3, 5]), 5, 0.2, 4, prox_mu=0.01)
+            plan = LocalPlan.uniform(torch.tensor([0, 2, 3, 5]), 5, 0.2, 4, terms=(Proximal(mu=0.01),))
             w = engine.train(w, plan, round_).params.mean(0)
         scores = engine.scores(w, "test")
         results[backend] = (w, scores.loss, scores.accuracy)

@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_data
+from conftest import Shift, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.objective import Proximal
 from fedhet.engine.plan import LocalPlan
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
@@ -43,11 +44,13 @@ def test_cuda_gives_the_cpu_numbers(backend: str) -> None:
         steps=torch.tensor([4, 0, 6, 2]),
         lr=torch.tensor([0.1, 0.1, 0.05, 0.2]),
         batch_size=4,
-        prox_mu=0.1,
-        correction=torch.randn(4, model.size) * 0.01,
+        terms=(Proximal(mu=0.1), Shift()),
     )
     cpu = Engine(model, data, backend="sequential", seed=3)
     gpu = Engine(model, data, backend=backend, seed=3, device="cuda")  # type: ignore[arg-type]
+    shift = torch.randn(4, model.size) * 0.01
+    for engine in (cpu, gpu):
+        engine.client_state.write("test_shift.c", plan.clients, shift, -1)
     w0 = model.initial_params()
     expected, got = cpu.train(w0, plan, 1), gpu.train(w0, plan, 1)
     assert got.params.device.type == "cpu"

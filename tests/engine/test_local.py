@@ -8,11 +8,12 @@ from functools import partial
 import torch
 from torch import nn
 
-from conftest import linear_model, tiny_data
+from conftest import Shift, cohort, linear_model, tiny_data
 from fedhet.engine.batches import local_batches
 from fedhet.engine.engine import Engine, resolve_backend
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import _flat, _tree, gradient_statistics, make_step
+from fedhet.engine.objective import Proximal, WeightDecay
 from fedhet.engine.plan import LocalPlan
 
 
@@ -32,7 +33,11 @@ def test_step_adds_proximal_term_correction_and_weight_decay() -> None:
     g = manual_grad(model, w, x, y)
     mu, lam, lr = 0.5, 0.01, torch.tensor(0.2)
     tree = partial(_tree, model)
-    new_tree, loss = make_step(model, mu, lam)(tree(w), tree(w0), x, y, torch.ones(4), lr, tree(corr))
+    plan = LocalPlan.uniform(torch.tensor([0]), 1, 0.2, 4, terms=(Proximal(mu=mu), WeightDecay(lam=lam), Shift()))
+    step = make_step(model, cohort(plan, w0))
+    server: list[dict] = [{}, {}, {}]
+    client: list[dict] = [{}, {}, {"c": tree(corr)}]
+    new_tree, _, loss = step(tree(w), tree(w0), x, y, torch.ones(4), lr, server, client, {})
     new_w = _flat({k: v.unsqueeze(0) for k, v in new_tree.items()}, 1)[0]
     prox = mu * (w - w0)
     assert float(prox.abs().min()) > 0.1
@@ -45,10 +50,10 @@ def test_padded_rows_do_not_count() -> None:
     model = linear_model()
     w = model.initial_params()
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
-    step = make_step(model, 0.0, 0.0)
+    step = make_step(model, cohort(LocalPlan.uniform(torch.tensor([0]), 1, 0.1, 4), w))
     t = _tree(model, w)
-    full, _ = step(t, t, x[:2], y[:2], torch.ones(2), torch.tensor(0.1), None)
-    padded, _ = step(t, t, x, y, torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor(0.1), None)
+    full, _, _ = step(t, t, x[:2], y[:2], torch.ones(2), torch.tensor(0.1), [], [], {})
+    padded, _, _ = step(t, t, x, y, torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor(0.1), [], [], {})
     for name in full:
         torch.testing.assert_close(full[name], padded[name])
 
@@ -75,11 +80,16 @@ def test_backends_agree_with_unequal_steps_and_correction() -> None:
         steps=torch.tensor([4, 0, 6, 1]),
         lr=torch.tensor([0.1, 0.1, 0.05, 0.2]),
         batch_size=4,
-        prox_mu=0.1,
-        correction=torch.randn(4, model.size) * 0.01,
+        terms=(Proximal(mu=0.1), Shift()),
     )
-    seq = Engine(model, data, backend="sequential", seed=5).train(w0, plan, 2)
-    vec = Engine(model, data, backend="vectorised", seed=5, chunk_size=3).train(w0, plan, 2)
+    shift = torch.randn(4, model.size) * 0.01
+    engines = [
+        Engine(model, data, backend="sequential", seed=5),
+        Engine(model, data, backend="vectorised", seed=5, chunk_size=3),
+    ]
+    for engine in engines:
+        engine.client_state.write("test_shift.c", plan.clients, shift, -1)  # each client's stored c_k
+    seq, vec = (engine.train(w0, plan, 2) for engine in engines)
     torch.testing.assert_close(seq.params, vec.params, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(seq.train_loss, vec.train_loss, atol=1e-6, rtol=1e-6, equal_nan=True)
     assert torch.equal(seq.params[1], w0) and torch.isnan(seq.train_loss[1])

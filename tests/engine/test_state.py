@@ -11,7 +11,7 @@ from fedhet.engine.state import ClientStore
 
 
 def test_store_reads_the_latest_row_written_before_the_round() -> None:
-    store, zero = ClientStore(), torch.zeros(2)
+    store, zero = ClientStore(), torch.zeros(2, 2)  # the default rows of the two clients read
     store.write("c", torch.tensor([3]), torch.tensor([[1.0, 1.0]]), 0)
     store.write("c", torch.tensor([3]), torch.tensor([[2.0, 2.0]]), 4)
     rows = lambda t: store.read("c", torch.tensor([3, 5]), t, zero)  # noqa: E731
@@ -24,7 +24,7 @@ def test_store_reads_the_latest_row_written_before_the_round() -> None:
     torch.testing.assert_close(rows(3), torch.tensor([[9.0, 9.0], [0.0, 0.0]]))
     again = ClientStore()
     again.load_state_dict(store.state_dict())
-    torch.testing.assert_close(again.read("c", torch.tensor([3]), 3, zero), torch.tensor([[9.0, 9.0]]))
+    torch.testing.assert_close(again.read("c", torch.tensor([3]), 3, zero[:1]), torch.tensor([[9.0, 9.0]]))
     assert again.clients("c") == [3]
 
 

@@ -11,6 +11,8 @@ import pytest
 from fedhet.experiments.build import components
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.recipes import deep_merge
+from fedhet.methods.cafed.availability_aware import AvailabilityAware
+from fedhet.methods.cafed.strategy import CAFed
 from fedhet.recipes import get_recipe
 from fedhet.recipes.cafed import (
     AVAILABILITY,
@@ -28,8 +30,6 @@ from fedhet.recipes.cafed import (
     table_markdown,
     write_figures,
 )
-from fedhet.strategies.availability_aware import AvailabilityAware
-from fedhet.strategies.cafed import CAFed
 
 
 def test_every_method_runs_in_the_paper_setting() -> None:

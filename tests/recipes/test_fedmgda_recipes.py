@@ -16,7 +16,7 @@ from fedhet.experiments.config import parse_config
 from fedhet.experiments.recipes import run_recipe
 from fedhet.experiments.runner import run
 from fedhet.recipes import get_recipe
-from fedhet.recipes.fedmgda import ALONE
+from fedhet.recipes.fedmgda import ALONE, accuracy_violins, log_loss_curves
 
 NAMES = (
     "fedmgda-interpolation",
@@ -35,6 +35,25 @@ def test_every_method_parses_on_paper_and_embedded_data(name: str) -> None:
         for quick in (False, True):
             for embedded in (False, True):
                 parse_config(recipe.config(method, 1, quick, embedded))
+
+
+def test_q_fedavg_keeps_the_papers_lipschitz_constant() -> None:
+    """fedhet's default L is 1/η_l (Li et al.); FedMGDA+'s q-FedAvg rows give the L of their paper: 1 (Fig. 3 left
+    and the authors' Figure 4 scripts; Table 7 and Fig. 2 right leave it to the code's default, 1)."""
+    seen = 0
+    for name in NAMES:
+        recipe = get_recipe(name)
+        for method in recipe.methods:
+            algorithm = recipe.config(method, 1, quick=False)["algorithm"]
+            if algorithm["name"] == "qffl":
+                assert algorithm["lipschitz"] == 1.0 and algorithm["loss"] == "batch_sum", (name, method)
+                seen += 1
+    assert seen == 1 + 1 + 12 + 4  # fairness, improved, bias attack, scaling attack (with and without attack)
+
+
+def test_figure_3_and_7_hooks() -> None:
+    assert get_recipe("fedmgda-fairness").extra_figures is accuracy_violins
+    assert get_recipe("fedmgda-interpolation-iid").extra_figures is log_loss_curves
 
 
 def test_global_step_decays_by_the_same_total_factor_on_shorter_runs() -> None:

@@ -51,6 +51,26 @@ def test_maxfl_run_reports_appeal_metrics_seen_and_unseen() -> None:
     assert bool((columns["rho"] > 0).all()) and bool((columns["local_test_accuracy"] <= 1).all())
 
 
+def test_qffl_rows_use_li_et_al_lipschitz_explicitly() -> None:
+    """q-FFL's L = 1/η_l (Li et al.; fedhet's default too), written out so the recipe keeps it if the default moves."""
+    for name in ("maxfl-table1", "maxfl-table1-emnist"):
+        recipe = get_recipe(name)
+        for embedded in (False, True):
+            cfg = recipe.config("q-FFL (q=1)", 0, quick=False, embedded=embedded)
+            assert cfg["algorithm"]["lipschitz"] == pytest.approx(1 / cfg["local"]["lr"])
+
+
+def test_byzantine_table_has_attackers_that_opt_in_honestly_and_always() -> None:
+    recipe = get_recipe("maxfl-byzantine")
+    assert len(recipe.methods) == 8
+    honest = recipe.config("MaxFL (Byz=0.1)", 0, quick=False)["attack"]
+    always = recipe.config("MaxFL (Byz=0.1, always opt in)", 0, quick=False)["attack"]
+    assert "opt_in" not in honest and always == {**honest, "opt_in": "always"}
+    assert parse_config(recipe.config("MW-Fed (Byz=0.05, always opt in)", 0, True, True)).spec("attack")["opt_in"] == (
+        "always"
+    )
+
+
 def test_mean_estimation_recipe_writes_table_and_figure(tmp_path: Path) -> None:
     recipe = get_recipe("maxfl-mean-estimation")
     result = run_recipe(recipe, tmp_path, quick=True, seeds=(0,))

@@ -137,6 +137,35 @@ def test_reports_the_average_of_its_iterates() -> None:
     torch.testing.assert_close(copy.evaluation_params(w), averaged.evaluation_params(w))
 
 
+def test_average_with_the_initial_model() -> None:
+    """``average_initial``: (w⁰ + w¹ + … + w^T)/(T + 1) (FLGo's AFL) instead of the default (w¹ + … + w^T)/T;
+    training is the same."""
+    engine = Engine(linear_model(), tiny_data([4, 8], seed=1))
+    clients = torch.tensor([0, 1])
+    default, initial = AFL(lambda_lr=0.2), AFL(lambda_lr=0.2, average_initial=True)
+    for strategy in (default, initial):
+        strategy.setup(context(engine, 2))
+    w0 = w = engine.initial_params()
+    iterates = []
+    for t in range(3):
+        result = engine.train(w, default.configure(t, clients, w), t)
+        initial.configure(t, clients, w)
+        w_initial = initial.aggregate(t, w, result)
+        w = default.aggregate(t, w, result)
+        assert torch.equal(w, w_initial)
+        iterates.append(w)
+    stacked = torch.stack(iterates)
+    torch.testing.assert_close(default.evaluation_params(w), stacked.mean(0))
+    torch.testing.assert_close(initial.evaluation_params(w), (w0 + stacked.sum(0)) / 4)
+    resumed = AFL(lambda_lr=0.2, average_initial=True)
+    resumed.setup(context(engine, 2))
+    resumed.load_state_dict(initial.state_dict())
+    result = engine.train(w, resumed.configure(3, clients, w), 3)
+    initial.configure(3, clients, w)
+    torch.testing.assert_close(resumed.aggregate(3, w, result), initial.aggregate(3, w, result))
+    torch.testing.assert_close(resumed.evaluation_params(w), initial.evaluation_params(w))
+
+
 def test_run_reports_the_averaged_model() -> None:
     base = {
         "dataset": "digits",

@@ -6,6 +6,7 @@ import torch
 
 from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
+from fedhet.engine.objective import Proximal
 from fedhet.engine.plan import LocalPlan
 from fedhet.strategies.fedavg import FedAvg
 from fedhet.strategies.fedprox import FedProx
@@ -16,7 +17,7 @@ def test_plan_carries_mu() -> None:
     strategy = FedProx(mu=0.3)
     strategy.setup(make_context(engine))
     plan = strategy.configure(0, torch.tensor([0, 1]), engine.initial_params())
-    assert plan.prox_mu == 0.3
+    assert plan.terms == (Proximal(mu=0.3),)
 
 
 def test_proximal_term_changes_training_by_mu_times_distance() -> None:
@@ -28,7 +29,7 @@ def test_proximal_term_changes_training_by_mu_times_distance() -> None:
     lr, mu = 0.5, 0.8
     avg = engine.train(w0, LocalPlan.uniform(torch.tensor([0]), 1, lr, 4), 0).params[0]  # w₁ (same for both)
     two_avg = engine.train(w0, LocalPlan.uniform(torch.tensor([0]), 2, lr, 4), 0).params[0]
-    two_prox = engine.train(w0, LocalPlan.uniform(torch.tensor([0]), 2, lr, 4, prox_mu=mu), 0).params[0]
+    two_prox = engine.train(w0, LocalPlan.uniform(torch.tensor([0]), 2, lr, 4, terms=(Proximal(mu=mu),)), 0).params[0]
     proximal_gradient = mu * (avg - w0)
     assert float(proximal_gradient.abs().max()) > 1e-3
     torch.testing.assert_close(two_avg - two_prox, lr * proximal_gradient)

@@ -8,10 +8,9 @@ import torch
 from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan
-from fedhet.engine.rules import PerFedAvgRule
 from fedhet.errors import ConfigError
 from fedhet.strategies.base import STRATEGIES
-from fedhet.strategies.perfedavg import PerFedAvg
+from fedhet.strategies.perfedavg import PerFedAvg, PerFedAvgRule
 
 
 def test_plan_carries_the_rule_and_the_round_averages_maml_models() -> None:
@@ -20,7 +19,7 @@ def test_plan_carries_the_rule_and_the_round_averages_maml_models() -> None:
     strategy.setup(make_context(engine, steps=2, lr=0.2, batch=4, m=2))
     w = engine.initial_params()
     plan = strategy.configure(0, torch.tensor([0, 1]), w)
-    assert plan.rule == PerFedAvgRule(0.3, True, 1e-2)
+    assert plan.rule == PerFedAvgRule(alpha=0.3, hessian_free=True, delta=1e-2)
     result = engine.train(w, plan, 0)
     sgd = engine.train(w, LocalPlan.uniform(plan.clients, 2, 0.2, 4), 0)
     assert float((result.params - sgd.params).abs().max()) > 1e-4  # the MAML step is not plain SGD

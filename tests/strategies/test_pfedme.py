@@ -6,8 +6,7 @@ import torch
 
 from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
-from fedhet.engine.rules import PFedMeRule
-from fedhet.strategies.pfedme import PFedMe
+from fedhet.strategies.pfedme import PFedMe, PFedMeRule
 
 
 def test_server_step_mixes_with_beta() -> None:
@@ -16,7 +15,7 @@ def test_server_step_mixes_with_beta() -> None:
     strategy.setup(make_context(engine, steps=3, lr=0.1, batch=4, m=2))
     w = engine.initial_params()
     plan = strategy.configure(0, torch.tensor([0, 1]), w)
-    assert plan.rule == PFedMeRule(4.0, 2, 0.05)
+    assert plan.rule == PFedMeRule(lam=4.0, inner_steps=2, inner_lr=0.05)
     result = engine.train(w, plan, 0)
     assert float((result.params - w).abs().max()) > 1e-4
     torch.testing.assert_close(strategy.aggregate(0, w, result), 0.5 * w + 0.5 * result.params.mean(0))

@@ -74,6 +74,29 @@ def test_strategy_uses_reported_losses_and_the_bias_attack_reaches_them() -> Non
     torch.testing.assert_close(attacked._losses, honest + torch.tensor([0.0, 3.0]))
 
 
+def test_default_lipschitz_is_the_inverse_local_learning_rate() -> None:
+    """Li et al.'s L = 1/η_l when none is given (η_l = 0.1 here: L = 10); an explicit L is used as given."""
+    data = tiny_data([6, 10], seed=3)
+    engine = Engine(linear_model(), data)
+    w = engine.initial_params()
+    clients = torch.tensor([0, 1])
+    steps = {}
+    for lipschitz in (None, 1.0, 10.0):
+        strategy = QFFL(q=1.0, lipschitz=lipschitz)
+        strategy.setup(context(engine))  # local lr 0.1
+        result = engine.train(w, strategy.configure(0, clients, w), 0)
+        steps[lipschitz] = w - strategy.aggregate(0, w, result)
+        expected_l = 10.0 if lipschitz is None else lipschitz
+        assert strategy.lipschitz_constant == pytest.approx(expected_l)
+        losses = engine.losses_at(w, clients)
+        torch.testing.assert_close(steps[lipschitz], qffl_step(w, result.updates(w), losses, 1.0, expected_l))
+    torch.testing.assert_close(steps[None], steps[10.0])
+    assert float((steps[None] - steps[1.0]).abs().max()) > 1e-4  # with q > 0 the choice of L moves the step
+    fast = QFFL(q=1.0)
+    fast.setup(ServerContext(engine, LocalSettings(3, 0.5, 4), seed=0, clients_per_round=2))
+    assert fast.lipschitz_constant == pytest.approx(2.0)
+
+
 def test_batch_sum_losses_and_bias_on_the_total() -> None:
     data = tiny_data([6, 10], seed=3)
     engine = Engine(linear_model(), data)

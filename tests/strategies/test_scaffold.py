@@ -7,7 +7,9 @@ import torch
 from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
-from fedhet.strategies.scaffold import Scaffold, scaffold_client_variates
+from fedhet.strategies.scaffold import ControlVariates, Scaffold, scaffold_client_variates
+
+KEY = "scaffold.c_i"  # where the clients' c_i are stored
 
 
 def test_option_two_variates() -> None:
@@ -28,18 +30,24 @@ def test_round_updates_model_and_global_variate() -> None:
     p = engine.model.size
     x = torch.zeros(p)
     plan = strategy.configure(0, torch.tensor([1, 3]), x)
-    assert plan.client_state is not None and plan.correction is None  # the client adds −c_i itself
-    torch.testing.assert_close(plan.client_state.c, torch.zeros(p))
+    (term,) = plan.terms  # the client adds −c_i itself: the plan carries only c
+    assert isinstance(term, ControlVariates) and term.server_tensors().keys() == {"c"}
+    torch.testing.assert_close(term.c, torch.zeros(p))
     y = torch.stack([torch.full((p,), -1.0), torch.full((p,), -3.0)])
     # the clients' c_i⁺ = (x − y)/(2 · 0.5) = 1 and 3 (from c_i = 0): they return Δc_i = 1 and 3
     delta_c = torch.stack([torch.full((p,), 1.0), torch.full((p,), 3.0)])
     result = LocalResult(
-        torch.tensor([1, 3]), y, torch.zeros(2), torch.tensor([2, 2]), torch.tensor([0.5, 0.5]), state_delta=delta_c
+        torch.tensor([1, 3]),
+        y,
+        torch.zeros(2),
+        torch.tensor([2, 2]),
+        torch.tensor([0.5, 0.5]),
+        state_delta={KEY: delta_c},
     )
     new = strategy.aggregate(0, x, result)
     torch.testing.assert_close(new, torch.full((p,), 0.5 * -2.0))  # x + η_g mean(y − x)
     torch.testing.assert_close(strategy.state_dict()["c"], torch.full((p,), 1.0))  # c = 0 + (1/N)(1 + 3)
-    assert set(strategy.state_dict()) == {"c"}  # the c_i stay with the clients
+    assert set(strategy.state_dict()) == {"c", "server_optimizer"}  # the c_i stay with the clients
 
 
 def test_clients_keep_their_variates_in_the_engine() -> None:
@@ -54,16 +62,15 @@ def test_clients_keep_their_variates_in_the_engine() -> None:
     expected = scaffold_client_variates(
         torch.zeros(2, x.numel()), torch.zeros(x.numel()), x, result.params, result.steps, result.lr
     )
-    assert result.state_delta is not None
-    torch.testing.assert_close(result.state_delta, expected)
-    stored = engine.client_state.read("scaffold/c_i", torch.tensor([0, 1, 2]), 1, torch.zeros(x.numel()))
+    torch.testing.assert_close(result.state_delta[KEY], expected)
+    stored = engine.client_state.read(KEY, torch.tensor([0, 1, 2]), 1, torch.zeros(3, x.numel()))
     torch.testing.assert_close(stored, torch.stack([expected[0], torch.zeros(x.numel()), expected[1]]))
     new = strategy.aggregate(0, x, result)
     plan = strategy.configure(1, torch.tensor([0, 1]), new)
     again = engine.train(new, plan, 1)  # client 0 now corrects by c − c_0⁺, client 1 by c
     c = strategy.state_dict()["c"]
     torch.testing.assert_close(c, expected.sum(0) / 3)
-    assert again.state_delta is not None and bool((again.state_delta[0] != 0).any())
+    assert bool((again.state_delta[KEY][0] != 0).any())
 
 
 def test_correction_removes_drift_on_a_shared_quadratic_view() -> None:
@@ -83,7 +90,7 @@ def test_correction_removes_drift_on_a_shared_quadratic_view() -> None:
     strategy = Scaffold()
     strategy.setup(make_context(engine, batch=6, steps=1, lr=0.3, m=2))
     strategy.load_state_dict({"c": (g0 + g1) / 2})
-    engine.client_state.write("scaffold/c_i", torch.tensor([0, 1]), torch.stack([g0, g1]), -1)
+    engine.client_state.write(KEY, torch.tensor([0, 1]), torch.stack([g0, g1]), -1)
     plan = strategy.configure(0, torch.tensor([0, 1]), x)
     result = engine.train(x, plan, 0)
     expected = x - 0.3 * (g0 + g1) / 2

@@ -20,7 +20,10 @@ Loss attacks (FedMGDA+ §6.2.2; MaxFL's Byzantine clients) inflate the attacker'
 
 ``always_participate`` puts the attackers in every cohort they are available for (FedMGDA+'s attacker "present
 in every round", the authors' ``--vip``): an attacker that was not drawn replaces a random honest member, so the
-cohort keeps its size.
+cohort keeps its size. ``opt_in`` is for pools the clients join themselves (MaxFL's appeal-driven
+participation, `fedhet.methods.maxfl.participation`): ``honest`` (default) attackers opt in like everyone else, when the
+global model appeals to them on their honest training loss; ``always``: they are in the pool in every round,
+whatever their loss, and compete for the cohort's slots.
 """
 
 from __future__ import annotations
@@ -70,6 +73,10 @@ class Attack(Component):
     def report_losses(self, clients: Tensor, losses: Tensor) -> Tensor:
         return losses
 
+    def opted_in(self) -> Tensor:
+        """(K,) bool: clients that join an opt-in pool whatever the global model (default: none)."""
+        return torch.zeros_like(self._malicious)
+
 
 ATTACKS: Registry[Attack] = Registry("attack")
 
@@ -94,6 +101,9 @@ class MaliciousClients(Attack):
     loss_scale: float = Field(1.0, ge=0, description="s of the scaling attack f ← s·f (reported loss, after the bias)")
     scale_training: bool = Field(True, description="the attacker also trains on s·f (local lr × s)")
     always_participate: bool = Field(False, description="attackers take part in every round they are available")
+    opt_in: Literal["honest", "always"] = Field(
+        "honest", description="opt-in pools (MaxFL): attackers join when the model appeals to them, or always"
+    )
     clients: list[int] = Field(default_factory=list, description="ids of the malicious clients (overrides fraction)")
 
     def setup(self, num_clients: int, seed: int, eligible: Tensor | None = None) -> None:
@@ -152,3 +162,6 @@ class MaliciousClients(Attack):
     def report_losses(self, clients: Tensor, losses: Tensor) -> Tensor:
         bad = self._malicious[clients]
         return torch.where(bad, (losses + self.loss_bias) * self.loss_scale, losses)
+
+    def opted_in(self) -> Tensor:
+        return self._malicious.clone() if self.opt_in == "always" else super().opted_in()

@@ -8,7 +8,7 @@ import torch
 from pydantic import ConfigDict, Field, PrivateAttr
 from torch import Tensor
 
-from fedhet.engine.engine import Engine
+from fedhet.engine.protocol import EngineProtocol
 from fedhet.registry import Component, Registry
 from fedhet.seeding import torch_gen
 
@@ -31,7 +31,13 @@ class Availability(Component):
         """A (K,) bool mask of the clients online in `round_`."""
         raise NotImplementedError
 
-    def observe(self, round_: int, engine: Engine, params: Tensor) -> None:
+    def always_in(self, clients: Tensor) -> None:
+        """Clients (a (K,) bool mask) that are in the pool of every round whatever the process would say:
+        attackers that always opt in (`fedhet.attacks`), for processes whose pool clients join themselves
+        (MaxFL's appeal-driven participation). Default: ignored."""
+        del clients
+
+    def observe(self, round_: int, engine: EngineProtocol, params: Tensor) -> None:
         """Told the global model after round `round_` (0-based); processes whose availability depends on
         the model (MaxFL's appeal-driven opt-in/out) update themselves here."""
 

@@ -29,6 +29,23 @@ err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from fedhet.version import package_version
+
+        console.print(f"fedhet {package_version()}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", help="print fedhet's version and exit", callback=_print_version, is_eager=True)
+    ] = False,
+) -> None:
+    """Federated learning when clients differ: run, compare and plot experiments."""
+
+
 def friendly(func: F) -> F:
     """Report fedhet errors as one line on stderr with exit code 2 (no traceback)."""
 
@@ -69,6 +86,10 @@ def run(
     engine: Annotated[
         str, typer.Option(help="native, or flower: Flower's simulation runtime (needs the fedhet[flower] extra)")
     ] = "native",
+    imports: Annotated[
+        list[str] | None,
+        typer.Option("--import", help="a module or .py file with your own components (plugins; repeatable)"),
+    ] = None,
     nodes: Annotated[int, typer.Option(help="simulated Flower nodes holding the clients (--engine flower)")] = 2,
 ) -> None:
     """Run one experiment and write its run folder."""
@@ -102,6 +123,8 @@ def run(
             raw[key] = str(flag) if isinstance(flag, Path) else flag
     if download:
         raw["download"] = True
+    if imports:
+        raw["imports"] = [*raw.get("imports", []), *imports]
     for assignment in set_ or []:
         apply_override(raw, assignment)
     cfg = parse_config(raw)
@@ -136,12 +159,10 @@ def _report(state: Any, quiet: bool) -> None:
     if quiet:
         console.print(str(state.out))
         return
-    from fedhet.engine.engine import resolve_backend
-    from fedhet.flower.remote import RemoteEngine
-
     engine = state.experiment.engine
-    backend = resolve_backend(engine.backend, engine.model, state.config.clients_per_round)
-    where = f"Flower, {len(engine.nodes)} nodes" if isinstance(engine, RemoteEngine) else f"{backend} backend"
+    nodes = getattr(engine, "nodes", None)  # a Flower run's remote engine
+    backend = engine.backend_for(state.config.clients_per_round)
+    where = f"Flower, {len(nodes)} nodes" if nodes is not None else f"{backend} backend"
     table = Table(title=f"{state.status}: {state.round} rounds in {state.wall_time_s:.1f} s ({where})")
     table.add_column("metric")
     table.add_column("final", justify="right")
@@ -156,26 +177,43 @@ def _report(state: Any, quiet: bool) -> None:
 @friendly
 def list_(
     what: Annotated[
-        str | None, typer.Argument(help="algorithms, datasets, partitioners, models, availability, metrics, recipes")
+        str | None,
+        typer.Argument(
+            help="algorithms, terms, optimizers, server-optimizers, rules, datasets, partitioners, models, "
+            "availability, attacks, metrics, plugins, recipes"
+        ),
+    ] = None,
+    imports: Annotated[
+        list[str] | None, typer.Option("--import", help="also list the components of this module or .py file")
     ] = None,
 ) -> None:
-    """List the algorithms, datasets, partitioners, models and availability processes, with a line each."""
-    from fedhet.catalog import ATTACKS, AVAILABILITY, DATASETS, METRIC_PLUGINS, MODELS, PARTITIONERS, STRATEGIES
+    """List every registered component with a line each, and where it comes from (fedhet or a plugin)."""
+    from fedhet import catalog
     from fedhet.metrics import METRICS
+    from fedhet.plugins import load_plugins
     from fedhet.recipes import RECIPES
-    from fedhet.registry import closest
+    from fedhet.registry import Registry, closest
 
-    groups: dict[str, dict[str, str]] = {
-        "algorithms": {c.name: c.description for c in STRATEGIES},
-        "datasets": {c.name: c.description for c in DATASETS},
-        "partitioners": {c.name: c.description for c in PARTITIONERS},
-        "models": {c.name: c.description for c in MODELS},
-        "availability": {c.name: c.description for c in AVAILABILITY},
-        "attacks": {c.name: c.description for c in ATTACKS},
-        "metrics": METRICS,
-        "plugins": {c.name: c.description for c in METRIC_PLUGINS},
-        "recipes": {name: factory().description for name, factory in sorted(RECIPES.items())},
+    load_plugins(imports or [])
+    registries: dict[str, Registry[Any]] = {
+        "algorithms": catalog.STRATEGIES,
+        "terms": catalog.TERMS,
+        "optimizers": catalog.OPTIMIZERS,
+        "server-optimizers": catalog.SERVER_OPTIMIZERS,
+        "rules": catalog.RULES,
+        "datasets": catalog.DATASETS,
+        "partitioners": catalog.PARTITIONERS,
+        "models": catalog.MODELS,
+        "availability": catalog.AVAILABILITY,
+        "attacks": catalog.ATTACKS,
+        "plugins": catalog.METRIC_PLUGINS,
     }
+    groups: dict[str, dict[str, tuple[str, str]]] = {
+        group: {c.name: (c.description, registry.origin(c.name)) for c in registry}
+        for group, registry in registries.items()
+    }
+    groups["metrics"] = {name: (text, "fedhet") for name, text in METRICS.items()}
+    groups["recipes"] = {name: (factory().description, "fedhet") for name, factory in sorted(RECIPES.items())}
     if what is not None and what not in groups:
         raise FedhetError(f"cannot list '{what}'{closest(what, list(groups))}; choose one of: {', '.join(groups)}")
     for group, entries in groups.items():
@@ -184,8 +222,9 @@ def list_(
         table = Table(title=group, show_header=False, title_justify="left")
         table.add_column("name", style="bold")
         table.add_column("description")
-        for name, text in entries.items():
-            table.add_row(name, text)
+        table.add_column("from", style="dim")
+        for name, (text, origin) in entries.items():
+            table.add_row(name, text, origin)
         console.print(table)
 
 

@@ -23,21 +23,8 @@ from fedhet.data.dataset import Dataset
 from fedhet.data.labels import LabelNoise, label_map
 from fedhet.data.sources import DATASETS, DatasetSource
 from fedhet.errors import ConfigError
+from fedhet.layout import block_groups
 from fedhet.seeding import numpy_rng
-
-
-def block_groups(count: int, groups: int) -> np.ndarray:
-    """Group of each of `count` items cut into `groups` contiguous blocks of (nearly) equal size.
-
-    The layout shared by the CA-Fed datasets (clients 0..K/2−1 form data group 1, the rest group 2) and by
-    ``cafed_classes`` / ``markov_clusters``, which split each group into availability classes.
-    """
-    if groups < 1 or groups > count:
-        raise ConfigError(f"cannot cut {count} clients into {groups} groups")
-    out = np.empty(count, dtype=np.int64)
-    for g, block in enumerate(np.array_split(np.arange(count), groups)):
-        out[block] = g
-    return out
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:

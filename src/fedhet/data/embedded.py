@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import ClassVar
 
@@ -11,7 +12,20 @@ from pydantic import Field
 
 from fedhet.data.dataset import Dataset
 from fedhet.data.sources import DATASETS, DatasetSource
+from fedhet.errors import DataError
 from fedhet.seeding import numpy_rng
+
+
+def _sklearn_file(name: str) -> Path:
+    """A data file scikit-learn ships (``sklearn/datasets/data/<name>``), found without importing scikit-learn
+    (its import takes seconds; these files are plain CSV)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise DataError(f"the embedded dataset needs scikit-learn, which ships {name}: pip install scikit-learn")
+    path = Path(spec.origin).parent / "datasets" / "data" / name
+    if not path.is_file():
+        raise DataError(f"scikit-learn no longer ships {path}; install a scikit-learn that has it (>= 1.4)")
+    return path
 
 
 def _standardise(x: np.ndarray) -> np.ndarray:
@@ -29,14 +43,12 @@ class Digits(DatasetSource):
     image: bool = Field(False, description="shape (1, 8, 8) instead of flat 64 features")
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
-        from sklearn.datasets import load_digits
-
-        bunch = load_digits()
-        x = torch.tensor(bunch.data / 16.0, dtype=torch.float32)
+        table = np.loadtxt(_sklearn_file("digits.csv.gz"), delimiter=",")  # 64 pixels (0..16), then the label
+        x = torch.tensor(table[:, :-1] / 16.0, dtype=torch.float32)
         x = (x - x.mean()) / x.std()
         if self.image:
             x = x.reshape(-1, 1, 8, 8)
-        return Dataset(self.name, x, torch.tensor(bunch.target, dtype=torch.long), 10)
+        return Dataset(self.name, x, torch.tensor(table[:, -1], dtype=torch.long), 10)
 
 
 @DATASETS.register
@@ -48,11 +60,10 @@ class BreastCancer(DatasetSource):
     embedded: bool = True
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
-        from sklearn.datasets import load_breast_cancer
-
-        bunch = load_breast_cancer()
-        x = torch.tensor(_standardise(bunch.data), dtype=torch.float32)
-        return Dataset(self.name, x, torch.tensor(bunch.target, dtype=torch.long), 2)
+        # a header line (569,30,malignant,benign), then 30 features and the label (0 malignant, 1 benign)
+        table = np.loadtxt(_sklearn_file("breast_cancer.csv"), delimiter=",", skiprows=1)
+        x = torch.tensor(_standardise(table[:, :-1]), dtype=torch.float32)
+        return Dataset(self.name, x, torch.tensor(table[:, -1], dtype=torch.long), 2)
 
 
 @DATASETS.register

@@ -1,33 +1,37 @@
 """Readers for the standard dataset file formats, and a checksummed downloader.
 
-Every problem with a file (missing, truncated, wrong magic number, unparsable) raises `DataError` with one line
-that names the file and says what to do; these readers never let a raw traceback through.
+Every problem with a file (missing, a folder instead of a file, empty, truncated, wrong magic number, not UTF-8,
+unparsable, nested too deeply) raises `DataError` with one line that names the file and says what to do; these
+readers never let a raw traceback through, and nothing they read can run code (pickles go through
+`fedhet.data.safe_pickle`).
 
 Downloads go through `fetch`, which honours ``$FEDHET_MIRROR``: when that variable is set to a base URL
 (``http://host:port/some/path``), every file is requested as ``<FEDHET_MIRROR>/<file name>`` instead of its
 official address, where ``<file name>`` is the last part of the official URL (e.g. ``train-images-idx3-ubyte.gz``,
-``cifar-10-python.tar.gz``, ``gzip.zip``). Checksums are verified all the same.
+``cifar-10-python.tar.gz``, ``gzip.zip``). Checksums are verified all the same: downloads always, and a file
+already on disk the first time it is used (`fedhet.data.checksums`).
 """
 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import http.client
 import json
 import os
-import pickle
 import shutil
 import tarfile
 import tempfile
 import urllib.request
 import zipfile
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from fedhet.data.checksums import RECORD, digests, remember, verify
+from fedhet.data.safe_pickle import RefusedGlobal, load_data_pickle
 from fedhet.errors import DataError
 
 MIRROR_ENV = "FEDHET_MIRROR"
@@ -47,12 +51,28 @@ class RemoteFile(NamedTuple):
     sha256: str | None = None
 
 
+def one_line(err: BaseException, limit: int = 200) -> str:
+    """An exception's message on one line, at most `limit` characters (for embedding in a DataError)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def not_a_file(path: Path) -> DataError:
+    """The error for something other than a regular file (a folder, a device, a pipe) where a file is expected."""
+    kind = "a folder" if path.is_dir() else "not a regular file"
+    return DataError(f"'{path}' is {kind}, where a dataset file is expected; move it away and put the file there")
+
+
 def find(folder: Path, name: str, hint: str, gz: bool = True) -> Path:
     """`folder/name` or (when `gz`) `folder/name.gz`; a DataError naming the file, the folder and `hint` when
-    neither exists."""
-    for candidate in (folder / name, folder / f"{name}.gz") if gz else (folder / name,):
+    neither exists, or saying that what is there is not a file."""
+    candidates = (folder / name, folder / f"{name}.gz") if gz else (folder / name,)
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
+    for candidate in candidates:
+        if candidate.exists():
+            raise not_a_file(candidate)
     also = f" (or '{name}.gz')" if gz else ""
     raise DataError(f"missing dataset file '{name}'{also} in '{folder}': {hint}")
 
@@ -69,13 +89,23 @@ def read_bytes(path: Path) -> bytes:
             with gzip.open(path, "rb") as f:
                 return f.read()
         return path.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as err:
-        raise DataError(f"cannot read '{path}' ({err}); {REDOWNLOAD}") from None
+    except IsADirectoryError:
+        raise not_a_file(path) from None
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise DataError(f"cannot read '{path}' ({one_line(err)}); {REDOWNLOAD}") from None
 
 
 def read_text(path: Path) -> str:
-    """A text file (optionally ``.gz``) decoded as UTF-8; undecodable bytes become U+FFFD."""
-    return read_bytes(path).decode("utf-8", errors="replace")
+    """A UTF-8 text file (optionally ``.gz``; a leading byte-order mark is dropped); a DataError saying where the
+    first byte that is not UTF-8 is."""
+    raw = read_bytes(path)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"'{path}' is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); save it as UTF-8, "
+            "e.g. with 'iconv -f latin1 -t utf-8 OLD > NEW', or download it again"
+        ) from None
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -101,14 +131,20 @@ def read_idx(path: Path) -> np.ndarray:
 def read_pickle(path: Path) -> dict[Any, Any]:
     """A CIFAR python batch: a pickled dict with bytes keys (read with ``encoding="bytes"``).
 
-    Only open pickles from a source you trust (the official archive): unpickling can run code.
+    Only plain data and NumPy arrays are rebuilt (`fedhet.data.safe_pickle`): a pickle that refers to any other
+    function or class (``os.system``, ``builtins.eval``, ...) is refused before anything in it is called.
     """
+    raw = read_bytes(path)
     try:
-        with path.open("rb") as f:
-            data = pickle.load(f, encoding="bytes")
+        data = load_data_pickle(raw)
+    except RefusedGlobal as err:
+        raise DataError(
+            f"'{path}' is not a plain data pickle: it refers to '{err.qualified}', which fedhet refuses to load "
+            f"(only dicts, lists, strings, numbers and NumPy arrays); {REDOWNLOAD} from the official archive"
+        ) from None
     except Exception as err:  # unpickling garbage raises almost any exception type
         raise DataError(
-            f"'{path}' is not a readable pickle batch ({type(err).__name__}: {err}); {REDOWNLOAD}"
+            f"'{path}' is not a readable pickle batch ({type(err).__name__}: {one_line(err)}); {REDOWNLOAD}"
         ) from None
     if not isinstance(data, dict):
         raise DataError(f"'{path}' holds a {type(data).__name__}, not a batch dictionary; {REDOWNLOAD}")
@@ -117,10 +153,13 @@ def read_pickle(path: Path) -> dict[Any, Any]:
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON file whose top level is an object."""
+    raw = read_bytes(path)
     try:
-        data = json.loads(read_bytes(path))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DataError(f"'{path}' is not valid JSON ({err})") from None
+        data = json.loads(raw)
+    except RecursionError:
+        raise DataError(f"'{path}' is not usable JSON: its lists or objects are nested too deeply") from None
+    except (UnicodeDecodeError, ValueError) as err:  # ValueError: bad JSON, or an integer of over 4300 digits
+        raise DataError(f"'{path}' is not valid JSON ({one_line(err)})") from None
     if not isinstance(data, dict):
         raise DataError(f"'{path}' must hold a JSON object, not a {type(data).__name__}")
     return data
@@ -128,11 +167,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def digest(path: Path, algorithm: str) -> str:
     """The hex digest of a file (``"md5"``, ``"sha256"``, ...), read in 1 MiB blocks."""
-    h = hashlib.new(algorithm)
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return digests(path, [algorithm])[algorithm]
 
 
 def mirror_url(url: str) -> str:
@@ -146,7 +181,8 @@ def download(url: str, dest: Path, sha256: str | None = None, timeout: float = 6
     rename it into place; returns `dest`.
 
     A network error or a digest mismatch raises DataError and leaves nothing behind. `url` is used as given
-    (see `fetch` for the ``$FEDHET_MIRROR`` redirection).
+    (see `fetch` for the ``$FEDHET_MIRROR`` redirection). The digests checked are remembered next to `dest`
+    (`fedhet.data.checksums`), so the file is not hashed again when it is first used.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
@@ -157,26 +193,43 @@ def download(url: str, dest: Path, sha256: str | None = None, timeout: float = 6
                 shutil.copyfileobj(response, out, 1 << 20)
         except (OSError, ValueError, http.client.HTTPException) as err:
             raise DataError(
-                f"cannot download '{url}' ({err}); check the network, or put '{dest.name}' in '{dest.parent}' yourself"
+                f"cannot download '{url}' ({one_line(err)}); check the network, or put '{dest.name}' in "
+                f"'{dest.parent}' yourself"
             ) from None
-        for algorithm, expected in (("md5", md5), ("sha256", sha256)):
-            if expected is not None and (got := digest(tmp, algorithm)) != expected.lower():
+        expected = {a: v.lower() for a, v in (("md5", md5), ("sha256", sha256)) if v is not None}
+        found = digests(tmp, expected) if expected else {}
+        for algorithm, want in expected.items():
+            if found[algorithm] != want:
                 raise DataError(
-                    f"'{url}' failed its {algorithm} check (expected {expected}, got {got}): the download is corrupt "
-                    "or the file changed; try again"
+                    f"'{url}' failed its {algorithm} check (expected {want}, got {found[algorithm]}): the download is "
+                    "corrupt or the file changed; try again"
                 )
         tmp.replace(dest)
     finally:
         tmp.unlink(missing_ok=True)
+    if found:
+        remember(dest, found)
     return dest
 
 
 def fetch(remote: RemoteFile, folder: Path, timeout: float = 60) -> Path:
-    """`folder/remote.filename`, downloaded (from ``$FEDHET_MIRROR`` when set) and verified unless already there."""
+    """`folder/remote.filename`, verified: downloaded (from ``$FEDHET_MIRROR`` when set) when missing, checked
+    against its published digests (`fedhet.data.checksums.verify`) when already there."""
     dest = folder / remote.filename
     if dest.is_file():
+        verify(dest, remote.md5, remote.sha256)
         return dest
+    if dest.exists():
+        raise not_a_file(dest)
     return download(mirror_url(remote.url), dest, remote.sha256, timeout, md5=remote.md5)
+
+
+def _data_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's "data" filter (absolute names made relative; no ``..``, links out of `dest` or devices), and never
+    a checksum record (`fedhet.data.checksums.RECORD`): an archive must not vouch for the files it brings."""
+    if member.name.rsplit("/", 1)[-1] == RECORD:
+        return None
+    return tarfile.data_filter(member, dest)
 
 
 def extract_tar(archive: Path, dest: Path) -> None:
@@ -184,15 +237,16 @@ def extract_tar(archive: Path, dest: Path) -> None:
     try:
         with tarfile.open(archive) as tar:
             if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
-                tar.extractall(dest, filter="data")
+                tar.extractall(dest, filter=_data_member)
             else:  # pragma: no cover - older 3.11 patch releases
                 root = dest.resolve()
-                for member in tar.getmembers():
+                members = tar.getmembers()
+                for member in members:
                     if not (root / member.name).resolve().is_relative_to(root) or member.issym() or member.islnk():
                         raise DataError(f"'{archive}' holds an unsafe member '{member.name}'; {REDOWNLOAD}")
-                tar.extractall(dest)
-    except (OSError, EOFError, tarfile.TarError) as err:
-        raise DataError(f"cannot unpack '{archive}' ({err}); {REDOWNLOAD}") from None
+                tar.extractall(dest, [m for m in members if m.name.rsplit("/", 1)[-1] != RECORD])
+    except (OSError, EOFError, tarfile.TarError, zlib.error) as err:
+        raise DataError(f"cannot unpack '{archive}' ({one_line(err)}); {REDOWNLOAD}") from None
 
 
 def extract_zip(archive: Path, dest: Path, names: Iterable[str]) -> list[Path]:
@@ -213,6 +267,7 @@ def extract_zip(archive: Path, dest: Path, names: Iterable[str]) -> list[Path]:
                     finally:
                         part.unlink(missing_ok=True)
                     written.append(target)
-    except (OSError, EOFError, zipfile.BadZipFile) as err:
-        raise DataError(f"cannot unpack '{archive}' ({err}); {REDOWNLOAD}") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError, ValueError) as err:
+        # NotImplementedError: unsupported compression; RuntimeError: encrypted member
+        raise DataError(f"cannot unpack '{archive}' ({one_line(err)}); {REDOWNLOAD}") from None
     return written

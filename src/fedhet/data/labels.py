@@ -23,10 +23,12 @@ class LabelNoise(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     fraction: float = Field(0.0, ge=0, le=1, description="share of clients whose labels are corrupted")
-    mapping: Literal["reverse", "shift", "permutation", "pairs", "random"] = "reverse"
+    mapping: Literal["reverse", "shift", "permutation", "pairs", "random"] = Field(
+        "reverse", description="how labels change: C−1−y, y+1 mod C, a fixed derangement, listed pairs, or random"
+    )
     pairs: list[tuple[int, int]] = Field(default_factory=list, description="label pairs swapped by 'pairs'")
     rate: float = Field(1.0, ge=0, le=1, description="share of an affected client's samples that are changed")
-    splits: Literal["both", "train"] = "both"
+    splits: Literal["both", "train"] = Field("both", description="corrupt the train and test split, or train only")
 
 
 def label_map(spec: LabelNoise, num_classes: int, rng: np.random.Generator) -> Tensor | None:

@@ -1,9 +1,11 @@
 """Real datasets read from their standard files in ``data_dir/<name>/``.
 
 Each source loads the whole dataset (the official train and test parts together); fedhet makes its own
-per-client train/test split. Sources with an official download (MNIST, Fashion-MNIST, EMNIST, CIFAR-10, Adult)
-fetch missing files when ``load(..., download=True)`` (``fedhet run --download``) and verify the published
-checksums listed in their ``files`` table. Set ``FEDHET_MIRROR`` to a base URL to fetch every file as
+per-client train/test split. Sources with an official download (MNIST, Fashion-MNIST, EMNIST, CIFAR-10,
+CIFAR-100, Adult) fetch missing files when ``load(..., download=True)`` (``fedhet run --download``) and verify the
+published checksums listed in their ``files`` table. Every file with a published checksum (those tables, and the
+CIFAR batches of ``members``) is also checked the first time it is used when it was already on disk, and the
+result is remembered (`fedhet.data.checksums`). Set ``FEDHET_MIRROR`` to a base URL to fetch every file as
 ``<FEDHET_MIRROR>/<file name>`` instead (offline mirrors, tests); see `fedhet.data.files`.
 
 LEAF datasets (``femnist``, ``shakespeare``, ``sent140``, ``leaf_synthetic``) have no single download: generate
@@ -24,13 +26,16 @@ import torch
 from pydantic import Field
 from scipy import sparse
 
+from fedhet.data.checksums import KnownFile, verify_known
 from fedhet.data.dataset import Dataset
 from fedhet.data.files import (
+    REDOWNLOAD,
     RemoteFile,
     extract_tar,
     extract_zip,
     fetch,
     find,
+    not_a_file,
     present,
     read_idx,
     read_json,
@@ -74,11 +79,15 @@ def _gray_images(
     for image_path, x, label_path, y in parts:
         if x.ndim != 3 or x.shape[1:] != (28, 28):
             raise DataError(f"'{image_path}' holds an array of shape {x.shape}, expected (N, 28, 28) images")
+        if x.dtype != np.uint8:
+            raise DataError(f"'{image_path}' holds {x.dtype.name} pixels, expected unsigned bytes (IDX type 0x08)")
         if y.ndim != 1 or len(y) != len(x):
             raise DataError(
                 f"'{label_path}' holds labels of shape {y.shape} for {len(x)} images in '{image_path.name}'; "
                 "the files do not belong together"
             )
+        if y.dtype.kind not in "iu":
+            raise DataError(f"'{label_path}' holds {y.dtype.name} labels, expected integers")
         images.append(x)
         labels.append(_check_labels(y.astype(np.int64) - label_shift, classes, label_path))
     pixels = torch.from_numpy(np.concatenate(images).astype(np.float32)).div_(255.0).sub_(mean).div_(std)
@@ -104,6 +113,8 @@ class _MNISTLike(DatasetSource):
                     fetch(remote, folder)
         hint = f"download the four IDX files of {self.title} from {self.page} into that folder or rerun with --download"
         paths = [find(folder, f, hint) for f in MNIST_FILES]
+        for path in paths:
+            verify_known(path, self.files)  # the published digests are those of the .gz files
         arrays = [read_idx(p) for p in paths]
         parts = [(paths[0], arrays[0], paths[1], arrays[1]), (paths[2], arrays[2], paths[3], arrays[3])]
         return _gray_images(self.name, parts, 10, self.mean, self.std, self.flatten)
@@ -231,6 +242,7 @@ class _Cifar(DatasetSource):
     label_key: ClassVar[bytes]
     classes: ClassVar[int]
     files: ClassVar[tuple[RemoteFile, ...]]
+    members: ClassVar[tuple[KnownFile, ...]]  # the archive's pickles with their published md5s
     mean: ClassVar[tuple[float, float, float]]
     std: ClassVar[tuple[float, float, float]]
 
@@ -250,11 +262,17 @@ class _Cifar(DatasetSource):
         xs, ys = [], []
         for n in self.pickles:
             path = find(folder, n, hint, gz=False)
+            verify_known(path, self.members)
             batch = read_pickle(path)
             if b"data" not in batch or self.label_key not in batch:
                 raise DataError(f"'{path}' is not a {kind} (no b'data' and {self.label_key!r} keys)")
-            data = np.asarray(batch[b"data"])
-            labels = np.asarray(batch[self.label_key])
+            try:
+                data = np.asarray(batch[b"data"])
+                labels = np.asarray(batch[self.label_key])
+            except (ValueError, TypeError, OverflowError, RecursionError):
+                raise DataError(f"'{path}' holds data or labels that are not arrays of numbers; {REDOWNLOAD}") from None
+            if labels.dtype.kind not in "iu":
+                raise DataError(f"'{path}' holds labels of type {labels.dtype.name}, expected integers")
             if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
                 raise DataError(f"'{path}' holds data of shape {data.shape} ({data.dtype}), expected (N, 3072) uint8")
             if labels.shape != (len(data),):
@@ -285,6 +303,15 @@ class CIFAR10(_Cifar):
             md5="c58f30108f718f92721af3b95e74349a",
         ),
     )
+    # md5s of the unpacked batches, as torchvision lists them (pytorch/vision, torchvision/datasets/cifar.py)
+    members: ClassVar[tuple[KnownFile, ...]] = (
+        KnownFile("data_batch_1", md5="c99cafc152244af753f735de768cd75f"),
+        KnownFile("data_batch_2", md5="d4bba439e000b95fd0a9bffe97cbabec"),
+        KnownFile("data_batch_3", md5="54ebc095f3ab1f0389bbae665268c751"),
+        KnownFile("data_batch_4", md5="634d18415352ddfa80567beed471001a"),
+        KnownFile("data_batch_5", md5="482c414d41f54cd18b22e5b47cb7c3cb"),
+        KnownFile("test_batch", md5="40351d587109b95175f43aff81a1287e"),
+    )
     mean: ClassVar[tuple[float, float, float]] = (0.4914, 0.4822, 0.4465)
     std: ClassVar[tuple[float, float, float]] = (0.2470, 0.2435, 0.2616)
 
@@ -307,6 +334,11 @@ class CIFAR100(_Cifar):
             "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
             md5="eb9058c3a382ffc7106e4002c42a8d85",
         ),
+    )
+    # md5s of the unpacked pickles, as torchvision lists them (pytorch/vision, torchvision/datasets/cifar.py)
+    members: ClassVar[tuple[KnownFile, ...]] = (
+        KnownFile("train", md5="16019d7e3df5f24257cddd939b257f8d"),
+        KnownFile("test", md5="f0ef6b0ae62326f3e7ffdfab6717acfc"),
     )
     mean: ClassVar[tuple[float, float, float]] = (0.5071, 0.4865, 0.4409)
     std: ClassVar[tuple[float, float, float]] = (0.2673, 0.2564, 0.2762)
@@ -342,7 +374,8 @@ class _Leaf(DatasetSource):
         """One user's samples from the file `path` → (inputs, int64 labels); DataError when malformed."""
 
     def _json_files(self, folder: Path) -> list[Path]:
-        files = sorted(folder.rglob("*.json")) if folder.is_dir() else []
+        found = folder.rglob("*.json") if folder.is_dir() else []
+        files = sorted(p for p in found if not p.name.startswith(".") and p.is_file())  # not fedhet's own records
         if not files:
             raise DataError(
                 f"missing dataset files: no LEAF JSON file under '{folder}'; --download cannot fetch LEAF data: "
@@ -372,7 +405,11 @@ class _Leaf(DatasetSource):
                 if not isinstance(samples.get("y"), list) or len(samples["y"]) != len(samples["x"]):
                     raise DataError(f"'{path}': user '{user}' needs a 'y' list as long as its 'x' list")
                 if samples["y"]:
-                    per_user.setdefault(str(user), []).append(self._convert(samples["x"], samples["y"], path))
+                    try:
+                        converted = self._convert(samples["x"], samples["y"], path)
+                    except RecursionError:
+                        raise DataError(f"'{path}': user '{user}' has samples nested too deeply") from None
+                    per_user.setdefault(str(user), []).append(converted)
         if not per_user:
             raise DataError(f"the LEAF files under '{folder}' hold no samples")
         users = sorted(per_user)
@@ -392,21 +429,24 @@ class _Leaf(DatasetSource):
 def _int_labels(ys: list[Any], path: Path) -> np.ndarray:
     try:
         labels = np.asarray(ys, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise DataError(f"'{path}' holds non-numeric labels") from None
-    if labels.ndim != 1 or not np.all(labels == np.round(labels)):
+    if labels.ndim != 1 or not np.all(labels == np.round(labels)) or not np.all(np.abs(labels) < 2**53):
         raise DataError(f"'{path}' holds labels that are not integers")
     return labels.astype(np.int64)
 
 
 def _float_rows(xs: list[Any], width: int | None, path: Path) -> np.ndarray:
     try:
-        rows = np.asarray(xs, dtype=np.float32)
-    except (TypeError, ValueError):
+        with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, refused below
+            rows = np.asarray(xs, dtype=np.float32)
+    except (TypeError, ValueError, OverflowError):
         raise DataError(f"'{path}' holds inputs that are not equal-length lists of numbers") from None
     if rows.ndim != 2 or (width is not None and rows.shape[1] != width):
         expected = f"(N, {width})" if width is not None else "(N, D)"
         raise DataError(f"'{path}' holds inputs of shape {rows.shape}, expected {expected}")
+    if not np.all(np.isfinite(rows)):
+        raise DataError(f"'{path}' holds inputs that are NaN or infinite (or too large for float32)")
     return rows
 
 
@@ -526,6 +566,8 @@ class Sent140(_Leaf):
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
         glove = Path(self.glove_file) if self.glove_file else data_dir / self.name / "glove.txt"
+        if glove.exists() and not glove.is_file():
+            raise not_a_file(glove)
         if not glove.is_file():
             raise DataError(
                 f"missing GloVe file '{glove}': download glove.twitter.27B.zip from Stanford's GloVe page "
@@ -537,6 +579,9 @@ class Sent140(_Leaf):
         return Dataset(
             self.name, torch.from_numpy(mean_embeddings(tokens, vectors, dim)), torch.from_numpy(y), 2, owner
         )
+
+
+MAX_INFERRED_CLASSES = 100_000  # a larger label is far more likely a corrupt file than a real class count
 
 
 @DATASETS.register
@@ -561,6 +606,11 @@ class LeafSyntheticFiles(_Leaf):
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
         x, y, owner = self._records(data_dir)
         classes = self.num_classes or max(int(y.max()) + 1, 2)
+        if self.num_classes is None and classes > MAX_INFERRED_CLASSES:
+            raise DataError(
+                f"the LEAF files under '{data_dir / self.name}' hold label {classes - 1}; set dataset.num_classes "
+                f"if the task really has more than {MAX_INFERRED_CLASSES} classes"
+            )
         return Dataset(self.name, torch.from_numpy(x), torch.from_numpy(y), classes, owner)
 
 
@@ -586,6 +636,7 @@ ADULT_COLUMNS = (
 ADULT_NUMERIC = (0, 2, 4, 10, 11, 12)
 ADULT_EDUCATION = ADULT_COLUMNS.index("education")
 ADULT_URL = "https://archive.ics.uci.edu/ml/machine-learning-databases/adult"
+ADULT_MAX_CATEGORIES = 1000  # the real files have at most 42 values per categorical column (native-country)
 
 
 @DATASETS.register
@@ -595,14 +646,27 @@ class Adult(DatasetSource):
     Rows with a ``?`` are dropped. The features are the six numeric columns standardised over both files, then
     the eight categorical columns one-hot encoded (categories sorted), in `ADULT_COLUMNS` order; y = income > 50K.
     ``users`` is the domain of AFL and q-FFL: 1 for a doctorate (education = Doctorate), 0 otherwise. UCI
-    publishes no checksums, so downloads are not verified.
+    publishes no checksums; the digests below (3,974,305 and 2,003,153 bytes) are those other projects' dataset
+    registries pin for these two files.
     """
 
     name: ClassVar[str] = "adult"
     description: ClassVar[str] = "UCI Adult census income with PhD vs non-PhD domains (CSV files, 2 classes)"
+    # md5: catboost/catboost, python-package/catboost/datasets.py (adult); sha256: GruAna/PreprocessData.jl,
+    # src/datasets/tabular/adult.jl, and several other public registries that agree on both values.
     files: ClassVar[tuple[RemoteFile, ...]] = (
-        RemoteFile("adult.data", f"{ADULT_URL}/adult.data"),
-        RemoteFile("adult.test", f"{ADULT_URL}/adult.test"),
+        RemoteFile(
+            "adult.data",
+            f"{ADULT_URL}/adult.data",
+            md5="5d7c39d7b8804f071cdd1f2a7c460872",
+            sha256="5b00264637dbfec36bdeaab5676b0b309ff9eb788d63554ca0a249491c86603d",
+        ),
+        RemoteFile(
+            "adult.test",
+            f"{ADULT_URL}/adult.test",
+            md5="35238206dfdf7f1fe215bbb874adecdc",
+            sha256="a2a9044bc167a35b2361efbabec64e89d69ce82d9790d2980119aac5fd7e9c05",
+        ),
     )
 
     def _rows(self, path: Path) -> list[list[str]]:
@@ -629,7 +693,9 @@ class Adult(DatasetSource):
         for remote in self.files:
             if download and not present(folder, remote.filename):
                 fetch(remote, folder)
-            rows.extend(self._rows(find(folder, remote.filename, hint)))
+            path = find(folder, remote.filename, hint)
+            verify_known(path, self.files)
+            rows.extend(self._rows(path))
         if not rows:
             raise DataError(f"'{folder}/adult.data' and 'adult.test' hold no complete rows")
         table = np.asarray(rows, dtype=object)
@@ -641,10 +707,17 @@ class Adult(DatasetSource):
                 raise DataError(
                     f"column '{ADULT_COLUMNS[c]}' in '{folder}' holds a value that is not a number"
                 ) from None
+            if not np.all(np.isfinite(values)):
+                raise DataError(f"column '{ADULT_COLUMNS[c]}' in '{folder}' holds a value that is NaN or infinite")
             columns.append(((values - values.mean()) / (values.std() or 1.0))[:, None])
         for c in range(len(ADULT_COLUMNS) - 1):
             if c not in ADULT_NUMERIC:
                 categories = np.asarray(sorted(set(table[:, c])), dtype=object)
+                if len(categories) > ADULT_MAX_CATEGORIES:
+                    raise DataError(
+                        f"column '{ADULT_COLUMNS[c]}' in '{folder}' holds {len(categories)} different values, "
+                        f"more than {ADULT_MAX_CATEGORIES}: these are not the UCI Adult files"
+                    )
                 columns.append((table[:, c][:, None] == categories[None, :]).astype(np.float64))
         x = torch.from_numpy(np.concatenate(columns, axis=1).astype(np.float32))
         y = torch.tensor([label.rstrip(".") == ">50K" for label in table[:, -1]], dtype=torch.long)

@@ -15,7 +15,8 @@ Both layouts of the Gutenberg file are understood:
 A speech ends at a blank line. Stage directions are dropped (``[...]`` spans, and lines that open with Enter,
 Exit, Exeunt, Re-enter or Manet); ``ACT``/``SCENE`` headings are not roles. Plays end at a line ``THE END``
 (with ``by_play``, roles are per play, as in LEAF; a file without such lines is one play). Only the text between
-Gutenberg's ``*** START`` and ``*** END`` markers is read when they are present.
+Gutenberg's ``*** START`` and ``*** END`` markers is read when they are present. The file must be UTF-8 (plain
+ASCII is UTF-8; a byte-order mark is dropped): a latin-1 copy gets a DataError saying how to convert it.
 
 Choices of ours: a role's lines are joined with single spaces; windows start every ``stride`` characters
 (LEAF: 1); a role with more than ``max_samples_per_role`` windows keeps that many, evenly spaced (bounds memory:
@@ -34,7 +35,7 @@ import torch
 from pydantic import Field
 
 from fedhet.data.dataset import Dataset
-from fedhet.data.files import read_text
+from fedhet.data.files import not_a_file, read_text
 from fedhet.data.real import ALL_LETTERS, encode_chars
 from fedhet.data.sources import DATASETS, DatasetSource
 from fedhet.errors import DataError
@@ -45,10 +46,20 @@ CANDIDATES = ("pg100.txt", "100.txt", "100-0.txt", "shakespeare.txt", "complete_
 _WORD = r"(?:[A-Z][A-Za-z'\-]*|of|de|du|le|la|and)"
 _INLINE = re.compile(rf"^  ({_WORD}(?: {_WORD}){{0,3}})\. +(\S.*)$")  # old layout: "  ROMEO. text"
 _ALONE = re.compile(r"^([A-Z][A-Z'\-]*(?: [A-Z'\-]+){0,3})\.$")  # current layout: "ROMEO."
-_BRACKETS = re.compile(r"\[[^\]]*\]")
 _STAGE = ("Enter", "Exit", "Exeunt", "Re-enter", "Manet", "ENTER", "EXIT", "EXEUNT")
 _NOT_ROLES = ("ACT", "SCENE", "Act", "Scene", "THE", "The")
 _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2014": "-"})
+
+
+def _drop_brackets(line: str) -> str:
+    """`line` with every ``[...]`` span replaced by a space: ``re.sub(r"\\[[^\\]]*\\]", " ", line)`` in linear
+    time (that regular expression takes quadratic time on a line of many unclosed ``[``)."""
+    parts, i = [], 0
+    while (start := line.find("[", i)) >= 0 and (end := line.find("]", start)) >= 0:
+        parts += [line[i:start], " "]
+        i = end + 1
+    parts.append(line[i:])
+    return "".join(parts)
 
 
 def _is_stage(line: str) -> bool:
@@ -89,7 +100,7 @@ def parse_roles(text: str, by_play: bool = True) -> dict[tuple[int, str], str]:
             stripped = first.strip()
         if speaker is None or not stripped:
             continue
-        spoken = _BRACKETS.sub(" ", stripped).strip()
+        spoken = _drop_brackets(stripped).strip()
         if spoken and not _is_stage(spoken):
             lines.setdefault(speaker, []).append(spoken)
     return {role: re.sub(r"\s+", " ", " ".join(parts)).strip() for role, parts in lines.items()}
@@ -125,6 +136,8 @@ class ShakespeareText(DatasetSource):
     def _path(self, data_dir: Path) -> Path:
         if self.file is not None:
             path = Path(self.file)
+            if path.exists() and not path.is_file():
+                raise not_a_file(path)
             if not path.is_file():
                 raise DataError(f"shakespeare_text: file '{path}' does not exist")
             return path

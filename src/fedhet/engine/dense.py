@@ -1,9 +1,10 @@
 """Local SGD for dense networks with hand-derived gradients: the `dense` backend.
 
 Most of the papers' models are stacks of `nn.Linear` layers with element-wise activations under cross-entropy
-(logistic regression, the MLPs). For those, this module runs `LocalPlan`'s update
+(logistic regression, the MLPs). For those, this module runs `LocalPlan`'s update (`fedhet.engine.step`: the
+data gradient, plus the objective's parameter terms, through the client optimiser)
 
-    w ← w − η_k (∇F_k(w; ξ) + μ (w − w_global) + c_k + λ w)
+    d ← ∇F_k(w; ξ) + Σ_j ∇T_j(w),   w ← optimiser(w, d)   (SGD: w ← w − η_k d)
 
 for a chunk of clients at once with batched matrix products (`torch.baddbmm`), without autograd or vmap:
 
@@ -12,19 +13,22 @@ for a chunk of clients at once with batched matrix products (`torch.baddbmm`), w
     backward  D_L = (softmax(Z_L) − onehot(y)) · wt / Σ wt,   D_{l−1} = (D_l W_l) ⊙ σ'_{l−1}(Z_{l−1})
     gradient  ∇W_l = D_lᵀ A_{l−1},  ∇b_l = Σ_rows D_l
 
-Each client's weights are updated in place inside the (m, P) result (``W.baddbmm_(−η D_lᵀ, A_{l−1})``), so
-a step allocates only batch-sized temporaries. A chunk of clients runs all its local steps before the next
+Each client's weights are updated in place inside the (m, P) result (``W.baddbmm_(−η D_lᵀ, A_{l−1})`` for plain
+SGD, the terms' gradients added before), so a step allocates only batch-sized temporaries; other optimisers get
+the gradient ∇W_l in a buffer and update the layer (and their state) from it. A chunk of clients runs all its
+local steps before the next
 chunk starts, so that the chunk's weights stay in cache. Clients are processed in order of decreasing step
 count, so the clients still training at step t are a prefix of the chunk (a view, not a copy).
 
 The mini-batches (`batches.local_batches`) and dropout masks (seeded per round and step, the same for every
 client) are those of the sequential and vectorised backends, so all three give the same numbers up to float
-rounding (tested). `dense_layers` says whether a model qualifies; other models use the generic backends.
+rounding (tested). `dense_layers` says whether a model qualifies; other models use the generic backends, and so
+do objectives that need autograd (data terms, local rules).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -35,7 +39,9 @@ from torch import Tensor, nn
 from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import local_batches
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.objective import Aligned, ParameterTerm
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.step import Cohort, aligned, leaf_direction, term_gradient
 from fedhet.engine.threads import torch_threads
 from fedhet.seeding import derive_seed
 
@@ -119,20 +125,23 @@ def train_dense(
     data: ClientData,
     w0: Tensor,
     plan: LocalPlan,
+    cohort: Cohort,
     seed: int,
     round_: int,
     chunk_size: int = 0,
     workers: int = 0,
-) -> tuple[Tensor, Tensor]:
-    """Run `plan` with hand-derived gradients (see the module docstring). Returns (params (m, P), loss (m,)).
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Run `plan` with hand-derived gradients (see the module docstring). Returns (params (m, P), loss (m,), the
+    cohort's optimiser state after the steps).
 
     On the CPU, chunks run on `workers` threads (default: torch's intra-op thread count), each op on one
     core: chunks are independent, and small ops gain more from running side by side than from splitting each
     one. Elsewhere (CUDA) everything runs on the device of `w0` and `data`, chunks one after another."""
     m, dev = len(plan.clients), w0.device
     losses = torch.full((m,), float("nan"), device=dev)
+    opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
     if m == 0 or int(plan.steps.max()) == 0:
-        return w0.unsqueeze(0).repeat(m, 1), losses
+        return w0.unsqueeze(0).repeat(m, 1), losses, opt_state
     order = torch.argsort(plan.steps, descending=True, stable=True)
     in_place = bool((order == torch.arange(m)).all())  # chunks are then slices (views) of the result
     params = torch.empty(m, model.size, device=dev)
@@ -141,22 +150,26 @@ def train_dense(
     workers = 1 if dev.type != "cpu" else workers or torch.get_num_threads()
     chunk = chunk_size if chunk_size > 0 else default_chunk(model, m, workers)
     block = max(chunk * workers, BLOCK)  # every worker gets chunks of each block
+    fold_lr = cohort.optimizer.plain
     for start in range(0, m, block):
         ids = order[start : start + block]
-        batches = _Batches(data, plan, ids, layers[-1].shape[0], seed, round_)
+        batches = _Batches(data, plan, ids, layers[-1].shape[0], seed, round_, fold_lr)
         target = params[start : start + block] if in_place else None
 
         def run(lo: int, ids: Tensor = ids, batches: _Batches = batches, target: Tensor | None = target) -> None:
             part = slice(lo, lo + chunk)
             work = target[part] if target is not None else torch.empty(len(ids[part]), model.size, device=dev)
             work.copy_(w0.expand(len(work), -1))  # written just before use: the chunk's weights start in cache
-            _train_chunk(layers, work, w0, x_all, plan, ids[part], batches, part, masks)
+            state = {k: v[ids[part]] for k, v in opt_state.items()}  # copies: the chunk's own optimiser state
+            _train_chunk(layers, work, w0, x_all, plan, cohort.rows(ids[part]), state, ids[part], batches, part, masks)
             if target is None:
                 params[ids[part]] = work
+            for k, v in state.items():
+                opt_state[k][ids[part]] = v
 
         _map(run, range(0, len(ids), chunk), workers)
         losses[ids] = batches.losses()
-    return params, losses
+    return params, losses, opt_state
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}  # kept for the process: starting threads costs more than a small round
@@ -178,8 +191,12 @@ class _Batches:
     """The mini-batches of a block of clients and what the loss gradient needs of them, for all steps:
     row indices, labels, each row's share of its batch's mean loss, and logits kept for the losses."""
 
-    def __init__(self, data: ClientData, plan: LocalPlan, ids: Tensor, classes: int, seed: int, round_: int) -> None:
+    def __init__(
+        self, data: ClientData, plan: LocalPlan, ids: Tensor, classes: int, seed: int, round_: int, fold_lr: bool
+    ) -> None:
         self.steps, lr = plan.steps[ids], plan.lr[ids]
+        if not fold_lr:  # the optimiser takes the plain gradient
+            lr = torch.ones_like(lr)
         index, weight = local_batches(
             data.offsets, plan.clients[ids], self.steps, plan.batch_size, seed, round_, plan.stream
         )
@@ -188,7 +205,7 @@ class _Batches:
         self.index = index.transpose(0, 1).contiguous()  # (T, c, b): a chunk's step is a contiguous view
         self.y = data.y[self.index]
         self.share = (weight / weight.sum(2, keepdim=True).clamp_min(1.0)).transpose(0, 1)  # (T, c, b)
-        self.scale = (self.share * lr.view(1, c, 1)).unsqueeze(3)  # η·wt/Σwt: ∂(η · batch loss)/∂logits
+        self.scale = (self.share * lr.view(1, c, 1).to(index.device)).unsqueeze(3)  # ∂(η · batch loss)/∂logits
         self.minus_target = torch.zeros(t_max, c, b, classes, device=index.device)
         self.minus_target.scatter_(3, self.y.unsqueeze(3), -self.scale)
         self.logits = torch.zeros_like(self.minus_target)
@@ -202,45 +219,64 @@ class _Batches:
 
 
 @dataclass
-class _Weights:
-    """One layer's tensors for a chunk of c clients: views into the chunk's flat parameters and the plan's
-    correction, and the received model's weights (shared by all clients)."""
+class _Leaf:
+    """One tensor of a layer (its weight or its bias) for a chunk of c clients: a view into the chunk's flat
+    parameters, its parameter terms with their aligned views, and the optimiser's state views."""
 
-    weight: Tensor  # (c, out, in)
-    weight_t: Tensor  # (c, in, out), the same memory transposed
-    bias: Tensor | None  # (c, 1, out)
-    corr_weight: Tensor | None  # (c, out, in)
-    corr_bias: Tensor | None  # (c, 1, out)
-    start_weight: Tensor  # (1, out, in)
-    start_bias: Tensor | None  # (1, 1, out)
+    value: Tensor  # (c, out, in) or (c, 1, out)
+    terms: list[tuple[ParameterTerm, Aligned]]
+    state: dict[str, Tensor]  # "param" states, shaped like `value`
+
+    def head(self, n: int) -> _Leaf:
+        """The first n clients' views."""
+        terms = [(t, Aligned(a.start, a.server, {k: v[:n] for k, v in a.client.items()})) for t, a in self.terms]
+        return _Leaf(self.value[:n], terms, {k: v[:n] for k, v in self.state.items()})
+
+
+@dataclass
+class _Weights:
+    """One layer's leaves for a chunk of c clients, and its weight transposed (the same memory)."""
+
+    weight: _Leaf
+    weight_t: Tensor  # (c, in, out)
+    bias: _Leaf | None
 
     def head(self, n: int) -> _Weights:
-        """The first n clients' views."""
+        return _Weights(self.weight.head(n), self.weight_t[:n], self.bias.head(n) if self.bias is not None else None)
 
-        def cut(t: Tensor | None) -> Tensor | None:
-            return t[:n] if t is not None else None
-
-        return _Weights(
-            self.weight[:n],
-            self.weight_t[:n],
-            cut(self.bias),
-            cut(self.corr_weight),
-            cut(self.corr_bias),
-            self.start_weight,
-            self.start_bias,
-        )
+    def leaves(self) -> list[_Leaf]:
+        return [self.weight] if self.bias is None else [self.weight, self.bias]
 
 
-def _chunk_weights(layers: list[DenseLayer], flat: Tensor, corr: Tensor | None, w0: Tensor) -> list[_Weights]:
+def _chunk_weights(
+    layers: list[DenseLayer],
+    flat: Tensor,
+    cohort: Cohort,
+    state: dict[str, Tensor],
+    w0: Tensor,
+    kinds: Mapping[str, str],
+) -> list[_Weights]:
     c = len(flat)
     out = []
     for la in layers:
-        w = flat[:, la.weight].view(c, *la.shape)
-        b = flat[:, la.bias].view(c, 1, -1) if la.bias is not None else None
-        cw = corr[:, la.weight].view(c, *la.shape) if corr is not None else None
-        cb = corr[:, la.bias].view(c, 1, -1) if corr is not None and la.bias is not None else None
-        sb = w0[la.bias].view(1, 1, -1) if la.bias is not None else None
-        out.append(_Weights(w, w.mT, b, cw, cb, w0[la.weight].view(1, *la.shape), sb))
+        leaves: list[_Leaf | None] = []
+        for where, shape in ((la.weight, la.shape), (la.bias, (1, la.shape[0]))):
+            if where is None:
+                leaves.append(None)
+                continue
+            one = lambda v, where=where, shape=shape: v[where].view(1, *shape)  # noqa: E731
+            rows = lambda v, where=where, shape=shape: v[:, where].view(len(v), *shape)  # noqa: E731
+            leaves.append(
+                _Leaf(
+                    rows(flat),
+                    aligned(cohort.parameter_terms, one(w0), one, rows),
+                    {k: rows(v) for k, v in state.items() if kinds[k] == "param"},
+                )
+            )
+        weight, bias = leaves
+        assert weight is not None
+        out.append(_Weights(weight, weight.value.mT, bias))
+    del c
     return out
 
 
@@ -273,19 +309,21 @@ def _train_chunk(
     w0: Tensor,
     x_all: Tensor,
     plan: LocalPlan,
+    cohort: Cohort,
+    state: dict[str, Tensor],
     ids: Tensor,
     batches: _Batches,
     part: slice,
     masks: list[list[Tensor | None]] | None,
 ) -> None:
     """All local steps of one chunk of clients (sorted by decreasing steps, `part` of `batches`); updates
-    `work` in place and keeps the logits in `batches`."""
+    `work` and the optimiser `state` of the chunk in place and keeps the logits in `batches`."""
     c = len(ids)
-    mu, decay = plan.prox_mu, plan.weight_decay
-    whole = _chunk_weights(layers, work, plan.correction[ids] if plan.correction is not None else None, w0)
-    rate = plan.lr[ids].view(c, 1, 1)
-    shrink = 1 - rate * (mu + decay) if mu or decay else None  # w ← (1 − η(μ+λ)) w + ημ w0 − η c − η ∇F
-    decays = bool(mu or decay or plan.correction is not None)
+    optimizer = cohort.optimizer
+    kinds = optimizer.state_kinds()
+    whole = _chunk_weights(layers, work, cohort, state, w0, kinds)
+    counts = {k: v for k, v in state.items() if kinds[k] == "count"}  # (c,): the same for every leaf
+    rate = plan.lr[ids].view(c, 1, 1).to(work.device)
     b = plan.batch_size
     ones = torch.ones(c, 1, b, device=work.device)
     x_buffer = torch.empty(c * b, x_all.shape[1], dtype=x_all.dtype, device=work.device)  # the step's inputs
@@ -311,45 +349,47 @@ def _train_chunk(
         inputs, acts = [a], []  # each layer's input, and its activation before dropout
         for w, la, m in zip(net, layers, mask, strict=True):
             out = logits_t if la.activation is None else None
-            z = (
-                torch.baddbmm(w.bias, a, w.weight_t, out=out)
-                if w.bias is not None
-                else torch.bmm(a, w.weight_t, out=out)
-            )
+            bias = w.bias.value if w.bias is not None else None
+            z = torch.baddbmm(bias, a, w.weight_t, out=out) if bias is not None else torch.bmm(a, w.weight_t, out=out)
             if la.activation is None:
                 break
             a = _FORWARD[la.activation](z)
             acts.append(a)
             inputs.append(a * m if m is not None else a)
             a = inputs[-1]
-        grad = torch.addcmul(target_t, _softmax(z), scale_t)  # η (softmax − onehot) wt/Σwt
+        grad = torch.addcmul(target_t, _softmax(z), scale_t)  # (softmax − onehot) wt/Σwt, times η for plain SGD
+        step_counts = {k: v[:n].view(n, 1, 1) for k, v in counts.items()}
+        new_counts: dict[str, Tensor] = {}
         for i in range(len(layers) - 1, -1, -1):
             w = net[i]
-            back = torch.bmm(grad, w.weight) if i > 0 else None  # with W_i before its update
-            if decays:
-                sh = shrink[:n] if shrink is not None else None
-                _decay(w.weight, w.corr_weight, w.start_weight, rate[:n], sh, mu)
+            back = torch.bmm(grad, w.weight.value) if i > 0 else None  # with W_i before its update
+            if optimizer.plain:  # w ← w − η Σ_j ∇T_j(w) − η ∇F(w), the data part fused into the products
+                for leaf in w.leaves():
+                    extra = term_gradient(leaf.value, leaf.terms)  # at w before its update
+                    if extra is not None:
+                        leaf.value.addcmul_(rate[:n], extra, value=-1.0)
+                w.weight.value.baddbmm_(grad.mT, inputs[i], alpha=-1.0)
                 if w.bias is not None:
-                    _decay(w.bias, w.corr_bias, w.start_bias, rate[:n], sh, mu)
-            w.weight.baddbmm_(grad.mT, inputs[i], alpha=-1.0)
-            if w.bias is not None:
-                w.bias.baddbmm_(ones[:n], grad, alpha=-1.0)
+                    w.bias.value.baddbmm_(ones[:n], grad, alpha=-1.0)
+            else:
+                data_grads = [torch.bmm(grad.mT, inputs[i])]
+                if w.bias is not None:
+                    data_grads.append(torch.bmm(ones[:n], grad))
+                for leaf, g in zip(w.leaves(), data_grads, strict=True):
+                    d = leaf_direction(g, leaf.value, leaf.terms)
+                    new, after = optimizer.step(leaf.value, d, {**leaf.state, **step_counts}, rate[:n])
+                    leaf.value.copy_(new)
+                    for k, v in leaf.state.items():
+                        v.copy_(after[k])
+                    new_counts = {k: after[k] for k in counts}
             if back is None:
                 break
             below, dropped = layers[i - 1], mask[i - 1]
             if dropped is not None:
                 back.mul_(dropped)
             grad = _BACKWARD[below.activation or ""](back, acts[i - 1])
-
-
-def _decay(w: Tensor, corr: Tensor | None, w0: Tensor | None, rate: Tensor, shrink: Tensor | None, mu: float) -> None:
-    """The non-gradient part of the step, in place: w ← (1 − η(μ+λ)) w + ημ w0 − η c."""
-    if shrink is not None:
-        w.mul_(shrink)
-    if mu and w0 is not None:
-        w.addcmul_(rate * mu, w0)
-    if corr is not None:
-        w.addcmul_(rate, corr, value=-1.0)
+        for k, v in new_counts.items():
+            counts[k][:n] = v.view(n)
 
 
 def _dropout_masks(

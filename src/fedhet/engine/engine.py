@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -16,7 +16,9 @@ from fedhet.engine.local import Backend, gradient_statistics, train_cohort
 from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
 from fedhet.engine.state import ClientStore
-from fedhet.errors import ConfigError
+from fedhet.engine.step import Cohort, fresh_cohort
+from fedhet.engine.vmap_probe import probe_vmap
+from fedhet.errors import ConfigError, FedhetWarning
 
 BackendChoice = Literal["auto", "sequential", "vectorised", "dense"]
 
@@ -42,33 +44,50 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_backend(
-    choice: BackendChoice, model: FlatModel, cohort: int = VECTORISE_MIN_COHORT, device: torch.device | None = None
+    choice: BackendChoice,
+    model: FlatModel,
+    cohort: int = VECTORISE_MIN_COHORT,
+    device: torch.device | None = None,
+    autograd_only: bool = False,
 ) -> Backend:
     """`auto` picks `dense` for networks of Linear layers and ReLU/Tanh/Sigmoid (fastest on every workload
-    of `fedhet bench`); for other models, vectorised for models of at most 100k parameters and cohorts of at
-    least 10 clients when torch has two threads or more, else sequential (on a GPU: always vectorised). All
-    give the same numbers."""
-    if choice == "dense" and dense_layers(model) is None:
-        raise ConfigError(
-            "backend 'dense' needs a model of Linear layers with ReLU/Tanh/Sigmoid activations (and optional "
-            "dropout); use backend 'auto', 'vectorised' or 'sequential' for this model"
-        )
+    of `fedhet bench`) unless the objective needs autograd (a data term or a local rule); for other models,
+    vectorised for models of at most 100k parameters and cohorts of at least 10 clients when torch has two
+    threads or more, and for every objective with a local rule, else sequential (on a GPU: always vectorised);
+    sequential where vmap cannot run the model. All give the same numbers."""
+    if choice == "dense":
+        if dense_layers(model) is None:
+            raise ConfigError(
+                "backend 'dense' needs a model of Linear layers with ReLU/Tanh/Sigmoid activations (and optional "
+                "dropout); use backend 'auto', 'vectorised' or 'sequential' for this model"
+            )
+        if autograd_only:
+            raise ConfigError(
+                "backend 'dense' cannot run this local objective (a data-space term or a local rule needs "
+                "autograd); use backend 'auto', 'vectorised' or 'sequential'"
+            )
+    probe = model.vmap_probe
+    if choice == "vectorised" and probe is not None and probe.failure is not None:
+        raise ConfigError(f"backend 'vectorised' cannot run this model ({probe.failure}); use 'sequential'")
     if choice != "auto":
         return choice
-    if dense_layers(model) is not None:
+    if dense_layers(model) is not None and not autograd_only:
         return "dense"
+    if probe is not None and (probe.failure or probe.slow):
+        return "sequential"
     if device is not None and device.type != "cpu":
         return "vectorised"
     small = model.size <= VECTORISE_MAX_PARAMS and cohort >= VECTORISE_MIN_COHORT
-    return "vectorised" if small and torch.get_num_threads() >= 2 else "sequential"
+    return "vectorised" if autograd_only or (small and torch.get_num_threads() >= 2) else "sequential"
 
 
 class Engine:
     """Local training and evaluation for every algorithm (strategies never write a training loop).
 
-    Everything a strategy or metric asks of the clients goes through these methods (`train`, `scores`,
-    `losses_at`, `own_scores`, `gradient_statistics`, `sampled_losses`), so that an engine-shaped proxy can
-    send the same calls to the machines that hold the data (`fedhet.flower.remote.RemoteEngine`).
+    The native implementation of `EngineProtocol` (`fedhet.engine.protocol`): everything a strategy or metric
+    asks of the clients goes through these methods, so that `fedhet.flower.remote.RemoteEngine` can send the
+    same calls to the machines that hold the data. The clients' own state (terms' rows, persistent optimiser
+    state) lives in ``client_state``.
     """
 
     def __init__(
@@ -88,41 +107,100 @@ class Engine:
         if self.device.type != "cpu" and backend == "sequential":
             raise ConfigError("backend 'sequential' runs on the CPU only: use 'auto', 'dense' or 'vectorised' on a GPU")
         self._placed: dict[str, ClientData] = {}  # the data on `device`, moved once
+        # dense networks always vectorise; probing costs vmap's first use (seconds), so only the others are probed
+        may_vmap = backend == "vectorised" or (backend == "auto" and dense_layers(model) is None)
+        if model.vmap_probe is None and may_vmap:
+            model.vmap_probe = probe_vmap(model, data.train)
+        if model.vmap_probe is not None and may_vmap:
+            reason = model.vmap_probe.failure or model.vmap_probe.slow
+            if reason is not None and backend == "auto":
+                warnings.warn(
+                    f"torch.func.vmap cannot batch this model ({reason}); backend 'auto' trains clients one after "
+                    "another (sequential)",
+                    FedhetWarning,
+                    stacklevel=2,
+                )
+            elif model.vmap_probe.slow is not None:
+                warnings.warn(
+                    f"backend 'vectorised' runs this model through vmap's per-sample fallback ({reason}): the same "
+                    "numbers, but slower than backend 'sequential'",
+                    FedhetWarning,
+                    stacklevel=2,
+                )
         resolve_backend(backend, model)  # a backend the model cannot use fails here, with a clear message
         keep_freed_memory()  # per-round (cohort × parameters) tensors reuse memory instead of page-faulting
         self.backend: BackendChoice = backend
         self.seed = seed
         self.chunk_size = chunk_size
         self.local = local or LocalSettings(steps=10, lr=0.05, batch_size=10)  # the run's default local training
-        self.cache: dict[str, object] = {}  # per-run values computed once (e.g. MaxFL's client requirements)
         self.client_state = ClientStore()  # state the clients keep between rounds (see `fedhet.engine.state`)
         self.state_history = 1  # rounds a run may be rewound by and still find the clients' state (a checkpoint's age)
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
-        """Local training of the plan's cohort from `global_params` (with its client-state rule, if any)."""
-        rule = plan.client_state
-        if rule is not None:
-            old = self.client_state.read(rule.key, plan.clients, round_, torch.zeros(self.model.size))
-            plan = replace(plan, correction=rule.correction(old), client_state=None)
-        result = train_cohort(
+        """Local training of the plan's cohort from `global_params`, with the clients' stored state."""
+        cohort = self.cohort(plan, global_params, round_)
+        backend = self.backend_for(len(plan.clients), cohort.autograd_only)
+        params, losses, opt_state = train_cohort(
             self.model,
             self.data.train,
             global_params,
             plan,
-            backend=resolve_backend(self.backend, self.model, len(plan.clients), self.device),
+            cohort,
+            backend=backend,
             seed=self.seed,
             round_=round_,
             chunk_size=self.chunk_size,
             placed=self.placed("train"),
         )
-        if rule is not None:
-            trained = result.steps > 0
-            new = rule.update(old, global_params, result.params, result.steps, result.lr)
-            new = torch.where(trained.unsqueeze(1), new, old)
-            self.client_state.write(rule.key, plan.clients[trained], new[trained], round_)
-            self.client_state.prune(round_ + 1 - self.state_history)
-            result.state_delta = new - old
+        result = LocalResult(plan.clients, params, losses, plan.steps, plan.lr)
+        result.state_delta = self.keep_state(plan, cohort, global_params, result, opt_state, round_)
         return result
+
+    def backend_for(self, cohort: int, autograd_only: bool = False) -> Backend:
+        """The backend that trains a cohort of this size (see `resolve_backend`)."""
+        return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only)
+
+    def cohort(self, plan: LocalPlan, global_params: Tensor, round_: int) -> Cohort:
+        """The plan's objective with the cohort's stored state (a term's initial state for clients never seen;
+        the optimiser's stored state when it is persistent, else fresh)."""
+        cohort = fresh_cohort(plan, global_params)
+        read = self.client_state.read
+        for inputs in cohort.terms:
+            key = inputs.term.state_key
+            inputs.client = {name: read(key(name), plan.clients, round_, rows) for name, rows in inputs.client.items()}
+        if plan.optimizer.persistent:
+            opt_key = plan.optimizer.state_key
+            cohort.opt_state = {k: read(opt_key(k), plan.clients, round_, v) for k, v in cohort.opt_state.items()}
+        return cohort
+
+    def keep_state(
+        self,
+        plan: LocalPlan,
+        cohort: Cohort,
+        global_params: Tensor,
+        result: LocalResult,
+        opt_state: dict[str, Tensor],
+        round_: int,
+    ) -> dict[str, Tensor]:
+        """Store the clients' new state rows (clients that took no step keep theirs); return the change of the
+        rows the terms report to the server."""
+        trained = result.steps > 0
+        clients = plan.clients[trained]
+        deltas: dict[str, Tensor] = {}
+        for inputs in cohort.terms:
+            term = inputs.term
+            for name in term.client_state:
+                old = inputs.client[name]
+                new = term.update_state(name, old, global_params, result.params, result.steps, result.lr)
+                new = torch.where(_rows(trained, new), new, old)
+                self.client_state.write(term.state_key(name), clients, new[trained], round_)
+                if term.reports_state:
+                    deltas[term.state_key(name)] = new - old
+        if plan.optimizer.persistent:
+            for name, rows in opt_state.items():
+                self.client_state.write(plan.optimizer.state_key(name), clients, rows[trained], round_)
+        self.client_state.prune(round_ + 1 - self.state_history)
+        return deltas
 
     def placed(self, split: Literal["train", "test"]) -> ClientData | None:
         """The `split` data on the engine's device (moved on first use; offsets stay on the CPU), or None on
@@ -158,10 +236,7 @@ class Engine:
 
     def label_counts(self) -> Tensor:
         """(K, C) number of training samples of each class per client."""
-        data = self.data
-        counts = torch.zeros(data.num_clients, data.num_classes)
-        counts.index_put_((data.train.owner, data.train.y), torch.ones(len(data.train.y)), accumulate=True)
-        return counts
+        return label_counts(self.data)
 
     def reachable(self) -> Tensor:
         """(K,) bool: the clients the engine can still reach (all of them here; a remote engine loses the clients
@@ -177,3 +252,15 @@ class Engine:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.client_state.load_state_dict(state.get("client_state", {}))
+
+
+def label_counts(data: FederatedData) -> Tensor:
+    """(K, C) number of training samples of each class per client."""
+    counts = torch.zeros(data.num_clients, data.num_classes)
+    counts.index_put_((data.train.owner, data.train.y), torch.ones(len(data.train.y)), accumulate=True)
+    return counts
+
+
+def _rows(mask: Tensor, like: Tensor) -> Tensor:
+    """A per-client mask shaped to broadcast over rows of `like` (m, ...)."""
+    return mask.view(-1, *([1] * (like.dim() - 1)))

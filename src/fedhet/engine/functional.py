@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
+
+if TYPE_CHECKING:
+    from fedhet.engine.vmap_probe import VmapProbe
 
 
 class FlatModel:
@@ -18,10 +23,12 @@ class FlatModel:
         self.shapes = [p.shape for _, p in named]
         self.numels = [p.numel() for _, p in named]
         self.size = sum(self.numels)
-        self.has_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in module.modules())
+        dropout = nn.modules.dropout._DropoutNd  # Dropout, Dropout1d/2d/3d, AlphaDropout, ...
+        self.has_dropout = any(isinstance(m, dropout) and m.p > 0 for m in module.modules())
         with torch.no_grad():
             self._initial = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).clone()
         self._bound: tuple[Tensor, Tensor] | None = None
+        self.vmap_probe: VmapProbe | None = None  # what torch.func.vmap makes of the model (the engine probes it)
 
     def bound_buffers(self) -> tuple[Tensor, Tensor]:
         """Flat (params, grads) buffers that the module's own parameters and gradients are views of.
@@ -47,6 +54,10 @@ class FlatModel:
         """Views of `flat` shaped like the module's parameters (works under vmap)."""
         chunks = torch.split(flat, self.numels)
         return {n: c.view(s) for n, c, s in zip(self.names, chunks, self.shapes, strict=True)}
+
+    def forward(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        """The model's outputs with the parameters of a dictionary (works under vmap)."""
+        return functional_call(self.module, params, (x,))
 
     def logits(self, flat: Tensor, x: Tensor) -> Tensor:
         return functional_call(self.module, self.unflatten(flat), (x,))

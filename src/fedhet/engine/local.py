@@ -1,29 +1,35 @@
-"""Local training of a cohort: one pure update rule, run client by client or vectorised with `torch.func`.
+"""Local training of a cohort with autograd: client by client (sequential) or vectorised with `torch.func`.
 
-Both backends call the same `_step` on the same mini-batches (drawn by `batches.local_batches`), so they give
-the same numbers up to float rounding. Dropout masks are seeded per (round, step), identical across clients
-and backends (vmap with ``randomness="same"``).
+Both backends run the same step (`fedhet.engine.step`: the gradient of the client's objective, its parameter
+terms, the client optimiser) on the same mini-batches (drawn by `batches.local_batches`), so they give the same
+numbers up to float rounding, and the same as the dense backend (`fedhet.engine.dense`). Dropout masks are seeded
+per (round, step), identical across clients and backends (vmap with ``randomness="same"``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
-from torch.func import functional_call, grad, grad_and_value, vmap
+from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_map
 
 from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import gather_rows, local_batches, stats_samples
 from fedhet.engine.dense import dense_layers, train_dense
 from fedhet.engine.functional import FlatModel
-from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.engine.rules import LocalRule
+from fedhet.engine.objective import Aligned, DataTerm, ModelView, ParameterTerm
+from fedhet.engine.plan import LocalPlan
+from fedhet.engine.step import Cohort, aligned, leaf_direction
 from fedhet.errors import ConfigError
 from fedhet.seeding import derive_seed
 
 Backend = Literal["sequential", "vectorised", "dense"]
+Tree = dict[str, Tensor]
+Trained = tuple[Tensor, Tensor, dict[str, Tensor]]  # params (m, P), mean loss (m,), optimiser state
 
 
 def _seed_dropout(model: FlatModel, seed: int, round_: int, t: int, stream: str) -> None:
@@ -32,19 +38,25 @@ def _seed_dropout(model: FlatModel, seed: int, round_: int, t: int, stream: str)
 
 
 def train_sequential(
-    model: FlatModel, data: ClientData, w0: Tensor, plan: LocalPlan, seed: int, round_: int
-) -> tuple[Tensor, Tensor]:
+    model: FlatModel, data: ClientData, w0: Tensor, plan: LocalPlan, cohort: Cohort, seed: int, round_: int
+) -> Trained:
     """Clients one after another with plain autograd on one module whose parameters are views of a flat
-    buffer (no model copies). Same update as `make_step`. Returns (params (m, P), mean loss (m,))."""
+    buffer (no model copies). The same step as `make_step`; objectives that need more than the module's loss
+    (data terms, rules) run `make_step` client by client."""
+    if cohort.autograd_only:
+        return _train_functional(model, data, w0, plan, cohort, seed, round_)
     index, weight = local_batches(data.offsets, plan.clients, plan.steps, plan.batch_size, seed, round_, plan.stream)
     w, g = model.bound_buffers()
-    params = w0.unsqueeze(0).repeat(len(plan.clients), 1)
-    losses = torch.full((len(plan.clients),), float("nan"))
-    for i in range(len(plan.clients)):
+    m = len(plan.clients)
+    params = w0.unsqueeze(0).repeat(m, 1)
+    losses = torch.full((m,), float("nan"))
+    opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
+    for i in range(m):
         tau = int(plan.steps[i])
         if tau == 0:
             continue
-        corr = plan.correction[i] if plan.correction is not None else None
+        terms = aligned(cohort.parameter_terms, w0, lambda v: v, lambda v, i=i: v[i])  # type: ignore[misc]
+        state = {k: v[i] for k, v in opt_state.items()}
         lr = plan.lr[i]
         total = torch.zeros(())
         with torch.no_grad():
@@ -56,71 +68,90 @@ def train_sequential(
             loss = model.module_batch_loss(data.x[rows], data.y[rows], weight[i, t])
             loss.backward()
             with torch.no_grad():
-                direction = g
-                if plan.prox_mu:
-                    direction = direction + plan.prox_mu * (w - w0)
-                if plan.weight_decay:
-                    direction = direction + plan.weight_decay * w
-                if corr is not None:
-                    direction = direction + corr
-                w.copy_(w - lr * direction)
+                new, state = cohort.optimizer.step(w, leaf_direction(g, w, terms), state, lr)
+                w.copy_(new)
             total = total + loss.detach()
         params[i] = w
         losses[i] = total / tau
-    return params, losses
+        for k, v in state.items():
+            opt_state[k][i] = v
+    return params, losses, opt_state
 
 
-Tree = dict[str, Tensor]
+def make_step(model: FlatModel, cohort: Cohort) -> Callable[..., tuple[Tree, dict[str, Any], Tensor]]:
+    """One client's local step on parameter dictionaries (vmap it for a cohort; dictionaries are cheaper under
+    vmap than one flat vector: no split and cat per step).
 
+    ``step(w, start, x, y, wt, lr, server, client, opt) -> (w, opt, loss)``: `server` and `client` hold each
+    term's tensors as dictionaries (in the order of ``cohort.terms``), `opt` the optimiser's state (dictionaries
+    for "param" states, one number for "count" states); x, y, wt carry a rule's mini-batches on dim 0."""
+    terms = [t.term for t in cohort.terms]
+    optimizer, rule = cohort.optimizer, cohort.rule
+    kinds = optimizer.state_kinds()
 
-def _loss_grad(model: FlatModel) -> Callable[[Tree, Tensor, Tensor, Tensor], tuple[Tree, Tensor]]:
-    """(∇ of the weighted mean mini-batch loss, the loss) at a parameter dictionary."""
+    def forward(params: Tree, x: Tensor) -> Tensor:
+        return functional_call(model.module, params, (x,))
 
-    def batch_loss(w: Tree, x: Tensor, y: Tensor, wt: Tensor) -> Tensor:
-        losses = torch.nn.functional.cross_entropy(functional_call(model.module, w, (x,)), y, reduction="none")
-        return (losses * wt).sum() / wt.sum().clamp_min(1.0)
+    def step(
+        w: Tree,
+        start: Tree,
+        x: Tensor,
+        y: Tensor,
+        wt: Tensor,
+        lr: Tensor,
+        server: list[dict[str, Tree]],
+        client: list[dict[str, Tree]],
+        opt: dict[str, Any],
+    ) -> tuple[Tree, dict[str, Any], Tensor]:
+        def objective(v: Tree, xb: Tensor, yb: Tensor, wb: Tensor) -> tuple[Tensor, Tensor]:
+            logits = forward(v, xb)
+            loss = (F.cross_entropy(logits, yb, reduction="none") * wb).sum() / wb.sum().clamp_min(1.0)
+            total = loss
+            for term, srv, cli in zip(terms, server, client, strict=True):
+                if isinstance(term, DataTerm):
+                    total = total + term.loss(ModelView(forward, v, xb, yb, wb, logits, start, srv, cli))
+            return total, loss
 
-    return grad_and_value(batch_loss)
+        gradient = grad(objective, has_aux=True)
 
+        def direction(v: Tree, g: Tree) -> Tree:
+            out = {}
+            for n in v:
+                leaf_terms = [
+                    (term, Aligned(start[n], {k: s[n] for k, s in srv.items()}, {k: c[n] for k, c in cli.items()}))
+                    for term, srv, cli in zip(terms, server, client, strict=True)
+                    if isinstance(term, ParameterTerm)
+                ]
+                out[n] = leaf_direction(g[n], v[n], leaf_terms)
+            return out
 
-def make_step(model: FlatModel, prox_mu: float, weight_decay: float) -> Callable[..., tuple[Tree, Tensor]]:
-    """The local SGD step of `LocalPlan`'s docstring for one client, on a parameter dictionary (vmap it for
-    many; dictionaries are cheaper under vmap than one flat vector: no split and cat per step)."""
-    loss_grad = _loss_grad(model)
+        if rule is None:
+            g, loss = gradient(w, x, y, wt)
+            d = direction(w, g)
+        else:
 
-    def step(w: Tree, w0: Tree, x: Tensor, y: Tensor, wt: Tensor, lr: Tensor, corr: Tree | None) -> tuple[Tree, Tensor]:
-        g, loss = loss_grad(w, x, y, wt)
-        out = {}
-        for name, value in w.items():
-            direction = g[name]
-            if prox_mu:
-                direction = direction + prox_mu * (value - w0[name])
-            if weight_decay:
-                direction = direction + weight_decay * value
-            if corr is not None:
-                direction = direction + corr[name]
-            out[name] = value - lr * direction
-        return out, loss
+            def grad_fn(v: Tree, i: int) -> tuple[Tree, Tensor]:
+                g, value = gradient(v, x[i], y[i], wt[i])
+                return direction(v, g), value
 
-    return step
-
-
-def make_rule_step(model: FlatModel, rule: LocalRule, weight_decay: float) -> Callable[..., tuple[Tree, Tensor]]:
-    """A `LocalRule`'s step with `make_step`'s signature; x, y, wt carry the rule's mini-batches on dim 0."""
-    loss_grad = _loss_grad(model)
-
-    def step(w: Tree, w0: Tree, x: Tensor, y: Tensor, wt: Tensor, lr: Tensor, corr: Tree | None) -> tuple[Tree, Tensor]:
-        def grad_fn(v: Tree, i: int) -> tuple[Tree, Tensor]:
-            g, loss = loss_grad(v, x[i], y[i], wt[i])
-            return ({n: g[n] + weight_decay * v[n] for n in g} if weight_decay else g), loss
-
-        return rule.step(grad_fn, w, lr)
+            d, loss = rule.direction(grad_fn, w)
+        params = [k for k, kind in kinds.items() if kind == "param"]
+        counts = {k: opt[k] for k, kind in kinds.items() if kind == "count"}
+        new_w: Tree = {}
+        new_opt: dict[str, Any] = {k: {} for k in params}
+        for n in w:
+            state = {**{k: opt[k][n] for k in params}, **counts}
+            new_w[n], after = optimizer.step(w[n], d[n], state, lr)
+            for k in params:
+                new_opt[k][n] = after[k]
+            new_opt.update({k: after[k] for k in counts})  # the same new count from every leaf
+        return new_w, new_opt, loss
 
     return step
 
 
 def _tree(model: FlatModel, flat: Tensor) -> Tree:
-    """Views of stacked flat parameters (m, P) as a dictionary of (m, *shape) tensors."""
+    """Views of flat parameters (..., P) as a dictionary of (..., *shape) tensors."""
     chunks = torch.split(flat, model.numels, dim=-1)
     lead = flat.shape[:-1]
     return {n: c.reshape(*lead, *s) for n, c, s in zip(model.names, chunks, model.shapes, strict=True)}
@@ -130,61 +161,127 @@ def _flat(tree: Tree, m: int) -> Tensor:
     return torch.cat([t.reshape(m, -1) for t in tree.values()], dim=1)
 
 
+def _trees(model: FlatModel, cohort: Cohort) -> tuple[list[dict[str, Tree]], list[dict[str, Tree]], dict[str, Any]]:
+    """The cohort's tensors as parameter dictionaries: each term's server tensors and client rows, and the
+    optimiser state ("count" states stay vectors)."""
+    server = [{k: _tree(model, v) for k, v in t.server.items()} for t in cohort.terms]
+    client = [{k: _tree(model, v) for k, v in t.client.items()} for t in cohort.terms]
+    kinds = cohort.optimizer.state_kinds()
+    opt = {k: _tree(model, v) if kinds[k] == "param" else v for k, v in cohort.opt_state.items()}
+    return server, client, opt
+
+
+def _flat_state(opt: dict[str, Any], m: int) -> dict[str, Tensor]:
+    return {k: _flat(v, m) if isinstance(v, dict) else v for k, v in opt.items()}
+
+
+def _train_functional(
+    model: FlatModel, data: ClientData, w0: Tensor, plan: LocalPlan, cohort: Cohort, seed: int, round_: int
+) -> Trained:
+    """`make_step` client by client, without vmap (for models vmap cannot run, with data terms or rules)."""
+    step = make_step(model, cohort)
+    per_step = cohort.rule.batches_per_step if cohort.rule is not None else 1
+    index, weight = local_batches(
+        data.offsets, plan.clients, plan.steps * per_step, plan.batch_size, seed, round_, plan.stream
+    )
+    m = len(plan.clients)
+    params = w0.unsqueeze(0).repeat(m, 1)
+    losses = torch.full((m,), float("nan"))
+    start = _tree(model, w0)
+    server, client, opt = _trees(model, cohort)
+    opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
+    for i in range(m):
+        tau = int(plan.steps[i])
+        if tau == 0:
+            continue
+        w = _tree(model, w0.clone())
+        mine, state = tree_map(lambda v, i=i: v[i], client), tree_map(lambda v, i=i: v[i], opt)
+        total = torch.zeros(())
+        for t in range(tau):
+            _seed_dropout(model, seed, round_, t, plan.stream)
+            at = t if cohort.rule is None else slice(t * per_step, (t + 1) * per_step)
+            rows = index[i, at]
+            w, state, loss = step(
+                w, start, gather_rows(data.x, rows), data.y[rows], weight[i, at], plan.lr[i], server, mine, state
+            )
+            w, state, total = (
+                tree_map(torch.Tensor.detach, w),
+                tree_map(torch.Tensor.detach, state),
+                total + loss.detach(),
+            )
+        params[i] = _flat(tree_map(lambda v: v.unsqueeze(0), w), 1)[0]
+        losses[i] = total / tau
+        for k, v in _flat_state(tree_map(lambda v: v.unsqueeze(0), state), 1).items():
+            opt_state[k][i] = v[0]
+    return params, losses, opt_state
+
+
 def train_vectorised(
     model: FlatModel,
     data: ClientData,
     w0: Tensor,
     plan: LocalPlan,
+    cohort: Cohort,
     seed: int,
     round_: int,
     chunk_size: int = 0,
-) -> tuple[Tensor, Tensor]:
-    """Many clients at once: `vmap` of the step over stacked parameters, in chunks of `chunk_size` clients.
+) -> Trained:
+    """Many clients at once: `vmap` of `make_step` over stacked parameters, in chunks of `chunk_size` clients.
 
     Runs on the device of `w0` and `data` (the plan's client ids and step counts stay on the CPU)."""
     m, dev = len(plan.clients), w0.device
     chunk = chunk_size if chunk_size > 0 else max(m, 1)
     params = w0.unsqueeze(0).repeat(m, 1)
     losses = torch.full((m,), float("nan"), device=dev)
-    if plan.rule is None:
-        step, per_step = make_step(model, plan.prox_mu, plan.weight_decay), 1
-    else:
-        step, per_step = make_rule_step(model, plan.rule, plan.weight_decay), plan.rule.batches_per_step
+    opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
+    per_step = cohort.rule.batches_per_step if cohort.rule is not None else 1
     randomness = "same" if model.has_dropout else "error"
-    corr_dim = 0 if plan.correction is not None else None
-    vstep = vmap(step, in_dims=(0, None, 0, 0, 0, 0, corr_dim), randomness=randomness)
-    w0_tree = _tree(model, w0)
+    vstep = vmap(make_step(model, cohort), in_dims=(0, None, 0, 0, 0, 0, None, 0, 0), randomness=randomness)
+    start = _tree(model, w0)
     for lo in range(0, m, chunk):
         sel = slice(lo, min(lo + chunk, m))
-        clients, steps, lr = plan.clients[sel], plan.steps[sel], plan.lr[sel]
-        size = len(clients)
-        corr = _tree(model, plan.correction[sel]) if plan.correction is not None else None
+        steps, lr = plan.steps[sel], plan.lr[sel].to(dev)
+        size = len(steps)
+        server, client, opt = _trees(model, cohort.rows(sel))
         index, weight = local_batches(
-            data.offsets, clients, steps * per_step, plan.batch_size, seed, round_, plan.stream
+            data.offsets, plan.clients[sel], steps * per_step, plan.batch_size, seed, round_, plan.stream
         )
         index, weight = index.to(dev), weight.to(dev)
         w, total = _tree(model, params[sel].clone()), torch.zeros(size, device=dev)
         for t in range(index.shape[1] // per_step):
             _seed_dropout(model, seed, round_, t, plan.stream)
-            at = t if plan.rule is None else slice(t * per_step, (t + 1) * per_step)  # a rule's batches on dim 1
+            at = t if cohort.rule is None else slice(t * per_step, (t + 1) * per_step)  # a rule's batches on dim 1
             active = steps > t
             if bool(active.all()):
                 rows = index[:, at]
-                w, loss = vstep(w, w0_tree, gather_rows(data.x, rows), data.y[rows], weight[:, at], lr, corr)
+                w, opt, loss = vstep(
+                    w, start, gather_rows(data.x, rows), data.y[rows], weight[:, at], lr, server, client, opt
+                )
                 total = total + loss
             else:
                 ids = torch.nonzero(active).flatten().to(dev)
                 rows = index[ids, at]
-                c = {k: v[ids] for k, v in corr.items()} if corr is not None else None
-                sub = {k: v[ids] for k, v in w.items()}
-                new, loss = vstep(sub, w0_tree, gather_rows(data.x, rows), data.y[rows], weight[ids, at], lr[ids], c)
-                for k in w:
-                    w[k] = w[k].index_put((ids,), new[k])
+                pick = lambda v, ids=ids: v[ids]  # noqa: E731
+                new_w, new_opt, loss = vstep(
+                    tree_map(pick, w),
+                    start,
+                    gather_rows(data.x, rows),
+                    data.y[rows],
+                    weight[ids, at],
+                    lr[ids],
+                    server,
+                    tree_map(pick, client),
+                    tree_map(pick, opt),
+                )
+                put = lambda full, new, ids=ids: full.index_put((ids,), new)  # noqa: E731
+                w, opt = tree_map(put, w, new_w), tree_map(put, opt, new_opt)
                 total[ids] += loss
         params[sel] = _flat(w, size)
+        for k, v in _flat_state(opt, size).items():
+            opt_state[k][sel] = v
         tau = steps.to(dev)
         losses[sel] = torch.where(tau > 0, total / tau.clamp_min(1), torch.nan)
-    return params, losses
+    return params, losses, opt_state
 
 
 def gradient_statistics(
@@ -229,34 +326,34 @@ def train_cohort(
     data: ClientData,
     w0: Tensor,
     plan: LocalPlan,
+    cohort: Cohort,
     *,
     backend: Backend,
     seed: int,
     round_: int,
     chunk_size: int = 0,
     placed: ClientData | None = None,
-) -> LocalResult:
-    """Run `plan` on `backend` and package the result (on the CPU).
+) -> Trained:
+    """Run `plan` on `backend`; the results come back on the CPU.
 
     With `placed` (`data` on an accelerator) the training runs there: the same mini-batches and update, the
-    local models come back to the CPU; gradient statistics are computed on the CPU copy."""
+    local models come back to the CPU."""
     model.module.train()
-    run_data, run_w0, run_plan = data, w0, plan
+    run_data, run_w0, run_plan, run_cohort = data, w0, plan, cohort
     if placed is not None and placed.x.device != w0.device:
-        if backend == "sequential" and plan.rule is None:
+        if backend == "sequential":
             raise ConfigError("backend 'sequential' runs on the CPU only: use 'auto', 'dense' or 'vectorised'")
-        run_data, run_w0, run_plan = placed, w0.to(placed.x.device), plan.to(placed.x.device)
-    layers = dense_layers(model) if backend == "dense" and plan.rule is None else None
+        device = placed.x.device
+        run_data, run_w0, run_cohort = placed, w0.to(device), cohort.to(device)
+        run_plan = plan
+    layers = dense_layers(model) if backend == "dense" else None
     if layers is not None:
-        params, losses = train_dense(model, layers, run_data, run_w0, run_plan, seed, round_, chunk_size)
-    elif backend == "sequential" and plan.rule is None:
-        params, losses = train_sequential(model, data, w0, plan, seed, round_)
-    else:  # vectorised, and every non-SGD rule (vmap of one client is ~8x slower than a whole cohort)
-        params, losses = train_vectorised(model, run_data, run_w0, run_plan, seed, round_, chunk_size)
-    params, losses = params.detach().to(w0.device), losses.detach().to(w0.device)
-    grad_mean = grad_var = None
-    if plan.grad_stats_samples > 0:
-        model.module.eval()
-        grad_mean, grad_var = gradient_statistics(model, data, w0, plan.clients, plan.grad_stats_samples, seed, round_)
+        out = train_dense(model, layers, run_data, run_w0, run_plan, run_cohort, seed, round_, chunk_size)
+    elif backend == "sequential":
+        out = train_sequential(model, data, w0, plan, cohort, seed, round_)
+    else:
+        out = train_vectorised(model, run_data, run_w0, run_plan, run_cohort, seed, round_, chunk_size)
     model.module.eval()
-    return LocalResult(plan.clients, params, losses, plan.steps, plan.lr, grad_mean, grad_var)
+    params, losses, state = out
+    cpu = w0.device
+    return params.detach().to(cpu), losses.detach().to(cpu), {k: v.detach().to(cpu) for k, v in state.items()}

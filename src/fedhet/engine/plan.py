@@ -2,78 +2,117 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torch import Tensor
 
+from fedhet.engine.objective import LocalTerm, WeightDecay
+from fedhet.engine.optimizers import SGD, ClientOptimizer
 from fedhet.engine.rules import LocalRule
-from fedhet.engine.state import ClientStateRule
 
 
 @dataclass(frozen=True)
 class LocalSettings:
-    """A run's default local training (the config's ``local`` section)."""
+    """A run's default local training (the config's ``local`` section): steps (or epochs), learning rate, batch
+    size, the client optimiser and the terms every client's objective carries (``weight_decay`` is one of them)."""
 
     steps: int
     lr: float
     batch_size: int
     weight_decay: float = 0.0
+    optimizer: ClientOptimizer = field(default_factory=SGD)
+    terms: tuple[LocalTerm, ...] = ()
+    epochs: float | None = None  # instead of steps: client k takes ⌈epochs · n_k / B⌉ steps
+
+    @property
+    def objective(self) -> tuple[LocalTerm, ...]:
+        """The configured terms, with the weight decay as a term when it is set."""
+        decay = (WeightDecay(lam=self.weight_decay),) if self.weight_decay else ()
+        return (*self.terms, *decay)
+
+    def plan(self, clients: Tensor, sizes: Tensor | None = None) -> LocalPlan:
+        """The default plan for `clients` (with ``epochs``, `sizes` (m,) gives each client's training samples)."""
+        plan = LocalPlan.uniform(
+            clients, self.steps, self.lr, self.batch_size, terms=self.objective, optimizer=self.optimizer
+        )
+        if self.epochs is not None:
+            if sizes is None:
+                raise ValueError("local epochs need the clients' sizes")
+            plan.steps = epoch_steps(sizes, self.batch_size, self.epochs)
+        return plan
+
+
+def epoch_steps(sizes: Tensor, batch_size: int, epochs: float) -> Tensor:
+    """⌈epochs · n_k / B⌉ steps for each client (at least 1; 0 for a client without samples): `epochs` passes
+    over its data in mini-batches of B (the last batch of a pass continues into the next pass)."""
+    steps = torch.ceil(epochs * sizes.double() / batch_size).long().clamp_min(1)
+    return torch.where(sizes > 0, steps, torch.zeros_like(steps))
 
 
 @dataclass
 class LocalPlan:
     """Instructions for one round's cohort.
 
-    Local update of client k for steps r = 0..steps_k-1 (learning rate η_k, mini-batch ξ):
-        w ← w − η_k (∇F_k(w; ξ) + μ (w − w_global) + c_k + λ w)
-    with the proximal term μ (FedProx), an additive gradient correction c_k (SCAFFOLD's c − c_k) and an L2
-    penalty λ (`weight_decay`). With ``grad_stats_samples = B > 0`` the engine also returns the mean and
-    the per-coordinate variance of B per-sample gradients at the received model (FedGSNR).
+    Client k takes ``steps[k]`` local steps with learning rate ``lr[k]`` from the received model w_global:
+
+        d ← ∇F_k(w; ξ) + Σ_j ∇T_j(w)          (``terms``, `fedhet.engine.objective`)
+        w, s_k ← optimizer(w, d, s_k, lr[k])   (``optimizer``, `fedhet.engine.optimizers`; SGD: w ← w − η d)
+
+    A ``rule`` (`fedhet.engine.rules`) replaces the plain gradient d by its own estimate from several mini-batches
+    (Per-FedAvg, pFedMe). ``stream`` names the random stream of mini-batches (e.g. "finetune").
     """
 
     clients: Tensor  # (m,) int64 client ids
     steps: Tensor  # (m,) int64 local steps per client (0 allowed: the client returns the received model)
     lr: Tensor  # (m,) float32 local learning rate per client
     batch_size: int
-    prox_mu: float = 0.0
-    weight_decay: float = 0.0
-    correction: Tensor | None = None  # (m, P)
-    grad_stats_samples: int = 0
-    stream: str = "train"  # names the random stream of mini-batches (e.g. "finetune" for evaluation-time tuning)
-    rule: LocalRule | None = None  # a non-SGD local step (Per-FedAvg, pFedMe), see `fedhet.engine.rules`
-    client_state: ClientStateRule | None = None  # state kept on the client (SCAFFOLD's c_i), `fedhet.engine.state`
+    terms: tuple[LocalTerm, ...] = ()
+    optimizer: ClientOptimizer = field(default_factory=SGD)
+    rule: LocalRule | None = None
+    stream: str = "train"
 
     def __post_init__(self) -> None:
         m = len(self.clients)
         if self.steps.shape != (m,) or self.lr.shape != (m,):
             raise ValueError(f"steps {tuple(self.steps.shape)} and lr {tuple(self.lr.shape)} must be ({m},)")
-        if self.correction is not None and self.correction.shape[0] != m:
-            raise ValueError("correction needs one row per client")
         if bool((self.steps < 0).any()):
             raise ValueError("local steps must be >= 0")
-        if self.client_state is not None and self.correction is not None:
-            raise ValueError("a client-state rule sets the correction itself; do not pass both")
-        if self.rule is not None and (self.prox_mu or self.correction is not None or self.client_state is not None):
-            raise ValueError(f"{type(self.rule).__name__} does not combine with a proximal term or a correction")
+        names = [t.name for t in self.terms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a local term appears twice in the plan: {names}")
+        self.terms = tuple(self.terms)
 
     @staticmethod
-    def uniform(clients: Tensor, steps: int, lr: float, batch_size: int, **extra: object) -> LocalPlan:
-        """The same number of steps and learning rate for every client."""
+    def uniform(
+        clients: Tensor,
+        steps: int,
+        lr: float,
+        batch_size: int,
+        *,
+        terms: tuple[LocalTerm, ...] = (),
+        optimizer: ClientOptimizer | None = None,
+        rule: LocalRule | None = None,
+        stream: str = "train",
+        weight_decay: float = 0.0,
+    ) -> LocalPlan:
+        """The same number of steps and learning rate for every client (``weight_decay`` adds that term)."""
         m = len(clients)
+        decay = (WeightDecay(lam=weight_decay),) if weight_decay else ()
         return LocalPlan(
             clients=clients,
             steps=torch.full((m,), steps, dtype=torch.long),
             lr=torch.full((m,), lr, dtype=torch.float32),
             batch_size=batch_size,
-            **extra,  # type: ignore[arg-type]
+            terms=(*terms, *decay),
+            optimizer=optimizer or SGD(),
+            rule=rule,
+            stream=stream,
         )
 
-    def to(self, device: torch.device) -> LocalPlan:
-        """The plan with its learning rates and correction on `device`; client ids and step counts stay on
-        the CPU, where the mini-batches are drawn."""
-        correction = self.correction.to(device) if self.correction is not None else None
-        return replace(self, lr=self.lr.to(device), correction=correction)
+    def with_terms(self, *terms: LocalTerm) -> LocalPlan:
+        """The plan with `terms` added to the objective."""
+        return replace(self, terms=(*self.terms, *terms))
 
 
 @dataclass
@@ -85,16 +124,15 @@ class LocalResult:
     train_loss: Tensor  # (m,) mean mini-batch loss over the steps taken (nan for 0 steps)
     steps: Tensor  # (m,)
     lr: Tensor  # (m,)
-    grad_mean: Tensor | None = None  # (m, P) mean per-sample gradient at the received model
-    grad_var: Tensor | None = None  # (m, P) per-coordinate variance of those gradients
-    state_delta: Tensor | None = None  # (m, P) change of the client state (plan.client_state), 0 where steps = 0
+    state_delta: dict[str, Tensor] = field(default_factory=dict)  # "<term>.<state>" -> (m, P) change, 0 if no step
     dropped: Tensor | None = None  # (m,) bool: clients that never answered (a remote node was lost); NaN rows
 
     def rows(self, keep: Tensor) -> LocalResult:
         """The clients selected by `keep` (a bool mask or indices), every per-client field included."""
-        return replace(
-            self, **{f.name: getattr(self, f.name)[keep] for f in fields(self) if getattr(self, f.name) is not None}
-        )
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        picked: dict[str, object] = {k: v[keep] for k, v in values.items() if isinstance(v, Tensor)}
+        picked["state_delta"] = {k: v[keep] for k, v in self.state_delta.items()}
+        return replace(self, **picked)  # type: ignore[arg-type]
 
     def updates(self, global_params: Tensor) -> Tensor:
         """Δ_k = w_global − w_k (so that w_global − η Σ p_k Δ_k is a descent step)."""

@@ -1,10 +1,10 @@
-"""Per-client state that lives with the client between rounds (SCAFFOLD's control variate c_i).
+"""Per-client state that lives with the clients between rounds (a term's rows such as SCAFFOLD's c_i or FedDyn's
+∇L_k(θ_k), a persistent optimiser's buffers).
 
-A strategy that needs such state puts a `ClientStateRule` in its `LocalPlan`; the engine reads the cohort's rows
-from its `ClientStore` before training (they give the gradient correction), computes the new rows after training
-from the rule, stores them and returns the change Δ to the server in `LocalResult.state_delta`. The server never
-holds the rows: natively they stay in the engine (the simulated clients' side); under the Flower adapter each node
-keeps its own clients' rows in its Flower context (`fedhet.flower`).
+The engine reads the cohort's rows from its `ClientStore` before training and writes the new rows afterwards; the
+server never holds them: natively they stay in the engine (the simulated clients' side); under the Flower adapter
+each node keeps its own clients' rows (`fedhet.flower`). Rows are stored by name (``"<term>.<state>"``,
+``"optimizer.<name>.<state>"``), so checkpoints and nodes serialise them without knowing what they are.
 
 Rows are versioned by the 0-based round that wrote them: reading for round t sees only rows written before t, so a
 server that resumes from an older checkpoint finds every client's state as it was at that round.
@@ -12,41 +12,9 @@ server that resumes from an older checkpoint finds every client's state as it wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-import torch
 from torch import Tensor
-
-
-def scaffold_client_variates(
-    c_i: Tensor, c: Tensor, global_params: Tensor, local_params: Tensor, steps: Tensor, lr: Tensor
-) -> Tensor:
-    """SCAFFOLD option II (Karimireddy et al. 2020, Algorithm 1 line 12): c_i⁺ = c_i − c + (x − y_i) / (K_i η_l),
-    row-wise for the cohort."""
-    scale = (steps.double() * lr.double()).clamp_min(1e-30).float().unsqueeze(1)
-    return c_i - c.unsqueeze(0) + (global_params.unsqueeze(0) - local_params) / scale
-
-
-@dataclass(frozen=True)
-class ControlVariates:
-    """SCAFFOLD's client side: correction c − c_i during the local steps, then c_i ← c_i⁺ (option II).
-
-    `c` is the server's control variate, sent with the plan; c_i is the client's own row of the store.
-    """
-
-    c: Tensor
-    key: ClassVar[str] = "scaffold/c_i"
-
-    def correction(self, rows: Tensor) -> Tensor:
-        return self.c.unsqueeze(0) - rows
-
-    def update(self, rows: Tensor, global_params: Tensor, local_params: Tensor, steps: Tensor, lr: Tensor) -> Tensor:
-        return scaffold_client_variates(rows, self.c, global_params, local_params, steps, lr)
-
-
-ClientStateRule = ControlVariates
-STATE_RULES: dict[str, type[ControlVariates]] = {"ControlVariates": ControlVariates}
 
 
 class ClientStore:
@@ -56,13 +24,15 @@ class ClientStore:
         self._rows: dict[str, dict[int, list[tuple[int, Tensor]]]] = {}
 
     def read(self, key: str, clients: Tensor, round_: int, default: Tensor) -> Tensor:
-        """(m, P) rows of `clients` as they were before round `round_` (`default` for a client never written)."""
+        """(m, ...) rows of `clients` as they were before round `round_`; row i of `default` (m, ...) for a client
+        never written."""
         table = self._rows.get(key, {})
-        out = []
-        for k in clients.tolist():
+        out = default.clone()
+        for i, k in enumerate(clients.tolist()):
             earlier = [row for r, row in table.get(int(k), []) if r < round_]
-            out.append(earlier[-1] if earlier else default)
-        return torch.stack(out) if out else default.new_zeros((0, *default.shape))
+            if earlier:
+                out[i] = earlier[-1]
+        return out
 
     def write(self, key: str, clients: Tensor, rows: Tensor, round_: int) -> None:
         """Store `rows` as written in round `round_`, replacing any row from that round or later."""
@@ -79,6 +49,9 @@ class ClientStore:
                 before = [i for i, (r, _) in enumerate(history) if r < keep_from]
                 if len(before) > 1:
                     table[k] = history[before[-1] :]
+
+    def keys(self) -> list[str]:
+        return sorted(self._rows)
 
     def clients(self, key: str) -> list[int]:
         return sorted(self._rows.get(key, {}))

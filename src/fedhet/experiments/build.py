@@ -18,10 +18,15 @@ from fedhet.data.partition import Partitioner
 from fedhet.data.sources import DatasetSource
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.objective import TERMS, LocalTerm
+from fedhet.engine.optimizers import OPTIMIZERS, ClientOptimizer
 from fedhet.engine.plan import LocalSettings
+from fedhet.engine.protocol import EngineProtocol
 from fedhet.experiments.config import COMPONENT_KEYS, RunConfig
+from fedhet.methods.maxfl.requirements import ClientRequirements, UsesRequirements
 from fedhet.metrics.base import Metric
 from fedhet.models.base import ModelSpec
+from fedhet.plugins import load_plugins
 from fedhet.registry import Component, spec_of
 from fedhet.seeding import derive_seed
 from fedhet.strategies.base import ServerContext, Strategy
@@ -33,7 +38,7 @@ class Experiment:
 
     config: RunConfig
     data: FederatedData
-    engine: Engine
+    engine: EngineProtocol
     strategy: Strategy
     availability: Availability
     metrics: list[Metric]
@@ -50,6 +55,8 @@ def resolved_config(config: RunConfig) -> dict[str, Any]:
     for key, component in parts.items():
         raw[key] = spec_of(component)
     raw["metrics"] = [spec_of(m) for m in parts.metrics]
+    raw["local"]["optimizer"] = spec_of(parts.optimizer)
+    raw["local"]["terms"] = [spec_of(t) for t in parts.terms]
     return raw
 
 
@@ -64,13 +71,17 @@ class Components:
     availability: Availability
     attack: Attack
     metrics: list[Metric]
+    optimizer: ClientOptimizer
+    terms: list[LocalTerm]
 
     def items(self) -> list[tuple[str, Component]]:
         return [(key, getattr(self, key)) for key in COMPONENT_KEYS]
 
 
 def components(config: RunConfig) -> Components:
-    """Validate every component of `config` (errors name the key, e.g. ``partition.alpha``)."""
+    """Validate every component of `config` (errors name the key, e.g. ``partition.alpha``), after importing
+    the config's plugins."""
+    load_plugins(config.imports)
     return Components(
         algorithm=STRATEGIES.build(config.spec("algorithm"), where="algorithm"),
         dataset=DATASETS.build(config.spec("dataset"), where="dataset"),
@@ -79,6 +90,8 @@ def components(config: RunConfig) -> Components:
         availability=AVAILABILITY.build(config.spec("availability"), where="availability"),
         attack=ATTACKS.build(config.spec("attack"), where="attack"),
         metrics=[METRIC_PLUGINS.build(spec, where=f"metrics[{i}]") for i, spec in enumerate(config.metrics)],
+        optimizer=OPTIMIZERS.build(config.local.optimizer, where="local.optimizer"),
+        terms=[TERMS.build(spec, where=f"local.terms[{i}]") for i, spec in enumerate(config.local.terms)],
     )
 
 
@@ -103,11 +116,15 @@ def build_model(config: RunConfig, parts: Components, input_shape: tuple[int, ..
         return FlatModel(parts.model.build(input_shape, num_classes))
 
 
-def local_settings(config: RunConfig) -> LocalSettings:
-    return LocalSettings(config.local.steps, config.local.lr, config.local.batch_size, config.local.weight_decay)
+def local_settings(config: RunConfig, parts: Components) -> LocalSettings:
+    """The run's default local training: the ``local`` section with its optimiser and objective terms."""
+    local = config.local
+    return LocalSettings(
+        local.steps, local.lr, local.batch_size, local.weight_decay, parts.optimizer, tuple(parts.terms), local.epochs
+    )
 
 
-def make_engine(config: RunConfig, model: FlatModel, data: FederatedData) -> Engine:
+def make_engine(config: RunConfig, parts: Components, model: FlatModel, data: FederatedData) -> Engine:
     """The engine over `data` with the config's backend and local settings."""
     return Engine(
         model,
@@ -115,19 +132,24 @@ def make_engine(config: RunConfig, model: FlatModel, data: FederatedData) -> Eng
         backend=config.backend,
         seed=config.seed,
         chunk_size=config.chunk_size,
-        local=local_settings(config),
+        local=local_settings(config, parts),
         device=config.device,
     )
 
 
-def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: Engine) -> Experiment:
+def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: EngineProtocol) -> Experiment:
     """Set the strategy, attack, availability and metrics up on `engine` (local, or a remote proxy)."""
-    engine.cache["requirements/settings"] = config.requirements
     strategy = parts.algorithm
+    requirements = ClientRequirements(engine, config.requirements)  # computed only if a component asks for ρ
+    for component in [*strategy.parts(), parts.availability, parts.attack, *parts.metrics]:
+        if isinstance(component, UsesRequirements):
+            component.use_requirements(requirements)
     parts.attack.setup(data.num_clients, config.seed, eligible=data.seen)  # unseen clients never train
-    strategy.setup(ServerContext(engine, local_settings(config), config.seed, config.clients_per_round, parts.attack))
+    local = local_settings(config, parts)
+    strategy.setup(ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack))
     availability = parts.availability
     availability.setup(data.num_clients, config.seed)
+    availability.always_in(parts.attack.opted_in())
     for plugin in parts.metrics:
         plugin.setup(engine, config.seed)
     return Experiment(config, data, engine, strategy, availability, parts.metrics)
@@ -137,5 +159,5 @@ def build(config: RunConfig) -> Experiment:
     """Load and federate the data, build the model, engine, strategy and availability process."""
     parts = components(config)
     data = federated_data(config, parts)
-    engine = make_engine(config, build_model(config, parts, data.input_shape, data.num_classes), data)
+    engine = make_engine(config, parts, build_model(config, parts, data.input_shape, data.num_classes), data)
     return assemble(config, parts, data, engine)

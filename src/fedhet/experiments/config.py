@@ -9,8 +9,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedhet.data.labels import LabelNoise
-from fedhet.engine.requirements import RequirementsConfig
 from fedhet.errors import ConfigError
+from fedhet.methods.maxfl.requirements import RequirementsConfig
 from fedhet.registry import format_validation_error
 
 ComponentSpec = str | dict[str, Any]
@@ -22,21 +22,37 @@ class LocalConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     steps: int = Field(10, ge=1, description="local SGD steps per round")
+    epochs: float | None = Field(
+        None, gt=0, description="instead of steps: client k takes ⌈epochs · n_k / batch_size⌉ steps per round"
+    )
     lr: float = Field(0.05, gt=0, description="local learning rate")
     batch_size: int = Field(10, ge=1, description="mini-batch size")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty λ added to the local gradient as λw")
+    optimizer: ComponentSpec = Field(
+        "sgd", description="client optimiser: sgd (momentum, nesterov) or adam; persistent: keep its state"
+    )
+    terms: list[ComponentSpec] = Field(
+        default_factory=list, description="extra terms of every client's objective, e.g. [{name: proximal, mu: 0.1}]"
+    )
 
 
 class RunConfig(BaseModel):
     """Everything that defines a run. Components are a name or a mapping ``{name: ..., <params>}``."""
 
     model_config = ConfigDict(extra="forbid")
-    algorithm: ComponentSpec = "fedavg"
-    dataset: ComponentSpec = "digits"
-    partition: ComponentSpec = {"name": "dirichlet", "alpha": 0.5}
-    model: ComponentSpec = "mlp"
-    availability: ComponentSpec = "always"
-    attack: ComponentSpec = "none"
+    imports: list[str] = Field(
+        default_factory=list,
+        description="modules or .py files to import first: they register your own components (plugins)",
+    )
+    algorithm: ComponentSpec = Field("fedavg", description="the strategy (fedhet list algorithms)")
+    dataset: ComponentSpec = Field("digits", description="the data (fedhet list datasets)")
+    partition: ComponentSpec = Field(
+        {"name": "dirichlet", "alpha": 0.5},
+        description="how samples are split among clients (fedhet list partitioners)",
+    )
+    model: ComponentSpec = Field("mlp", description="the model (fedhet list models; {name: torch, target: ...})")
+    availability: ComponentSpec = Field("always", description="who is online each round (fedhet list availability)")
+    attack: ComponentSpec = Field("none", description="malicious clients (fedhet list attacks)")
     metrics: list[ComponentSpec] = Field(default_factory=list, description="metric plugins, e.g. [appeal]")
     num_clients: int = Field(20, ge=1, description="clients that train (seen clients)")
     unseen_clients: int = Field(0, ge=0, description="held-out clients that are only evaluated")
@@ -45,17 +61,19 @@ class RunConfig(BaseModel):
         default_factory=RequirementsConfig, description="client requirements ρ_k (MaxFL, appeal metrics)"
     )
     test_fraction: float = Field(0.2, ge=0, lt=1, description="share of each client's samples kept for test")
-    clients_per_round: int = Field(10, ge=1)
-    rounds: int = Field(20, ge=1)
-    local: LocalConfig = Field(default_factory=LocalConfig)
-    eval_every: int = Field(1, ge=1)
-    seed: int = Field(0, ge=0)
-    backend: Literal["auto", "sequential", "vectorised", "dense"] = "auto"
+    clients_per_round: int = Field(10, ge=1, description="m: clients sampled among the available ones each round")
+    rounds: int = Field(20, ge=1, description="communication rounds")
+    local: LocalConfig = Field(default_factory=LocalConfig, description="every client's default local training")
+    eval_every: int = Field(1, ge=1, description="evaluate every n rounds (and always after the last)")
+    seed: int = Field(0, ge=0, description="seeds every random draw (data split, sampling, batches, init)")
+    backend: Literal["auto", "sequential", "vectorised", "dense"] = Field(
+        "auto", description="how a cohort trains: the same numbers on each, auto picks the fastest"
+    )
     chunk_size: int = Field(0, ge=0, description="clients per chunk (0: whole cohort, or per worker for dense)")
     device: str = Field("cpu", description="where training and evaluation run: 'cpu' or 'cuda' (dense/vectorised)")
-    data_dir: str = "data"
-    download: bool = False
-    checkpoint_every: int = Field(1, ge=1)
+    data_dir: str = Field("data", description="folder holding dataset files (data_dir/<dataset name>/)")
+    download: bool = Field(False, description="download missing dataset files (checksums verified)")
+    checkpoint_every: int = Field(1, ge=1, description="write checkpoint.pt every n rounds (and after the last)")
     max_loss: float = Field(1e4, gt=0, description="stop as diverged when the local loss exceeds this")
 
     @field_validator(*COMPONENT_KEYS, mode="before")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedhet.engine.engine import Engine
 from fedhet.engine.evaluate import ClientScores
+from fedhet.engine.protocol import EngineProtocol
 from fedhet.metrics.clients import distribution, pooled
 
 
 def evaluate_global(
-    engine: Engine, params: Tensor
+    engine: EngineProtocol, params: Tensor
 ) -> tuple[dict[str, float], dict[str, Tensor], ClientScores, ClientScores]:
     """Round metrics (see `fedhet.metrics.METRICS`), per-client columns, and test/train scores of the global
     model on every client."""

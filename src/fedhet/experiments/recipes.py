@@ -56,6 +56,8 @@ class Recipe:
     fallback: dict[str, Any] | None = None  # changes to an embedded dataset when the paper's files are missing
     # a study that is not a set of runs: (out, quick, seeds, embedded) → markdown table
     custom: Callable[[Path, bool, tuple[int, ...], bool | None], str] | None = None
+    # figures other than mean curves (violins, log scales): (recipe, method → runs, out) → None
+    extra_figures: Callable[[Recipe, dict[str, list[RunState]], Path], None] | None = None
 
     def config(self, method: str, seed: int, quick: bool, embedded: bool = False) -> dict[str, Any]:
         raw = deep_merge(self.base, self.methods[method])
@@ -146,6 +148,8 @@ def run_recipe(
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table)
     _figures(recipe, runs, out)
+    if recipe.extra_figures is not None:
+        recipe.extra_figures(recipe, runs, out)
     return RecipeResult(table, values, runs)
 
 
@@ -174,15 +178,23 @@ def mean_std(values: list[float], digits: int = 4, scale: float = 1.0) -> str:
     return f"{ok.mean():.{digits}f} ± {ok.std(ddof=1):.{digits}f}" + missing
 
 
+def mean_curves(
+    runs: dict[str, list[RunState]], metric: str
+) -> tuple[dict[str, list[list[float]]], dict[str, list[float]]]:
+    """`metric` per method and seed against the round (NaN where a round lacks it), and each method's rounds."""
+    curves = {
+        method: [[row.get(metric, float("nan")) for row in s.history] for s in states]
+        for method, states in runs.items()
+    }
+    rounds = {method: [row["round"] for row in states[0].history] for method, states in runs.items()}
+    return curves, rounds
+
+
 def _figures(recipe: Recipe, runs: dict[str, list[RunState]], out: Path) -> None:
     if not recipe.figures:
         return
     from fedhet.report.plots import plot_mean_curves
 
     for metric, filename in recipe.figures.items():
-        curves = {
-            method: [[row.get(metric, float("nan")) for row in s.history] for s in states]
-            for method, states in runs.items()
-        }
-        rounds = {method: [row["round"] for row in states[0].history] for method, states in runs.items()}
+        curves, rounds = mean_curves(runs, metric)
         plot_mean_curves(curves, rounds, metric, out / filename, title=recipe.description)

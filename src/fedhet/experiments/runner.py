@@ -12,14 +12,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedhet.engine.engine import resolve_backend
 from fedhet.engine.plan import LocalResult
 from fedhet.errors import ConfigError, DivergenceError
 from fedhet.experiments.build import Experiment, build, resolved_config
 from fedhet.experiments.callbacks import Callback, CSVWriter, write_csv
 from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
 from fedhet.experiments.evaluation import evaluate_global
-from fedhet.metrics.availability import ParticipationWriter
+from fedhet.experiments.participation import ParticipationWriter
 from fedhet.metrics.base import RoundView
 
 CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT = (
@@ -145,9 +144,7 @@ def _write_outputs(state: RunState) -> None:
         "rounds": state.round,
         "rounds_planned": cfg.rounds,
         "status": state.status,
-        "backend": resolve_backend(
-            state.experiment.engine.backend, state.experiment.engine.model, cfg.clients_per_round
-        ),
+        "backend": state.experiment.engine.backend_for(cfg.clients_per_round),
         "wall_time_s": round(state.wall_time_s, 3),
         "final": state.final,
     }
@@ -185,15 +182,11 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             if len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
                 plan = attack.corrupt_plan(exp.strategy.configure(t, clients, state.params), t)
                 result = exp.engine.train(state.params, plan, t)
-                dropped = result.dropped
-                # Clients lost mid-round (a Flower node failed): the round goes on with the others, and the strategy
-                # re-derives its per-cohort values (MaxFL's q) for them, until a configure loses nobody more.
-                while dropped is not None and bool(dropped.any()) and len(result.clients):
-                    result = result.rows(~dropped)
+                if result.dropped is not None and bool(result.dropped.any()):
+                    # clients lost mid-round (a Flower node failed): the round goes on with the others (strategies
+                    # keep their per-cohort values by client id, so aggregate reads those of the survivors)
+                    result = result.rows(~result.dropped)
                     clients = result.clients
-                    if len(clients):
-                        exp.strategy.configure(t, clients, state.params)
-                    dropped = ~exp.engine.reachable()[clients]
                 result = attack.corrupt_updates(result, state.params, t)
                 if len(result.clients):
                     state.params = exp.strategy.aggregate(t, state.params, result).detach()

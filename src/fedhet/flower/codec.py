@@ -2,11 +2,17 @@
 
 A `Payload` is (arrays, config): NumPy arrays by name, and scalars/strings by name. Flower wraps them into an
 ``ArrayRecord`` and a ``ConfigRecord`` (`fedhet.flower.apps`); the in-process transport passes them as they are.
+
+A plan's components (local terms, the client optimiser, a local rule) travel by registered name: their scalar
+parameters as one JSON string each, their tensor fields as arrays; the node rebuilds them from its registries
+(built-ins, and the plugins its config imports), so a user's own term runs on the nodes without this module
+knowing it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import numpy as np
@@ -14,18 +20,18 @@ import torch
 from torch import Tensor
 
 from fedhet.engine.evaluate import ClientScores
+from fedhet.engine.objective import TERMS
+from fedhet.engine.optimizers import OPTIMIZERS
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.engine.rules import PerFedAvgRule, PFedMeRule
-from fedhet.engine.state import STATE_RULES
+from fedhet.engine.rules import RULES
+from fedhet.registry import Component, Registry
 
 Arrays = dict[str, np.ndarray]
 Scalar = int | float | str | bool
 Config = dict[str, Scalar]
 Payload = tuple[Arrays, Config]
 
-LOCAL_RULES: dict[str, type[Any]] = {"PerFedAvgRule": PerFedAvgRule, "PFedMeRule": PFedMeRule}
-_PLAN_SCALARS = ("batch_size", "prox_mu", "weight_decay", "grad_stats_samples", "stream")
-_RESULT_OPTIONAL = ("grad_mean", "grad_var", "state_delta")
+_DELTA = "state_delta."
 
 
 def to_numpy(t: Tensor) -> np.ndarray:
@@ -36,6 +42,20 @@ def to_torch(a: np.ndarray) -> Tensor:
     return torch.from_numpy(np.array(a, copy=True))
 
 
+def _encode_component(component: Component, key: str, arrays: Arrays, config: Config) -> None:
+    """``config[key]`` = JSON of the name and scalar parameters; tensor fields as ``arrays["key.field"]``."""
+    tensors = {k: v for k, v in component.__dict__.items() if isinstance(v, Tensor)}
+    config[key] = json.dumps({"name": component.name, **component.model_dump(mode="json", exclude=set(tensors))})
+    arrays.update({f"{key}.{field}": to_numpy(value) for field, value in tensors.items()})
+
+
+def _decode_component(registry: Registry[Any], key: str, arrays: Arrays, config: Config) -> Any:
+    spec: dict[str, Any] = json.loads(str(config[key]))
+    prefix = f"{key}."
+    spec.update({name[len(prefix) :]: to_torch(a) for name, a in arrays.items() if name.startswith(prefix)})
+    return registry.build(spec, where=key)
+
+
 def encode_plan(plan: LocalPlan, rows: Tensor | slice = slice(None)) -> Payload:
     """The plan's instructions for the clients in `rows` (indices into ``plan.clients``)."""
     arrays: Arrays = {
@@ -43,44 +63,26 @@ def encode_plan(plan: LocalPlan, rows: Tensor | slice = slice(None)) -> Payload:
         "steps": to_numpy(plan.steps[rows]),
         "lr": to_numpy(plan.lr[rows]),
     }
-    config: Config = {key: getattr(plan, key) for key in _PLAN_SCALARS}
-    if plan.correction is not None:
-        arrays["correction"] = to_numpy(plan.correction[rows])
+    config: Config = {"batch_size": plan.batch_size, "stream": plan.stream, "terms": len(plan.terms)}
+    for i, term in enumerate(plan.terms):
+        _encode_component(term, f"term{i}", arrays, config)
+    _encode_component(plan.optimizer, "optimizer", arrays, config)
     if plan.rule is not None:
-        config["rule"] = type(plan.rule).__name__
-        config.update({f"rule.{f.name}": getattr(plan.rule, f.name) for f in dataclasses.fields(plan.rule)})
-    if plan.client_state is not None:
-        config["client_state"] = type(plan.client_state).__name__
-        arrays.update(
-            {
-                f"client_state.{f.name}": to_numpy(getattr(plan.client_state, f.name))
-                for f in dataclasses.fields(plan.client_state)
-            }
-        )
+        _encode_component(plan.rule, "rule", arrays, config)
     return arrays, config
 
 
 def decode_plan(arrays: Arrays, config: Config) -> LocalPlan:
-    rule = None
-    if "rule" in config:
-        cls = LOCAL_RULES[str(config["rule"])]
-        rule = cls(**{f.name: config[f"rule.{f.name}"] for f in dataclasses.fields(cls)})
-    state = None
-    if "client_state" in config:
-        kind = STATE_RULES[str(config["client_state"])]
-        state = kind(**{f.name: to_torch(arrays[f"client_state.{f.name}"]) for f in dataclasses.fields(kind)})
+    terms = tuple(_decode_component(TERMS, f"term{i}", arrays, config) for i in range(int(config["terms"])))
     return LocalPlan(
         clients=to_torch(arrays["clients"]),
         steps=to_torch(arrays["steps"]),
         lr=to_torch(arrays["lr"]),
         batch_size=int(config["batch_size"]),
-        prox_mu=float(config["prox_mu"]),
-        weight_decay=float(config["weight_decay"]),
-        correction=to_torch(arrays["correction"]) if "correction" in arrays else None,
-        grad_stats_samples=int(config["grad_stats_samples"]),
+        terms=terms,
+        optimizer=_decode_component(OPTIMIZERS, "optimizer", arrays, config),
+        rule=_decode_component(RULES, "rule", arrays, config) if "rule" in config else None,
         stream=str(config["stream"]),
-        rule=rule,
-        client_state=state,
     )
 
 
@@ -92,32 +94,30 @@ def encode_result(result: LocalResult) -> Arrays:
         "steps": to_numpy(result.steps),
         "lr": to_numpy(result.lr),
     }
-    for key in _RESULT_OPTIONAL:
-        value = getattr(result, key)
-        if value is not None:
-            arrays[key] = to_numpy(value)
+    arrays.update({_DELTA + key: to_numpy(value) for key, value in result.state_delta.items()})
     return arrays
 
 
 def decode_result(arrays: Arrays) -> LocalResult:
-    optional = {key: to_torch(arrays[key]) for key in _RESULT_OPTIONAL if key in arrays}
+    deltas = {key[len(_DELTA) :]: to_torch(a) for key, a in arrays.items() if key.startswith(_DELTA)}
     return LocalResult(
         to_torch(arrays["clients"]),
         to_torch(arrays["params"]),
         to_torch(arrays["train_loss"]),
         to_torch(arrays["steps"]),
         to_torch(arrays["lr"]),
-        **optional,
+        state_delta=deltas,
     )
 
 
 def concat_results(parts: list[LocalResult], order: Tensor) -> LocalResult:
     """One result from the nodes' parts, rows in the order of `order` (the plan's clients that answered)."""
-    fields = [f.name for f in dataclasses.fields(LocalResult)]
     joined: dict[str, Any] = {
-        name: torch.cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None
-        for name in fields
+        f.name: torch.cat([getattr(p, f.name) for p in parts])
+        for f in dataclasses.fields(LocalResult)
+        if isinstance(getattr(parts[0], f.name), Tensor)
     }
+    joined["state_delta"] = {key: torch.cat([p.state_delta[key] for p in parts]) for key in parts[0].state_delta}
     result = LocalResult(**joined)
     position = {int(k): i for i, k in enumerate(result.clients.tolist())}
     wanted = [position[int(k)] for k in order.tolist() if int(k) in position]

@@ -141,9 +141,8 @@ class NodeWorker:
                 "rewrite the partition files for this config"
             )
         self.config, self.clients = config, clients.sort().values
-        self.engine = make_engine(
-            config, build_model(config, components(config), data.input_shape, data.num_classes), data
-        )
+        parts = components(config)  # imports the config's plugins on this node too
+        self.engine = make_engine(config, parts, build_model(config, parts, data.input_shape, data.num_classes), data)
         self.engine.state_history = config.checkpoint_every  # the server may rewind to its last checkpoint
 
     def meta(self) -> Payload:

@@ -22,9 +22,10 @@ from torch import Tensor
 
 from fedhet.availability.base import Availability
 from fedhet.data.dataset import ClientData, FederatedData
-from fedhet.engine.engine import Engine
+from fedhet.engine.engine import BackendChoice, resolve_backend
 from fedhet.engine.evaluate import ClientScores
 from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.protocol import EngineProtocol
 from fedhet.errors import ConfigError, DataError
 from fedhet.experiments.build import Components, Experiment, assemble, build_model, components, local_settings
 from fedhet.experiments.config import RunConfig
@@ -94,8 +95,8 @@ def _skeleton(sizes: Tensor, input_shape: tuple[int, ...], dtype: torch.dtype) -
     return ClientData(torch.zeros((0, *input_shape), dtype=dtype), torch.zeros(0, dtype=torch.long), offsets)
 
 
-class RemoteEngine(Engine):
-    """`Engine`'s interface, answered by the nodes; the server holds the model and the clients' sizes only."""
+class RemoteEngine:
+    """`EngineProtocol`, answered by the nodes; the server holds the model and the clients' sizes only."""
 
     def __init__(self, config: RunConfig, parts: Components, transport: Transport, settings: Settings) -> None:
         self.transport, self.settings = transport, settings
@@ -111,15 +112,9 @@ class RemoteEngine(Engine):
         model = build_model(config, parts, data.input_shape, data.num_classes)
         if not np.allclose(first, model.initial_params()[:16].numpy()):
             raise ConfigError("the nodes built a different initial model: give every node the same fedhet version")
-        super().__init__(
-            model,
-            data,
-            backend=config.backend,
-            seed=config.seed,
-            chunk_size=config.chunk_size,
-            local=local_settings(config),
-        )
-        self.state_history = config.checkpoint_every
+        self.model, self.data, self.seed = model, data, config.seed
+        self.local = local_settings(config, parts)
+        self.backend: BackendChoice = config.backend
         self._scored: tuple[Tensor, dict[str, tuple[Tensor, Tensor]]] | None = None
 
     # -- connection ------------------------------------------------------------------------------------------
@@ -200,6 +195,13 @@ class RemoteEngine(Engine):
     def nodes(self) -> list[int]:
         return list(self.node_ids)
 
+    def initial_params(self) -> Tensor:
+        return self.model.initial_params()
+
+    def backend_for(self, cohort: int, autograd_only: bool = False) -> str:
+        """The backend the nodes use (resolved on each node for its share of the cohort)."""
+        return resolve_backend(self.backend, self.model, cohort, None, autograd_only)
+
     def reachable(self) -> Tensor:
         """(K,) bool: clients whose node has not been lost."""
         lost = [i for i, n in enumerate(self.node_ids) if n in self.lost]
@@ -270,12 +272,10 @@ class RemoteEngine(Engine):
             rows = torch.nonzero(torch.isin(plan.clients, got.clients)).flatten()
             full.params[rows], full.train_loss[rows], full.steps[rows] = got.params, got.train_loss, got.steps
             full.dropped[rows] = False  # type: ignore[index]
-            for name in ("grad_mean", "grad_var", "state_delta"):
-                value = getattr(got, name)
-                if value is not None:
-                    column = torch.full((m, p), nan) if name != "state_delta" else torch.zeros(m, p)
-                    column[rows] = value
-                    setattr(full, name, column)
+            for key, value in got.state_delta.items():
+                column = torch.zeros(m, *value.shape[1:])
+                column[rows] = value
+                full.state_delta[key] = column
         return full
 
     def scores(self, params: Tensor, split: Split = "test") -> ClientScores:
@@ -357,7 +357,7 @@ class NodeAvailability(Availability):
         assert self._inner is not None and self._engine is not None
         return self._inner.available(round_) & self._engine.reachable()
 
-    def observe(self, round_: int, engine: Engine, params: Tensor) -> None:
+    def observe(self, round_: int, engine: EngineProtocol, params: Tensor) -> None:
         assert self._inner is not None
         self._inner.observe(round_, engine, params)
 

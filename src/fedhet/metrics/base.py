@@ -12,9 +12,9 @@ from pathlib import Path
 from pydantic import ConfigDict
 from torch import Tensor
 
-from fedhet.engine.engine import Engine
 from fedhet.engine.evaluate import ClientScores
 from fedhet.engine.plan import LocalResult
+from fedhet.engine.protocol import EngineProtocol
 from fedhet.registry import Component, Registry
 
 
@@ -23,7 +23,7 @@ class RoundView:
     """What a metric may look at after round `round` (1-based count of completed rounds)."""
 
     round: int
-    engine: Engine
+    engine: EngineProtocol
     params: Tensor  # global model after the round
     previous: Tensor  # global model before the round
     result: LocalResult | None  # the cohort's local training (None when nobody trained)
@@ -39,7 +39,7 @@ class Metric(Component):
 
     model_config = ConfigDict(extra="forbid", frozen=False)
 
-    def setup(self, engine: Engine, seed: int) -> None:
+    def setup(self, engine: EngineProtocol, seed: int) -> None:
         """Called once before the first round (precompute per-client thresholds and the like)."""
 
     def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:

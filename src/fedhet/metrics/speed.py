@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, PrivateAttr
 from torch import Tensor
 
-from fedhet.engine.engine import Engine
+from fedhet.engine.protocol import EngineProtocol
 from fedhet.metrics.base import METRIC_PLUGINS, Metric, RoundView
 from fedhet.metrics.clients import pooled
 
@@ -46,7 +46,7 @@ class TargetAccuracy(Metric):
     _reached: float = PrivateAttr(float("nan"))
     _best: float = PrivateAttr(float("nan"))
 
-    def setup(self, engine: Engine, seed: int) -> None:
+    def setup(self, engine: EngineProtocol, seed: int) -> None:
         self._reached, self._best = float("nan"), float("nan")
 
     def accuracy(self, view: RoundView) -> float:

@@ -384,7 +384,7 @@ def plot_availability(panels: dict[str, dict[str, np.ndarray]], path: Path, titl
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
 
-    from fedhet.metrics.availability import excluded_share
+    from fedhet.methods.cafed.metrics import excluded_share
 
     fig, axes = plt.subplots(
         len(panels), 2, figsize=(11, 5.5 * len(panels)), dpi=120, squeeze=False, gridspec_kw={"width_ratios": [5, 1]}
@@ -481,15 +481,15 @@ def plot_time_average(result: Table1Result, path: Path) -> Path:
 
 
 def load_arrays(folder: Path) -> dict[str, np.ndarray]:
-    from fedhet.metrics.availability import PARTICIPATION_FILE
+    from fedhet.experiments.participation import PARTICIPATION_FILE
 
     with np.load(folder / PARTICIPATION_FILE) as data:
         return {k: data[k] for k in data.files}
 
 
 def write_figures(result: Table1Result, out: Path, dataset: str = "Synthetic") -> list[Path]:
-    from fedhet.metrics.availability import cumulative_importance, importance
-    from fedhet.strategies.availability_aware import tv_distance
+    from fedhet.methods.cafed.availability_aware import tv_distance
+    from fedhet.methods.cafed.metrics import cumulative_importance, importance
 
     paths = [plot_time_average(result, out / "fig3_time_average.png")]
     folders = result.folders.get(dataset, {})
@@ -547,7 +547,7 @@ class SensitivityResult:
 
 def run_sensitivity(seeds: tuple[int, ...], rounds: int = ROUNDS, progress: bool = True) -> SensitivityResult:
     """Unbiased and both CA-Fed variants in every `SENSITIVITY_SETTINGS` on the synthetic task, `DEFAULT_LRS`."""
-    from fedhet.metrics.availability import participation_arrays
+    from fedhet.experiments.participation import participation_arrays
 
     result = SensitivityResult()
     total = len(SENSITIVITY_SETTINGS) * len(SENSITIVITY_METHODS) * len(seeds)

@@ -32,7 +32,7 @@ from fedhet.errors import DataError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.recipes import Recipe, deep_merge, mean_std, register_recipe
 from fedhet.experiments.runner import RunState, run_or_resume
-from fedhet.metrics.contribution import Contribution, contribution_scores, label_counts, plot_contribution
+from fedhet.methods.fedgsnr.contribution import Contribution, contribution_scores, label_counts, plot_contribution
 from fedhet.metrics.speed import speedup
 from fedhet.report.tables import markdown_table
 
@@ -585,7 +585,7 @@ def plot_partition_gsnr(runs: dict[str, list[RunSummary]], out: Path) -> Path:
 
 
 def plot_summary_contribution(summary: RunSummary, out: Path, title: str) -> Path:
-    """Figs. 5b / 6 for one run of a study (see `fedhet.metrics.contribution.plot_contribution`)."""
+    """Figs. 5b / 6 for one run of a study (see `fedhet.methods.fedgsnr.contribution.plot_contribution`)."""
     assert summary.contribution is not None and summary.label_counts is not None
     return plot_contribution(summary.contribution, summary.label_counts, summary.corrupted, out, title)
 

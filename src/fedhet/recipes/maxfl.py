@@ -133,14 +133,21 @@ def finetuning() -> Recipe:
     )
 
 
-def _byzantine(fraction: float) -> dict[str, Any]:
-    return {"name": "malicious", "fraction": fraction, "update": "gaussian", "noise_std": 1.0, "loss_bias": 10.0}
+def _byzantine(fraction: float, opt_in: str = "honest") -> dict[str, Any]:
+    spec = {"name": "malicious", "fraction": fraction, "update": "gaussian", "noise_std": 1.0, "loss_bias": 10.0}
+    return {**spec, "opt_in": opt_in} if opt_in != "honest" else spec
 
 
 @register_recipe
 def byzantine() -> Recipe:
+    """The paper's rows (attackers opt in on their honest loss, like everyone else) and the same attackers in
+    the pool of every round whatever their loss (``opt_in: always``; the paper does not say which it ran)."""
     methods = {
-        f"{name} (Byz={frac})": {**METHODS[name], "attack": _byzantine(frac)}
+        f"{name} (Byz={frac}{', always opt in' if opt_in == 'always' else ''})": {
+            **METHODS[name],
+            "attack": _byzantine(frac, opt_in),
+        }
+        for opt_in in ("honest", "always")
         for name in ("MW-Fed", "MaxFL")
         for frac in (0.1, 0.05)
     }

@@ -51,8 +51,10 @@ def plot_mean_curves(
     metric: str,
     out: Path,
     title: str | None = None,
+    yscale: str = "linear",
 ) -> Path:
-    """Mean over seeds (line) and ±1 std (band) of `metric` per method."""
+    """Mean over seeds (line) and ±1 std (band) of `metric` per method; `yscale` "log" for losses spanning
+    decades (FedMGDA+ Fig. 7)."""
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
@@ -63,6 +65,29 @@ def plot_mean_curves(
         ax.plot(x, mean, label=method, linewidth=1.5)
         ax.fill_between(x, mean - std, mean + std, alpha=0.2)
     ax.set_xlabel("round")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(metric + (" (log scale)" if yscale == "log" else ""))
+    ax.set_yscale(yscale)
     ax.set_title(title or metric, fontsize=9)
     return save_figure(fig, ax, out)
+
+
+def plot_violins(groups: dict[str, list[float]], out: Path, title: str, ylabel: str) -> Path:
+    """One violin per group with its points on top and σ (std over the points) in the tick label: the
+    distribution of per-user accuracy (FedMGDA+ Fig. 3). Groups without finite values are left out."""
+    import numpy as np
+
+    data = {name: np.asarray(v, dtype=float) for name, v in groups.items()}
+    data = {name: v[np.isfinite(v)] for name, v in data.items() if np.isfinite(v).any()}
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(data) + 1), 4.4), dpi=120)
+    if data:
+        positions = np.arange(1, len(data) + 1)
+        ax.violinplot(list(data.values()), positions=positions, showmeans=True, showextrema=False)
+        jitter = np.random.default_rng(0)  # fixed: the same figure for the same numbers
+        for pos, values in zip(positions, data.values(), strict=True):
+            ax.scatter(pos + jitter.uniform(-0.12, 0.12, len(values)), values, s=4, alpha=0.5, color="black")
+        ax.set_xticks(positions)
+        labels = [f"{name}\nσ = {np.std(values):.3f}" for name, values in data.items()]
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    return save_figure(fig, ax, out, legend=False)

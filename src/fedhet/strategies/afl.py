@@ -15,9 +15,12 @@ loss of its local training (``local``, the authors' code). Proj_Δ is the sort-b
 (Wang & Carreira-Perpiñán 2013).
 
 AFL's output is the *average* of the iterates, w̄_T = (1/T) Σ_{t=1..T} w_t (Mohri et al., Stochastic-AFL; the
-FedMGDA+ authors' code): with ``output: average`` (default) that average is what the run evaluates and reports,
-while training continues from the last iterate; ``output: last`` reports the last iterate (use it with the
-``improved_users`` metric, which compares consecutive iterates).
+FedMGDA+ authors' code, which averages the models after each round): with ``output: average`` (default) that
+average is what the run evaluates and reports, while training continues from the last iterate; ``output: last``
+reports the last iterate (use it with the ``improved_users`` metric, which compares consecutive iterates). The
+average leaves out the initial model w⁰; ``average_initial: true`` includes it, w̄_T = (1/(T+1)) Σ_{t=0..T} w_t,
+as FLGo's AFL does (its running mean starts from the initial model). The two differ by (w⁰ − w̄_T)/(T + 1), a
+difference that fades as 1/T.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, weighted_update
+from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, by_client, weighted_update
 
 __all__ = ["AFL", "project_simplex"]
 
@@ -54,6 +57,7 @@ class AFL(Strategy):
     lambda_lr: float = Field(0.1, ge=0, description="γ_λ: step size of the ascent on λ")
     loss_at: Literal["global", "local"] = Field("global", description="F_k at the received model or during training")
     output: Literal["average", "last"] = Field("average", description="report the average of the iterates or the last")
+    average_initial: bool = Field(False, description="include the initial model w⁰ in the average (FLGo's choice)")
 
     _lambda: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     _losses: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0))
@@ -72,19 +76,23 @@ class AFL(Strategy):
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         if self.loss_at == "global":
-            self._losses = self.ctx.client_losses(global_params, clients)
+            self._losses = by_client(self.ctx.client_losses(global_params, clients), clients, self.ctx.num_clients)
         return super().configure(round_, clients, global_params)
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         clients = result.clients
         scale = self.ctx.num_clients / len(clients)
         lam = self._lambda[clients]
-        new = global_params - self.server_lr * scale * weighted_update(result.updates(global_params), lam)
+        new = self.server_step(global_params, scale * weighted_update(result.updates(global_params), lam))
         if self.loss_at == "local":
-            self._losses = self.ctx.attack.report_losses(clients, result.train_loss)
+            losses = self.ctx.attack.report_losses(clients, result.train_loss)
+        else:
+            losses = self._losses[clients]
         gradient = torch.zeros_like(self._lambda)
-        gradient[clients] = scale * self._losses.double()
+        gradient[clients] = scale * losses.double()
         self._lambda = project_simplex(self._lambda + self.lambda_lr * gradient)
+        if self._count == 0 and self.average_initial:  # global_params is w⁰ in the first round
+            self._average, self._count = global_params.double().clone(), 1
         self._count += 1
         if self._count == 1:
             self._average = new.double().clone()
@@ -102,8 +110,14 @@ class AFL(Strategy):
         return {"afl_lambda_max": float(self._lambda.max())} if len(self._lambda) else {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"lambda": self._lambda.clone(), "average": self._average.clone(), "count": self._count}
+        return {
+            **super().state_dict(),
+            "lambda": self._lambda.clone(),
+            "average": self._average.clone(),
+            "count": self._count,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self._lambda = state["lambda"].clone()
         self._average, self._count = state["average"].clone(), int(state["count"])

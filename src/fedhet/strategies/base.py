@@ -3,12 +3,16 @@
 A round, driven by `fedhet.experiments.runner`:
 
 1. ``select``     — which available clients take part (default: m uniformly without replacement);
-2. ``configure``  — a `LocalPlan` for them (steps, learning rates, proximal term, correction, statistics);
+2. ``configure``  — a `LocalPlan` for them (steps, learning rates, the local objective's terms, the optimiser);
 3. the engine trains the cohort and returns a `LocalResult`;
-4. ``aggregate``  — the new global model from the local ones.
+4. ``aggregate``  — the new global model from the local ones, usually ``self.server_step(w, d)`` with the
+   strategy's aggregate direction d, so that any strategy composes with any server optimiser
+   (`fedhet.strategies.server`).
 
-Strategies keep their state (control variates, estimates) in private attributes and expose it through
-``state_dict``/``load_state_dict`` so that checkpoints resume exactly.
+A strategy sees the clients only through `EngineProtocol` (the native engine or Flower's remote one). It keeps its
+state (control variates, estimates) in private attributes and exposes it through ``state_dict``/``load_state_dict``
+(subclasses extend the base's dictionary) so that checkpoints resume exactly. Per-cohort values that ``aggregate``
+needs are kept per client id, so that the round can go on with fewer clients if some are lost mid-round.
 """
 
 from __future__ import annotations
@@ -17,23 +21,24 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, field_serializer, field_validator
 from torch import Tensor
 
 from fedhet.attacks.base import Attack, NoAttack
-from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
+from fedhet.engine.protocol import EngineProtocol
+from fedhet.registry import Component, Registry, spec_of
+from fedhet.seeding import numpy_rng
+from fedhet.strategies.server import SERVER_OPTIMIZERS, ServerOptimizer, ServerSGD
 
 __all__ = ["STRATEGIES", "LocalSettings", "ServerContext", "Strategy", "weighted_update"]
-from fedhet.registry import Component, Registry
-from fedhet.seeding import numpy_rng
 
 
 @dataclass
 class ServerContext:
     """What a strategy may use: the engine (to score models), client sizes, local settings, the seed."""
 
-    engine: Engine
+    engine: EngineProtocol
     local: LocalSettings
     seed: int
     clients_per_round: int
@@ -57,8 +62,22 @@ class Strategy(Component):
 
     model_config = ConfigDict(extra="forbid", frozen=False, arbitrary_types_allowed=True)
     server_lr: float = Field(1.0, gt=0, description="global (server) learning rate η_g")
+    server_optimizer: ServerOptimizer = Field(
+        default_factory=ServerSGD, description="sgd, momentum (FedAvgM), adagrad, adam or yogi (FedOpt)"
+    )
 
     _ctx: ServerContext | None = PrivateAttr(None)
+
+    @field_validator("server_optimizer", mode="before")
+    @classmethod
+    def _server_optimizer(cls, value: Any) -> Any:
+        if isinstance(value, ServerOptimizer):
+            return value
+        return SERVER_OPTIMIZERS.build(value, where="algorithm.server_optimizer")
+
+    @field_serializer("server_optimizer")
+    def _dump_server_optimizer(self, value: ServerOptimizer) -> dict[str, Any]:
+        return spec_of(value)
 
     @property
     def ctx(self) -> ServerContext:
@@ -79,13 +98,22 @@ class Strategy(Component):
         return pool[torch.as_tensor(chosen, dtype=torch.long)].sort().values
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
-        """Local-training instructions; default: the run's local settings for every client."""
-        local = self.ctx.local
-        return LocalPlan.uniform(clients, local.steps, local.lr, local.batch_size, weight_decay=local.weight_decay)
+        """Local-training instructions; default: the run's local settings (steps, learning rate, batch size,
+        optimiser and objective terms) for every client."""
+        return self.ctx.local.plan(clients, self.ctx.train_sizes[clients])
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         """The next global model."""
         raise NotImplementedError
+
+    def parts(self) -> list[Strategy]:
+        """This strategy and the strategies it wraps (a run sets each of them up with what it asks for)."""
+        return [self]
+
+    def server_step(self, global_params: Tensor, direction: Tensor, lr: float | None = None) -> Tensor:
+        """The next global model from the aggregate direction d: the server optimiser's step with η_g (or `lr`,
+        for strategies whose global step changes over rounds)."""
+        return self.server_optimizer.step(global_params, direction, self.server_lr if lr is None else lr)
 
     def evaluation_params(self, params: Tensor) -> Tensor:
         """The model that is evaluated and reported after a round (default: the current global model; AFL
@@ -97,13 +125,23 @@ class Strategy(Component):
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """The strategy's state for a checkpoint (subclasses add to this dictionary)."""
+        return {"server_optimizer": self.server_optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
+        self.server_optimizer.load_state_dict(state.get("server_optimizer", {}))
 
 
 STRATEGIES: Registry[Strategy] = Registry("algorithm")
+
+
+def by_client(values: Tensor, clients: Tensor, num_clients: int) -> Tensor:
+    """A (K, ...) tensor holding `values` at the rows of `clients` (NaN/False elsewhere): per-cohort values that
+    ``configure`` computes and ``aggregate`` reads for the clients that answered."""
+    fill = False if values.dtype == torch.bool else float("nan")
+    out = torch.full((num_clients, *values.shape[1:]), fill, dtype=values.dtype)
+    out[clients] = values
+    return out
 
 
 def weighted_update(updates: Tensor, weights: Tensor) -> Tensor:

@@ -26,4 +26,4 @@ class FedAvg(Strategy):
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         p = fedavg_weights(self.ctx.train_sizes[result.clients], self.weighting)
-        return global_params - self.server_lr * weighted_update(result.updates(global_params), p)
+        return self.server_step(global_params, weighted_update(result.updates(global_params), p))

@@ -39,19 +39,18 @@ def epoch_steps(sizes: Tensor, batch_size: int, epochs: float) -> Tensor:
     return torch.clamp(torch.round(epochs * sizes.double() / batch_size), min=1).long()
 
 
-def fednova_step(
-    global_params: Tensor, updates: Tensor, p: Tensor, lr: Tensor, norms: Tensor, server_lr: float
-) -> Tensor:
-    """x − η_g (Σ p_i η_i ‖a_i‖₁) Σ p_i Δ_i / (η_i ‖a_i‖₁) over the clients with ‖a_i‖₁ > 0 (p re-normalised)."""
+def fednova_direction(updates: Tensor, p: Tensor, lr: Tensor, norms: Tensor) -> Tensor:
+    """(Σ p_i η_i ‖a_i‖₁) Σ p_i Δ_i / (η_i ‖a_i‖₁) over the clients with ‖a_i‖₁ > 0 (p re-normalised); the
+    server takes x − η_g times this."""
     active = norms > 0
     if not bool(active.any()):
-        return global_params.clone()
+        return torch.zeros_like(updates[0]) if len(updates) else updates.new_zeros(updates.shape[1:])
     p = p.double()[active]
     p = p / p.sum()
     scale = lr.double()[active] * norms[active]  # η_i ‖a_i‖₁
     d = updates[active].double() / scale.unsqueeze(1)
     step = (p * scale).sum() * (p @ d)
-    return global_params - server_lr * step.to(global_params.dtype)
+    return step.to(updates.dtype)
 
 
 @STRATEGIES.register
@@ -74,4 +73,4 @@ class FedNova(FedProx):
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         p = fedavg_weights(self.ctx.train_sizes[result.clients], self.weighting)
         norms = fednova_norms(result.steps, result.lr, self.mu + self.ctx.local.weight_decay)
-        return fednova_step(global_params, result.updates(global_params), p, result.lr, norms, self.server_lr)
+        return self.server_step(global_params, fednova_direction(result.updates(global_params), p, result.lr, norms))

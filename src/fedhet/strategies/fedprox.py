@@ -7,6 +7,7 @@ from typing import ClassVar
 from pydantic import Field
 from torch import Tensor
 
+from fedhet.engine.objective import Proximal
 from fedhet.engine.plan import LocalPlan
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.fedavg import FedAvg
@@ -21,6 +22,4 @@ class FedProx(FedAvg):
     mu: float = Field(0.01, ge=0, description="proximal coefficient μ")
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
-        plan = super().configure(round_, clients, global_params)
-        plan.prox_mu = self.mu
-        return plan
+        return super().configure(round_, clients, global_params).with_terms(Proximal(mu=self.mu))

@@ -1,22 +1,55 @@
 """Per-FedAvg (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020): FedAvg whose clients take MAML steps (Algorithm 1).
 
-The local step is `fedhet.engine.rules.PerFedAvgRule` (first-order or Hessian-free). The server averages the
-local models uniformly, w ← (1/|S|) Σ_k w_k (Algorithm 1; ``weighting: samples`` weighs them by size). The
-global model is what is evaluated; its personalised version is one step of size α from it, which the
-fine-tuning metrics (``ft_*``) measure with the plain local step.
+The local step is `PerFedAvgRule` (first-order or Hessian-free), a local rule the engine runs for any model.
+The server averages the local models uniformly, w ← (1/|S|) Σ_k w_k (Algorithm 1; ``weighting: samples`` weighs
+them by size). The global model is what is evaluated; its personalised version is one step of size α from it,
+which the fine-tuning metrics (``ft_*``) measure with the plain local step.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar, Literal
 
 from pydantic import Field
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan
-from fedhet.engine.rules import PerFedAvgRule
+from fedhet.engine.rules import RULES, GradFn, LocalRule, Tree, axpy
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.fedavg import FedAvg
+
+
+@RULES.register
+class PerFedAvgRule(LocalRule):
+    """Per-FedAvg's local step (Fallah, Mokhtari, Ozdaglar 2020, Algorithm 1 with eqs. 8–10):
+
+        w̃ = w − α ∇f(w; D)                         (personalisation step, batch D)
+        FO: d = ∇f(w̃; D')                           (first-order MAML, batch D')
+        HF: d = ∇f(w̃; D') − α [∇f(w + δv; D'') − ∇f(w − δv; D'')] / 2δ,  v = ∇f(w̃; D')
+
+    and the client optimiser steps along d (SGD: w ← w − β d, β the local learning rate); HF replaces the
+    Hessian-vector product ∇²f(w; D'')v by a finite difference.
+    """
+
+    name: ClassVar[str] = "perfedavg"
+    description: ClassVar[str] = "Per-FedAvg's MAML step (set by the perfedavg strategy)"
+    alpha: float
+    hessian_free: bool = False
+    delta: float = 1e-3
+
+    @property
+    def batches_per_step(self) -> int:
+        return 3 if self.hessian_free else 2
+
+    def direction(self, grad_fn: GradFn, w: Tree) -> tuple[Tree, Tensor]:
+        g, loss = grad_fn(w, 0)
+        v, _ = grad_fn(axpy(w, -self.alpha, g), 1)
+        if self.hessian_free:
+            plus, _ = grad_fn(axpy(w, self.delta, v), 2)
+            minus, _ = grad_fn(axpy(w, -self.delta, v), 2)
+            v = {n: v[n] - self.alpha * (plus[n] - minus[n]) / (2 * self.delta) for n in v}
+        return v, loss
 
 
 @STRATEGIES.register
@@ -32,5 +65,4 @@ class PerFedAvg(FedAvg):
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         plan = super().configure(round_, clients, global_params)
-        plan.rule = PerFedAvgRule(self.alpha, self.hessian_free, self.delta)
-        return plan
+        return replace(plan, rule=PerFedAvgRule(alpha=self.alpha, hessian_free=self.hessian_free, delta=self.delta))

@@ -1,21 +1,49 @@
 """pFedMe (Dinh, Tran, Nguyen, NeurIPS 2020, Algorithm 1): personalisation with Moreau envelopes.
 
-Clients run `fedhet.engine.rules.PFedMeRule` (K inner steps on the personal problem, then a step of the local
+Clients run `PFedMeRule`, a local rule (K inner steps on the personal problem, then a step of the local
 model towards the personal one); the server takes w ← (1 − β) w + β · (1/|S|) Σ_k w_k, i.e. FedAvg's uniform
 step with server learning rate β (``server_lr``, default 1 as in the paper's experiments with β = 1 or 2).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar, Literal
 
 from pydantic import Field
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan
-from fedhet.engine.rules import PFedMeRule
+from fedhet.engine.rules import RULES, GradFn, LocalRule, Tree
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.fedavg import FedAvg
+
+
+@RULES.register
+class PFedMeRule(LocalRule):
+    """pFedMe's local step (Dinh, Tran, Nguyen 2020, Algorithm 1, eqs. 7–8) on one mini-batch D:
+
+        θ̂ ≈ argmin_θ f(θ; D) + (λ/2)‖θ − w‖²   (K gradient steps of size `inner_lr` from θ = w)
+        d = λ (w − θ̂)                           (so SGD takes w ← w − η λ (w − θ̂), η the local learning rate)
+
+    θ starts from the current local model at every step (stateless clients; the authors' code warm-starts it
+    from the previous step's θ̂).
+    """
+
+    name: ClassVar[str] = "pfedme"
+    description: ClassVar[str] = "pFedMe's Moreau-envelope step (set by the pfedme strategy)"
+    lam: float
+    inner_steps: int
+    inner_lr: float
+
+    def direction(self, grad_fn: GradFn, w: Tree) -> tuple[Tree, Tensor]:
+        theta, loss = dict(w), None
+        for _ in range(self.inner_steps):
+            g, value = grad_fn(theta, 0)
+            loss = value if loss is None else loss
+            theta = {n: theta[n] - self.inner_lr * (g[n] + self.lam * (theta[n] - w[n])) for n in w}
+        assert loss is not None
+        return {n: self.lam * (w[n] - theta[n]) for n in w}, loss
 
 
 @STRATEGIES.register
@@ -31,5 +59,4 @@ class PFedMe(FedAvg):
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         plan = super().configure(round_, clients, global_params)
-        plan.rule = PFedMeRule(self.lam, self.inner_steps, self.inner_lr)
-        return plan
+        return replace(plan, rule=PFedMeRule(lam=self.lam, inner_steps=self.inner_steps, inner_lr=self.inner_lr))

@@ -7,7 +7,11 @@ the participants' local models w̄_k and their losses F_k(w_t) at the received m
     Δw_k = L (w_t − w̄_k),    Δ_k = F_k^q Δw_k,    h_k = q F_k^{q−1} ‖Δw_k‖² + L F_k^q,
     w_{t+1} = w_t − Σ_k Δ_k / Σ_k h_k,
 
-with L an estimate of the Lipschitz constant of ∇F_k. F_k is what client k *reports* (so loss attacks such as
+with L an estimate of the Lipschitz constant of ∇F_k. Li et al. take L = 1/η, the inverse of the local learning
+rate (their released ``qffedavg.py``: Δw_k = (w_t − w̄_k)/η and L F_k^q = F_k^q/η), so that Δw_k is the sum of
+the local gradients; that is the default here (``lipschitz`` unset: L = 1/η_l, the run's ``local.lr``). A value
+given explicitly is used as it is: the FedMGDA+ authors' code defaults to L = 1 and their Table 5 grid is
+L ∈ {0.1, 1, 10}, so the FedMGDA+ recipes pass L. F_k is what client k *reports* (so loss attacks such as
 FedMGDA+'s bias attack reach it through `ServerContext.client_losses`). ``loss: mean`` is the mean loss over the
 client's training data (Li et al.); ``batch_sum`` multiplies it by the number of local mini-batches ⌈n_k / b⌉,
 the "non-averaged total" of the FedMGDA+ authors' code, on which their bias levels (1000–10000) are set; the
@@ -25,7 +29,7 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.strategies.base import STRATEGIES, Strategy
+from fedhet.strategies.base import STRATEGIES, Strategy, by_client
 
 __all__ = ["QFFL", "qffl_objective", "qffl_step"]
 
@@ -55,10 +59,17 @@ class QFFL(Strategy):
     name: ClassVar[str] = "qffl"
     description: ClassVar[str] = "q-FFL / q-FedAvg: fair resource allocation, weights F_k^q (Li et al. 2020)"
     q: float = Field(1.0, ge=0, description="fairness exponent q (0: FedAvg; large q: AFL-like)")
-    lipschitz: float = Field(1.0, gt=0, description="L: Lipschitz-constant estimate (Li et al. use 1/local lr)")
+    lipschitz: float | None = Field(
+        None, gt=0, description="L: Lipschitz-constant estimate; unset: 1/η_l, the local learning rate (Li et al.)"
+    )
     loss: Literal["mean", "batch_sum"] = Field("mean", description="F_k: mean loss, or × number of mini-batches")
 
     _losses: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0))
+
+    @property
+    def lipschitz_constant(self) -> float:
+        """L: the configured value, or 1/η_l (the run's local learning rate) when none is given (Li et al.)."""
+        return self.lipschitz if self.lipschitz is not None else 1.0 / self.ctx.local.lr
 
     def reported_losses(self, clients: Tensor, global_params: Tensor) -> Tensor:
         """F_k(w_t) as the clients report it (after any loss attack)."""
@@ -70,12 +81,14 @@ class QFFL(Strategy):
         return self.ctx.attack.report_losses(clients, honest)
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
-        self._losses = self.reported_losses(clients, global_params)
+        self._losses = by_client(self.reported_losses(clients, global_params), clients, self.ctx.num_clients)
         return super().configure(round_, clients, global_params)
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
-        direction = qffl_step(global_params, result.updates(global_params), self._losses, self.q, self.lipschitz)
-        return global_params - self.server_lr * direction
+        losses = self._losses[result.clients]
+        direction = qffl_step(global_params, result.updates(global_params), losses, self.q, self.lipschitz_constant)
+        return self.server_step(global_params, direction)
 
     def round_metrics(self) -> dict[str, float]:
-        return {"qffl_loss_max": float(self._losses.max())} if len(self._losses) else {}
+        known = self._losses[~torch.isnan(self._losses)]
+        return {"qffl_loss_max": float(known.max())} if len(known) else {}

@@ -63,7 +63,7 @@ class Krum(Strategy):
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         updates = result.updates(global_params)
         best = krum_scores(updates, self.byzantine).argsort()[: min(self.multi, len(updates))]
-        return global_params - self.server_lr * updates[best].mean(dim=0)
+        return self.server_step(global_params, updates[best].mean(dim=0))
 
 
 @STRATEGIES.register
@@ -72,7 +72,7 @@ class CoordinateMedian(Strategy):
     description: ClassVar[str] = "coordinate-wise median of the client updates (Yin et al. 2018)"
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
-        return global_params - self.server_lr * coordinate_median(result.updates(global_params))
+        return self.server_step(global_params, coordinate_median(result.updates(global_params)))
 
 
 @STRATEGIES.register
@@ -82,4 +82,4 @@ class TrimmedMean(Strategy):
     trim: float = Field(0.1, ge=0, lt=0.5, description="β: share of values dropped at each end per coordinate")
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
-        return global_params - self.server_lr * trimmed_mean(result.updates(global_params), self.trim)
+        return self.server_step(global_params, trimmed_mean(result.updates(global_params), self.trim))

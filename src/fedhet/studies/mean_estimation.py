@@ -6,11 +6,14 @@ objectives (all with F_k(w) − ρ_k = (w − θ̂_k)²):
 
 - standard FL: Σ_k (w − θ̂_k)² (minimiser: the average of the θ̂_k);
 - MaxFL (ReLU): Σ_k ReLU((w − θ̂_k)²) — the same minimiser (Lemma 2.2);
-- MaxFL: Σ_k σ((w − θ̂_k)²), non-convex; a local minimum is found by L-BFGS (scipy.optimize) from a start drawn
-  uniformly between the clients' empirical means (the paper does not say where it starts).
+- MaxFL: Σ_k σ((w − θ̂_k)²), non-convex. The paper finds "a local minima ... using the scipy.optimize function"
+  without saying from where; here each run starts uniformly between its clients' empirical means and goes to the
+  local minimum of its start's basin: the one gradient descent with small steps reaches (`local_minimum`).
 
-All runs of one setting are solved at once: the objectives are separable, so minimising their sum over the
-vector of runs finds each run's local minimum.
+Each run is minimised to its own stationarity (|∂/∂w| ≤ 1e-10 and a bracketing sign change of the derivative).
+An earlier version ran one L-BFGS-B over the *sum* of all runs' objectives: it stopped when the sum stopped
+falling, which left some runs far from stationary (docs/maxfl.md has the curve before and after, and what
+scipy.optimize.minimize run per run from other starts would pick).
 """
 
 from __future__ import annotations
@@ -18,25 +21,78 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize
 from scipy.special import expit
 
 from fedhet.seeding import numpy_rng
 
+CURVATURE_BOUND = 1.0  # ≥ max_w |d²/dw² σ((w − θ)²)| = max_u |2σ'(u) + 4uσ''(u)| ≈ 0.5 (checked by a test)
 
-def maxfl_objective(w: np.ndarray, theta_hat: np.ndarray) -> tuple[float, np.ndarray]:
-    """Σ_runs Σ_k σ((w_r − θ̂_rk)²) and its gradient in w (runs × clients)."""
+
+def _terms(w: np.ndarray, theta_hat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """d = w − θ̂ (runs × clients), σ(d²) and σ'(d²) = σ(d²)σ(−d²) (no cancellation for large d²)."""
     d = w[:, None] - theta_hat
-    s = expit(d**2)
-    return float(s.sum()), (s * (1 - s) * 2 * d).sum(1)
+    u = d * d
+    return d, expit(u), expit(u) * expit(-u)
 
 
-def local_minimum(theta_hat: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """A local minimum of the MaxFL objective for every run (rows of `theta_hat`)."""
-    res = minimize(
-        maxfl_objective, start, args=(theta_hat,), jac=True, method="L-BFGS-B", options={"maxiter": 2000, "gtol": 1e-10}
-    )
-    return np.asarray(res.x)
+def maxfl_objective(w: np.ndarray, theta_hat: np.ndarray) -> np.ndarray:
+    """Per run r: Σ_k σ((w_r − θ̂_rk)²) (`theta_hat` is runs × clients)."""
+    return np.asarray(expit((w[:, None] - theta_hat) ** 2).sum(1))
+
+
+def maxfl_gradient(w: np.ndarray, theta_hat: np.ndarray) -> np.ndarray:
+    """Per run: d/dw Σ_k σ((w − θ̂_k)²) = Σ_k 2 (w − θ̂_k) σ'((w − θ̂_k)²)."""
+    d, _, ds = _terms(w, theta_hat)
+    return np.asarray((2 * d * ds).sum(1))
+
+
+def maxfl_curvature(w: np.ndarray, theta_hat: np.ndarray) -> np.ndarray:
+    """Per run: d²/dw² Σ_k σ((w − θ̂_k)²) = Σ_k 2σ'(u) + 4u σ''(u), u = (w − θ̂_k)², σ'' = σ'(1 − 2σ)."""
+    d, s, ds = _terms(w, theta_hat)
+    u = d * d
+    return np.asarray((2 * ds + 4 * u * ds * (1 - 2 * s)).sum(1))
+
+
+def local_minimum(theta_hat: np.ndarray, start: np.ndarray, step: float = 0.01, bisections: int = 200) -> np.ndarray:
+    """Per run (rows of `theta_hat`), the local minimum of Σ_k σ((w − θ̂_k)²) that gradient flow from `start`
+    reaches: the first zero of the derivative in the downhill direction.
+
+    All runs move at once, each with its own convergence test. A run walks downhill in steps of
+    max(|g| / L, `step`) (L bounds |g'|, so the longer steps cannot pass a zero of g; `step` carries it across
+    flat regions, where g ≈ 0 far from every client) until g changes sign or vanishes, then bisects that bracket
+    down to adjacent floating-point numbers. A run whose start is exactly stationary stays there. The walk never
+    leaves the hull of the start and the θ̂_k, since outside it every term increases away from the clients.
+    """
+    theta_hat = np.asarray(theta_hat, dtype=float)
+    lo = np.asarray(start, dtype=float).copy()
+    g = maxfl_gradient(lo, theta_hat)
+    direction = -np.sign(g)
+    hi = lo.copy()
+    left = np.minimum(theta_hat.min(1), lo)
+    right = np.maximum(theta_hat.max(1), lo)
+    lipschitz = CURVATURE_BOUND * theta_hat.shape[1]
+    walking = np.flatnonzero(direction != 0)
+    glo = g.copy()
+    while len(walking):  # bracket: g(lo) points downhill along `direction`, g(hi) does not
+        i = walking
+        nxt = np.clip(lo[i] + direction[i] * np.maximum(np.abs(glo[i]) / lipschitz, step), left[i], right[i])
+        gn = maxfl_gradient(nxt, theta_hat[i])
+        crossed = ~(gn * direction[i] < 0) | (nxt == lo[i])  # (NaN input and the hull's end count as crossed)
+        hi[i[crossed]] = nxt[crossed]
+        lo[i[~crossed]], glo[i[~crossed]] = nxt[~crossed], gn[~crossed]
+        walking = i[~crossed]
+    hi[direction == 0] = lo[direction == 0]
+    for _ in range(bisections):
+        mid = 0.5 * (lo + hi)
+        open_ = (mid != lo) & (mid != hi)
+        if not open_.any():
+            break
+        i = np.flatnonzero(open_)
+        downhill = maxfl_gradient(mid[i], theta_hat[i]) * direction[i] < 0
+        lo[i[downhill]] = mid[i[downhill]]
+        hi[i[~downhill]] = mid[i[~downhill]]
+    g_lo, g_hi = np.abs(maxfl_gradient(lo, theta_hat)), np.abs(maxfl_gradient(hi, theta_hat))
+    return np.where(g_lo < g_hi, lo, hi)
 
 
 def expected_appeal(w: np.ndarray, theta: np.ndarray, theta_hat: np.ndarray, tie_scale: float = 1e-9) -> float:

@@ -1,0 +1,289 @@
+"""fedhet from Python: `run` a config, `load_run` a run folder back, `Config` to validate one.
+
+A config is what ``fedhet run`` reads from YAML: a dict, a YAML file, or a `Config`. From Python it may also
+hold objects: ``dataset`` a `fedhet.datasets.Dataset` or a tuple ``(x, y)`` / ``(x, y, users)`` of arrays or
+tensors, ``model`` an `nn.Module` class, a function returning one, or an instance; any component may be a
+component object (e.g. a `Strategy` instance).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from pydantic import ValidationError
+
+from fedhet.errors import ConfigError, FedhetError
+from fedhet.experiments.callbacks import Callback
+from fedhet.experiments.config import COMPONENT_KEYS, RunConfig, load_yaml
+from fedhet.registry import Component, format_validation_error, spec_of
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from fedhet.engine.functional import FlatModel
+
+__all__ = ["Callback", "Config", "RunResult", "load_run", "run"]
+
+MODEL_FILE = "model.pt"
+
+
+def _from_python(key: str, value: Any) -> Any:
+    """A component value given from Python as the name-or-mapping a config holds."""
+    if isinstance(value, str | Mapping) and not (key == "model" and _is_torch_mapping(value)):
+        return value
+    if isinstance(value, Component):
+        return spec_of(value)
+    if key == "dataset":
+        from fedhet.data.dataset import Dataset
+        from fedhet.data.memory import hold
+        from fedhet.datasets import from_arrays
+
+        if isinstance(value, tuple) and len(value) in (2, 3):
+            value = from_arrays(*value)
+        if isinstance(value, Dataset):
+            return {"name": "in_memory", "ref": hold(value)}
+        raise ConfigError(
+            f"'dataset' must be a name, a mapping, a fedhet.datasets.Dataset or a tuple (x, y[, users]); "
+            f"got a {type(value).__name__}"
+        )
+    if key == "model":
+        from torch import nn
+
+        from fedhet.models.torch_model import hold_model
+
+        if isinstance(value, Mapping):
+            return {**value, "target": hold_model(value["target"])}
+        if isinstance(value, nn.Module) or callable(value):
+            return {"name": "torch", "target": hold_model(value)}
+        raise ConfigError("'model' must be a name, a mapping, an nn.Module or a class/function building one")
+    return value
+
+
+def _is_torch_mapping(value: Any) -> bool:
+    return isinstance(value, Mapping) and value.get("name") == "torch" and not isinstance(value.get("target"), str)
+
+
+def _normalise(data: Mapping[str, Any]) -> dict[str, Any]:
+    raw = dict(data)
+    for key in COMPONENT_KEYS:
+        if key in raw and raw[key] is not None:
+            raw[key] = _from_python(key, raw[key])
+    if isinstance(raw.get("metrics"), Sequence) and not isinstance(raw["metrics"], str):
+        raw["metrics"] = [spec_of(m) if isinstance(m, Component) else m for m in raw["metrics"]]
+    return raw
+
+
+class Config(RunConfig):
+    """A validated run configuration: every key of ``fedhet run``'s YAML (see the configuration reference).
+
+    ``Config(rounds=5, dataset={"name": "table", "path": "data.csv", "label": "y"})``; invalid values raise
+    `fedhet.errors.ConfigError` with the one-line message the CLI prints. Python objects are accepted where
+    `fedhet.api` says.
+    """
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**_normalise(data))
+        except ValidationError as err:
+            raise ConfigError(format_validation_error(err, "", RunConfig)) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Config:
+        """The config in a YAML file (as ``fedhet run CONFIG``)."""
+        return cls(**load_yaml(Path(path)))
+
+    def replace(self, **changes: Any) -> Config:
+        """A new, validated config with `changes` (Python objects allowed as in the constructor):
+        ``config.replace(model=Net, rounds=5)``."""
+        return type(self)(**{**self.model_dump(), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain YAML-able values."""
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def as_config(config: Config | RunConfig | Mapping[str, Any] | str | Path) -> RunConfig:
+    """`config` (a Config, a mapping, or a YAML file path) as a validated config."""
+    if isinstance(config, RunConfig):
+        return config
+    if isinstance(config, str | Path):
+        return Config.from_yaml(config)
+    if isinstance(config, Mapping):
+        return Config(**config)
+    raise ConfigError(f"config must be a dict, a YAML file path or a fedhet.Config; got a {type(config).__name__}")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run produced: its numbers and its final global model."""
+
+    config: dict[str, Any]
+    """The resolved config (every component's parameters filled in; what ``config.yaml`` holds)."""
+    status: str
+    """``finished``, ``stopped early``, ``diverged`` or ``interrupted``."""
+    rounds: int
+    """Rounds completed."""
+    final: dict[str, float]
+    """The last evaluated round's metrics (``test_accuracy``, ``test_loss``, ...)."""
+    history: list[dict[str, float]]
+    """One row of metrics per evaluated round (``metrics.csv``)."""
+    clients: list[dict[str, float]]
+    """One row per client at the end (``clients.csv``): its accuracy, loss, size, ..."""
+    state_dict: dict[str, Tensor] | None
+    """The final global model as a state dict (``module.load_state_dict(result.state_dict)``)."""
+    wall_time_s: float = 0.0
+    out: Path | None = None
+    """The run folder, when one was written."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def metric(self, name: str) -> list[float]:
+        """A metric's values over the evaluated rounds (missing rounds skipped)."""
+        if not any(name in row for row in self.history):
+            known = sorted({k for row in self.history for k in row})
+            raise ConfigError(f"no metric '{name}' in this run; it has: {', '.join(known)}")
+        return [row[name] for row in self.history if name in row]
+
+
+def state_dict_of(model: FlatModel, params: Tensor) -> dict[str, Tensor]:
+    """The model with flat parameters `params` (buffers as built) as a state dict (tied parameters under each
+    of their names, like `nn.Module.state_dict`)."""
+    flat = model.unflatten(params.detach().cpu())
+    module = model.module
+    canonical = {id(p): n for n, p in module.named_parameters()}
+    every = dict(module.named_parameters(remove_duplicate=False))
+    out: dict[str, Tensor] = {}
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        source = flat[canonical[id(every[key])]] if key in every else tensor
+        out[key] = source.detach().cpu().clone()
+    return out
+
+
+def _write_model(out: Path, state_dict: dict[str, Tensor]) -> None:
+    import torch
+
+    tmp = out / (MODEL_FILE + ".tmp")
+    torch.save(state_dict, tmp)
+    tmp.replace(out / MODEL_FILE)
+
+
+def _rows(path: Path) -> list[dict[str, float]]:
+    import csv
+
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+
+
+def run(
+    config: Config | RunConfig | Mapping[str, Any] | str | Path,
+    out: str | Path | None = None,
+    *,
+    callbacks: Sequence[Callback] = (),
+    progress: bool = False,
+    overwrite: bool = False,
+) -> RunResult:
+    """Run one experiment, as ``fedhet run``, and return its results.
+
+    `config` is a dict, a YAML file or a `Config`. With `out`, the run folder is written there (config.yaml,
+    metrics.csv, clients.csv, summary.json, checkpoint.pt, and the final model as ``model.pt``); a folder that
+    already holds a run is an error unless `overwrite`. `callbacks` are told about every round (see
+    `Callback`); `progress` shows a progress bar.
+    """
+    from fedhet.experiments.runner import CHECKPOINT
+    from fedhet.experiments.runner import run as start
+
+    cfg = as_config(config)
+    folder = Path(out) if out is not None else None
+    if folder is not None and (folder / CHECKPOINT).exists():
+        if not overwrite:
+            raise FedhetError(
+                f"'{folder}' already holds a run; read it with fedhet.load_run('{folder}'), choose another out, "
+                "or pass overwrite=True"
+            )
+        shutil.rmtree(folder)
+    hooks = list(callbacks)
+    if progress:
+        from rich.console import Console
+
+        from fedhet.cli.progress import ProgressBar
+
+        hooks.insert(0, ProgressBar(Console()))
+    state = start(cfg, folder, hooks)
+    model = state_dict_of(state.experiment.engine.model, state.params)
+    if folder is not None:
+        _write_model(folder, model)
+    from fedhet.experiments.build import resolved_config
+
+    clients = []
+    if state.client_columns:
+        k = len(next(iter(state.client_columns.values())))
+        clients = [{"client": float(i), **{c: float(v[i]) for c, v in state.client_columns.items()}} for i in range(k)]
+    return RunResult(
+        config=resolved_config(cfg),
+        status=state.status,
+        rounds=state.round,
+        final=dict(state.final),
+        history=[dict(row) for row in state.history],
+        clients=clients,
+        state_dict=model,
+        wall_time_s=state.wall_time_s,
+        out=folder,
+    )
+
+
+def load_run(folder: str | Path, *, model: bool = True) -> RunResult:
+    """Read a run folder (from `run` or ``fedhet run``) back as a `RunResult`.
+
+    The final model comes from ``model.pt`` (written by `run`); for a folder without it (``fedhet run``), it is
+    rebuilt from ``checkpoint.pt`` and the config, which loads the dataset; ``model=False`` skips it.
+    Nothing read can execute code (``torch.load(weights_only=True)``).
+    """
+    from fedhet.report.runs import read_run
+
+    path = Path(folder)
+    record = read_run(path)
+    config_file = path / "config.yaml"
+    config = load_yaml(config_file) if config_file.is_file() else {}
+    summary = record.summary
+    return RunResult(
+        config=config,
+        status=str(summary.get("status", "unknown")),
+        rounds=int(summary.get("rounds", len(record.rows))),
+        final=dict(summary.get("final") or (record.rows[-1] if record.rows else {})),
+        history=record.rows,
+        clients=_rows(path / "clients.csv"),
+        state_dict=_load_model(path, config) if model else None,
+        wall_time_s=float(summary.get("wall_time_s", 0.0)),
+        out=path,
+    )
+
+
+def _load_model(path: Path, config: dict[str, Any]) -> dict[str, Tensor] | None:
+    import torch
+
+    if (path / MODEL_FILE).is_file():
+        loaded: dict[str, Tensor] = torch.load(path / MODEL_FILE, weights_only=True)
+        return loaded
+    checkpoint = path / "checkpoint.pt"
+    if not checkpoint.is_file():
+        return None
+    from fedhet.experiments.build import build_model, components, federated_data
+    from fedhet.experiments.config import parse_config
+
+    try:
+        saved = torch.load(checkpoint, weights_only=True)
+    except Exception as err:  # an older or foreign checkpoint format
+        raise ConfigError(f"cannot read the model in '{checkpoint}' ({str(err).splitlines()[0]})") from None
+    cfg = parse_config(config)
+    parts = components(cfg)
+    data = federated_data(cfg, parts)
+    return state_dict_of(build_model(cfg, parts, data.input_shape, data.num_classes), saved["params"])

@@ -1,0 +1,250 @@
+"""Your own arrays as a `Dataset`: checks and conversion shared by every user-data format, and the ``arrays``
+source (``.npz`` / ``.npy`` files).
+
+Features must be numbers of one shape per sample; labels are class ids (non-negative integers) or class names
+(strings, numbered in sorted order); optional per-sample user ids (any values) give the ``natural`` partition.
+Every problem is a one-line `DataError` naming the input and how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from fedhet.data.dataset import Dataset
+from fedhet.data.sources import DATASETS, DatasetSource
+from fedhet.errors import DataError
+
+ArrayLike = Any  # a NumPy array, a torch tensor, or a (nested) sequence of numbers
+
+
+def as_numpy(values: ArrayLike, what: str) -> np.ndarray:
+    """`values` (array, tensor or nested sequence) as a NumPy array; mixed shapes are a DataError."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu().numpy()
+    try:
+        return np.asarray(values)
+    except ValueError as err:  # NumPy's "inhomogeneous shape" for ragged input
+        raise DataError(
+            f"{what}: samples have mixed shapes ({str(err).splitlines()[0]}); give every sample the same shape "
+            "(resize images, pad sequences)"
+        ) from None
+
+
+def _first_bad_row(mask: np.ndarray) -> int:
+    return int(np.argwhere(mask.reshape(len(mask), -1).any(axis=1))[0, 0])
+
+
+def check_features(x: ArrayLike, what: str, tokens: bool = False) -> torch.Tensor:
+    """Features (N, ...) as float32 (or int64 token ids with `tokens`); a 1-D array is one feature per sample."""
+    arr = as_numpy(x, what)
+    if arr.dtype == object:
+        raise DataError(
+            f"{what}: features are not one numeric array (mixed shapes or non-numbers); give every sample the "
+            "same shape and numeric values"
+        )
+    if arr.ndim == 0 or len(arr) == 0:
+        raise DataError(f"{what}: no samples (features of shape {arr.shape})")
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise DataError(
+            f"{what}: features are not numeric (dtype {arr.dtype}); encode them as numbers "
+            "(tables: list such columns under 'categorical')"
+        )
+    if np.iscomplexobj(arr):
+        raise DataError(f"{what}: features are complex numbers; give real-valued features")
+    if arr.ndim == 1:
+        arr = arr.reshape(-1, 1)
+    if tokens:
+        if not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_):
+            raise DataError(f"{what}: token features must be integers (got dtype {arr.dtype}); unset 'tokens'")
+        if arr.size and arr.min() < 0:
+            raise DataError(f"{what}: token ids must be non-negative (row {_first_bad_row(arr < 0)} has one below 0)")
+        return torch.from_numpy(arr.astype(np.int64))
+    out = arr.astype(np.float32)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        raise DataError(
+            f"{what}: row {_first_bad_row(bad)} holds a missing or infinite value (NaN/inf); fill or drop such rows"
+        )
+    return torch.from_numpy(np.ascontiguousarray(out))
+
+
+def check_labels(y: ArrayLike, n: int, what: str, num_classes: int | None = None) -> tuple[torch.Tensor, int]:
+    """Labels as int64 class ids and the number of classes.
+
+    Integers (or whole floats) are class ids 0..C-1 (C = `num_classes`, or the largest id + 1); strings and
+    booleans are class names, numbered in sorted order. Fractions, negatives and NaN are DataErrors.
+    """
+    arr = as_numpy(y, what)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.ndim != 1:
+        raise DataError(
+            f"{what}: labels must be one class per sample, shape ({n},), got {arr.shape}; one-hot labels: pass "
+            "their argmax"
+        )
+    if len(arr) != n:
+        raise DataError(f"{what}: {len(arr)} labels for {n} samples; give exactly one label per sample")
+    if arr.dtype == np.bool_ or arr.dtype.kind in "USO":
+        if arr.dtype.kind == "O" and not all(isinstance(v, str) for v in arr):
+            raise DataError(f"{what}: labels mix names and other values; give class ids or class names only")
+        names, ids = np.unique(arr.astype(str) if arr.dtype.kind == "O" else arr, return_inverse=True)
+        return _classes(torch.from_numpy(ids.astype(np.int64)), len(names), what, num_classes)
+    if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
+        raise DataError(f"{what}: labels of dtype {arr.dtype} are not classes; give integer ids or names")
+    if np.issubdtype(arr.dtype, np.floating):
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise DataError(
+                f"{what}: label {float(arr[row]):g} (row {row}) is not a class; labels must be integer class ids "
+                "or names (fedhet trains classifiers)"
+            )
+    ids = arr.astype(np.int64)
+    if ids.min() < 0:
+        row = int(np.argmax(ids < 0))
+        raise DataError(f"{what}: label {ids[row]} (row {row}) is negative; class ids start at 0")
+    return _classes(torch.from_numpy(ids), int(ids.max()) + 1, what, num_classes)
+
+
+def _classes(ids: torch.Tensor, found: int, what: str, num_classes: int | None) -> tuple[torch.Tensor, int]:
+    if num_classes is not None:
+        if found > num_classes:
+            raise DataError(f"{what}: labels need {found} classes but num_classes is {num_classes}; raise it")
+        return ids, num_classes
+    if found < 2:
+        raise DataError(f"{what}: every label is the same class; a classifier needs at least two classes")
+    return ids, found
+
+
+def check_users(users: ArrayLike, n: int, what: str) -> torch.Tensor:
+    """Per-sample user ids (any values: numbers or names) numbered 0..U-1 in sorted order."""
+    arr = as_numpy(users, what)
+    if arr.ndim != 1 or len(arr) != n:
+        raise DataError(f"{what}: users must give one id per sample, shape ({n},), got {arr.shape}")
+    if arr.dtype.kind == "f" and np.isnan(arr).any():
+        raise DataError(f"{what}: user id of row {int(np.argmax(np.isnan(arr)))} is missing (NaN)")
+    if arr.dtype.kind == "O":
+        arr = arr.astype(str)
+    _, ids = np.unique(arr, return_inverse=True)
+    return torch.from_numpy(ids.astype(np.int64).reshape(-1))
+
+
+def to_dataset(
+    name: str,
+    x: ArrayLike,
+    y: ArrayLike,
+    users: ArrayLike | None = None,
+    *,
+    num_classes: int | None = None,
+    tokens: bool = False,
+    where: str | None = None,
+) -> Dataset:
+    """A checked `Dataset` from features `x` (N, ...), labels `y` (N,) and optional users (N,).
+
+    `where` names the input in error messages (a file, a column); it defaults to `name`."""
+    what = where or name
+    features = check_features(x, what, tokens)
+    labels, classes = check_labels(y, len(features), what, num_classes)
+    owners = check_users(users, len(features), what) if users is not None else None
+    return Dataset(name, features, labels, classes, users=owners)
+
+
+def standardise(x: torch.Tensor, dims: Sequence[int] = (0,)) -> torch.Tensor:
+    """Zero mean, unit variance over `dims` (columns with no spread are only centred)."""
+    mean = x.mean(dim=tuple(dims), keepdim=True)
+    std = x.std(dim=tuple(dims), keepdim=True, unbiased=False)
+    return (x - mean) / torch.where(std > 0, std, torch.ones_like(std))
+
+
+def resolve(path: str, what: str) -> Path:
+    """A user-given file path (relative to the current directory) that must exist."""
+    resolved = Path(path).expanduser()
+    if not resolved.exists():
+        raise DataError(f"{what}: no such file or folder '{path}' (relative paths start at '{Path.cwd()}')")
+    return resolved
+
+
+def _read_npy(path: Path, what: str) -> np.ndarray:
+    try:
+        return np.asarray(np.load(path, allow_pickle=False))
+    except ValueError as err:
+        if "allow_pickle" in str(err) or "Object arrays" in str(err):
+            raise DataError(
+                f"{what}: '{path}' holds Python objects, which fedhet does not unpickle; save numbers"
+            ) from None
+        raise DataError(f"{what}: '{path}' is not a NumPy file ({str(err).splitlines()[0]})") from None
+    except (OSError, EOFError) as err:
+        raise DataError(f"{what}: cannot read '{path}' ({str(err).splitlines()[0]})") from None
+
+
+@DATASETS.register
+class Arrays(DatasetSource):
+    """Arrays from NumPy files: a ``.npz`` archive (``path``) whose arrays ``x``, ``y`` and optional ``users``
+    are named by key, or, without ``path``, one ``.npy`` file each.
+
+    ``x`` holds the features (N, ...): integers become float32 unless ``tokens`` (then int64 ids for an
+    embedding); ``y`` the labels (N,): class ids 0..C-1 or class names; ``users`` each sample's owner (any ids),
+    for ``partition: natural``. Files are read without unpickling (``allow_pickle=False``). Relative paths start
+    at the current directory.
+    """
+
+    name: ClassVar[str] = "arrays"
+    description: ClassVar[str] = "your NumPy arrays: an .npz file (or .npy files) with features, labels, optional users"
+    path: str | None = Field(None, description="a .npz file; without it, x, y and users are paths to .npy files")
+    x: str = Field("x", description="the features: a key of the .npz file, or a .npy file")
+    y: str = Field("y", description="the labels (class ids or names): a key of the .npz file, or a .npy file")
+    users: str | None = Field(None, description="per-sample user ids for partition 'natural' (key or .npy file)")
+    tokens: bool = Field(False, description="integer features are token ids (kept as int64 for an embedding)")
+    num_classes: int | None = Field(None, ge=2, description="number of classes (default: largest label id + 1)")
+
+    def load(self, data_dir: Path, download: bool = False) -> Dataset:
+        keys = {"x": self.x, "y": self.y, **({"users": self.users} if self.users is not None else {})}
+        arrays: dict[str, np.ndarray] = {}
+        where = self.path or self.x
+        if self.path is not None:
+            file = resolve(self.path, "dataset 'arrays'")
+            try:
+                archive = np.load(file, allow_pickle=False)
+            except (ValueError, OSError, EOFError) as err:
+                raise DataError(
+                    f"dataset 'arrays': '{file}' is not a NumPy .npz file ({str(err).splitlines()[0]})"
+                ) from None
+            if not hasattr(archive, "files"):
+                raise DataError(f"dataset 'arrays': '{file}' is one array (.npy); give x and y as .npy files instead")
+            with archive:
+                for role, key in keys.items():
+                    if key not in archive.files:
+                        raise DataError(
+                            f"dataset 'arrays': '{file}' has no array '{key}' (for {role}); it holds: "
+                            f"{', '.join(archive.files)}"
+                        )
+                    try:
+                        arrays[role] = archive[key]
+                    except ValueError:
+                        raise DataError(
+                            f"dataset 'arrays': array '{key}' of '{file}' holds Python objects, which fedhet does not "
+                            "unpickle; save numbers"
+                        ) from None
+        else:
+            for role, key in keys.items():
+                if not key.endswith(".npy"):
+                    raise DataError(
+                        f"dataset 'arrays': {role} '{key}' is not a .npy file; give 'path: file.npz' to name arrays "
+                        "by key"
+                    )
+                arrays[role] = _read_npy(resolve(key, f"dataset 'arrays' ({role})"), "dataset 'arrays'")
+        return to_dataset(
+            Path(where).stem,
+            arrays["x"],
+            arrays["y"],
+            arrays.get("users"),
+            num_classes=self.num_classes,
+            tokens=self.tokens,
+            where=f"dataset 'arrays' ({where})",
+        )

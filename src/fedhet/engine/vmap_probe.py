@@ -1,0 +1,48 @@
+"""Can `torch.func.vmap` run a model's training step? Probed once per model on two samples of real data."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call, grad, vmap
+
+from fedhet.data.dataset import ClientData
+from fedhet.engine.functional import FlatModel
+
+
+@dataclass(frozen=True)
+class VmapProbe:
+    """What vmap made of the model: an error (it cannot run it), or a slow per-sample fallback for an operation it
+    has no batching rule for (it runs, with the same numbers, but no faster than a loop)."""
+
+    failure: str | None = None
+    slow: str | None = None
+
+
+def probe_vmap(model: FlatModel, data: ClientData) -> VmapProbe:
+    """Run a vmapped gradient step of two stacked copies of the model on two samples of `data`."""
+    if len(data.y) == 0:
+        return VmapProbe()
+    x, y = data.x[:2].unsqueeze(0).expand(2, *data.x[:2].shape), data.y[:2].unsqueeze(0).expand(2, -1)
+    params = {n: v.unsqueeze(0).expand(2, *v.shape) for n, v in model.unflatten(model.initial_params()).items()}
+
+    def loss(w: dict[str, Tensor], xb: Tensor, yb: Tensor) -> Tensor:
+        return F.cross_entropy(functional_call(model.module, w, (xb,)), yb)
+
+    randomness = "same" if model.has_dropout else "error"
+    was_training = model.module.training
+    model.module.train()
+    try:
+        with warnings.catch_warnings(record=True) as caught, torch.random.fork_rng():
+            warnings.simplefilter("always")
+            vmap(grad(loss), randomness=randomness)(params, x, y)
+        slow = [str(w.message).split(".")[0] for w in caught if "batching rule" in str(w.message)]
+        return VmapProbe(slow=slow[0].removeprefix("There is a performance drop because ") if slow else None)
+    except Exception as err:
+        return VmapProbe(failure=f"{type(err).__name__}: {str(err).splitlines()[0][:160]}")
+    finally:
+        model.module.train(was_training)

@@ -1,0 +1,109 @@
+"""Client requirements ρ_k (MaxFL §3): the loss a client asks of the global model.
+
+By default ρ_k = F_k(ŵ_k), the training loss of a local model ŵ_k trained alone from the initial global model
+for τ_l SGD steps with the run's batch size and learning rate (MaxFL App. D.1: τ_l = 100). ρ may instead be a
+constant, or read from a file (one value per client, in client order). Computed once per run (on first use), for
+seen and unseen clients, and shared by every component of the run that asks for it: a component that needs ρ
+(the MaxFL and MW-Fed strategies, appeal-driven participation, the appeal metrics, or a plugin) subclasses
+`UsesRequirements`, and the run hands it the run's `ClientRequirements` when it is set up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from torch import Tensor
+
+from fedhet.engine.plan import LocalPlan
+from fedhet.engine.protocol import EngineProtocol
+from fedhet.errors import ConfigError
+
+
+class RequirementsConfig(BaseModel):
+    """How clients set their requirement ρ_k."""
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(100, ge=0, description="τ_l: solo SGD steps of the local model ŵ_k")
+    lr: float | None = Field(None, gt=0, description="learning rate of the solo training (default: local.lr)")
+    batch_size: int | None = Field(None, ge=1, description="batch size of the solo training (default: local)")
+    constant: float | None = Field(None, description="use this ρ for every client instead")
+    file: str | None = Field(None, description="text/CSV file with one ρ per client instead")
+
+
+@dataclass
+class Requirements:
+    """ρ (K,) and, when trained, the local models ŵ_k (K, P) with their own test accuracy (K,)."""
+
+    rho: Tensor
+    local_params: Tensor | None
+    local_test_accuracy: Tensor | None
+
+
+def compute_requirements(engine: EngineProtocol, cfg: RequirementsConfig) -> Requirements:
+    k = engine.data.num_clients
+    if cfg.file is not None:
+        path = Path(cfg.file)
+        if not path.is_file():
+            raise ConfigError(f"requirements.file '{path}' does not exist")
+        values = np.loadtxt(path, delimiter=",", ndmin=1).reshape(-1)
+        if len(values) != k:
+            raise ConfigError(f"requirements.file '{path}' has {len(values)} values, expected one per client ({k})")
+        return Requirements(torch.as_tensor(values, dtype=torch.float32), None, None)
+    if cfg.constant is not None:
+        return Requirements(torch.full((k,), float(cfg.constant)), None, None)
+    clients = torch.arange(k)
+    defaults = engine.local
+    plan = LocalPlan.uniform(
+        clients, cfg.steps, cfg.lr or defaults.lr, cfg.batch_size or defaults.batch_size, stream="requirements"
+    )
+    local = engine.train(engine.initial_params(), plan, 0).params
+    rho = engine.own_scores(local, clients, "train").loss
+    return Requirements(rho, local, engine.own_scores(local, clients, "test").accuracy)
+
+
+class ClientRequirements:
+    """The run's requirements, computed on first use from the engine and the config's ``requirements``."""
+
+    def __init__(self, engine: EngineProtocol, settings: RequirementsConfig, value: Requirements | None = None) -> None:
+        self.engine, self.settings = engine, settings
+        self._value = value  # given: used as it is (tests, or ρ computed elsewhere)
+
+    @property
+    def value(self) -> Requirements:
+        if self._value is None:
+            self._value = compute_requirements(self.engine, self.settings)
+        return self._value
+
+    @property
+    def rho(self) -> Tensor:
+        """ρ_k of every client (K,)."""
+        return self.value.rho
+
+
+class UsesRequirements(BaseModel):
+    """Mixin of components that need the clients' requirements (the run calls `use_requirements` at set-up)."""
+
+    _requirements: ClientRequirements | None = PrivateAttr(None)
+
+    def use_requirements(self, requirements: ClientRequirements) -> None:
+        self._requirements = requirements
+
+    @property
+    def requirements(self) -> ClientRequirements:
+        if self._requirements is None:
+            raise RuntimeError(f"{type(self).__name__} needs the run's client requirements: call use_requirements()")
+        return self._requirements
+
+
+def gm_appeal(losses: Tensor, rho: Tensor) -> float:
+    """GM-Appeal (MaxFL eq. 1): the share of clients with loss strictly below their requirement."""
+    return float((losses < rho).double().mean()) if len(losses) else float("nan")
+
+
+def preferred_accuracy(global_acc: Tensor, local_acc: Tensor, appealing: Tensor) -> float:
+    """Preferred-model accuracy: the global model's accuracy where it appeals, else the local model's."""
+    return float(torch.where(appealing, global_acc, local_acc).double().mean()) if len(global_acc) else float("nan")

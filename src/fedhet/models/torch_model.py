@@ -1,0 +1,146 @@
+"""Any PyTorch model: ``model: {name: torch, target: "my_package.nets:Net", kwargs: {...}}``.
+
+The target is an `nn.Module` class, a function returning a module, or a module instance (copied for each
+build), named ``"package.module:Name"`` or ``"path/to/file.py:Name"`` (see `fedhet.imports`). From Python,
+`fedhet.run` and `fedhet.Config` also accept the class, function or instance itself (`hold_model`).
+
+Buffers: fedhet trains, sends and averages parameters only. A buffer (a fixed positional encoding, a mask)
+keeps the value the model was built with, on every client and in the global model. Layers that update
+buffers while training (BatchNorm, or InstanceNorm with ``track_running_stats=True``, keeping running
+statistics) are refused: their statistics would be per-client state no strategy aggregates. Use GroupNorm
+or LayerNorm, or ``BatchNorm2d(..., track_running_stats=False)``, which normalises every batch by its own
+statistics: in training the local mini-batch (a client with fewer samples than ``batch_size`` pads it by
+repeating rows), in evaluation each evaluation batch (thousands of samples, several clients together).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from fedhet.errors import ConfigError
+from fedhet.imports import load_object, object_path
+from fedhet.models.base import MODELS, ModelSpec
+
+IN_MEMORY = "<python>"
+_HELD: dict[str, Any] = {}
+INJECTED = ("input_shape", "num_classes")
+
+
+def hold_model(obj: Any) -> str:
+    """A `target` string for a model class, factory or instance given from Python.
+
+    Classes and functions importable by name get their ``"module:Name"`` (so the run folder's config.yaml
+    works from the CLI too); anything else (instances, objects defined in ``__main__`` or inside functions) is
+    kept for this process under ``"<python>:Name@key"``."""
+    if not isinstance(obj, nn.Module):
+        path = object_path(obj)
+        if path is not None:
+            return path
+    label = type(obj).__name__ if isinstance(obj, nn.Module) else getattr(obj, "__qualname__", type(obj).__name__)
+    h = hashlib.sha256(label.encode())
+    if isinstance(obj, nn.Module):
+        obj = copy.deepcopy(obj)  # later changes to the caller's instance do not leak into runs
+        for key, tensor in obj.state_dict().items():
+            h.update(key.encode())
+            h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    else:
+        h.update(str(id(obj)).encode())
+    target = f"{IN_MEMORY}:{label}@{h.hexdigest()[:12]}"
+    _HELD[target] = obj
+    return target
+
+
+def resolve_target(target: str) -> Any:
+    """The object `target` names: one held from Python, or one loaded by `fedhet.imports.load_object`."""
+    if target.startswith(f"{IN_MEMORY}:"):
+        if target not in _HELD:
+            raise ConfigError(
+                f"model target '{target}' was given from Python in another process; pass the model again with "
+                "fedhet.run, or name it as 'package.module:Name' or 'file.py:Name'"
+            )
+        return _HELD[target]
+    return load_object(target)
+
+
+def call_factory(factory: Any, kwargs: dict[str, Any], input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """Call `factory` with `kwargs`, adding ``input_shape`` and ``num_classes`` when it takes them by name."""
+    try:
+        params: Mapping[str, inspect.Parameter] = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}  # builtins without a signature: call with kwargs only
+    given = dict(kwargs)
+    for name, value in zip(INJECTED, (input_shape, num_classes), strict=True):
+        param = params.get(name)
+        if param is not None and name not in given and param.kind is not inspect.Parameter.POSITIONAL_ONLY:
+            given[name] = value
+    return factory(**given)
+
+
+def check_trainable(module: nn.Module, where: str) -> None:
+    """Refuse modules the functional engine cannot train faithfully (one line each)."""
+    params = list(module.named_parameters())
+    if not params:
+        raise ConfigError(f"{where} has no parameters to train")
+    for name, p in params:
+        if isinstance(p, nn.parameter.UninitializedParameter):
+            raise ConfigError(f"{where}: parameter '{name}' is lazy (uninitialised); give its layer's input size")
+        if p.dtype != torch.float32:
+            raise ConfigError(f"{where}: parameter '{name}' is {p.dtype}; fedhet trains float32 models (call .float())")
+    for name, sub in module.named_modules():
+        if getattr(sub, "track_running_stats", False) is True:
+            kind = type(sub).__name__
+            raise ConfigError(
+                f"{where}: {kind} '{name}' keeps running statistics, which federated training cannot average; use "
+                f"nn.GroupNorm (or LayerNorm), or {kind}(..., track_running_stats=False)"
+            )
+
+
+@MODELS.register
+class TorchModel(ModelSpec):
+    """Your PyTorch model, named by import path: ``target: "my_package.nets:Net"`` or ``"nets.py:Net"``.
+
+    The target is an `nn.Module` class or a function returning a module (called with ``kwargs``, plus
+    ``input_shape`` (per sample, e.g. ``[3, 32, 32]``; the sequence length for token inputs) and
+    ``num_classes`` when it takes parameters of those names), or a module instance (copied). The module must
+    return logits ``(batch, num_classes)``. Parameters are trained; buffers stay as built; BatchNorm with
+    running statistics is refused (see this module's docstring for the semantics).
+    """
+
+    name: ClassVar[str] = "torch"
+    description: ClassVar[str] = "your PyTorch nn.Module, by import path 'package.module:Class' or 'file.py:Class'"
+    target: str = Field(..., description="'package.module:Name' or 'path/to/file.py:Name' (class, factory, instance)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the class or factory")
+
+    def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+        where = f"model '{self.target}'"
+        with torch.random.fork_rng():  # importing the target may draw random numbers; the seeded init must not see it
+            obj = resolve_target(self.target)
+        if isinstance(obj, nn.Module):
+            if self.kwargs:
+                raise ConfigError(f"{where} is a module instance; it takes no kwargs (give its class instead)")
+            module: Any = copy.deepcopy(obj)
+        elif callable(obj):
+            try:
+                module = call_factory(obj, self.kwargs, input_shape, num_classes)
+            except ConfigError:
+                raise
+            except Exception as err:
+                text = str(err).strip().splitlines()
+                raise ConfigError(
+                    f"building {where} failed: {type(err).__name__}: {text[0] if text else ''} "
+                    f"(kwargs {self.kwargs}, input_shape {list(input_shape)}, num_classes {num_classes})"
+                ) from err
+        else:
+            raise ConfigError(f"{where} is a {type(obj).__name__}, not an nn.Module class, factory or instance")
+        if not isinstance(module, nn.Module):
+            raise ConfigError(f"{where} returned a {type(module).__name__}, not an nn.Module")
+        check_trainable(module, where)
+        return module

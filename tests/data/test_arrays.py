@@ -1,0 +1,140 @@
+"""Your arrays as a Dataset: the checks shared by every user-data format, and the `arrays` source (.npz/.npy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedhet.catalog import DATASETS
+from fedhet.data.arrays import check_labels, standardise, to_dataset
+from fedhet.data.memory import InMemory, hold
+from fedhet.datasets import from_arrays, load
+from fedhet.errors import DataError
+
+ONE_LINE = "^[^\n]+$"
+
+
+def test_from_arrays_keeps_values_and_numbers_names() -> None:
+    x = np.arange(12, dtype=np.int32).reshape(6, 2)
+    data = from_arrays(x, ["cat", "dog", "cat", "ant", "dog", "cat"], users=[10, 10, 7, 7, "x", "x"])
+    assert data.x.dtype == torch.float32 and torch.equal(data.x, torch.tensor(x, dtype=torch.float32))
+    assert data.y.tolist() == [1, 2, 1, 0, 2, 1] and data.num_classes == 3  # ant < cat < dog
+    assert data.users is not None and data.users.tolist() == [0, 0, 1, 1, 2, 2]  # "10" < "7" < "x"
+
+
+def test_integer_labels_are_class_ids_and_torch_tensors_work() -> None:
+    data = from_arrays(torch.randn(5, 3, 4), torch.tensor([0, 4, 4, 2, 0]))
+    assert data.num_classes == 5 and data.input_shape == (3, 4)
+    assert from_arrays(np.zeros((3, 1)), [0.0, 1.0, 2.0]).y.tolist() == [0, 1, 2]  # whole floats are ids
+    assert from_arrays(np.zeros((3, 1)), [0, 1, 1], num_classes=4).num_classes == 4
+    assert from_arrays(np.zeros(4), [True, False, True, True]).x.shape == (4, 1)
+
+
+def test_tokens_stay_integers() -> None:
+    data = from_arrays(np.array([[1, 2, 3], [4, 5, 6]]), [0, 1], tokens=True)
+    assert data.x.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    ("x", "y", "message"),
+    [
+        ([[1.0, 2.0], [3.0]], [0, 1], "samples have mixed shapes"),
+        (np.array([[1.0], ["a"]], dtype=object), [0, 1], "features are not one numeric array"),
+        (np.array([["a"], ["b"]]), [0, 1], "features are not numeric (dtype <U1)"),
+        ([[1.0], [np.nan]], [0, 1], "row 1 holds a missing or infinite value"),
+        ([[1.0], [2.0]], [0.5, 1.0], "label 0.5 (row 0) is not a class"),
+        ([[1.0], [2.0]], [0, -1], "label -1 (row 1) is negative"),
+        ([[1.0], [2.0]], [0, 0], "every label is the same class"),
+        ([[1.0], [2.0]], [0, 1, 1], "3 labels for 2 samples"),
+        ([[1.0], [2.0]], [[0, 1], [1, 0]], "labels must be one class per sample"),
+        ([[1.0], [2.0]], [0, np.nan], "label nan (row 1) is not a class"),
+        (np.zeros((0, 3)), [], "no samples"),
+    ],
+)
+def test_bad_arrays_are_one_line_errors(x: object, y: object, message: str) -> None:
+    with pytest.raises(DataError, match=ONE_LINE) as err:
+        from_arrays(x, y)
+    assert message in str(err.value)
+
+
+def test_more_classes_than_num_classes_is_an_error() -> None:
+    with pytest.raises(DataError, match="labels need 5 classes but num_classes is 3"):
+        check_labels([0, 4], 2, "test", num_classes=3)
+
+
+def test_bad_users_and_tokens() -> None:
+    with pytest.raises(DataError, match=r"users must give one id per sample, shape \(2,\)"):
+        to_dataset("t", [[1.0], [2.0]], [0, 1], users=[1])
+    with pytest.raises(DataError, match="user id of row 0 is missing"):
+        to_dataset("t", [[1.0], [2.0]], [0, 1], users=[np.nan, 1.0])
+    with pytest.raises(DataError, match="token features must be integers"):
+        to_dataset("t", [[1.5], [2.0]], [0, 1], tokens=True)
+    with pytest.raises(DataError, match="token ids must be non-negative"):
+        to_dataset("t", [[1], [-2]], [0, 1], tokens=True)
+
+
+def test_standardise_by_hand() -> None:
+    x = torch.tensor([[1.0, 5.0], [3.0, 5.0]])
+    assert torch.allclose(standardise(x), torch.tensor([[-1.0, 0.0], [1.0, 0.0]]))
+
+
+def write_npz(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+def test_npz_with_users_gives_natural_clients(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 2, 3)).astype(np.float32)
+    y = rng.integers(0, 3, 60)
+    users = np.repeat(np.array(["u0", "u1", "u2", "u3"]), 15)
+    write_npz(tmp_path / "data.npz", feats=x, labels=y, who=users)
+    monkeypatch.chdir(tmp_path)  # relative paths start at the current directory
+    data = load({"name": "arrays", "path": "data.npz", "x": "feats", "y": "labels", "users": "who"})
+    assert data.name == "data" and data.input_shape == (2, 3) and data.num_classes == 3
+    assert torch.allclose(data.x, torch.from_numpy(x)) and data.y.tolist() == y.tolist()
+    assert data.users is not None and torch.bincount(data.users).tolist() == [15, 15, 15, 15]
+
+
+def test_npy_files(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.arange(8).reshape(4, 2))
+    np.save(tmp_path / "y.npy", np.array([1, 0, 1, 0]))
+    data = load({"name": "arrays", "x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")})
+    assert data.x.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]] and data.y.tolist() == [1, 0, 1, 0]
+
+
+def test_bad_array_files(tmp_path: Path) -> None:
+    npz = write_npz(tmp_path / "d.npz", x=np.zeros((3, 2)), y=np.array([0, 1, 1]))
+
+    def fails(message: str, **spec: object) -> None:
+        with pytest.raises(DataError, match=ONE_LINE) as err:
+            load({"name": "arrays", **spec})
+        assert message in str(err.value), str(err.value)
+
+    fails("has no array 'labels' (for y); it holds: x, y", path=str(npz), y="labels")
+    fails("no such file or folder 'missing.npz'", path="missing.npz")
+    fails("x 'x' is not a .npy file", x="x")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip at all")
+    fails("is not a NumPy .npz file", path=str(tmp_path / "junk.npz"))
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "y.npy", np.array([0, 1]))
+    fails(
+        "holds Python objects, which fedhet does not unpickle", x=str(tmp_path / "obj.npy"), y=str(tmp_path / "y.npy")
+    )
+    write_npz(tmp_path / "ragged.npz", x=np.array([[1.0, 2.0], [3.0, 4.0]]), y=np.array([0, 1, 2]))
+    fails("3 labels for 2 samples", path=str(tmp_path / "ragged.npz"))
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    fails("is one array (.npy); give x and y as .npy files", path=str(tmp_path / "one.npy"))
+
+
+def test_in_memory_data_is_held_by_content() -> None:
+    data = from_arrays(np.eye(4), [0, 1, 0, 1], name="mine")
+    ref = hold(data)
+    assert ref.startswith("mine@") and ref == hold(from_arrays(np.eye(4), [0, 1, 0, 1], name="mine"))
+    assert ref != hold(from_arrays(np.eye(4), [0, 1, 1, 1], name="mine"))
+    assert InMemory(ref=ref).load(Path()) is data
+    with pytest.raises(DataError, match="that this process does not hold; pass the arrays again"):
+        DATASETS.build({"name": "in_memory", "ref": "gone@0"}).load(Path())

@@ -1,0 +1,133 @@
+"""CSV and Parquet tables as a Dataset (`table` source), with the bad inputs people have."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from fedhet.datasets import load
+from fedhet.errors import DataError
+
+ONE_LINE = "^[^\n]+$"
+
+
+def write_csv(path: Path, rows: list[list[Any]], delimiter: str = ",") -> Path:
+    with path.open("w", newline="") as f:
+        csv.writer(f, delimiter=delimiter).writerows(rows)
+    return path
+
+
+HEADER = ["age", "colour", "height", "who", "label"]
+ROWS = [
+    [30, "red", 1.5, "ann", "yes"],
+    [40, "blue", 1.7, "bob", "no"],
+    [50, "red", 1.9, "ann", "yes"],
+    [20, "green", 1.6, "cat", "maybe"],
+]
+
+
+def table(path: Path, **spec: Any) -> Any:
+    return load({"name": "table", "path": str(path), **spec})
+
+
+def test_csv_numeric_and_one_hot_columns_by_hand(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "people.csv", [HEADER, *ROWS])
+    data = table(path, label="label", categorical=["colour"], user="who", standardize=False)
+    # features in order: age, colour=blue, colour=green, colour=red, height
+    expected = [[30, 0, 0, 1, 1.5], [40, 1, 0, 0, 1.7], [50, 0, 0, 1, 1.9], [20, 0, 1, 0, 1.6]]
+    assert torch.allclose(data.x, torch.tensor(expected, dtype=torch.float32))
+    assert data.y.tolist() == [2, 1, 2, 0] and data.num_classes == 3  # maybe < no < yes
+    assert data.users is not None and data.users.tolist() == [0, 1, 0, 2]
+    assert data.name == "people"
+
+
+def test_numeric_columns_are_standardised_and_one_hot_columns_are_not(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "people.csv", [HEADER, *ROWS])
+    data = table(path, label="label", categorical=["colour"], features=["age", "colour"])
+    age = np.array([30, 40, 50, 20.0])
+    assert torch.allclose(data.x[:, 0], torch.tensor((age - age.mean()) / age.std(), dtype=torch.float32))
+    assert data.x[:, 1:].tolist() == [[0, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 0]]
+
+
+def test_numeric_labels_are_numbered_in_sorted_order(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "t.csv", [["f", "y"], [1, -1], [2, 1], [3, 1], [4, 5]])
+    data = table(path, label="y")
+    assert data.y.tolist() == [0, 1, 1, 2] and data.num_classes == 3
+
+
+def test_tsv_and_a_custom_delimiter(tmp_path: Path) -> None:
+    tsv = write_csv(tmp_path / "t.tsv", [["f", "y"], [1, "a"], [2, "b"]], delimiter="\t")
+    assert table(tsv, label="y", standardize=False).x.tolist() == [[1.0], [2.0]]
+    semi = write_csv(tmp_path / "t.csv", [["f", "y"], [1, "a"], [2, "b"]], delimiter=";")
+    assert table(semi, label="y", delimiter=";", standardize=False).x.tolist() == [[1.0], [2.0]]
+
+
+def test_parquet_gives_the_same_dataset_as_csv(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "people.csv", [HEADER, *ROWS])
+    columns = {name: [row[j] for row in ROWS] for j, name in enumerate(HEADER)}
+    pq.write_table(pa.table(columns), tmp_path / "people.parquet")
+    spec = {"label": "label", "categorical": ["colour"], "user": "who"}
+    a, b = table(path, **spec), table(tmp_path / "people.parquet", **spec)
+    assert torch.allclose(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.users, b.users)
+
+
+@pytest.mark.parametrize(
+    ("rows", "spec", "message"),
+    [
+        ([HEADER, *ROWS], {"label": "lable"}, "has no label column 'lable' (did you mean 'label'?); its columns:"),
+        ([HEADER, *ROWS], {"label": "label", "user": "whom"}, "has no user column 'whom'"),
+        ([HEADER, *ROWS], {"label": "label", "features": ["age", "weight"]}, "has no feature column 'weight'"),
+        (
+            [HEADER, *ROWS],
+            {"label": "label"},
+            "column 'colour' is not numeric (e.g. 'red'); list it under 'categorical'",
+        ),
+        (
+            [HEADER, *ROWS],
+            {"label": "label", "features": ["age"], "categorical": ["colour"]},
+            "categorical column 'colour' is not among the features",
+        ),
+        ([["f", "y"], [1, 0.5], [2, 1]], {"label": "y"}, "label '0.5' (column 'y', data row 1) is not a class"),
+        ([["f", "y"], [1, "a"], ["", "b"]], {"label": "y"}, "column 'f' has no value in data row 2"),
+        ([["f", "y"], [1, "a"], [2, "a"]], {"label": "y"}, "holds one class only"),
+        ([["f", "y"], [1, "a"], [2]], {"label": "y"}, "line 3 has 1 fields but the header has 2"),
+        ([["f", "y", "f"], [1, "a", 2]], {"label": "y"}, "column 'f' appears twice"),
+        ([["f", "y"]], {"label": "y"}, "has no data rows"),
+        ([["y"], ["a"], ["b"]], {"label": "y"}, "has no feature column"),
+        ([["f", "y"], ["inf", "a"], [1, "b"]], {"label": "y"}, "infinite feature value"),
+    ],
+)
+def test_bad_tables_are_one_line_errors(
+    tmp_path: Path, rows: list[list[Any]], spec: dict[str, Any], message: str
+) -> None:
+    path = write_csv(tmp_path / "bad.csv", rows)
+    with pytest.raises(DataError, match=ONE_LINE) as err:
+        table(path, **spec)
+    assert message in str(err.value), str(err.value)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"no such file or folder 'nope.csv'"):
+        table(Path("nope.csv"), label="y")
+    (tmp_path / "t.xlsx").write_text("x")
+    with pytest.raises(DataError, match=r"unknown file type '.xlsx'; use .csv, .tsv or .parquet"):
+        table(tmp_path / "t.xlsx", label="y")
+    (tmp_path / "t.parquet").write_text("not parquet")
+    with pytest.raises(DataError, match="is not a readable Parquet file"):
+        table(tmp_path / "t.parquet", label="y")
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(DataError, match="is empty; its first line must name the columns"):
+        table(tmp_path / "empty.csv", label="y")
+    (tmp_path / "latin.csv").write_bytes("f,y\n1,caf\xe9\n".encode("latin-1"))
+    with pytest.raises(DataError, match="is not a readable CSV file"):
+        table(tmp_path / "latin.csv", label="y")
+    pq.write_table(pa.table({"f": [1.0, None], "y": ["a", "b"]}), tmp_path / "gap.parquet")
+    with pytest.raises(DataError, match="column 'f' has no value in data row 2"):
+        table(tmp_path / "gap.parquet", label="y")

@@ -1,0 +1,197 @@
+"""The public Python API: fedhet.run, fedhet.load_run, fedhet.Config, callbacks, version, python -m fedhet."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from torch import nn
+
+import fedhet
+from fedhet.catalog import MODELS
+from fedhet.errors import ConfigError, FedhetError
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.runner import RunState
+from fedhet.experiments.runner import run as runner_run
+
+SMALL: dict[str, Any] = {"rounds": 3, "num_clients": 6, "clients_per_round": 4, "local": {"steps": 2}, "seed": 2}
+SRC = Path(fedhet.__file__).resolve().parents[1]
+
+
+def test_run_returns_metrics_clients_and_the_final_model(tmp_path: Path) -> None:
+    result = fedhet.run(SMALL, out=tmp_path / "run")
+    assert result.status == "finished" and result.rounds == 3 and len(result.history) == 3
+    assert result.final == result.history[-1] and 0.0 <= result.final["test_accuracy"] <= 1.0
+    assert result.metric("round") == [1.0, 2.0, 3.0]
+    assert len(result.clients) == 6 and {"client", "test_accuracy"} <= result.clients[0].keys()
+    assert result.config["model"]["name"] == "mlp" and result.out == tmp_path / "run"
+    # the state dict loads into the model the config describes and reproduces the final test accuracy
+    module = MODELS.build(result.config["model"]).build((64,), 10)
+    module.load_state_dict(result.state_dict)
+    again = fedhet.load_run(tmp_path / "run")
+    assert again.final == result.final and again.history == result.history  # CSV/JSON keep every digit
+    assert again.clients == result.clients
+    assert again.state_dict is not None and again.state_dict.keys() == result.state_dict.keys()
+    assert all(torch.equal(again.state_dict[k], v) for k, v in result.state_dict.items())
+
+
+def test_the_state_dict_holds_the_trained_global_model() -> None:
+    state = runner_run(parse_config(SMALL))
+    result = fedhet.run(SMALL)
+    flat = torch.cat([result.state_dict[name].reshape(-1) for name in state.experiment.engine.model.names])
+    assert torch.allclose(flat, state.params)
+    assert not torch.allclose(flat, state.experiment.engine.initial_params())
+
+
+def test_a_config_dict_yaml_file_and_config_object_give_the_same_run(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    a = fedhet.run(SMALL)
+    b = fedhet.run(path)
+    c = fedhet.run(fedhet.Config(**SMALL))
+    d = fedhet.run(str(path))
+    assert a.history == b.history == c.history == d.history
+
+
+def test_load_run_rebuilds_the_model_of_a_cli_run_folder(tmp_path: Path) -> None:
+    runner_run(parse_config(SMALL), tmp_path / "cli")  # what `fedhet run` writes: no model.pt
+    assert not (tmp_path / "cli" / "model.pt").exists()
+    loaded = fedhet.load_run(tmp_path / "cli")
+    direct = fedhet.run(SMALL)
+    assert loaded.state_dict is not None and loaded.state_dict.keys() == direct.state_dict.keys()
+    assert all(torch.allclose(loaded.state_dict[k], v) for k, v in direct.state_dict.items())
+    assert fedhet.load_run(tmp_path / "cli", model=False).state_dict is None
+
+
+def test_config_errors_are_the_cli_one_liners(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        fedhet.Config(rounds=0)
+    with pytest.raises(ConfigError) as cli:
+        parse_config({"rounds": 0})
+    assert str(err.value) == str(cli.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="unknown key 'rouns' \\(did you mean 'rounds'\\?\\)"):
+        fedhet.run({"rouns": 3})
+    with pytest.raises(ConfigError, match=r"config file '.*missing.yaml' does not exist"):
+        fedhet.run(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match=r"config must be a dict, a YAML file path or a fedhet.Config; got a int"):
+        fedhet.run(3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"'dataset' must be a name, a mapping, a fedhet.datasets.Dataset"):
+        fedhet.Config(dataset=[1, 2])
+
+
+def test_a_config_round_trips_through_yaml() -> None:
+    cfg = fedhet.Config(**SMALL, algorithm={"name": "fedprox", "mu": 0.1})
+    assert fedhet.Config(**yaml.safe_load(cfg.to_yaml())) == cfg
+    assert cfg.to_dict()["algorithm"] == {"name": "fedprox", "mu": 0.1}
+
+
+def test_arrays_and_a_model_class_from_python(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(150, 5)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(int)
+
+    class Net(nn.Module):  # defined inside a function: held in memory, not importable
+        def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+            super().__init__()
+            self.fc = nn.Linear(input_shape[0], num_classes)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    result = fedhet.run(
+        {**SMALL, "dataset": (x, y), "model": Net, "local": {"steps": 5, "lr": 0.5}}, out=tmp_path / "r"
+    )
+    assert result.config["dataset"]["name"] == "in_memory"
+    assert result.config["model"]["target"].startswith("<python>:")
+    assert result.final["test_accuracy"] > 0.8  # a linearly separable problem
+    assert set(result.state_dict) == {"fc.weight", "fc.bias"}
+    # the same arrays as a Dataset, and the model as an instance, are accepted too
+    data = fedhet.datasets.from_arrays(x, y)
+    again = fedhet.run({**SMALL, "dataset": data, "model": nn.Linear(5, 2)})
+    assert again.status == "finished"
+
+
+def test_component_objects_are_accepted() -> None:
+    from fedhet.catalog import STRATEGIES
+
+    prox = STRATEGIES.build({"name": "fedprox", "mu": 0.3})
+    cfg = fedhet.Config(**SMALL, algorithm=prox)
+    assert cfg.spec("algorithm")["name"] == "fedprox" and cfg.spec("algorithm")["mu"] == 0.3
+
+
+class Recorder(fedhet.Callback):
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def on_run_start(self, state: RunState) -> None:
+        self.events.append("start")
+
+    def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+        self.events.append(f"round {state.round}")
+        return state.round == 2  # stop early after round 2
+
+    def on_run_end(self, state: RunState) -> None:
+        self.events.append(state.status)
+
+
+def test_callbacks_see_every_round_and_can_stop_the_run() -> None:
+    recorder = Recorder()
+    result = fedhet.run({**SMALL, "rounds": 5}, callbacks=[recorder])
+    assert recorder.events == ["start", "round 1", "round 2", "stopped early"]
+    assert result.status == "stopped early" and result.rounds == 2
+
+
+def test_an_existing_run_folder_is_kept_unless_overwrite(tmp_path: Path) -> None:
+    fedhet.run(SMALL, out=tmp_path / "r")
+    with pytest.raises(FedhetError, match=r"already holds a run; read it with fedhet.load_run"):
+        fedhet.run(SMALL, out=tmp_path / "r")
+    assert fedhet.run({**SMALL, "rounds": 1}, out=tmp_path / "r", overwrite=True).rounds == 1
+    assert fedhet.load_run(tmp_path / "r").rounds == 1
+
+
+def test_progress_shows_a_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    fedhet.run({**SMALL, "rounds": 2}, progress=True)
+    assert "2/2" in capsys.readouterr().out
+
+
+def test_metric_names_a_missing_metric() -> None:
+    result = fedhet.run({**SMALL, "rounds": 1})
+    with pytest.raises(ConfigError, match=r"no metric 'accuracy' in this run; it has: .*test_accuracy"):
+        result.metric("accuracy")
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    assert fedhet.__version__ == version("fedhet")
+
+
+def python(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_import_fedhet_is_light_and_help_says_what_to_do_first() -> None:
+    out = python("-c", "import sys, fedhet; print('torch' in sys.modules, fedhet.__doc__)")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("False")  # torch is imported on first use only
+    assert "fedhet.run(" in out.stdout and "fedhet run --algorithm" in out.stdout
+
+
+def test_python_dash_m_fedhet_and_version_flag() -> None:
+    out = python("-m", "fedhet", "--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"fedhet {version('fedhet')}"
+    listed = python("-m", "fedhet", "list", "datasets")
+    assert listed.returncode == 0 and "image_folder" in listed.stdout and "table" in listed.stdout
+
+
+def test_the_package_is_typed() -> None:
+    assert (Path(fedhet.__file__).parent / "py.typed").is_file()
+    assert {"run", "load_run", "Config", "RunResult", "Callback", "datasets", "__version__"} <= set(dir(fedhet))
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        _ = fedhet.nothing  # type: ignore[attr-defined]
