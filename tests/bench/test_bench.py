@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ from typer.testing import CliRunner
 from fedhet.bench import run as bench_run
 from fedhet.bench.naive import naive_round
 from fedhet.bench.report import markdown_report
-from fedhet.bench.run import Row, Settings, bench_workload, round_flops
+from fedhet.bench.run import Row, Settings, bench_workload, round_flops, time_interleaved, workload_flops
+from fedhet.bench.systems import System
 from fedhet.bench.targets import check_targets
 from fedhet.bench.workloads import Workload
 from fedhet.catalog import MODELS
@@ -44,35 +46,91 @@ def test_naive_reference_is_fedavg_with_full_batches() -> None:
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
-def test_round_flops_of_logistic_regression_by_hand() -> None:
+def test_flops_of_logistic_regression_by_hand() -> None:
     w = Workload("w", "", {"name": "logistic"}, (784,), 10, clients=4, samples=8, steps=3, batch=10, eval_only=2)
     module = MODELS.build(w.model).build(w.input_shape, w.num_classes)
     step = 2 * (2 * 10 * 784 * 10)  # forward x·Wᵀ and backward ∂W (no gradient for the inputs)
     per_sample = 2 * 784 * 10
+    assert workload_flops(w, module) == (4 * 3 * step, (4 + 2) * (8 + 2) * per_sample)
     assert round_flops(w, module) == 4 * 3 * step + (4 + 2) * (8 + 2) * per_sample
 
 
+def test_flops_of_the_mlp_are_exact_counts() -> None:
+    """MLP 784-200-10, batch 10: forward 2·10·(784·200 + 200·10), backward ∂W₁ (2·10·784·200), ∂W₂ and ∂A₁
+    (2 · 2·10·200·10); not 6·B·P (the first layer has no input gradient)."""
+    w = Workload("w", "", {"name": "mlp", "hidden": [200]}, (784,), clients=100, samples=50, steps=10)
+    module = MODELS.build(w.model).build(w.input_shape, w.num_classes)
+    step = 2 * 10 * (784 * 200 + 200 * 10) + 2 * 10 * 784 * 200 + 2 * 2 * 10 * 200 * 10
+    train, _ = workload_flops(w, module)
+    assert train == 100 * 10 * step and abs(train / 1e9 - 6.39) < 0.01
+
+
+def test_interleaved_timing_and_budget() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def system(name: str, seconds: float) -> System:
+        def train(round_: int) -> int:
+            calls.append((name, round_))
+            time.sleep(seconds)
+            return round_
+
+        return System(name, train, lambda _: None)
+
+    a, b = system("a", 0.0), system("b", 0.01)
+    timings = time_interleaved([a, b], warmup=1, min_reps=3, max_reps=3, target_s=100.0)
+    assert calls == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3), ("a", 4), ("b", 4)]
+    assert [len(t.rounds) for t in timings] == [3, 3]
+    assert min(timings[1].train) >= 0.01 and timings[1].rounds[0] >= timings[1].train[0]
+    calls.clear()
+    timings = time_interleaved([a, b], warmup=1, min_reps=2, max_reps=50, target_s=0.001)  # slow: min_reps
+    assert [len(t.rounds) for t in timings] == [2, 2]
+    timings = time_interleaved([a, b], warmup=1, min_reps=2, max_reps=4, target_s=100.0)  # fast: max_reps
+    assert [len(t.rounds) for t in timings] == [4, 4]
+
+
 def test_bench_workload_rows_and_ratios() -> None:
-    rows = bench_workload(TINY, TINY.data(), Settings(reps=2, warmup=1, flower=False), lambda _: None)
+    rows = bench_workload(TINY, TINY.data(), Settings(warmup=1, min_reps=2, max_reps=2, flower=False), lambda _: None)
     names = [r.backend for r in rows]
-    assert names == ["sequential", "vectorised", "dense", "auto (dense)", "naive reference", "machine limit"]
+    assert names == [
+        "sequential",
+        "vectorised",
+        "dense",
+        "auto (dense)",
+        "plain loop",
+        "vmap loop",
+        "naive reference",
+        "machine limit",
+    ]
     by = {r.backend: r for r in rows}
-    best = min(by[b].median_s for b in ("sequential", "vectorised", "dense"))
-    for b in ("sequential", "vectorised", "dense"):
+    best = min(by[b].train_s for b in ("sequential", "vectorised", "dense"))
+    for b in ("sequential", "vectorised", "dense", "plain loop", "vmap loop"):
         r = by[b]
         assert r.median_s > 0 and r.repetitions == 2 and r.peak_mem_mb > 0
-        assert r.ratio_to_best_backend == pytest.approx(r.median_s / best)
+        assert 0 < r.train_s < r.median_s and 0 < r.eval_s < r.median_s
+        assert r.train_ratio_to_plain == pytest.approx(by["plain loop"].train_s / r.train_s)
+        assert r.ratio_to_plain == pytest.approx(by["plain loop"].median_s / r.median_s)
         assert r.ratio_to_naive == pytest.approx(by["naive reference"].median_s / r.median_s)
-        assert r.flop_fraction == pytest.approx(r.flops / r.median_s / (r.matmul_gflops * 1e9))
+        assert r.train_flop_fraction == pytest.approx(r.train_flops / r.train_s / (r.matmul_gflops * 1e9))
         assert r.ratio_to_flower is None
+    for b in ("sequential", "vectorised", "dense"):
+        assert by[b].ratio_to_best_backend == pytest.approx(by[b].train_s / best)
+    assert by["plain loop"].ratio_to_best_backend is None
     assert by["auto (dense)"].median_s == by["dense"].median_s
-    assert by["machine limit"].flop_fraction == 1.0
+    assert by["machine limit"].train_flop_fraction == pytest.approx(1.0)
+
+
+def test_cnn_workloads_time_the_conv_backend() -> None:
+    w = Workload("c", "", {"name": "lenet_cifar"}, (3, 32, 32), clients=2, samples=10, steps=2, batch=5)
+    settings = Settings(warmup=0, min_reps=1, max_reps=1, flower=False, comparators=("plain",))
+    rows = bench_workload(w, w.data(), settings, lambda _: None)
+    assert [r.backend for r in rows][:3] == ["sequential", "vectorised", "conv"]
+    assert "plain loop" in [r.backend for r in rows]
 
 
 def _row(workload: str, backend: str, **values: float) -> Row:
-    base = {"median_s": 1.0, "flop_fraction": 0.1, "peak_mem_mb": 500.0, "base_mem_mb": 400.0}
-    row = Row(workload, backend, repetitions=3, flops=1.0, load_avg=0.0, matmul_gflops=1.0, **{**base, **values})
-    return row
+    base = {"median_s": 1.0, "train_s": 1.0, "eval_s": 0.1, "peak_mem_mb": 500.0, "base_mem_mb": 400.0}
+    fixed = {"repetitions": 3, "train_flops": 1.0, "eval_flops": 1.0, "load_avg": 0.0, "matmul_gflops": 1.0}
+    return Row(workload, backend, **{**base, **fixed, **values})  # type: ignore[arg-type]
 
 
 def test_targets_met_missed_and_not_measured() -> None:
@@ -80,18 +138,25 @@ def test_targets_met_missed_and_not_measured() -> None:
         return _row(f"cohort-{n}", "auto (dense)", fresh_peak_mb=mb)
 
     rows = [
-        _row("logreg", "auto (dense)", ratio_to_naive=12.0, ratio_to_best_backend=1.0),
-        _row("mlp", "auto (dense)", flop_fraction=0.3, ratio_to_naive=3.0, ratio_to_best_backend=1.05),
-        _row("cnn", "auto (sequential)", ratio_to_best_backend=1.2),
+        _row("logreg", "auto (dense)", train_ratio_to_plain=9.0, ratio_to_best_backend=1.0),
+        _row(
+            "mlp", "auto (dense)", train_s=1.0, train_flops=0.3e9, train_ratio_to_plain=3.0, ratio_to_best_backend=1.05
+        ),
+        _row("lenet", "conv", train_s=0.9, train_ratio_to_plain=3.3, ratio_to_best_backend=1.0),
+        _row("lenet", "auto (vectorised)", train_s=1.2, train_ratio_to_plain=2.5, ratio_to_best_backend=1.33),
         cohort(10, 300.0),
         cohort(100, 301.0),
         cohort(1000, 310.0),
         cohort(10_000, 400.0),  # 10 MB per 1,000 clients from 1,000 on: linear
     ]
-    met = {t.name: t.met for t in check_targets(rows)}
-    assert met["logreg vs naive"] is True and met["logreg vs Flower"] is None
-    assert met["mlp FLOP rate"] is False and met["mlp vs naive"] is True
-    assert met["auto vs best backend"] is False  # 1.2 on the CNN
+    targets = {t.name: t for t in check_targets(rows)}
+    met = {name: t.met for name, t in targets.items()}
+    assert met["logreg training vs plain loop"] is True and met["logreg round vs Flower"] is None
+    assert met["mlp training FLOP rate"] is False and met["mlp training vs plain loop"] is False  # 30%, 3×
+    assert met["LeNet-5 training vs plain loop"] is False  # auto picks the slower backend
+    assert "best backend conv: 3.30×" in targets["LeNet-5 training vs plain loop"].measured
+    assert met["FedAvg CNN training vs plain loop"] is None
+    assert met["auto vs best backend"] is False  # 1.33 on LeNet
     assert met["memory linear in clients"] is True and met["10,000 clients"] is True
     rows[-1] = cohort(10_000, 5000.0)  # 522 MB per 1,000 clients from 1,000 on, against 10 before
     met = {t.name: t.met for t in check_targets(rows)}
@@ -113,9 +178,10 @@ def test_json_markdown_and_flower_skipped(tmp_path: Path, monkeypatch: pytest.Mo
     assert payload["machine"]["torch_threads"] == 1
     rows = payload["rows"]
     assert {r["workload"] for r in rows} == {"tiny"}
-    for key in ("backend", "median_s", "ratio_to_naive", "ratio_to_flower", "flop_fraction", "peak_mem_mb"):
+    keys = ("backend", "median_s", "train_s", "eval_s", "train_ratio_to_plain", "train_flop_fraction", "peak_mem_mb")
+    for key in keys:
         assert all(key in r for r in rows), key
-    assert {t["name"] for t in payload["targets"]} >= {"logreg vs naive", "auto vs best backend"}
+    assert {t["name"] for t in payload["targets"]} >= {"logreg training vs plain loop", "auto vs best backend"}
     text = markdown_report(payload)
     assert "| tiny | auto (dense) |" in text and "| target | goal | measured | met |" in text
 
@@ -129,4 +195,4 @@ def test_cli_bench_and_unknown_workload(monkeypatch: pytest.MonkeyPatch) -> None
     result = runner.invoke(app, ["bench", "--quick", "--workload", "tiny"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "pip install 'fedhet[flower]'" in result.output  # printed as is, not as rich markup
-    assert "auto (dense)" in result.output and "logreg vs naive" in result.output
+    assert "auto (dense)" in result.output and "logreg training vs plain loop" in result.output

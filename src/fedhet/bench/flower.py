@@ -6,7 +6,8 @@ Each round: `clients` nodes train `steps` SGD steps of `batch` samples, FedAvg a
 (seen and unseen) evaluates the new model on its train and test data, as the fedhet rounds do. Flower samples
 the training nodes at random among all nodes (the same amount of work as training the seen clients). The
 time of a round is the time between the ends of two consecutive federated evaluations, as measured by the
-strategy; the first round (actors starting) is dropped. Only used when `flwr` is importable.
+strategy, split at the end of the round's fit aggregation into training and the rest (aggregation and
+evaluation); the first round (actors starting) is dropped. Only used when `flwr` is importable.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import statistics
 import time
 from typing import Any
 
@@ -29,8 +29,11 @@ def flower_available() -> bool:
     return importlib.util.find_spec("flwr") is not None and importlib.util.find_spec("ray") is not None
 
 
-def flower_round_time(w: Workload, data: FederatedData, rounds: int = 4, cpus_per_node: float = 1.0) -> float:
-    """Median seconds per round of `w` in Flower's simulation (after a first round that starts the actors)."""
+def flower_round_times(
+    w: Workload, data: FederatedData, rounds: int = 4, cpus_per_node: float = 1.0
+) -> tuple[list[float], list[float], list[float]]:
+    """Seconds of each round of `w` in Flower's simulation after the first (which starts the actors): whole
+    rounds, their training parts and the rest."""
     for key, value in (
         ("FLWR_TELEMETRY_ENABLED", "0"),
         ("RAY_USAGE_STATS_ENABLED", "0"),
@@ -107,8 +110,14 @@ def flower_round_time(w: Workload, data: FederatedData, rounds: int = 4, cpus_pe
 
     total = w.clients + w.eval_only
     ends: list[float] = []
+    fitted: list[float] = []
 
     class TimedFedAvg(FedAvg):  # type: ignore[misc,unused-ignore]
+        def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:
+            out = super().aggregate_fit(server_round, results, failures)
+            fitted.append(time.perf_counter())
+            return out
+
         def aggregate_evaluate(self, server_round: int, results: Any, failures: Any) -> Any:
             out = super().aggregate_evaluate(server_round, results, failures)
             ends.append(time.perf_counter())
@@ -136,6 +145,9 @@ def flower_round_time(w: Workload, data: FederatedData, rounds: int = 4, cpus_pe
         num_supernodes=total,
         backend_config=backend,
     )
-    if len(ends) < 2:
+    if len(ends) < 2 or len(fitted) != len(ends):
         raise RuntimeError(f"the Flower simulation finished {len(ends)} of {rounds} rounds; see its log above")
-    return statistics.median(np.diff(ends).tolist())
+    whole = np.diff(ends).tolist()
+    train = [f - e for f, e in zip(fitted[1:], ends[:-1], strict=True)]
+    rest = [e - f for e, f in zip(ends[1:], fitted[1:], strict=True)]
+    return whole, train, rest

@@ -1,6 +1,7 @@
-"""The naive reference: FedAvg written the way typical research code is (a deepcopy of the model and a new
-DataLoader per client per round, client-by-client evaluation of the test and train data, as fedhet's rounds
-evaluate them). Used only as a comparator in benchmarks."""
+"""The naive reference: FedAvg written the way typical research code is (a deepcopy of the model, a new
+DataLoader and `torch.optim.SGD` per client per round, client-by-client evaluation of the test and train data
+through DataLoaders, as fedhet's rounds evaluate them). Used only as a comparator in benchmarks; the plain
+loop (`fedhet.bench.plain`) is the fair one."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from fedhet.data.dataset import FederatedData
 
 
-def naive_round(
-    model: nn.Module, data: FederatedData, clients: Tensor, steps: int, lr: float, batch_size: int, eval_clients: Tensor
-) -> None:
-    """One FedAvg round: local SGD per client on a deep copy, sample-weighted average, then evaluation."""
+def naive_train(
+    model: nn.Module, data: FederatedData, clients: Tensor, steps: int, lr: float, batch_size: int
+) -> tuple[list[dict[str, Tensor]], list[int]]:
+    """Local SGD per client on a deep copy of `model`: the local state dicts and the clients' sizes."""
     states, sizes = [], []
     for k in clients.tolist():
         local = copy.deepcopy(model)
@@ -34,6 +35,15 @@ def naive_round(
                     break
         states.append(local.state_dict())
         sizes.append(len(y))
+    return states, sizes
+
+
+def naive_finish(
+    model: nn.Module, data: FederatedData, trained: tuple[list[dict[str, Tensor]], list[int]], eval_clients: Tensor
+) -> None:
+    """The sample-weighted average of the local states becomes `model`; every client's test and train loss and
+    accuracy, client by client."""
+    states, sizes = trained
     total = float(sum(sizes))
     averaged = {key: sum(s[key] * (n / total) for s, n in zip(states, sizes, strict=True)) for key in states[0]}
     model.load_state_dict(averaged)
@@ -47,3 +57,10 @@ def naive_round(
                     loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
                     correct += int((out.argmax(1) == yb).sum())
     model.train()
+
+
+def naive_round(
+    model: nn.Module, data: FederatedData, clients: Tensor, steps: int, lr: float, batch_size: int, eval_clients: Tensor
+) -> None:
+    """One FedAvg round: local SGD per client on a deep copy, sample-weighted average, then evaluation."""
+    naive_finish(model, data, naive_train(model, data, clients, steps, lr, batch_size), eval_clients)

@@ -17,11 +17,37 @@ from rich.table import Table
 from fedhet.bench.run import Row
 from fedhet.bench.targets import Target
 
-COLUMNS = ("workload", "backend", "ms / round", "× vs naive", "× vs Flower", "/ best", "FLOP frac", "peak MB", "load")
+COLUMNS = (
+    "workload",
+    "system",
+    "round ms",
+    "train ms",
+    "eval ms",
+    "train × plain",
+    "round × plain",
+    "× naive",
+    "× Flower",
+    "train / best",
+    "train FLOP frac",
+    "eval FLOP frac",
+    "spread",
+    "peak MB",
+    "load",
+)
 
 
 def _fmt(value: float | None, pattern: str = "{:.2f}") -> str:
     return "-" if value is None or value != value else pattern.format(value)
+
+
+def _fraction(r: dict[str, Any], part: str) -> float | None:
+    """FLOPs / seconds / matmul rate of a part (`train` or `eval`), from a row's fields."""
+    if f"{part}_flop_fraction" in r:
+        return float(r[f"{part}_flop_fraction"])
+    seconds, flops = r.get(f"{part}_s"), r.get(f"{part}_flops")
+    if not seconds or flops is None:
+        return None
+    return float(flops) / float(seconds) / (float(r["matmul_gflops"]) * 1e9)
 
 
 def _cells(r: dict[str, Any]) -> list[str]:
@@ -29,21 +55,33 @@ def _cells(r: dict[str, Any]) -> list[str]:
         r["workload"],
         r["backend"],
         _fmt(1e3 * r["median_s"], "{:.1f}"),
-        _fmt(r["ratio_to_naive"], "{:.1f}"),
-        _fmt(r["ratio_to_flower"], "{:.0f}"),
-        _fmt(r["ratio_to_best_backend"]),
-        _fmt(r["flop_fraction"], "{:.3f}"),
+        _fmt(1e3 * r["train_s"], "{:.1f}"),
+        _fmt(1e3 * r["eval_s"], "{:.1f}"),
+        _fmt(r.get("train_ratio_to_plain"), "{:.2f}"),
+        _fmt(r.get("ratio_to_plain"), "{:.2f}"),
+        _fmt(r.get("ratio_to_naive"), "{:.1f}"),
+        _fmt(r.get("ratio_to_flower"), "{:.0f}"),
+        _fmt(r.get("ratio_to_best_backend")),
+        _fmt(_fraction(r, "train"), "{:.3f}"),
+        _fmt(_fraction(r, "eval"), "{:.3f}"),
+        _fmt(r.get("spread"), "{:.2f}"),
         _fmt(r["peak_mem_mb"], "{:.0f}"),
         _fmt(r["load_avg"], "{:.1f}"),
     ]
 
 
+TERMINAL = ("workload", "system", "round ms", "train ms", "eval ms", "train × plain", "train / best", "train FLOP frac")
+
+
 def rows_table(rows: Sequence[Row]) -> Table:
-    table = Table(title="median per round (local training + aggregation + evaluation of every client)")
-    for name in COLUMNS:
-        table.add_column(name, justify="left" if name in ("workload", "backend") else "right")
+    """The main columns (the JSON file and `python -m fedhet.bench.report` have them all)."""
+    table = Table(title="medians per round: local training, and the rest (aggregation + evaluation of every client)")
+    keep = [COLUMNS.index(name) for name in TERMINAL]
+    for name in TERMINAL:
+        table.add_column(name, justify="left" if name in ("workload", "system") else "right")
     for r in rows:
-        table.add_row(*_cells(vars(r)))
+        cells = _cells(r.as_dict())
+        table.add_row(*(cells[i] for i in keep))
     return table
 
 

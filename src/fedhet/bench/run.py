@@ -1,4 +1,9 @@
-"""Run the benchmark: every workload on every backend and comparator, medians of whole rounds."""
+"""Run the benchmark: every workload on every fedhet backend and reference, medians of interleaved rounds.
+
+Within a workload the systems take turns (round r of every system, then round r + 1), so that a change of the
+machine's speed during the run touches them all alike; each round is timed in two parts, local training and
+the rest (aggregation and evaluation of every client).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,8 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,43 +24,72 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedhet.bench.flower import flower_available, flower_round_time
-from fedhet.bench.naive import naive_round
+from fedhet.bench.flower import flower_available, flower_round_times
+from fedhet.bench.pfl import pfl_available, pfl_round_times
+from fedhet.bench.systems import (
+    System,
+    build_module,
+    fedhet_backends,
+    fedhet_system,
+    naive_system,
+    plain_system,
+    vmap_system,
+)
 from fedhet.bench.targets import check_targets
 from fedhet.bench.workloads import CORE, Workload, cohort_sweep, model_sweep
-from fedhet.catalog import MODELS
 from fedhet.data.dataset import FederatedData
-from fedhet.engine.dense import dense_layers
-from fedhet.engine.engine import BackendChoice, Engine, resolve_backend
+from fedhet.engine.engine import resolve_backend
 from fedhet.engine.functional import FlatModel
-from fedhet.engine.plan import LocalPlan, LocalSettings
 from fedhet.engine.threads import torch_threads
-from fedhet.experiments.evaluation import evaluate_global
-from fedhet.strategies.base import ServerContext
-from fedhet.strategies.fedavg import FedAvg
 
 BIG_COHORT = 1000  # from this many clients a workload is timed once, without warm-up
+COMPARATORS: dict[str, Callable[[Workload, FederatedData], System]] = {
+    "plain": plain_system,
+    "vmap": vmap_system,
+    "naive": naive_system,
+}
 
 
 @dataclass
 class Row:
-    """One measurement: a workload on a backend or comparator."""
+    """One measurement: a workload on a fedhet backend or a reference."""
 
     workload: str
-    backend: str
+    backend: str  # a fedhet backend, "auto (…)", or a reference: "plain loop", "vmap loop", "naive reference", …
     median_s: float  # median seconds per round (local training + aggregation + evaluation)
+    train_s: float  # median seconds of the round's local training
+    eval_s: float  # median seconds of the rest: aggregation and evaluation of every client
     repetitions: int
-    flops: float  # matrix-multiply and convolution FLOPs of one round
-    flop_fraction: float  # achieved FLOP rate / the matmul FLOP rate measured just before the workload
+    train_flops: float  # matrix-multiply and convolution FLOPs of the local training (exact counts)
+    eval_flops: float  # those of the evaluation
     peak_mem_mb: float  # peak resident memory of the process while this row was timed
     base_mem_mb: float  # resident memory just before (the data and the model are already loaded)
     load_avg: float  # the machine's 1-minute load average when the row was timed (2 means 2 busy cores)
-    matmul_gflops: float
-    ratio_to_naive: float | None = None  # naive time / this time (> 1: faster than naive)
-    ratio_to_flower: float | None = None  # Flower time / this time
-    ratio_to_best_backend: float | None = None  # this time / fastest fedhet backend's time (1.0: the best)
+    matmul_gflops: float  # the machine's 2048² matrix-product rate, measured just before the workload
+    spread: float = float("nan")  # (slowest − fastest) / median of the timed rounds
+    train_ratio_to_plain: float | None = None  # plain loop's training time / this training time
+    ratio_to_plain: float | None = None  # plain loop's round / this round
+    ratio_to_naive: float | None = None  # naive round / this round
+    ratio_to_flower: float | None = None  # Flower's round / this round
+    ratio_to_best_backend: float | None = None  # this training time / the fastest fedhet backend's
     fresh_peak_mb: float | None = None  # peak memory of a fresh process that builds the data and runs 2 rounds
     note: str = ""
+
+    @property
+    def train_flop_fraction(self) -> float:
+        """Achieved FLOP rate of the training / the matrix-product rate."""
+        return self.train_flops / self.train_s / (self.matmul_gflops * 1e9)
+
+    @property
+    def eval_flop_fraction(self) -> float:
+        return self.eval_flops / self.eval_s / (self.matmul_gflops * 1e9)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "train_flop_fraction": self.train_flop_fraction,
+            "eval_flop_fraction": self.eval_flop_fraction,
+        }
 
 
 def matmul_flop_rate(n: int = 2048, reps: int = 5) -> float:
@@ -93,8 +127,10 @@ def _load() -> float:
         return float("nan")
 
 
-def round_flops(w: Workload, module: nn.Module) -> float:
-    """Matrix-multiply and convolution FLOPs of one round: training steps (forward + backward) and evaluation."""
+def workload_flops(w: Workload, module: nn.Module) -> tuple[float, float]:
+    """Exact matrix-multiply and convolution FLOPs (`torch.utils.flop_counter`) of a round's local training
+    (one client's step, forward and backward, × steps × clients) and of its evaluation (every client's
+    train and test samples, forward only)."""
     x = torch.randn(w.batch, *w.input_shape)
     y = torch.zeros(w.batch, dtype=torch.long)
     with FlopCounterMode(display=False) as counter:
@@ -105,43 +141,73 @@ def round_flops(w: Workload, module: nn.Module) -> float:
     per_sample = counter.get_total_flops()
     eval_samples = (w.clients + w.eval_only) * (w.samples + max(1, w.samples // 4))
     module.zero_grad(set_to_none=True)
-    return float(w.clients * w.steps * step + eval_samples * per_sample)
+    return float(w.clients * w.steps * step), float(eval_samples * per_sample)
 
 
-def _time(fn: Callable[[int], None], warmup: int, reps: int) -> float:
-    """Median seconds of `reps` calls after `warmup` calls (each call gets its round number)."""
+def round_flops(w: Workload, module: nn.Module) -> float:
+    """FLOPs of one whole round (training and evaluation)."""
+    return sum(workload_flops(w, module))
+
+
+@dataclass
+class Timing:
+    """A system's timed rounds."""
+
+    rounds: list[float] = field(default_factory=list)
+    train: list[float] = field(default_factory=list)
+    rest: list[float] = field(default_factory=list)
+    peak_mb: float = 0.0
+    base_mb: float = float("nan")
+    load: float = float("nan")
+
+
+def _run(system: System, round_: int, timing: Timing | None) -> float:
+    """One round of `system`; its times go to `timing` (None: a warm-up round). Returns the round's seconds."""
+    if timing is not None:
+        if timing.base_mb != timing.base_mb:
+            timing.base_mb = _memory_mb("VmRSS")
+        _reset_peak()
+    start = time.perf_counter()
+    trained = system.train(round_)
+    mid = time.perf_counter()
+    system.finish(trained)
+    end = time.perf_counter()
+    if timing is not None:
+        timing.rounds.append(end - start)
+        timing.train.append(mid - start)
+        timing.rest.append(end - mid)
+        timing.peak_mb = max(timing.peak_mb, _memory_mb("VmHWM"))
+        timing.load = _load()
+    return end - start
+
+
+def time_interleaved(
+    systems: Sequence[System], warmup: int, min_reps: int, max_reps: int, target_s: float
+) -> list[Timing]:
+    """Warm-up rounds of each system, then rounds of every system in turn: as many turns as fit in `target_s`
+    (a turn's time from the last warm-up round), but at least `min_reps` and at most `max_reps`. The first
+    warm-up round of a slow workload (a turn over 5 s) is the only one."""
+    per_turn = [0.0] * len(systems)
     for r in range(warmup):
-        fn(r + 1)
-    times = []
+        for i, s in enumerate(systems):
+            per_turn[i] = _run(s, r + 1, None)
+        if sum(per_turn) > 5.0:
+            break
+    turn = sum(per_turn)
+    reps = max_reps if not warmup or turn <= 0 else int(target_s // turn)
+    reps = max(min_reps, min(max_reps, reps))
+    timings = [Timing() for _ in systems]
     for r in range(reps):
-        start = time.perf_counter()
-        fn(r + 1)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def fedhet_round(engine: Engine, w: Workload) -> Callable[[int], None]:
-    """One whole FedAvg round on the engine: local training, aggregation, evaluation of every client."""
-    strategy = FedAvg()
-    strategy.setup(ServerContext(engine, LocalSettings(w.steps, w.lr, w.batch), 0, w.clients))
-    params = engine.initial_params()
-    clients = torch.arange(w.clients)
-
-    def one(round_: int) -> None:
-        plan = LocalPlan.uniform(clients, w.steps, w.lr, w.batch)
-        result = engine.train(params, plan, round_)
-        evaluate_global(engine, strategy.aggregate(round_, params, result))
-
-    return one
+        for s, timing in zip(systems, timings, strict=True):
+            _run(s, warmup + r + 1, timing)
+    return timings
 
 
 def _peak_of_rounds(w: Workload, rounds: int) -> float:
     """In a fresh process: build `w`'s data and run `rounds` rounds on the `auto` backend; the peak memory."""
-    torch.manual_seed(0)
-    model = FlatModel(MODELS.build(w.model).build(w.input_shape, w.num_classes))
-    one = fedhet_round(Engine(model, w.data()), w)
+    system = fedhet_system(w, w.data(), "auto")
     for r in range(rounds):
-        one(r + 1)
+        _run(system, r + 1, None)
     return _memory_mb("VmHWM")
 
 
@@ -155,93 +221,131 @@ def fresh_peak_mb(w: Workload, rounds: int = 2) -> float:
 
 @dataclass
 class Settings:
-    """How long to measure: repetitions after warm-up rounds, and Flower's rounds."""
+    """How long to measure: warm-up rounds, then interleaved rounds (as many as fit in `target_s` per workload,
+    between `min_reps` and `max_reps`), and the frameworks' rounds."""
 
-    reps: int = 7
     warmup: int = 2
-    flower_rounds: int = 4
-    flower: bool = True
-    comparators: tuple[str, ...] = ("naive", "flower")
+    min_reps: int = 9
+    max_reps: int = 41
+    target_s: float = 40.0
+    flower_rounds: int = 5
+    flower: bool = field(default_factory=flower_available)  # run the frameworks' comparators (when installed)
+    comparators: tuple[str, ...] = ("plain", "vmap", "naive", "pfl", "flower")
+    pfl: bool = field(default_factory=pfl_available)
     fresh_memory: bool = True  # the cohort sweep's memory, each size in a fresh process
 
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
 def bench_workload(w: Workload, data: FederatedData, settings: Settings, say: Callable[[str], None]) -> list[Row]:
-    """Every fedhet backend and comparator on one workload, and the machine limit."""
+    """Every fedhet backend and reference on one workload, and the machine limit."""
     rate = matmul_flop_rate()
-    torch.manual_seed(0)
-    module = MODELS.build(w.model).build(w.input_shape, w.num_classes)
-    flops = round_flops(w, module)
-    model = FlatModel(module)
+    train_flops, eval_flops = workload_flops(w, build_module(w))
     big = w.clients >= BIG_COHORT
-    warmup, reps = (0, 1) if big else (settings.warmup, settings.reps)
+    backends = fedhet_backends(w)
+    systems = [fedhet_system(w, data, b, BIG_COHORT if big and b == "vectorised" else 0) for b in backends]
+    systems += [COMPARATORS[c](w, data) for c in COMPARATORS if c in w.comparators and c in settings.comparators]
+    warmup, min_reps, max_reps = (0, 1, 1) if big else (settings.warmup, settings.min_reps, settings.max_reps)
+    timings = time_interleaved(systems, warmup, min_reps, max_reps, settings.target_s)
     rows: list[Row] = []
-
-    def measure(name: str, fn: Callable[[int], None], warm: int, n: int, note: str = "") -> Row:
-        base = _memory_mb("VmRSS")
-        _reset_peak()
-        median = _time(fn, warm, n)
-        peak = _memory_mb("VmHWM")
-        row = Row(w.name, name, median, n, flops, flops / median / rate, peak, base, _load(), rate / 1e9, note=note)
-        rows.append(row)
-        return row
-
-    backends: list[BackendChoice] = ["sequential", "vectorised"]
-    if dense_layers(model) is not None:
-        backends.append("dense")
-    times: dict[str, float] = {}
-    for backend in backends:
-        chunk = BIG_COHORT if big and backend == "vectorised" else 0
-        engine = Engine(model, data, backend=backend, chunk_size=chunk)
-        times[backend] = measure(backend, fedhet_round(engine, w), warmup, reps).median_s
-    auto = resolve_backend("auto", model, w.clients)
-    chosen = next(r for r in rows if r.backend == auto)
-    fresh = fresh_peak_mb(w) if settings.fresh_memory and "clients" in w.tags else None
-    rows.append(replace(chosen, backend=f"auto ({auto})", note="the backend `auto` picks", fresh_peak_mb=fresh))
-    best = min(times.values())
-    if "naive" in w.comparators and "naive" in settings.comparators:
-        ref = FlatModel(MODELS.build(w.model).build(w.input_shape, w.num_classes)).module
-        everyone = torch.arange(w.clients + w.eval_only)
-        fn = lambda r: naive_round(ref, data, torch.arange(w.clients), w.steps, w.lr, w.batch, everyone)  # noqa: E731
-        times["naive"] = measure("naive reference", fn, settings.warmup, reps).median_s
-    flower = None
-    if "flower" in w.comparators and "flower" in settings.comparators and settings.flower:
-        base = _memory_mb("VmRSS")
-        flower = flower_round_time(w, data, settings.flower_rounds)
-        note = f"median of rounds 2-{settings.flower_rounds}, Ray actors of 1 CPU; memory: actors not counted"
-        n = settings.flower_rounds - 1
+    for s, t in zip(systems, timings, strict=True):
+        median = _median(t.rounds)
+        spread = (max(t.rounds) - min(t.rounds)) / median if t.rounds else float("nan")
         rows.append(
             Row(
                 w.name,
-                "flower simulation",
-                flower,
-                n,
-                flops,
-                flops / flower / rate,
-                float("nan"),
-                base,
+                s.name,
+                median,
+                _median(t.train),
+                _median(t.rest),
+                len(t.rounds),
+                train_flops,
+                eval_flops,
+                t.peak_mb,
+                t.base_mb,
+                t.load,
+                rate / 1e9,
+                spread,
+                note=s.note,
+            )
+        )
+    auto = resolve_backend("auto", FlatModel(build_module(w)), w.clients)
+    chosen = next(r for r in rows if r.backend == auto)
+    fresh = fresh_peak_mb(w) if settings.fresh_memory and "clients" in w.tags else None
+    rows.insert(len(backends), replace(chosen, backend=f"auto ({auto})", note="the backend `auto` picks"))
+    rows[len(backends)].fresh_peak_mb = fresh
+    separate = []  # frameworks that run their own loop of rounds: timed one after the other
+    if "pfl" in w.comparators and "pfl" in settings.comparators and settings.pfl:
+        times = pfl_round_times(w, data, build_module(w), settings.flower_rounds)
+        separate.append(("pfl simulation", times, "pfl's SimulatedBackend in this process"))
+    if "flower" in w.comparators and "flower" in settings.comparators and settings.flower:
+        times = flower_round_times(w, data, settings.flower_rounds)
+        separate.append(("flower simulation", times, "Ray actors of 1 CPU; memory: actors not counted"))
+    for name, (rounds, trains, rests), note in separate:
+        median = _median(rounds)
+        spread = (max(rounds) - min(rounds)) / median
+        note = f"rounds 2-{settings.flower_rounds}; {note}"
+        nan = float("nan")
+        rows.append(
+            Row(
+                w.name,
+                name,
+                median,
+                _median(trains),
+                _median(rests),
+                len(rounds),
+                train_flops,
+                eval_flops,
+                nan,
+                _memory_mb("VmRSS"),
                 _load(),
                 rate / 1e9,
+                spread,
                 note=note,
             )
         )
-    for row in rows:
-        if "naive" in times:
-            row.ratio_to_naive = times["naive"] / row.median_s
-        if flower is not None:
-            row.ratio_to_flower = flower / row.median_s
-        if not row.backend.startswith(("naive", "flower")):
-            row.ratio_to_best_backend = row.median_s / best
+    _ratios(rows, backends)
     nan = float("nan")
-    rows.append(
-        Row(w.name, "machine limit", flops / rate, 0, flops, 1.0, nan, nan, _load(), rate / 1e9, note="FLOPs / rate")
+    limit = Row(
+        w.name,
+        "machine limit",
+        (train_flops + eval_flops) / rate,
+        train_flops / rate,
+        eval_flops / rate,
+        0,
+        train_flops,
+        eval_flops,
+        nan,
+        nan,
+        _load(),
+        rate / 1e9,
+        note="FLOPs / matmul rate",
     )
+    rows.append(limit)
     say(
-        f"  {w.name}: "
-        + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in times.items())
-        + (f", flower {flower * 1e3:.0f} ms" if flower is not None else "")
-        + f", limit {flops / rate * 1e3:.1f} ms (load {_load():.1f})"
+        f"  {w.name}: training "
+        + ", ".join(f"{r.backend} {r.train_s * 1e3:.1f} ms" for r in rows if not r.backend.startswith("auto"))
+        + f" (load {_load():.1f})"
     )
     return rows
+
+
+def _ratios(rows: list[Row], backends: list[str]) -> None:
+    by = {r.backend: r for r in rows}
+    plain, naive, flower = by.get("plain loop"), by.get("naive reference"), by.get("flower simulation")
+    best = min(by[b].train_s for b in backends)
+    for row in rows:
+        if plain is not None:
+            row.train_ratio_to_plain = plain.train_s / row.train_s
+            row.ratio_to_plain = plain.median_s / row.median_s
+        if naive is not None:
+            row.ratio_to_naive = naive.median_s / row.median_s
+        if flower is not None:
+            row.ratio_to_flower = flower.median_s / row.median_s
+        if row.backend in backends or row.backend.startswith("auto"):
+            row.ratio_to_best_backend = row.train_s / best
 
 
 def workloads(quick: bool) -> list[Workload]:
@@ -279,14 +383,19 @@ def run_bench(
     flower: bool = True,
     custom: list[Workload] | None = None,
     threads: int = 0,
+    pfl: bool = True,
 ) -> list[Row]:
     """All workloads (or `only` these, or `custom` ones); `quick` uses fewer repetitions, smaller sweeps and
-    Flower on logistic regression only. `threads` > 0 sets torch's intra-op threads for everything timed
-    (fedhet's backends, the naive reference, the matmul limit; Flower's actors keep their own)."""
-    settings = Settings(reps=3, warmup=1, flower_rounds=3) if quick else Settings()
+    Flower and pfl (when installed and not switched off) on logistic regression only. `threads` > 0 sets
+    torch's intra-op threads for everything timed in this process (fedhet's backends, the references, pfl, the
+    matmul limit; Flower's actors keep their own)."""
+    settings = Settings(warmup=1, min_reps=3, max_reps=3, flower_rounds=3) if quick else Settings()
     settings.flower = flower and flower_available()
+    settings.pfl = pfl and pfl_available()
     if flower and not settings.flower:
         progress("Flower is not installed: its comparator is skipped (pip install 'fedhet[flower]' to include it)")
+    if pfl and not settings.pfl:
+        progress("pfl is not installed: its comparator is skipped (pip install pfl to include it)")
     everything = custom if custom is not None else workloads(quick and not only)
     chosen = [w for w in everything if not only or w.name in only]
     unknown = set(only) - {w.name for w in workloads(False)} - {w.name for w in everything}
@@ -302,7 +411,7 @@ def run_bench(
             progress(f"{w.name}: {w.description}")
             run_settings = settings
             if quick and w.name not in ("logreg", *only):
-                run_settings = replace(settings, comparators=("naive",))  # Flower on logistic regression only
+                run_settings = replace(settings, comparators=("plain", "vmap", "naive"))  # frameworks on logreg only
             rows += bench_workload(w, w.data(), run_settings, progress)
         used_threads = torch.get_num_threads()
     if json_path is not None:
@@ -315,9 +424,12 @@ def run_bench(
             "load_avg_end": _load(),
             "machine": {**machine(), "torch_threads": used_threads},
             "flower": settings.flower,
+            "pfl": settings.pfl,
             "targets": [asdict(t) for t in check_targets(rows)],
-            "rows": [asdict(r) for r in rows],
+            "rows": [r.as_dict() for r in rows],
         }
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(payload, indent=2) + "\n")
+        tmp = json_path.with_suffix(json_path.suffix + ".tmp")
+        tmp.write_text(json.dumps(payload, indent=2) + "\n")
+        os.replace(tmp, json_path)
     return rows

@@ -26,7 +26,7 @@ class Workload:
     steps: int = 10
     batch: int = 10
     lr: float = 0.05
-    comparators: tuple[str, ...] = ("naive", "flower")
+    comparators: tuple[str, ...] = ("plain", "vmap", "naive", "pfl", "flower")
     tags: dict[str, float] = field(default_factory=dict)
 
     def data(self, seed: int = 0) -> FederatedData:
@@ -70,14 +70,21 @@ CAFED = Workload(
     samples=100,
     batch=32,
 )
-CNN = Workload(
-    "cnn",
-    "small CNN (LeNet-5) on 32×32×3, 30 clients × 10 steps of 10",
+LENET = Workload(
+    "lenet",
+    "LeNet-5 (FedGSNR's CIFAR-10 model, 62k parameters) on 3×32×32, 30 clients × 10 steps of 10",
     {"name": "lenet_cifar"},
     (3, 32, 32),
     clients=30,
 )
-CORE = (LOGREG, MLP, MAXFL, CAFED, CNN)
+FEDAVG_CNN = Workload(
+    "fedavg-cnn",
+    "FedAvg's MNIST CNN (1.66M parameters) on 1×28×28, 20 clients × 10 steps of 10",
+    {"name": "cnn_mnist"},
+    (1, 28, 28),
+    clients=20,
+)
+CORE = (LOGREG, MLP, MAXFL, CAFED, LENET, FEDAVG_CNN)
 
 
 def cohort_sweep(sizes: tuple[int, ...]) -> list[Workload]:
@@ -104,7 +111,7 @@ def model_sweep(widths: tuple[int, ...]) -> list[Workload]:
             f"MLP 784-{h}-10, 100 clients",
             {"name": "mlp", "hidden": [h]},
             (784,),
-            comparators=("naive",),
+            comparators=("plain", "naive"),
             tags={"hidden": h},
         )
         for h in widths

@@ -1,0 +1,723 @@
+"""Local SGD for convolutional networks with hand-written backward passes: the `conv` backend.
+
+The papers' image models (LeNet-5, the FedAvg CNNs, FedMGDA+'s CNNs, VGG-16) are chains of Conv2d, pooling,
+element-wise activations, local response or group normalisation, dropout, a flatten and Linear layers under
+cross-entropy. For those, `batched_loss_grad` computes every client's gradient of its weighted mean mini-batch
+loss (`functional.FlatModel.batch_loss`) for a chunk of clients at once, layer by layer, without autograd:
+
+    forward   a_l = f_l(a_{l−1}; w_l) for every layer (saving what its backward needs), logits z = a_L
+    loss      ℓ_k = Σ_r wt_r ce(z_r, y_r) / max(Σ_r wt_r, 1)
+    backward  g_L = (softmax(z) − onehot(y)) · wt / max(Σ wt, 1),  g_{l−1} = (∂f_l/∂a_{l−1})ᵀ g_l,
+              ∇w_l = (∂f_l/∂w_l)ᵀ g_l  (handed to a `Sink`: a gradient buffer, or an SGD step in place)
+
+Convolutions run per client with torch's own kernels (`aten.convolution` and `aten.convolution_backward`,
+oneDNN on a CPU: 20–50 GFLOP/s on one core for LeNet-5's 6- and 16-channel layers, 115–125 for the FedAvg
+CNN's 64-channel one, at a batch of 10); grouped convolutions over the clients, unfold + batched products
+and the transposed convolution were measured as fast or slower (docs/performance.md). Linear layers are
+batched matrix products over the chunk's clients, as in the dense backend; pooling, activations and dropout
+run once for the whole chunk; local response and group normalisation use the vector-Jacobian product of
+torch's own functions. Every backward formula is the one autograd uses, so the numbers equal the other
+backends' up to float rounding (tested on every CNN of the zoo).
+
+`train_conv` runs a `LocalPlan` of plain local SGD with weight decay, w ← w − η_k (∇F_k(w; ξ) + λ w), chunk by
+chunk on worker threads of one core each (like the dense backend: a chunk runs all its steps while its weights
+are in cache), on the mini-batches of `batches.local_batches` and with dropout masks seeded per (round, step)
+as the other backends seed them; each layer's weights are updated as soon as the backward pass is done with
+them (`sgd_step_`).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedhet.data.dataset import ClientData
+from fedhet.engine.batches import gather_rows, local_batches
+from fedhet.engine.dense import _map
+from fedhet.engine.functional import FlatModel
+from fedhet.engine.plan import LocalPlan
+from fedhet.models.fedmgda import ChannelDropout
+from fedhet.models.zoo import ConvClassifier, Flatten, ToImage
+from fedhet.seeding import derive_seed
+
+aten = torch.ops.aten
+CHUNK_BYTES = 4 << 20  # a chunk's weights and activations (see `default_chunk`)
+LARGE_LINEAR = 1 << 18  # Linear layers of this many weights and more run client by client
+
+Ctx = Any  # what a layer's forward keeps for its backward
+
+
+class Layer(Protocol):
+    """One layer of a `ConvSpec`: forward on a chunk's activations (n, b, *shape), backward to its input."""
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]: ...
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None: ...
+
+
+class Sink:
+    """Where a backward pass puts the parameter gradients: into a (c, P) buffer `grad`, or (`grad` None) straight
+    into the weights as an SGD step, w ← shrink · w − g, where the backward then carries η·∇ and
+    shrink = 1 − ηλ (weight decay; None for none). Layers hand each gradient over after their last use of
+    the weights it changes."""
+
+    def __init__(self, params: Tensor, grad: Tensor | None = None, shrink: Tensor | None = None) -> None:
+        self.params, self.grad, self.shrink = params, grad, shrink
+
+    def rows(self, where: slice, value: Tensor) -> None:
+        """The gradient (n, …) of one parameter of every client."""
+        value = value.reshape(len(value), -1)
+        if self.grad is not None:
+            self.grad[:, where].copy_(value)
+            return
+        w = self.params[:, where]
+        if self.shrink is not None:
+            w.mul_(self.shrink)
+        w.sub_(value)
+
+    def row(self, i: int, where: slice, value: Tensor) -> None:
+        """The gradient of one parameter of client i."""
+        if self.grad is not None:
+            self.grad[i, where].copy_(value.reshape(-1))
+            return
+        w = self.params[i, where]
+        if self.shrink is not None:
+            w.mul_(self.shrink[i])
+        w.sub_(value.reshape(-1))
+
+    def outer_row(self, i: int, where: slice, shape: tuple[int, int], d_t: Tensor, a: Tensor) -> None:
+        """Client i's Linear weight gradient d_t (out, b) · a (b, in), in place."""
+        if self.grad is not None:
+            torch.mm(d_t, a, out=self.grad[i, where].view(shape))
+            return
+        w = self.params[i, where].view(shape)
+        if self.shrink is not None:
+            w.mul_(self.shrink[i])
+        w.addmm_(d_t, a, alpha=-1.0)
+
+    def outer(self, where: slice, shape: tuple[int, int], d_t: Tensor, a: Tensor) -> None:
+        """A Linear weight's gradient d_tᵀ-style batched product d_t (n, out, b) · a (n, b, in), in place."""
+        n = len(a)
+        if self.grad is not None:
+            self.grad[:, where].view(n, *shape).baddbmm_(d_t, a, beta=0.0)
+            return
+        w = self.params[:, where].view(n, *shape)
+        if self.shrink is not None:
+            w.mul_(self.shrink.view(n, 1, 1))
+        w.baddbmm_(d_t, a, alpha=-1.0)
+
+
+def _pair(v: int | tuple[int, ...] | str) -> tuple[int, int]:
+    if isinstance(v, str):
+        raise TypeError("string padding")
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[-1]))
+
+
+def _merge(a: Tensor) -> Tensor:
+    """(n, b, C, H, W) as (n·b, C, H, W) (a view)."""
+    return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
+
+
+@dataclass(frozen=True)
+class Conv:
+    """`nn.Conv2d` (zero padding): each client's convolution with its own weights, torch's kernels."""
+
+    weight: slice
+    bias: slice | None
+    shape: tuple[int, int, int, int]  # (out, in / groups, kh, kw)
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+
+    def _w(self, params: Tensor, i: int) -> tuple[Tensor, Tensor | None]:
+        w = params[i, self.weight].view(self.shape)
+        return w, params[i, self.bias] if self.bias is not None else None
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        outs = []
+        for i in range(len(a)):
+            w, b = self._w(params, i)
+            outs.append(
+                aten.convolution(a[i], w, b, self.stride, self.padding, self.dilation, False, (0, 0), self.groups)
+            )
+        return torch.stack(outs), a
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
+        a: Tensor = ctx
+        inputs = []
+        bias = [self.shape[0]] if self.bias is not None else None
+        for i in range(len(a)):
+            w, _ = self._w(params, i)
+            gi, gw, gb = aten.convolution_backward(
+                g[i],
+                a[i],
+                w,
+                bias,
+                self.stride,
+                self.padding,
+                self.dilation,
+                False,
+                (0, 0),
+                self.groups,
+                (need_input, True, self.bias is not None),
+            )
+            sink.row(i, self.weight, gw)
+            if self.bias is not None:
+                sink.row(i, self.bias, gb)
+            inputs.append(gi)
+        return torch.stack(inputs) if need_input else None
+
+
+@dataclass(frozen=True)
+class Linear:
+    """`nn.Linear` on (n, b, in): batched matrix products over the chunk's clients, or client by client with
+    2-D products for large weights (a single-client `bmm` runs 1.3× and an in-place `baddbmm_` 1.7× slower
+    than `addmm` / `addmm_` for FedAvg CNN's 512×3136 layer at a batch of 10)."""
+
+    weight: slice
+    bias: slice | None
+    shape: tuple[int, int]  # (out, in)
+
+    @property
+    def per_client(self) -> bool:
+        return self.shape[0] * self.shape[1] >= LARGE_LINEAR
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        n = len(a)
+        w = params[:, self.weight].view(n, *self.shape)
+        bias = params[:, self.bias].view(n, 1, -1) if self.bias is not None else None
+        if self.per_client:
+            out = a.new_empty(n, a.shape[1], self.shape[0])
+            for i in range(n):
+                if bias is None:
+                    torch.mm(a[i], w[i].T, out=out[i])
+                else:
+                    torch.addmm(bias[i], a[i], w[i].T, out=out[i])
+            return out, a
+        return (torch.bmm(a, w.mT) if bias is None else torch.baddbmm(bias, a, w.mT)), a
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
+        a: Tensor = ctx
+        n = len(a)
+        w = params[:, self.weight].view(n, *self.shape)
+        out = None
+        if need_input:
+            out = torch.stack([g[i] @ w[i] for i in range(n)]) if self.per_client else torch.bmm(g, w)
+        if self.per_client:
+            for i in range(n):
+                sink.outer_row(i, self.weight, self.shape, g[i].T, a[i])
+        else:
+            sink.outer(self.weight, self.shape, g.mT, a)
+        if self.bias is not None:
+            sink.rows(self.bias, g.sum(1))
+        return out
+
+
+def _relu_backward(g: Tensor, out: Tensor) -> Tensor:
+    return aten.threshold_backward(g, out, 0)
+
+
+_FORWARD: dict[str, Callable[[Tensor], Tensor]] = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+_BACKWARD: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "relu": _relu_backward,
+    "tanh": aten.tanh_backward,
+    "sigmoid": aten.sigmoid_backward,
+}
+
+
+@dataclass(frozen=True)
+class Activation:
+    """ReLU, Tanh or Sigmoid; the backward from the output, as autograd computes it."""
+
+    kind: str
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        out = _FORWARD[self.kind](a)
+        return out, out
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
+        return _BACKWARD[self.kind](g, ctx)
+
+
+@dataclass(frozen=True)
+class MaxPool:
+    """`nn.MaxPool2d`; the gradient goes to the first maximum of each window, as torch's backward sends it.
+
+    Windows of 2×2 with stride 2 on even-sized maps (every pooling layer of the zoo) are two element-wise
+    maxima of strided views, over pairs of columns and then of rows: the first maximum of a window in torch's
+    row-major order is the first of its row pair's maxima, taken in the first row that holds it. Measured on
+    one core for 150 maps of 6×28×28: 0.35 ms forward and 1.1 ms backward, against 3.9 and 0.15 ms with
+    torch's kernel (its forward does not vectorise). Other windows use torch's kernel."""
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    ceil_mode: bool
+
+    def _pairs(self, a: Tensor) -> bool:
+        simple = self.padding == (0, 0) and self.dilation == (1, 1) and not self.ceil_mode
+        even = a.shape[-1] % 2 == 0 and a.shape[-2] % 2 == 0
+        return simple and self.kernel == (2, 2) and self.stride == (2, 2) and even
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        if self._pairs(a):
+            cols = torch.maximum(a[..., 0::2], a[..., 1::2])  # (…, H, W/2)
+            return torch.maximum(cols[..., 0::2, :], cols[..., 1::2, :]), (a, cols)
+        out, index = aten.max_pool2d_with_indices(
+            _merge(a), self.kernel, self.stride, self.padding, self.dilation, self.ceil_mode
+        )
+        return out.view(*a.shape[:2], *out.shape[1:]), (a, index)
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
+        a, saved = ctx
+        if self._pairs(a):  # masks as floats: 1 where the first of a pair is the (first) maximum
+            cols: Tensor = saved
+            first_row = torch.ge(cols[..., 0::2, :], cols[..., 1::2, :]).float()
+            g_cols = g.new_empty(*g.shape[:-1], 2, g.shape[-1])  # (…, H/2, 2, W/2)
+            torch.mul(g, first_row, out=g_cols[..., 0, :])
+            torch.sub(g, g_cols[..., 0, :], out=g_cols[..., 1, :])
+            g_cols = g_cols.view(cols.shape)
+            first_col = torch.ge(a[..., 0::2], a[..., 1::2]).float()
+            out = g.new_empty(*cols.shape, 2)  # (…, H, W/2, 2)
+            torch.mul(g_cols, first_col, out=out[..., 0])
+            torch.sub(g_cols, out[..., 0], out=out[..., 1])
+            return out.view(a.shape)
+        out = aten.max_pool2d_with_indices_backward(
+            _merge(g), _merge(a), self.kernel, self.stride, self.padding, self.dilation, self.ceil_mode, saved
+        )
+        return out.view(a.shape)
+
+
+@dataclass(frozen=True)
+class AvgPool:
+    """`nn.AvgPool2d`: torch's kernel and its backward."""
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    ceil_mode: bool
+    count_include_pad: bool
+    divisor: int | None
+
+    def _args(self) -> tuple[Any, ...]:
+        return (self.kernel, self.stride, self.padding, self.ceil_mode, self.count_include_pad, self.divisor)
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        out = aten.avg_pool2d(_merge(a), *self._args())
+        return out.view(*a.shape[:2], *out.shape[1:]), a
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
+        a: Tensor = ctx
+        return aten.avg_pool2d_backward(_merge(g), _merge(a), *self._args()).view(a.shape)
+
+
+@dataclass(frozen=True)
+class LocalResponseNorm:
+    """`nn.LocalResponseNorm` over each sample's channels; the backward is the vector-Jacobian product of
+    torch's own function."""
+
+    size: int
+    alpha: float
+    beta: float
+    k: float
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        def fn(x: Tensor) -> Tensor:
+            return F.local_response_norm(x, self.size, self.alpha, self.beta, self.k)
+
+        out, vjp = torch.func.vjp(fn, _merge(a))[:2]
+        return out.view(a.shape), vjp
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
+        (out,) = ctx(_merge(g))
+        return out.view(g.shape)
+
+
+@dataclass(frozen=True)
+class GroupNorm:
+    """`nn.GroupNorm`: torch's normalisation of each sample, then each client's own scale and shift."""
+
+    groups: int
+    eps: float
+    weight: slice | None
+    bias: slice | None
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        def fn(x: Tensor) -> Tensor:
+            return F.group_norm(x, self.groups, None, None, self.eps)
+
+        normed, vjp = torch.func.vjp(fn, _merge(a))[:2]
+        normed = normed.view(a.shape)
+        n, channels = len(a), a.shape[2]
+        lead = (n, 1, channels) + (1,) * (a.dim() - 3)
+        out = normed
+        if self.weight is not None:
+            out = out * params[:, self.weight].view(lead)
+        if self.bias is not None:
+            out = out + params[:, self.bias].view(lead)
+        return out, (normed, vjp, lead)
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
+        normed, vjp, lead = ctx
+        dims = (1, *range(3, g.dim()))
+        g_normed = g * params[:, self.weight].view(lead) if self.weight is not None else g
+        if self.bias is not None:
+            sink.rows(self.bias, g.sum(dims))
+        if self.weight is not None:
+            sink.rows(self.weight, (g * normed).sum(dims))
+        if not need_input:
+            return None
+        (out,) = vjp(_merge(g_normed))
+        return out.view(g.shape)
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """`nn.Dropout` (element-wise) or fedhet's `ChannelDropout` (whole channels): multiplies by the step's
+    mask, the same for every client (drawn by `dropout_masks`)."""
+
+    p: float
+    channels: bool
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        if mask is None:
+            return a, None
+        m = mask.view(*mask.shape, *(1,) * (a.dim() - 1 - mask.dim())) if self.channels else mask
+        return a * m, m
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
+        return g if ctx is None else g * ctx
+
+
+@dataclass(frozen=True)
+class Reshape:
+    """A reshape of every sample (the image view of flat inputs, a flatten before the head)."""
+
+    shape: tuple[int, ...]
+
+    def forward(self, a: Tensor, params: Tensor, mask: Tensor | None) -> tuple[Tensor, Ctx]:
+        return a.reshape(*a.shape[:2], *self.shape), a.shape
+
+    def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
+        return g.reshape(ctx)
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A model as a chain of layers, with each layer's per-sample output shape (to draw dropout masks)."""
+
+    layers: tuple[Layer, ...]
+    shapes: tuple[tuple[int, ...], ...]  # per-sample output shape of each layer
+    input_shape: tuple[int, ...]
+    size: int  # P, the number of parameters
+
+    @property
+    def has_dropout(self) -> bool:
+        return any(isinstance(la, Dropout) and la.p > 0 for la in self.layers)
+
+
+def _leaves(module: nn.Module) -> list[nn.Module]:
+    if isinstance(module, ConvClassifier):
+        return [module.to_image, *_leaves(module.features), Flatten(), *_leaves(module.head)]
+    if isinstance(module, nn.Sequential):
+        return [leaf for child in module for leaf in _leaves(child)]
+    return [module]
+
+
+def _layer(leaf: nn.Module, where: dict[int, slice], used: list[slice]) -> Layer | None:
+    """The layer for one leaf module (None when not supported); the slices of its parameters go to `used`."""
+
+    def at(p: Tensor | None) -> slice | None:
+        if p is None:
+            return None
+        used.append(where[id(p)])
+        return where[id(p)]
+
+    if isinstance(leaf, nn.Conv2d):
+        if leaf.padding_mode != "zeros" or isinstance(leaf.padding, str):
+            return None
+        w = at(leaf.weight)
+        assert w is not None
+        shape = tuple(leaf.weight.shape)
+        return Conv(w, at(leaf.bias), shape, _pair(leaf.stride), _pair(leaf.padding), _pair(leaf.dilation), leaf.groups)  # type: ignore[arg-type]
+    if isinstance(leaf, nn.Linear):
+        w = at(leaf.weight)
+        assert w is not None
+        return Linear(w, at(leaf.bias), (leaf.out_features, leaf.in_features))
+    if isinstance(leaf, nn.ReLU | nn.Tanh | nn.Sigmoid):
+        return Activation(type(leaf).__name__.lower())
+    if isinstance(leaf, nn.MaxPool2d):
+        if leaf.return_indices:
+            return None
+        stride = leaf.stride if leaf.stride is not None else leaf.kernel_size
+        return MaxPool(
+            _pair(leaf.kernel_size), _pair(stride), _pair(leaf.padding), _pair(leaf.dilation), bool(leaf.ceil_mode)
+        )
+    if isinstance(leaf, nn.AvgPool2d):
+        stride = leaf.stride if leaf.stride is not None else leaf.kernel_size
+        return AvgPool(
+            _pair(leaf.kernel_size),
+            _pair(stride),
+            _pair(leaf.padding),
+            bool(leaf.ceil_mode),
+            bool(leaf.count_include_pad),
+            leaf.divisor_override,
+        )
+    if isinstance(leaf, nn.LocalResponseNorm):
+        return LocalResponseNorm(leaf.size, leaf.alpha, leaf.beta, leaf.k)
+    if isinstance(leaf, nn.GroupNorm):
+        return GroupNorm(leaf.num_groups, leaf.eps, at(leaf.weight), at(leaf.bias))
+    if isinstance(leaf, ChannelDropout):
+        return Dropout(float(leaf.dropout.p), channels=True)
+    if type(leaf) is nn.Dropout:
+        return Dropout(float(leaf.p), channels=False)
+    return None
+
+
+_SPECS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...] | None, ConvSpec | None]]
+_SPECS = weakref.WeakKeyDictionary()  # a model's spec, found once (resolving the backend asks every round)
+
+
+def conv_layers(model: FlatModel, input_shape: Sequence[int] | None = None) -> ConvSpec | None:
+    """`model` as a `ConvSpec`, or None when the conv backend cannot run it.
+
+    Qualify: `fedhet.models.zoo.ConvClassifier` networks and `nn.Sequential` chains of Conv2d (zero padding),
+    MaxPool2d, AvgPool2d, ReLU/Tanh/Sigmoid, LocalResponseNorm, GroupNorm, Dropout, `ChannelDropout`, Flatten
+    and Linear, with at least one convolution. A model that does not start with `ToImage` needs
+    `input_shape` (one sample's shape)."""
+    key = tuple(input_shape) if input_shape is not None else None
+    known = _SPECS.setdefault(model.module, {})
+    if key not in known:
+        known[key] = _find_spec(model, input_shape)
+    return known[key]
+
+
+def _find_spec(model: FlatModel, input_shape: Sequence[int] | None) -> ConvSpec | None:
+    module = model.module
+    where: dict[int, slice] = {}
+    start = 0
+    for p, n in zip(module.parameters(), model.numels, strict=True):
+        where[id(p)] = slice(start, start + n)
+        start += n
+    leaves = _leaves(module)
+    used: list[slice] = []
+    if leaves and isinstance(leaves[0], ToImage):
+        shape: tuple[int, ...] = tuple(leaves[0].shape)
+        layers: list[Layer] = [Reshape(shape)]
+        leaves = leaves[1:]
+    elif input_shape is not None:
+        shape, layers = tuple(input_shape), []
+    else:
+        return None
+    shapes: list[tuple[int, ...]] = [shape] * len(layers)
+    x = torch.zeros(1, *shape)
+    training = module.training
+    try:  # a dry run on one sample gives each layer's output shape
+        for leaf in leaves:
+            if isinstance(leaf, Flatten | nn.Flatten):
+                if isinstance(leaf, nn.Flatten) and (leaf.start_dim != 1 or leaf.end_dim != -1):
+                    return None
+                layer: Layer | None = Reshape((x[0].numel(),))
+            else:
+                layer = _layer(leaf, where, used)
+            if layer is None:
+                return None
+            with torch.no_grad():
+                x = leaf.eval()(x) if not isinstance(layer, Reshape) else x.reshape(1, *layer.shape)
+            layers.append(layer)
+            shapes.append(tuple(x.shape[1:]))
+    except RuntimeError:
+        return None
+    finally:
+        module.train(training)
+    covered = sum(sl.stop - sl.start for sl in used)
+    if covered != model.size or not any(isinstance(la, Conv) for la in layers) or len(shapes[-1]) != 1:
+        return None
+    return ConvSpec(tuple(layers), tuple(shapes), shape, model.size)
+
+
+def dropout_masks(spec: ConvSpec, batch: int, seed: int, round_: int, step: int, stream: str) -> list[Tensor | None]:
+    """Step `step`'s dropout mask of every layer (None for the others), drawn as the sequential backend's
+    modules draw them after its seeding: the same for every client."""
+    if not spec.has_dropout:
+        return [None] * len(spec.layers)
+    torch.manual_seed(derive_seed(seed, f"dropout/{stream}", round_, step))
+    masks: list[Tensor | None] = []
+    for i, la in enumerate(spec.layers):
+        if isinstance(la, Dropout) and la.p > 0:
+            shape = spec.shapes[i][:1] if la.channels else spec.shapes[i]
+            masks.append(F.dropout(torch.ones(batch, *shape), la.p, training=True))
+        else:
+            masks.append(None)
+    return masks
+
+
+def _logit_grad(z: Tensor, y: Tensor, wt: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-client weighted mean cross-entropy of logits z (n, b, C) and its gradient with respect to z."""
+    share = wt / wt.sum(1, keepdim=True).clamp_min(1.0)
+    lse = torch.logsumexp(z, 2, keepdim=True)
+    nll = lse.squeeze(2) - z.gather(2, y.unsqueeze(2)).squeeze(2)
+    g = (z - lse).exp_()
+    g.scatter_add_(2, y.unsqueeze(2), torch.full_like(g[..., :1], -1.0))
+    return g.mul_(share.unsqueeze(2)), (nll * share).sum(1)
+
+
+def _step(
+    spec: ConvSpec,
+    params: Tensor,
+    x: Tensor,
+    y: Tensor,
+    wt: Tensor,
+    sink: Sink,
+    masks: Sequence[Tensor | None] | None,
+    rate: Tensor | None = None,
+) -> Tensor:
+    """Forward, loss and backward of a chunk; gradients (times `rate` (n,) when given) go to `sink`."""
+    n, b = y.shape
+    a = x.reshape(n, b, *spec.input_shape)
+    masks = masks if masks is not None else [None] * len(spec.layers)
+    saved = []
+    for layer, mask in zip(spec.layers, masks, strict=True):
+        a, ctx = layer.forward(a, params, mask)
+        saved.append(ctx)
+    g, loss = _logit_grad(a, y, wt)
+    if rate is not None:
+        g.mul_(rate.view(n, 1, 1))
+    first = next(i for i, la in enumerate(spec.layers) if isinstance(la, Conv | Linear | GroupNorm))
+    for i in range(len(spec.layers) - 1, first - 1, -1):
+        out = spec.layers[i].backward(g, saved[i], params, sink, need_input=i > first)
+        if out is not None:
+            g = out
+    return loss
+
+
+def loss_grad_into(
+    spec: ConvSpec,
+    params: Tensor,
+    x: Tensor,
+    y: Tensor,
+    wt: Tensor,
+    grad: Tensor,
+    masks: Sequence[Tensor | None] | None = None,
+) -> Tensor:
+    """`batched_loss_grad` on one thread, writing the gradient into `grad` (c, P); returns the losses (c,)."""
+    return _step(spec, params, x, y, wt, Sink(params, grad), masks)
+
+
+def sgd_step_(
+    spec: ConvSpec,
+    params: Tensor,
+    x: Tensor,
+    y: Tensor,
+    wt: Tensor,
+    lr: Tensor,
+    weight_decay: float = 0.0,
+    masks: Sequence[Tensor | None] | None = None,
+) -> Tensor:
+    """One SGD step in place, w ← w − η_k (∇ℓ_k(w) + λ w), each layer's weights updated as soon as the backward
+    pass is done with them (no gradient buffer: half the memory traffic of the large layers). Returns the
+    losses ℓ_k(w) before the step (c,)."""
+    shrink = (1.0 - lr * weight_decay).unsqueeze(1) if weight_decay else None
+    return _step(spec, params, x, y, wt, Sink(params, None, shrink), masks, rate=lr)
+
+
+def batched_loss_grad(
+    spec: ConvSpec,
+    params: Tensor,
+    x: Tensor,
+    y: Tensor,
+    wt: Tensor,
+    masks: Sequence[Tensor | None] | None = None,
+    workers: int = 1,
+) -> tuple[Tensor, Tensor]:
+    """∇ and value of each client's weighted mean cross-entropy on its mini-batch:
+    ℓ_k(w_k) = Σ_r wt_kr ce(f(w_k; x_kr), y_kr) / max(Σ_r wt_kr, 1) (padded rows have weight 0).
+
+    params (c, P), x (c, b, *sample shape), y (c, b), wt (c, b); `masks` from `dropout_masks` (None: no
+    dropout, as in evaluation). Returns (grad (c, P), loss (c,)). With `workers` > 1 (on a CPU) the clients are
+    split among that many threads of one core each."""
+    c = len(params)
+    grad = torch.empty_like(params)
+    loss = torch.empty(c, device=params.device)
+    workers = max(1, min(workers, c)) if params.device.type == "cpu" else 1
+    part = -(-c // workers) if c else 1
+
+    def run(lo: int) -> None:
+        sl = slice(lo, lo + part)
+        loss[sl] = loss_grad_into(spec, params[sl], x[sl], y[sl], wt[sl], grad[sl], masks)
+
+    _map(run, range(0, c, part), workers)
+    return grad, loss
+
+
+def default_chunk(spec: ConvSpec, clients: int, workers: int, batch: int) -> int:
+    """Clients per chunk: an equal share of the cohort per worker, but at most `CHUNK_BYTES` of weights and
+    activations (a core's cache; the large ops then run per client anyway, only small ones batch)."""
+    share = -(-clients // max(workers, 1))
+    activations = 2 * batch * sum(math.prod(shape) for shape in spec.shapes)  # outputs and their gradients
+    return max(1, min(share, CHUNK_BYTES // (4 * (spec.size + activations))))
+
+
+def train_conv(
+    model: FlatModel,
+    spec: ConvSpec,
+    data: ClientData,
+    w0: Tensor,
+    plan: LocalPlan,
+    seed: int,
+    round_: int,
+    chunk_size: int = 0,
+    workers: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """Plain local SGD with weight decay, w ← w − η_k (∇F_k(w; ξ) + λ w), for `plan`'s clients; each client
+    takes its own number of steps. Returns (params (m, P), mean loss over the steps taken (m,), nan for 0).
+
+    Clients run in order of decreasing steps (those still training at step t are a prefix of their chunk);
+    chunks of `chunk_size` clients (default `default_chunk`) run all their steps on `workers` threads
+    (default: torch's intra-op thread count) of one core each; elsewhere than on a CPU, one chunk at a time."""
+    m, dev = len(plan.clients), w0.device
+    params = w0.unsqueeze(0).repeat(m, 1)
+    losses = torch.full((m,), float("nan"), device=dev)
+    if m == 0 or int(plan.steps.max()) == 0:
+        return params, losses
+    order = torch.argsort(plan.steps, descending=True, stable=True)
+    steps = plan.steps[order]
+    index, weight = local_batches(data.offsets, plan.clients[order], steps, plan.batch_size, seed, round_, plan.stream)
+    index, weight = index.to(dev), weight.to(dev)
+    drawn = [dropout_masks(spec, plan.batch_size, seed, round_, t, plan.stream) for t in range(int(steps[0]))]
+    masks = [[mk.to(dev) if mk is not None else None for mk in step] for step in drawn]
+    lr = plan.lr[order].to(dev)
+    decay = plan.weight_decay
+    workers = 1 if dev.type != "cpu" else workers or torch.get_num_threads()
+    chunk = chunk_size if chunk_size > 0 else default_chunk(spec, m, workers, plan.batch_size)
+    work = torch.empty_like(params)
+    totals = torch.zeros(m, device=dev)
+    remaining = steps.tolist()
+
+    def run(lo: int) -> None:
+        hi = min(lo + chunk, m)
+        w = work[lo:hi]
+        w.copy_(w0.expand(hi - lo, -1))
+        for t in range(remaining[lo]):
+            k = next((j for j in range(lo, hi) if remaining[j] <= t), hi) - lo  # clients still training
+            rows = index[lo : lo + k, t]
+            x = gather_rows(data.x, rows)
+            rate = lr[lo : lo + k]
+            totals[lo : lo + k] += sgd_step_(
+                spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], rate, decay, masks[t]
+            )
+
+    _map(run, range(0, m, chunk), workers)
+    params[order] = work
+    tau = steps.to(dev)
+    losses[order] = torch.where(tau > 0, totals / tau.clamp_min(1), torch.nan)
+    return params, losses

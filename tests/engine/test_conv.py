@@ -1,0 +1,266 @@
+"""The conv backend (hand-written backward passes for CNNs, batched over clients) against autograd and the
+autograd backends, on every CNN of the model zoo."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from fedhet.catalog import MODELS
+from fedhet.data.dataset import ClientData
+from fedhet.engine import conv
+from fedhet.engine.conv import batched_loss_grad, conv_layers, dropout_masks, train_conv
+from fedhet.engine.functional import FlatModel
+from fedhet.engine.local import train_sequential, train_vectorised
+from fedhet.engine.plan import LocalPlan
+from fedhet.models.zoo import ConvClassifier, ToImage
+from fedhet.seeding import derive_seed
+
+TOL = {"atol": 1e-6, "rtol": 1e-5}
+
+# every CNN of the zoo, at its own layout and (where the model allows) a small width or input to keep it quick
+ZOO: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
+    "lenet": ({"name": "lenet_cifar"}, (3, 32, 32)),
+    "fedavg_cnn": ({"name": "cnn_mnist", "channels": [4, 8], "hidden": 16}, (784,)),  # flat MNIST-shaped input
+    "fedavg_cnn_valid": ({"name": "cnn_mnist", "channels": [3, 5], "hidden": 12, "padding": "valid"}, (1, 28, 28)),
+    "cnn_fmnist": ({"name": "cnn_fmnist"}, (1, 28, 28)),  # channel dropout and dropout
+    "cnn_femnist": ({"name": "cnn_femnist"}, (1, 12, 12)),  # dropout on feature maps
+    "cnn_cifar": ({"name": "cnn_cifar", "channels": [4, 8], "hidden": 16}, (3, 32, 32)),
+    "cnn_cifar_lrn": ({"name": "cnn_cifar_lrn"}, (3, 16, 16)),  # local response normalisation
+    "vgg16": ({"name": "vgg16", "widths": [4, 4, 8, 8, 8], "hidden": 16, "norm": "none"}, (3, 32, 32)),
+    "vgg16_gn": ({"name": "vgg16", "widths": [4, 4, 8, 8, 8], "hidden": 16}, (3, 32, 32)),  # GroupNorm
+}
+
+
+def _model(name: str, seed: int = 0) -> tuple[FlatModel, tuple[int, ...]]:
+    config, shape = ZOO[name]
+    torch.manual_seed(seed)
+    return FlatModel(MODELS.build(config).build(shape, 10)), shape
+
+
+def _data(shape: tuple[int, ...], sizes: list[int], seed: int = 1) -> ClientData:
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, *shape, generator=gen) for n in sizes]
+    ys = [torch.randint(0, 10, (n,), generator=gen) for n in sizes]
+    return ClientData.from_parts(xs, ys)
+
+
+def test_which_models_qualify() -> None:
+    for name in ZOO:
+        model, _ = _model(name)
+        spec = conv_layers(model)
+        assert spec is not None, name
+        assert spec.size == model.size and spec.shapes[-1] == (10,)
+    model = _model("cnn_fmnist")[0]
+    fmnist = conv_layers(model)
+    assert fmnist is not None and fmnist.has_dropout
+    assert conv_layers(model) is fmnist  # found once per model
+    assert not conv_layers(_model("lenet")[0]).has_dropout  # type: ignore[union-attr]
+    mlp = FlatModel(MODELS.build({"name": "mlp"}).build((784,), 10))
+    assert conv_layers(mlp) is None  # no convolution: the dense backend's
+    lstm = FlatModel(MODELS.build({"name": "char_lstm", "hidden": 8}).build((5,), 10))
+    assert conv_layers(lstm) is None
+    shape = (1, 6, 6)
+    batchnorm = nn.Sequential(ToImage(shape), nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(32, 3))
+    assert conv_layers(FlatModel(batchnorm)) is None  # buffers updated in forward: not supported
+    same = ConvClassifier(shape, nn.Sequential(nn.Conv2d(1, 2, 3, padding="same")), nn.Sequential(nn.Linear(72, 3)))
+    assert conv_layers(FlatModel(same)) is None  # string padding
+    bare = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(32, 3))
+    assert conv_layers(FlatModel(bare)) is None  # the sample shape is unknown
+    spec = conv_layers(FlatModel(bare), input_shape=shape)
+    assert spec is not None and spec.shapes == ((2, 4, 4), (2, 4, 4), (32,), (3,))
+
+
+def test_logit_gradient_by_hand() -> None:
+    """One client, one layer: logits z = conv(x) (a 1×1 kernel of weight 1 on a 1×1 image, no bias, then a
+    Linear layer of weight 0): ℓ = (2 ce(0, ·)) / 2 = log 3, ∂ℓ/∂b_linear = softmax − mean onehot."""
+    net = nn.Sequential(nn.Conv2d(1, 1, 1, bias=False), nn.Flatten(), nn.Linear(1, 3))
+    model = FlatModel(net)
+    spec = conv_layers(model, input_shape=(1, 1, 1))
+    assert spec is not None
+    params = torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])  # conv weight, linear weight (3×1), bias (3)
+    x = torch.tensor([[[[[2.0]]], [[[5.0]]], [[[7.0]]]]])  # 3 rows, the last one padding (weight 0)
+    y, wt = torch.tensor([[0, 2, 1]]), torch.tensor([[1.0, 1.0, 0.0]])
+    grad, loss = batched_loss_grad(spec, params, x, y, wt)
+    torch.testing.assert_close(loss, torch.log(torch.tensor([3.0])))
+    d = torch.tensor([[1 / 3 - 1, 1 / 3, 1 / 3], [1 / 3, 1 / 3, 1 / 3 - 1]]) / 2  # (softmax − onehot) / Σ wt
+    expected = torch.cat([torch.zeros(1), d[0] * 2 + d[1] * 5, d.sum(0)])  # ∂W = Σ d x, ∂b = Σ d; conv: Σ 0
+    torch.testing.assert_close(grad[0], expected)
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_batched_loss_grad_equals_autograd(name: str) -> None:
+    model, shape = _model(name)
+    spec = conv_layers(model)
+    assert spec is not None
+    gen = torch.Generator().manual_seed(2)
+    c, b = 3, 4
+    params = model.initial_params() + 0.05 * torch.randn(c, model.size, generator=gen)
+    x = torch.randn(c, b, *shape, generator=gen)
+    y = torch.randint(0, 10, (c, b), generator=gen)
+    wt = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])  # padding; no samples
+    model.module.eval()  # no dropout on either side
+    grad, loss = batched_loss_grad(spec, params, x, y, wt, workers=2)
+    for k in range(c):
+        w = params[k].clone().requires_grad_(True)
+        expected_loss = model.batch_loss(w, x[k], y[k], wt[k])
+        (expected,) = torch.autograd.grad(expected_loss, w)
+        torch.testing.assert_close(loss[k], expected_loss.detach(), **TOL)
+        if name != "vgg16_gn":
+            torch.testing.assert_close(grad[k], expected, **TOL)
+            continue
+        # GroupNorm of single channels of 2×2 maps: float32 autograd itself is 1e-5 off, so both are compared
+        # with float64 autograd
+        model.module.double()
+        w64 = params[k].double().requires_grad_(True)
+        (exact,) = torch.autograd.grad(model.batch_loss(w64, x[k].double(), y[k], wt[k].double()), w64)
+        model.module.float()
+        autograd_error = float((expected.double() - exact).abs().max())
+        assert float((grad[k].double() - exact).abs().max()) <= 2 * autograd_error + 1e-6
+    assert float(grad[0].abs().max()) > 1e-3 and float(grad[2].abs().max()) == 0.0
+
+
+def test_dropout_masks_follow_the_modules_draws() -> None:
+    model, _ = _model("cnn_fmnist")
+    spec = conv_layers(model)
+    assert spec is not None
+    masks = dropout_masks(spec, 4, seed=3, round_=2, step=1, stream="train")
+    drawn = [m for m in masks if m is not None]
+    assert [tuple(m.shape) for m in drawn] == [(4, 20), (4, 50)]  # channel dropout (b, C), then (b, 50)
+    assert all(set(m.unique().tolist()) <= {0.0, 2.0} for m in drawn)
+    again = dropout_masks(spec, 4, seed=3, round_=2, step=1, stream="train")
+    assert all(torch.equal(a, b) for a, b in zip(drawn, [m for m in again if m is not None], strict=True))
+    other = dropout_masks(spec, 4, seed=3, round_=2, step=2, stream="train")
+    assert not torch.equal(drawn[1], [m for m in other if m is not None][1])
+
+
+def _plan(**extra: object) -> LocalPlan:
+    """Unequal steps (one client skips the round) and learning rates; batches larger than some clients."""
+    return LocalPlan(
+        clients=torch.tensor([0, 1, 2, 3, 4]),
+        steps=torch.tensor([4, 0, 6, 1, 6]),
+        lr=torch.tensor([0.1, 0.1, 0.05, 0.2, 0.15]),
+        batch_size=4,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("name", [n for n in ZOO if n != "vgg16_gn"])
+def test_train_conv_matches_the_sequential_backend(name: str) -> None:
+    model, shape = _model(name)
+    spec = conv_layers(model)
+    assert spec is not None
+    data = _data(shape, [9, 3, 14, 2, 11])
+    w0 = model.initial_params()
+    plan = _plan(weight_decay=0.01)
+    model.module.train()
+    seq = train_sequential(model, data, w0, plan, 3, 2)
+    got = train_conv(model, spec, data, w0, plan, 3, 2, chunk_size=2, workers=2)
+    assert float((seq[0] - w0).abs().max()) > 1e-2  # the clients moved
+    torch.testing.assert_close(got[0], seq[0], **TOL)
+    torch.testing.assert_close(got[1], seq[1], equal_nan=True, **TOL)
+    assert torch.equal(got[0][1], w0) and torch.isnan(got[1][1])  # zero steps: the received model, no loss
+
+
+def test_group_norm_vgg_as_close_as_the_autograd_backends() -> None:
+    """VGG-16 with GroupNorm at a tiny width normalises single channels of 2×2 maps in its last stage, where
+    float rounding grows fast with the steps: the sequential and vectorised backends part too. The conv
+    backend must stay as close to the sequential one as the vectorised one does (or within 1e-5)."""
+    model, shape = _model("vgg16_gn")
+    spec = conv_layers(model)
+    assert spec is not None
+    data = _data(shape, [9, 3, 14, 2, 11])
+    w0 = model.initial_params()
+    plan = LocalPlan(torch.arange(5), torch.tensor([3, 0, 3, 1, 2]), torch.full((5,), 0.05), 4, weight_decay=0.01)
+    model.module.train()
+    seq = train_sequential(model, data, w0, plan, 3, 2)
+    vec = train_vectorised(model, data, w0, plan, 3, 2)
+    got = train_conv(model, spec, data, w0, plan, 3, 2, workers=1)
+    assert float((seq[0] - w0).abs().max()) > 1e-2
+    for k in range(5):
+        spread = float((vec[0][k] - seq[0][k]).abs().max())
+        assert float((got[0][k] - seq[0][k]).abs().max()) <= max(2 * spread, 1e-5 * float(seq[0][k].abs().max()))
+    torch.testing.assert_close(got[1], seq[1], equal_nan=True, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk,workers", [(0, 1), (1, 2), (3, 2), (5, 1)])
+def test_chunks_and_workers_and_the_vectorised_backend(chunk: int, workers: int) -> None:
+    model, shape = _model("cnn_fmnist")  # with dropout: masks shared by clients and steps seeded alike
+    spec = conv_layers(model)
+    assert spec is not None
+    data = _data(shape, [9, 3, 14, 2, 11])
+    w0 = model.initial_params()
+    plan = _plan()
+    model.module.train()
+    vec = train_vectorised(model, data, w0, plan, 5, 1)
+    got = train_conv(model, spec, data, w0, plan, 5, 1, chunk_size=chunk, workers=workers)
+    torch.testing.assert_close(got[0], vec[0], **TOL)
+    torch.testing.assert_close(got[1], vec[1], equal_nan=True, **TOL)
+
+
+def test_no_steps_and_no_clients() -> None:
+    model, shape = _model("lenet")
+    spec = conv_layers(model)
+    assert spec is not None
+    data = _data(shape, [3, 4])
+    w0 = model.initial_params()
+    none = LocalPlan.uniform(torch.arange(2), 0, 0.1, 4)
+    params, losses = train_conv(model, spec, data, w0, none, 0, 0)
+    assert torch.equal(params, w0.expand(2, -1)) and bool(torch.isnan(losses).all())
+    empty = LocalPlan.uniform(torch.zeros(0, dtype=torch.long), 3, 0.1, 4)
+    params, losses = train_conv(model, spec, data, w0, empty, 0, 0)
+    assert params.shape == (0, model.size) and losses.shape == (0,)
+
+
+@pytest.mark.parametrize("name", ["lenet", "cnn_fmnist"])
+def test_large_linear_layers_client_by_client(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linear layers above `LARGE_LINEAR` weights (FedAvg CNN's 512×3136) run with 2-D products per client:
+    the same gradients and the same training (here every Linear layer takes that path)."""
+    monkeypatch.setattr(conv, "LARGE_LINEAR", 1)
+    model, shape = _model(name)
+    spec = conv_layers(model)
+    assert spec is not None and all(la.per_client for la in spec.layers if isinstance(la, conv.Linear))
+    gen = torch.Generator().manual_seed(4)
+    params = model.initial_params() + 0.05 * torch.randn(3, model.size, generator=gen)
+    x, y = torch.randn(3, 4, *shape, generator=gen), torch.randint(0, 10, (3, 4), generator=gen)
+    wt = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
+    model.module.eval()
+    grad, _ = batched_loss_grad(spec, params, x, y, wt)
+    for k in range(3):
+        w = params[k].clone().requires_grad_(True)
+        (expected,) = torch.autograd.grad(model.batch_loss(w, x[k], y[k], wt[k]), w)
+        torch.testing.assert_close(grad[k], expected, **TOL)
+    data = _data(shape, [9, 3, 14, 2, 11])
+    w0 = model.initial_params()
+    plan = _plan(weight_decay=0.01)
+    model.module.train()
+    seq = train_sequential(model, data, w0, plan, 3, 2)
+    got = train_conv(model, spec, data, w0, plan, 3, 2, chunk_size=3, workers=1)
+    torch.testing.assert_close(got[0], seq[0], **TOL)
+
+
+def test_batched_loss_grad_with_the_steps_dropout_masks() -> None:
+    """With the masks of `dropout_masks`, the gradient is autograd's on the module in training mode seeded as
+    the sequential backend seeds a step (the masks the modules draw are the same for every client)."""
+    model, shape = _model("cnn_fmnist")
+    spec = conv_layers(model)
+    assert spec is not None
+    gen = torch.Generator().manual_seed(5)
+    params = model.initial_params() + 0.05 * torch.randn(2, model.size, generator=gen)
+    x, y = torch.randn(2, 4, *shape, generator=gen), torch.randint(0, 10, (2, 4), generator=gen)
+    wt = torch.ones(2, 4)
+    masks = dropout_masks(spec, 4, seed=7, round_=3, step=2, stream="train")
+    grad, loss = batched_loss_grad(spec, params, x, y, wt, masks)
+    no_dropout, _ = batched_loss_grad(spec, params, x, y, wt)
+    assert float((grad - no_dropout).abs().max()) > 1e-3  # the masks matter
+    model.module.train()
+    for k in range(2):
+        torch.manual_seed(derive_seed(7, "dropout/train", 3, 2))
+        w = params[k].clone().requires_grad_(True)
+        expected_loss = model.batch_loss(w, x[k], y[k], wt[k])
+        (expected,) = torch.autograd.grad(expected_loss, w)
+        torch.testing.assert_close(loss[k], expected_loss.detach(), **TOL)
+        torch.testing.assert_close(grad[k], expected, **TOL)
