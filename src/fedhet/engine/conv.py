@@ -677,6 +677,7 @@ def train_conv(
     round_: int,
     chunk_size: int = 0,
     workers: int = 0,
+    weight_decay: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """Plain local SGD with weight decay, w ← w − η_k (∇F_k(w; ξ) + λ w), for `plan`'s clients; each client
     takes its own number of steps. Returns (params (m, P), mean loss over the steps taken (m,), nan for 0).
@@ -696,7 +697,7 @@ def train_conv(
     drawn = [dropout_masks(spec, plan.batch_size, seed, round_, t, plan.stream) for t in range(int(steps[0]))]
     masks = [[mk.to(dev) if mk is not None else None for mk in step] for step in drawn]
     lr = plan.lr[order].to(dev)
-    decay = plan.weight_decay
+    decay = weight_decay
     workers = 1 if dev.type != "cpu" else workers or torch.get_num_threads()
     chunk = chunk_size if chunk_size > 0 else default_chunk(spec, m, workers, plan.batch_size)
     work = torch.empty_like(params)
