@@ -15,7 +15,7 @@ from fedhet.bench.plain import PlainLoop, VmapLoop
 from fedhet.bench.workloads import Workload
 from fedhet.catalog import MODELS
 from fedhet.data.dataset import FederatedData
-from fedhet.engine.conv import conv_layers, train_conv
+from fedhet.engine.conv import conv_layers
 from fedhet.engine.dense import dense_layers
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
@@ -55,26 +55,16 @@ def fedhet_backends(w: Workload) -> list[str]:
 
 
 def fedhet_system(w: Workload, data: FederatedData, backend: str, chunk_size: int = 0) -> System:
-    """A whole FedAvg round on fedhet's engine: `Engine.train`, `FedAvg.aggregate`, `evaluate_global`.
-
-    The conv backend trains through `fedhet.engine.conv.train_conv` directly (until the engine offers it)."""
+    """A whole FedAvg round on fedhet's engine: `Engine.train`, `FedAvg.aggregate`, `evaluate_global`."""
     model = FlatModel(build_module(w))
-    engine_backend = "vectorised" if backend == "conv" else backend
-    engine = Engine(model, data, backend=engine_backend, chunk_size=chunk_size)  # type: ignore[arg-type]
+    engine = Engine(model, data, backend=backend, chunk_size=chunk_size)  # type: ignore[arg-type]
     strategy = FedAvg()
     strategy.setup(ServerContext(engine, LocalSettings(w.steps, w.lr, w.batch), 0, w.clients))
     clients = torch.arange(w.clients)
     state = {"params": engine.initial_params()}
-    spec = conv_layers(model) if backend == "conv" else None
 
     def train(round_: int) -> LocalResult:
-        plan = LocalPlan.uniform(clients, w.steps, w.lr, w.batch)
-        if spec is None:
-            return engine.train(state["params"], plan, round_)
-        model.module.train()
-        params, losses = train_conv(model, spec, data.train, state["params"], plan, 0, round_, chunk_size)
-        model.module.eval()
-        return LocalResult(plan.clients, params, losses, plan.steps, plan.lr)
+        return engine.train(state["params"], LocalPlan.uniform(clients, w.steps, w.lr, w.batch), round_)
 
     def finish(result: LocalResult) -> None:
         state["params"] = strategy.aggregate(0, state["params"], result)

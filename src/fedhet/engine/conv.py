@@ -19,11 +19,13 @@ run once for the whole chunk; local response and group normalisation use the vec
 torch's own functions. Every backward formula is the one autograd uses, so the numbers equal the other
 backends' up to float rounding (tested on every CNN of the zoo).
 
-`train_conv` runs a `LocalPlan` of plain local SGD with weight decay, w ← w − η_k (∇F_k(w; ξ) + λ w), chunk by
-chunk on worker threads of one core each (like the dense backend: a chunk runs all its steps while its weights
-are in cache), on the mini-batches of `batches.local_batches` and with dropout masks seeded per (round, step)
-as the other backends seed them; each layer's weights are updated as soon as the backward pass is done with
-them (`sgd_step_`).
+`train_conv` runs a `LocalPlan` (the step of `fedhet.engine.step`: the data gradient plus the objective's
+parameter terms, through the client optimiser) chunk by chunk on worker threads of one core each (like the
+dense backend: a chunk runs all its steps while its weights are in cache), on the mini-batches of
+`batches.local_batches` and with dropout masks seeded per (round, step) as the other backends seed them. With
+plain SGD each layer's weights are updated as soon as the backward pass is done with them (`sgd_step_`); other
+optimisers step the flat weights from a gradient buffer. Data terms and local rules need autograd: the
+engine's `auto` then picks another backend, and `backend: conv` refuses them.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import gather_rows, local_batches
 from fedhet.engine.dense import _map
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.objective import Aligned, ParameterTerm
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.step import Cohort, aligned, leaf_direction, term_gradient
 from fedhet.models.fedmgda import ChannelDropout
 from fedhet.models.zoo import ConvClassifier, Flatten, ToImage
 from fedhet.seeding import derive_seed
@@ -64,12 +68,12 @@ class Layer(Protocol):
 
 class Sink:
     """Where a backward pass puts the parameter gradients: into a (c, P) buffer `grad`, or (`grad` None) straight
-    into the weights as an SGD step, w ← shrink · w − g, where the backward then carries η·∇ and
-    shrink = 1 − ηλ (weight decay; None for none). Layers hand each gradient over after their last use of
-    the weights it changes."""
+    into the weights as an SGD step, w ← w − e − g, where the backward then carries η·∇ and `e` (c, P) is η_k
+    times the parameter terms' gradient Σ_j ∇T_j(w) at the step's starting weights (None without terms).
+    Layers hand each gradient over after their last use of the weights it changes."""
 
-    def __init__(self, params: Tensor, grad: Tensor | None = None, shrink: Tensor | None = None) -> None:
-        self.params, self.grad, self.shrink = params, grad, shrink
+    def __init__(self, params: Tensor, grad: Tensor | None = None, extra: Tensor | None = None) -> None:
+        self.params, self.grad, self.extra = params, grad, extra
 
     def rows(self, where: slice, value: Tensor) -> None:
         """The gradient (n, …) of one parameter of every client."""
@@ -78,8 +82,8 @@ class Sink:
             self.grad[:, where].copy_(value)
             return
         w = self.params[:, where]
-        if self.shrink is not None:
-            w.mul_(self.shrink)
+        if self.extra is not None:
+            w.sub_(self.extra[:, where])
         w.sub_(value)
 
     def row(self, i: int, where: slice, value: Tensor) -> None:
@@ -88,8 +92,8 @@ class Sink:
             self.grad[i, where].copy_(value.reshape(-1))
             return
         w = self.params[i, where]
-        if self.shrink is not None:
-            w.mul_(self.shrink[i])
+        if self.extra is not None:
+            w.sub_(self.extra[i, where])
         w.sub_(value.reshape(-1))
 
     def outer_row(self, i: int, where: slice, shape: tuple[int, int], d_t: Tensor, a: Tensor) -> None:
@@ -98,8 +102,8 @@ class Sink:
             torch.mm(d_t, a, out=self.grad[i, where].view(shape))
             return
         w = self.params[i, where].view(shape)
-        if self.shrink is not None:
-            w.mul_(self.shrink[i])
+        if self.extra is not None:
+            w.sub_(self.extra[i, where].view(shape))
         w.addmm_(d_t, a, alpha=-1.0)
 
     def outer(self, where: slice, shape: tuple[int, int], d_t: Tensor, a: Tensor) -> None:
@@ -109,8 +113,8 @@ class Sink:
             self.grad[:, where].view(n, *shape).baddbmm_(d_t, a, beta=0.0)
             return
         w = self.params[:, where].view(n, *shape)
-        if self.shrink is not None:
-            w.mul_(self.shrink.view(n, 1, 1))
+        if self.extra is not None:
+            w.sub_(self.extra[:, where].view(n, *shape))
         w.baddbmm_(d_t, a, alpha=-1.0)
 
 
@@ -620,14 +624,14 @@ def sgd_step_(
     y: Tensor,
     wt: Tensor,
     lr: Tensor,
-    weight_decay: float = 0.0,
+    extra: Tensor | None = None,
     masks: Sequence[Tensor | None] | None = None,
 ) -> Tensor:
-    """One SGD step in place, w ← w − η_k (∇ℓ_k(w) + λ w), each layer's weights updated as soon as the backward
-    pass is done with them (no gradient buffer: half the memory traffic of the large layers). Returns the
-    losses ℓ_k(w) before the step (c,)."""
-    shrink = (1.0 - lr * weight_decay).unsqueeze(1) if weight_decay else None
-    return _step(spec, params, x, y, wt, Sink(params, None, shrink), masks, rate=lr)
+    """One plain SGD step in place, w ← w − η_k Σ_j ∇T_j(w) − η_k ∇ℓ_k(w) (`extra`: η_k Σ_j ∇T_j(w) (c, P) at the
+    weights before the step, or None), each layer's weights updated as soon as the backward pass is done with
+    them (no gradient buffer: half the memory traffic of the large layers). Returns the losses ℓ_k(w) before
+    the step (c,)."""
+    return _step(spec, params, x, y, wt, Sink(params, None, extra), masks, rate=lr)
 
 
 def batched_loss_grad(
@@ -673,23 +677,32 @@ def train_conv(
     data: ClientData,
     w0: Tensor,
     plan: LocalPlan,
+    cohort: Cohort,
     seed: int,
     round_: int,
     chunk_size: int = 0,
     workers: int = 0,
-    weight_decay: float = 0.0,
-) -> tuple[Tensor, Tensor]:
-    """Plain local SGD with weight decay, w ← w − η_k (∇F_k(w; ξ) + λ w), for `plan`'s clients; each client
-    takes its own number of steps. Returns (params (m, P), mean loss over the steps taken (m,), nan for 0).
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Run `plan`'s local steps, d ← ∇F_k(w; ξ) + Σ_j ∇T_j(w), w ← optimiser(w, d) (`fedhet.engine.step`), for
+    its clients, each with its own number of steps and learning rate. Returns (params (m, P), mean loss over
+    the steps taken (m,), nan for 0, the cohort's optimiser state after the steps).
+
+    Plain SGD runs fused (`sgd_step_`: the terms' gradient at the step's starting weights, then each layer
+    updated during the backward pass); other optimisers get the gradient in a buffer and step the flat
+    weights. Objectives that need autograd (`Cohort.autograd_only`) are not for this backend.
 
     Clients run in order of decreasing steps (those still training at step t are a prefix of their chunk);
     chunks of `chunk_size` clients (default `default_chunk`) run all their steps on `workers` threads
     (default: torch's intra-op thread count) of one core each; elsewhere than on a CPU, one chunk at a time."""
+    del model  # the spec holds what the backend needs of it (the same signature as the dense backend)
+    if cohort.autograd_only:
+        raise ValueError("the conv backend cannot run data terms or local rules (they need autograd)")
     m, dev = len(plan.clients), w0.device
     params = w0.unsqueeze(0).repeat(m, 1)
     losses = torch.full((m,), float("nan"), device=dev)
+    opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
     if m == 0 or int(plan.steps.max()) == 0:
-        return params, losses
+        return params, losses, opt_state
     order = torch.argsort(plan.steps, descending=True, stable=True)
     steps = plan.steps[order]
     index, weight = local_batches(data.offsets, plan.clients[order], steps, plan.batch_size, seed, round_, plan.stream)
@@ -697,28 +710,59 @@ def train_conv(
     drawn = [dropout_masks(spec, plan.batch_size, seed, round_, t, plan.stream) for t in range(int(steps[0]))]
     masks = [[mk.to(dev) if mk is not None else None for mk in step] for step in drawn]
     lr = plan.lr[order].to(dev)
-    decay = weight_decay
     workers = 1 if dev.type != "cpu" else workers or torch.get_num_threads()
     chunk = chunk_size if chunk_size > 0 else default_chunk(spec, m, workers, plan.batch_size)
     work = torch.empty_like(params)
     totals = torch.zeros(m, device=dev)
     remaining = steps.tolist()
+    dev_order = order.to(dev)
 
     def run(lo: int) -> None:
         hi = min(lo + chunk, m)
+        ids = dev_order[lo:hi]
         w = work[lo:hi]
         w.copy_(w0.expand(hi - lo, -1))
+        mine = cohort.rows(ids)
+        terms = aligned(mine.parameter_terms, w0, lambda v: v, lambda v: v)
+        state = {k: v[ids] for k, v in opt_state.items()}  # copies: the chunk's own optimiser state
+        grad = None if cohort.optimizer.plain else torch.empty_like(w)
         for t in range(remaining[lo]):
             k = next((j for j in range(lo, hi) if remaining[j] <= t), hi) - lo  # clients still training
             rows = index[lo : lo + k, t]
             x = gather_rows(data.x, rows)
             rate = lr[lo : lo + k]
-            totals[lo : lo + k] += sgd_step_(
-                spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], rate, decay, masks[t]
-            )
+            now = _head(terms, k)
+            if grad is None:
+                extra = term_gradient(w[:k], now)  # at the weights before the step (may be a term's own tensor)
+                if extra is not None:
+                    extra = extra * rate.view(k, 1)
+                loss = sgd_step_(spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], rate, extra, masks[t])
+            else:
+                loss = loss_grad_into(spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], grad[:k], masks[t])
+                _optimizer_step(cohort, w[:k], leaf_direction(grad[:k], w[:k], now), state, rate)
+            totals[lo : lo + k] += loss
+        for name, v in state.items():
+            opt_state[name][ids] = v
 
     _map(run, range(0, m, chunk), workers)
-    params[order] = work
+    params[dev_order] = work
     tau = steps.to(dev)
-    losses[order] = torch.where(tau > 0, totals / tau.clamp_min(1), torch.nan)
-    return params, losses
+    losses[dev_order] = torch.where(tau > 0, totals / tau.clamp_min(1), torch.nan)
+    return params, losses, opt_state
+
+
+def _head(terms: list[tuple[ParameterTerm, Aligned]], k: int) -> list[tuple[ParameterTerm, Aligned]]:
+    """The terms' aligned tensors of a chunk's first k clients (client rows (c, P) cut to (k, P))."""
+    return [(t, Aligned(a.start, a.server, {n: v[:k] for n, v in a.client.items()})) for t, a in terms]
+
+
+def _optimizer_step(cohort: Cohort, w: Tensor, d: Tensor, state: dict[str, Tensor], rate: Tensor) -> None:
+    """The client optimiser's step on the flat weights w (k, P) of a chunk's first k clients, in place, with
+    their rows of the chunk's optimiser `state` ("count" states (c,) broadcast as (k, 1))."""
+    k = len(w)
+    kinds = cohort.optimizer.state_kinds()
+    now = {n: v[:k] if kinds[n] == "param" else v[:k].view(k, 1) for n, v in state.items()}
+    new, after = cohort.optimizer.step(w, d, now, rate.view(k, 1))
+    w.copy_(new)
+    for n, v in after.items():
+        state[n][:k] = v.reshape(state[n][:k].shape)

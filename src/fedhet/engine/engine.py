@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from fedhet.data.dataset import ClientData, FederatedData
+from fedhet.engine.conv import conv_layers
 from fedhet.engine.dense import dense_layers
 from fedhet.engine.evaluate import ClientScores, sampled_losses, score_clients, score_own_models
 from fedhet.engine.functional import FlatModel
@@ -20,12 +21,13 @@ from fedhet.engine.step import Cohort, fresh_cohort
 from fedhet.engine.vmap_probe import probe_vmap
 from fedhet.errors import ConfigError, FedhetWarning
 
-BackendChoice = Literal["auto", "sequential", "vectorised", "dense"]
+BackendChoice = Literal["auto", "sequential", "vectorised", "dense", "conv"]
 
-# For models the dense backend cannot run (CNNs, LSTMs). Measured on 2 CPU cores with LeNet-5 (62k parameters)
-# on 32x32x3 images, 10 steps of 10: with two threads vmap is 1.15-1.25x faster than the per-client loop for 10
-# to 100 clients (a vmapped convolution is large enough to use both cores); with one thread the loop is 1.2x
-# faster. The FedAvg MNIST CNN (582k parameters) is within 10% either way, so larger models stay sequential.
+# For models neither the dense nor the conv backend can run (LSTMs, CNNs of other layers; every model under an
+# objective that needs autograd). Measured on 2 CPU cores with LeNet-5 (62k parameters) on 32x32x3 images, 10
+# steps of 10: with two threads vmap is 1.15-1.25x faster than the per-client loop for 10 to 100 clients (a
+# vmapped convolution is large enough to use both cores); with one thread the loop is 1.2x faster. The FedAvg
+# MNIST CNN (582k parameters) is within 10% either way, so larger models stay sequential.
 VECTORISE_MAX_PARAMS = 100_000
 VECTORISE_MIN_COHORT = 10
 
@@ -51,10 +53,11 @@ def resolve_backend(
     autograd_only: bool = False,
 ) -> Backend:
     """`auto` picks `dense` for networks of Linear layers and ReLU/Tanh/Sigmoid (fastest on every workload
-    of `fedhet bench`) unless the objective needs autograd (a data term or a local rule); for other models,
-    vectorised for models of at most 100k parameters and cohorts of at least 10 clients when torch has two
-    threads or more, and for every objective with a local rule, else sequential (on a GPU: always vectorised);
-    sequential where vmap cannot run the model. All give the same numbers."""
+    of `fedhet bench`), and `conv` on a CPU for the CNNs `conv_layers` recognises (every CNN of the zoo; the
+    fastest on one core and on two, docs/performance.md), unless the objective needs autograd (a data term or a
+    local rule); for other models, vectorised for models of at most 100k parameters and cohorts of at least 10
+    clients when torch has two threads or more, and for every objective with a local rule, else sequential (on
+    a GPU: always vectorised); sequential where vmap cannot run the model. All give the same numbers."""
     if choice == "dense":
         if dense_layers(model) is None:
             raise ConfigError(
@@ -66,6 +69,18 @@ def resolve_backend(
                 "backend 'dense' cannot run this local objective (a data-space term or a local rule needs "
                 "autograd); use backend 'auto', 'vectorised' or 'sequential'"
             )
+    if choice == "conv":
+        if conv_layers(model) is None:
+            raise ConfigError(
+                "backend 'conv' needs a CNN of Conv2d (zero padding), max/avg pooling, ReLU/Tanh/Sigmoid, "
+                "LocalResponseNorm/GroupNorm, dropout, Flatten and Linear layers starting from an image (the zoo's "
+                "CNNs); use backend 'auto', 'vectorised' or 'sequential' for this model"
+            )
+        if autograd_only:
+            raise ConfigError(
+                "backend 'conv' cannot run this local objective (a data-space term or a local rule needs "
+                "autograd); use backend 'auto', 'vectorised' or 'sequential'"
+            )
     probe = model.vmap_probe
     if choice == "vectorised" and probe is not None and probe.failure is not None:
         raise ConfigError(f"backend 'vectorised' cannot run this model ({probe.failure}); use 'sequential'")
@@ -73,6 +88,9 @@ def resolve_backend(
         return choice
     if dense_layers(model) is not None and not autograd_only:
         return "dense"
+    on_cpu = device is None or device.type == "cpu"
+    if on_cpu and not autograd_only and conv_layers(model) is not None:
+        return "conv"
     if probe is not None and (probe.failure or probe.slow):
         return "sequential"
     if device is not None and device.type != "cpu":
@@ -107,26 +125,11 @@ class Engine:
         if self.device.type != "cpu" and backend == "sequential":
             raise ConfigError("backend 'sequential' runs on the CPU only: use 'auto', 'dense' or 'vectorised' on a GPU")
         self._placed: dict[str, ClientData] = {}  # the data on `device`, moved once
-        # dense networks always vectorise; probing costs vmap's first use (seconds), so only the others are probed
-        may_vmap = backend == "vectorised" or (backend == "auto" and dense_layers(model) is None)
-        if model.vmap_probe is None and may_vmap:
-            model.vmap_probe = probe_vmap(model, data.train)
-        if model.vmap_probe is not None and may_vmap:
-            reason = model.vmap_probe.failure or model.vmap_probe.slow
-            if reason is not None and backend == "auto":
-                warnings.warn(
-                    f"torch.func.vmap cannot batch this model ({reason}); backend 'auto' trains clients one after "
-                    "another (sequential)",
-                    FedhetWarning,
-                    stacklevel=2,
-                )
-            elif model.vmap_probe.slow is not None:
-                warnings.warn(
-                    f"backend 'vectorised' runs this model through vmap's per-sample fallback ({reason}): the same "
-                    "numbers, but slower than backend 'sequential'",
-                    FedhetWarning,
-                    stacklevel=2,
-                )
+        # dense networks always vectorise and CNNs train on `conv`; probing costs vmap's first use (seconds), so
+        # only the others are probed now (and CNNs when an objective needs autograd: `backend_for`)
+        fast = dense_layers(model) is not None or (self.device.type == "cpu" and conv_layers(model) is not None)
+        if backend == "vectorised" or (backend == "auto" and not fast):
+            self._probe(backend)
         resolve_backend(backend, model)  # a backend the model cannot use fails here, with a clear message
         keep_freed_memory()  # per-round (cohort × parameters) tensors reuse memory instead of page-faulting
         self.backend: BackendChoice = backend
@@ -156,8 +159,31 @@ class Engine:
         result.state_delta = self.keep_state(plan, cohort, global_params, result, opt_state, round_)
         return result
 
+    def _probe(self, backend: BackendChoice) -> None:
+        """Find out once whether vmap can batch the model (`probe_vmap`), warning when it cannot or is slow."""
+        model = self.model
+        if model.vmap_probe is None:
+            model.vmap_probe = probe_vmap(model, self.data.train)
+        reason = model.vmap_probe.failure or model.vmap_probe.slow
+        if reason is not None and backend == "auto":
+            warnings.warn(
+                f"torch.func.vmap cannot batch this model ({reason}); backend 'auto' trains clients one after "
+                "another (sequential)",
+                FedhetWarning,
+                stacklevel=3,
+            )
+        elif model.vmap_probe.slow is not None:
+            warnings.warn(
+                f"backend 'vectorised' runs this model through vmap's per-sample fallback ({reason}): the same "
+                "numbers, but slower than backend 'sequential'",
+                FedhetWarning,
+                stacklevel=3,
+            )
+
     def backend_for(self, cohort: int, autograd_only: bool = False) -> Backend:
         """The backend that trains a cohort of this size (see `resolve_backend`)."""
+        if autograd_only and self.backend == "auto" and self.model.vmap_probe is None and dense_layers(self.model) is None:
+            self._probe("auto")  # a CNN with an objective that needs autograd: vectorised if vmap runs it well
         return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only)
 
     def cohort(self, plan: LocalPlan, global_params: Tensor, round_: int) -> Cohort:

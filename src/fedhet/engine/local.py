@@ -2,7 +2,8 @@
 
 Both backends run the same step (`fedhet.engine.step`: the gradient of the client's objective, its parameter
 terms, the client optimiser) on the same mini-batches (drawn by `batches.local_batches`), so they give the same
-numbers up to float rounding, and the same as the dense backend (`fedhet.engine.dense`). Dropout masks are seeded
+numbers up to float rounding, and the same as the dense and conv backends (`fedhet.engine.dense`,
+`fedhet.engine.conv`). Dropout masks are seeded
 per (round, step), identical across clients and backends (vmap with ``randomness="same"``).
 """
 
@@ -19,6 +20,7 @@ from torch.utils._pytree import tree_map
 
 from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import gather_rows, local_batches, stats_samples
+from fedhet.engine.conv import conv_layers, train_conv
 from fedhet.engine.dense import dense_layers, train_dense
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.objective import Aligned, DataTerm, ModelView, ParameterTerm
@@ -27,7 +29,7 @@ from fedhet.engine.step import Cohort, aligned, leaf_direction
 from fedhet.errors import ConfigError
 from fedhet.seeding import derive_seed
 
-Backend = Literal["sequential", "vectorised", "dense"]
+Backend = Literal["sequential", "vectorised", "dense", "conv"]
 Tree = dict[str, Tensor]
 Trained = tuple[Tensor, Tensor, dict[str, Tensor]]  # params (m, P), mean loss (m,), optimiser state
 
@@ -347,8 +349,11 @@ def train_cohort(
         run_data, run_w0, run_cohort = placed, w0.to(device), cohort.to(device)
         run_plan = plan
     layers = dense_layers(model) if backend == "dense" else None
+    spec = conv_layers(model) if backend == "conv" else None
     if layers is not None:
         out = train_dense(model, layers, run_data, run_w0, run_plan, run_cohort, seed, round_, chunk_size)
+    elif spec is not None:
+        out = train_conv(model, spec, run_data, run_w0, run_plan, run_cohort, seed, round_, chunk_size)
     elif backend == "sequential":
         out = train_sequential(model, data, w0, plan, cohort, seed, round_)
     else:

@@ -106,11 +106,11 @@ class RunConfig(BaseModel):
     seed: Count = Field(
         0, ge=0, le=MAX_SEED, description="seeds every random draw (data split, sampling, batches, init)"
     )
-    backend: Literal["auto", "sequential", "vectorised", "dense"] = Field(
+    backend: Literal["auto", "sequential", "vectorised", "dense", "conv"] = Field(
         "auto", description="how a cohort trains: the same numbers on each, auto picks the fastest"
     )
     chunk_size: Count = Field(0, ge=0, description="clients per chunk (0: whole cohort, or per worker for dense)")
-    device: str = Field("cpu", description="where training and evaluation run: 'cpu' or 'cuda' (dense/vectorised)")
+    device: str = Field("cpu", description="where training and evaluation run: 'cpu' or 'cuda' (dense/vectorised/conv)")
     data_dir: str = Field("data", description="folder holding dataset files (data_dir/<dataset name>/)")
     download: bool = Field(False, description="download missing dataset files (checksums verified)")
     checkpoint_every: Count = Field(1, ge=1, description="write checkpoint.pt every n rounds (and after the last)")
