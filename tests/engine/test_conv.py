@@ -11,16 +11,19 @@ from torch import nn
 
 from conftest import Shift, cohort
 from fedhet.catalog import MODELS
-from fedhet.data.dataset import ClientData
+from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine import conv
 from fedhet.engine.conv import batched_loss_grad, conv_layers, dropout_masks, train_conv
+from fedhet.engine.engine import Engine, resolve_backend
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import train_sequential, train_vectorised
 from fedhet.engine.objective import ParameterTerm, Proximal, WeightDecay
 from fedhet.engine.optimizers import SGD, Adam, ClientOptimizer
 from fedhet.engine.plan import LocalPlan
+from fedhet.errors import ConfigError
 from fedhet.models.zoo import ConvClassifier, ToImage
 from fedhet.seeding import derive_seed
+from fedhet.strategies.scaffold import ControlVariates
 
 TOL = {"atol": 1e-6, "rtol": 1e-5}
 
@@ -329,3 +332,94 @@ def test_batched_loss_grad_with_the_steps_dropout_masks() -> None:
         (expected,) = torch.autograd.grad(expected_loss, w)
         torch.testing.assert_close(loss[k], expected_loss.detach(), **TOL)
         torch.testing.assert_close(grad[k], expected, **TOL)
+
+
+def _federated(shape: tuple[int, ...], sizes: list[int]) -> FederatedData:
+    part = _data(shape, sizes)
+    return FederatedData("tiny-images", part, part, 10, torch.ones(len(sizes), dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_auto_picks_conv_for_the_zoos_cnns_on_a_cpu(name: str) -> None:
+    model, _ = _model(name)
+    assert resolve_backend("auto", model, cohort=1) == "conv"
+    assert resolve_backend("auto", model, cohort=300) == "conv"
+    assert resolve_backend("conv", model, cohort=3) == "conv"
+    # an objective that needs autograd (a data term, a local rule), or a GPU: the autograd backends
+    assert resolve_backend("auto", model, cohort=30, autograd_only=True) in ("vectorised", "sequential")
+    assert resolve_backend("auto", model, cohort=30, device=torch.device("cuda")) == "vectorised"
+
+
+def test_explicit_conv_needs_a_cnn_it_knows_and_an_objective_without_autograd() -> None:
+    mlp = FlatModel(MODELS.build({"name": "mlp", "hidden": [16]}).build((64,), 10))
+    with pytest.raises(ConfigError, match="backend 'conv' needs a CNN") as err:
+        Engine(mlp, _federated((64,), [3]), backend="conv")
+    assert "\n" not in str(err.value) and "'auto', 'vectorised' or 'sequential'" in str(err.value)
+    lenet, _ = _model("lenet")
+    with pytest.raises(ConfigError, match="backend 'conv' cannot run this local objective"):
+        resolve_backend("conv", lenet, cohort=3, autograd_only=True)
+    shape = (1, 6, 6)
+    same = ConvClassifier(shape, nn.Sequential(nn.Conv2d(1, 2, 3, padding="same")), nn.Sequential(nn.Linear(72, 3)))
+    unknown = FlatModel(same)  # string padding: not for the conv backend, auto falls back
+    assert resolve_backend("auto", unknown, cohort=30) in ("vectorised", "sequential")
+    with pytest.raises(ConfigError, match="backend 'conv' needs a CNN"):
+        resolve_backend("conv", unknown)
+
+
+def test_engine_rounds_with_scaffold_state_agree_with_sequential() -> None:
+    """Whole rounds through `Engine.train`: SCAFFOLD's control variates read from the client store in round 1,
+    their change reported back, unequal steps and learning rates, dropout (cnn_fmnist)."""
+    model, shape = _model("cnn_fmnist")
+    data = _federated(shape, [9, 3, 14, 2, 11, 6])
+    c = 0.01 * torch.randn(model.size, generator=torch.Generator().manual_seed(8))
+    results = {}
+    for backend in ("sequential", "conv"):
+        engine = Engine(model, data, backend=backend, seed=4)  # type: ignore[arg-type]
+        assert engine.backend_for(4) == backend
+        w = engine.initial_params()
+        for round_ in range(2):
+            plan = LocalPlan(
+                torch.tensor([0, 2, 3, 5]),
+                torch.tensor([3, 2, 0, 4]),
+                torch.tensor([0.1, 0.05, 0.1, 0.2]),
+                4,
+                terms=(Proximal(mu=0.1), ControlVariates(c=c)),
+                optimizer=SGD(momentum=0.5, persistent=True),
+            )
+            result = engine.train(w, plan, round_)
+            w = result.params.mean(0)
+        results[backend] = (w, result.train_loss, *result.state_delta.values(), engine.scores(w).loss)
+    assert len(results["conv"]) == 4  # the control variates' change came back
+    for got, expected in zip(results["conv"], results["sequential"], strict=True):
+        torch.testing.assert_close(got, expected, equal_nan=True, **TOL)
+
+
+@pytest.mark.parametrize("algorithm", ["fedprox", "scaffold"])
+def test_runs_on_conv_give_the_sequential_metrics(algorithm: str) -> None:
+    """Whole runs from a config (real 8×8 digits, the FEMNIST CNN with dropout): `backend: conv` and `auto`
+    give the sequential backend's metrics to 1e-5."""
+    from fedhet.experiments.config import parse_config
+    from fedhet.experiments.runner import run
+
+    config = {
+        "dataset": {"name": "digits", "image": True},
+        "algorithm": {"name": algorithm, "mu": 0.1} if algorithm == "fedprox" else algorithm,
+        "partition": {"name": "dirichlet", "alpha": 0.5, "min_size": 20},
+        "model": {"name": "cnn_femnist"},
+        "num_clients": 6,
+        "clients_per_round": 3,
+        "rounds": 2,
+        "local": {"steps": 2, "lr": 0.05, "batch_size": 8, "weight_decay": 0.001},
+        "seed": 5,
+    }
+    cnn = FlatModel(MODELS.build({"name": "cnn_femnist"}).build((1, 8, 8), 10))
+    assert conv_layers(cnn) is not None and resolve_backend("auto", cnn, cohort=3) == "conv"
+    states = {b: run(parse_config({**config, "backend": b})) for b in ("sequential", "conv", "auto")}
+    reference = states["sequential"]
+    for backend in ("conv", "auto"):
+        state = states[backend]
+        torch.testing.assert_close(state.params, reference.params, atol=1e-5, rtol=1e-5)
+        for got, expected in zip(state.history, reference.history, strict=True):
+            assert got.keys() == expected.keys()
+            for key in got:
+                assert got[key] == pytest.approx(expected[key], abs=1e-5), (backend, key)
