@@ -423,3 +423,12 @@ def test_runs_on_conv_give_the_sequential_metrics(algorithm: str) -> None:
             assert got.keys() == expected.keys()
             for key in got:
                 assert got[key] == pytest.approx(expected[key], abs=1e-5), (backend, key)
+
+
+def test_auto_probes_vmap_for_a_cnn_only_when_an_objective_needs_autograd() -> None:
+    model, shape = _model("lenet", seed=3)
+    engine = Engine(model, _federated(shape, [4, 5]))
+    assert model.vmap_probe is None  # conv needs no vmap: no probe at start (it costs vmap's first use)
+    assert engine.backend_for(30) == "conv"
+    assert engine.backend_for(30, autograd_only=True) in ("vectorised", "sequential")
+    assert model.vmap_probe is not None and model.vmap_probe.failure is None

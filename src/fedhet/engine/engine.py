@@ -182,7 +182,8 @@ class Engine:
 
     def backend_for(self, cohort: int, autograd_only: bool = False) -> Backend:
         """The backend that trains a cohort of this size (see `resolve_backend`)."""
-        if autograd_only and self.backend == "auto" and self.model.vmap_probe is None and dense_layers(self.model) is None:
+        unprobed = self.model.vmap_probe is None and dense_layers(self.model) is None
+        if autograd_only and self.backend == "auto" and unprobed:
             self._probe("auto")  # a CNN with an objective that needs autograd: vectorised if vmap runs it well
         return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only)
 
