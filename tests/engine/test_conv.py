@@ -364,6 +364,18 @@ def test_explicit_conv_needs_a_cnn_it_knows_and_an_objective_without_autograd() 
     assert resolve_backend("auto", unknown, cohort=30) in ("vectorised", "sequential")
     with pytest.raises(ConfigError, match="backend 'conv' needs a CNN"):
         resolve_backend("conv", unknown)
+    user = nn.Sequential(ToImage(shape), nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(32, 3))
+    assert resolve_backend("auto", FlatModel(user), cohort=3) == "conv"  # a user's CNN as a chain from ToImage
+
+    class Custom(nn.Module):  # its own forward: the chain of layers is unknown
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.head = nn.Conv2d(1, 2, 3), nn.Linear(32, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.conv(x.view(-1, *shape)).flatten(1))
+
+    assert resolve_backend("auto", FlatModel(Custom()), cohort=3) != "conv"
 
 
 def test_engine_rounds_with_scaffold_state_agree_with_sequential() -> None:
