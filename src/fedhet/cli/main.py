@@ -158,7 +158,7 @@ def run(
     partition: Annotated[str | None, typer.Option(help="partitioner name")] = None,
     rounds: Annotated[int | None, typer.Option(help="communication rounds")] = None,
     seed: Annotated[int | None, typer.Option(help="random seed")] = None,
-    backend: Annotated[str | None, typer.Option(help="auto, sequential or vectorised")] = None,
+    backend: Annotated[str | None, typer.Option(help="auto, dense, conv, vectorised or sequential")] = None,
     out: Annotated[
         Path | None, typer.Option(help="run folder to write: new, empty, or (with --overwrite) a fedhet run")
     ] = None,
