@@ -16,16 +16,20 @@ from fedhet.methods.cafed.availability_aware import AvailabilityAware
 from fedhet.methods.cafed.strategy import CAFed
 from fedhet.recipes import get_recipe
 from fedhet.recipes.cafed import (
+    AUTHORS_LRS,
     AUTHORS_ROWS,
     AVAILABILITY,
     DATASETS,
     DEFAULT_LRS,
+    LOCAL_GRID,
     METHODS,
     MNIST_FALLBACK,
     PAPER_TABLE,
+    SERVER_GRID,
     _run,
     class_exclusion,
     counting,
+    default_lrs,
     method_config,
     run_table1,
     slug,
@@ -70,6 +74,9 @@ def test_authors_optimiser_rows_carry_momentum_and_local_epochs() -> None:
     local epochs, i.e. ⌈2 n_k / B⌉ steps (4 on the synthetic task: 50 samples, B = 32); the plain rows keep plain
     SGD and 2 steps. A short run of every row keeps its clients' momentum buffers."""
     assert set(AUTHORS_ROWS) < set(METHODS) and set(AUTHORS_ROWS.values()) < set(METHODS)
+    assert set(AUTHORS_LRS) == set(AUTHORS_ROWS)  # tuned on the same grid as the plain rows
+    assert all(lr in LOCAL_GRID and server in SERVER_GRID for lr, server in AUTHORS_LRS.values())
+    assert default_lrs("CA-Fed") == DEFAULT_LRS and default_lrs("Unbiased (authors' optimiser)") == (0.01, 0.1)
     digits = deep_merge(DATASETS["MNIST"], MNIST_FALLBACK)
     for row, plain in AUTHORS_ROWS.items():
         assert METHODS[row] == METHODS[plain] and unbiased_of(row) == "Unbiased (authors' optimiser)"
