@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from matplotlib.axes import Axes
 from matplotlib.collections import PathCollection, PolyCollection
 
@@ -66,12 +67,24 @@ def test_femnist_tables_hold_the_papers_rows_and_settings() -> None:
 def test_shakespeare_table_settings() -> None:
     recipe = get_recipe("fedmgda-shakespeare")
     assert recipe.fallback is None  # the text is needed
-    cfg = recipe.config("FedProx (η_l=0.5, μ=0.001)", 1, quick=False)
+    cfg = recipe.config("FedProx (η_l=0.5, momentum 0.5, μ=0.001)", 1, quick=False)
     assert (cfg["num_clients"], cfg["clients_per_round"], cfg["rounds"]) == (31, 31, 200)
-    assert cfg["local"] == {"steps": 300, "lr": 0.5, "batch_size": 10} and cfg["model"] == "char_lstm"
+    assert cfg["model"] == "char_lstm"
+    assert cfg["local"] == {"steps": 300, "lr": 0.5, "batch_size": 10, "optimizer": {"name": "sgd", "momentum": 0.5}}
     assert cfg["algorithm"]["mu"] == pytest.approx(0.002)
     assert recipe.config("FedMGDA+ (η=20, decay 0.8)", 1, quick=False)["algorithm"]["server_lr"] == 20.0
     assert {"Avg (client)", "Avg (data)", "Worst 5% (p5)"} <= set(recipe.columns.values())
+    # Table 14's (η_l, local momentum) pairs of FedAvg and FedProx, in the paper's order; the normalised
+    # methods run plain SGD
+    pairs = [(0.25, 0.5), (0.5, 0.5), (0.8, 0.0), (0.8, 0.5), (1.0, 0.5)]
+    for name in ("FedAvg", "FedProx"):
+        rows = [m for m in recipe.methods if m.startswith(f"{name} (")]
+        local = [parse_config(recipe.config(m, 1, quick=False)).local for m in rows]
+        assert [(c.lr, dict(c.optimizer)["momentum"]) for c in local] == pairs  # type: ignore[arg-type]
+    for method in recipe.methods:
+        if method.startswith(("FedMGDA+", "FedAvg-n")):
+            assert parse_config(recipe.config(method, 1, quick=False)).local.optimizer == "sgd"
+    assert len(recipe.methods) == 18
 
 
 def leaf_files(folder: Path, users: dict[str, tuple[list[Any], list[Any]]]) -> None:
@@ -166,12 +179,26 @@ def test_shakespeare_recipe_reads_leaf_json(tmp_path: Path) -> None:
         "local": {"steps": 2},
         "model": {"name": "char_lstm", "hidden": 16},  # the paper's 256 works the same, only slower
     }
-    recipe = small("fedmgda-shakespeare", ("FedAvg (η_l=0.8)", "FedAvg-n (η=2, decay 1)"), changes)
+    methods = (
+        "FedAvg (η_l=0.8, momentum 0)",
+        "FedAvg (η_l=0.8, momentum 0.5)",
+        "FedProx (η_l=0.25, momentum 0.5, μ=0.001)",
+        "FedAvg-n (η=2, decay 1)",
+    )
+    recipe = small("fedmgda-shakespeare", methods, changes)
     result = run_recipe(recipe, tmp_path / "out", seeds=(1,), say=lambda _: None)
     for method in recipe.methods:
-        final = result.runs[method][0].final
+        state = result.runs[method][0]
+        final = state.final
         assert 0.0 <= final["test_accuracy"] <= 1.0 and 0.0 <= final["test_accuracy_pooled"] <= 1.0
         assert final["participants"] == 4.0  # every role in every round
+        # the row's local momentum reaches the plan the clients train with, fresh every round
+        plan = state.experiment.strategy.configure(2, torch.arange(4), state.params)
+        momentum = 0.5 if "momentum 0.5" in method else 0.0
+        assert getattr(plan.optimizer, "momentum", None) == momentum and not plan.optimizer.persistent
+        assert plan.lr.flatten()[0].item() == pytest.approx(0.25 if "η_l=0.25" in method else 0.8)
+    plain, heavy = (result.runs[m][0].params for m in methods[:2])
+    assert not torch.allclose(plain, heavy)  # the momentum changed the training
     assert "| Avg (client) | Avg (data) |" in result.table
     assert (tmp_path / "out" / "user_accuracy_violins.png").is_file()
 
