@@ -20,9 +20,11 @@ import fedhet.report.plots
 from fedhet.engine.threads import torch_threads
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.recipes import deep_merge, run_recipe
+from fedhet.experiments.runner import resume
 from fedhet.recipes import get_recipe
 from fedhet.recipes.fedmgda import log_loss_curves
 from fedhet.recipes.fedmgda_leaf import TABLE6
+from fedhet.report.labels import metric_info
 
 LEAF = ("fedmgda-femnist", "fedmgda-femnist-b20", "fedmgda-femnist-full-batch", "fedmgda-shakespeare")
 
@@ -110,9 +112,9 @@ class Captured:
         self.axes: dict[str, Axes] = {}
         real = fedhet.report.plots.save_figure
 
-        def save(fig: Any, ax: Axes, out: Path, legend: bool = True) -> Path:
+        def save(fig: Any, ax: Axes, out: Path, legend: bool = True, caption: str = "") -> Path:
             self.axes[out.name] = ax
-            return real(fig, ax, out, legend)
+            return real(fig, ax, out, legend, caption)
 
         monkeypatch.setattr(fedhet.report.plots, "save_figure", save)
 
@@ -147,14 +149,14 @@ def test_femnist_recipe_reads_leaf_json_and_writes_table_and_violins(
     result = run_recipe(recipe, tmp_path / "out", seeds=(1, 2), say=notes.append)
     assert not notes and "embedded" not in result.table  # the LEAF files were read
     assert "| Average | Std. | Worst 5% (p5) | Best 5% (p95) |" in result.table
-    state = result.runs["FedAvg"][0]
+    state = resume(result.runs["FedAvg"][0].task.out)  # the finished run, loaded from its folder
     assert state.config.spec("dataset")["name"] == "femnist" and state.experiment.data.num_clients == 6
     violins = captured.axes["user_accuracy_violins.png"]
     bodies = [c for c in violins.collections if isinstance(c, PolyCollection)]
     assert len(bodies) == len(methods)  # one violin per method
     labels = [t.get_text() for t in violins.get_xticklabels()]
     assert labels[0].startswith("FedAvg\nσ = ") and labels[1].startswith("FedMGDA+ (η=2, decay 0.2)\nσ = ")
-    assert violins.get_ylabel() == "user test accuracy" and "Table 6" in violins.get_title()
+    assert violins.get_ylabel() == "test accuracy of a user (final model)" and "Fig. 3" in violins.get_title()
     points = [c for c in violins.collections if isinstance(c, PathCollection)]  # the scattered users
     assert sum(len(p.get_offsets()) for p in points) == len(methods) * 2 * 6  # every user of every seed
     assert (tmp_path / "out" / "user_accuracy_violins.png").stat().st_size > 10_000
@@ -188,7 +190,7 @@ def test_shakespeare_recipe_reads_leaf_json(tmp_path: Path) -> None:
     recipe = small("fedmgda-shakespeare", methods, changes)
     result = run_recipe(recipe, tmp_path / "out", seeds=(1,), say=lambda _: None)
     for method in recipe.methods:
-        state = result.runs[method][0]
+        state = resume(result.runs[method][0].task.out)  # the finished run, loaded from its folder
         final = state.final
         assert 0.0 <= final["test_accuracy"] <= 1.0 and 0.0 <= final["test_accuracy_pooled"] <= 1.0
         assert final["participants"] == 4.0  # every role in every round
@@ -197,7 +199,7 @@ def test_shakespeare_recipe_reads_leaf_json(tmp_path: Path) -> None:
         momentum = 0.5 if "momentum 0.5" in method else 0.0
         assert getattr(plan.optimizer, "momentum", None) == momentum and not plan.optimizer.persistent
         assert plan.lr.flatten()[0].item() == pytest.approx(0.25 if "η_l=0.25" in method else 0.8)
-    plain, heavy = (result.runs[m][0].params for m in methods[:2])
+    plain, heavy = (resume(result.runs[m][0].task.out).params for m in methods[:2])
     assert not torch.allclose(plain, heavy)  # the momentum changed the training
     assert "| Avg (client) | Avg (data) |" in result.table
     assert (tmp_path / "out" / "user_accuracy_violins.png").is_file()
@@ -210,12 +212,17 @@ def test_log_scale_training_loss_figure(monkeypatch: pytest.MonkeyPatch, tmp_pat
         assert get_recipe(name).extra_figures is log_loss_curves
     recipe = get_recipe("fedmgda-interpolation")
     history = [{"round": float(t), "local_loss": 10.0**-t} for t in range(1, 5)]
-    runs = {"ε=0 (FedAvg)": [SimpleNamespace(history=history)] * 2, "ε=1 (MGDA)": [SimpleNamespace(history=history)]}
+    other = [{**row, "local_loss": 2 * row["local_loss"]} for row in history]
+    runs = {"ε=0 (FedAvg)": [SimpleNamespace(history=history)] * 2, "ε=1 (MGDA)": [SimpleNamespace(history=other)]}
     captured = Captured(monkeypatch)
     log_loss_curves(recipe, runs, tmp_path)  # type: ignore[arg-type]
     ax = captured.axes["local_loss_log.png"]
-    assert ax.get_yscale() == "log" and ax.get_ylabel() == "local_loss (log scale)" and ax.get_xlabel() == "round"
-    assert "log scale" in ax.get_title() and "Fig. 1" in ax.get_title()
+    assert (
+        ax.get_yscale() == "log"
+        and ax.get_ylabel() == f"{metric_info('local_loss').label} (log scale)"
+        and ax.get_xlabel() == "communication round"
+    )
+    assert "Fig. 7" in ax.get_title()
     assert [line.get_label() for line in ax.get_lines()] == list(runs)
     np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), [0.1, 0.01, 0.001, 0.0001])
     assert (tmp_path / "local_loss_log.png").stat().st_size > 10_000
