@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch is pinned so that pip takes the CPU build (an unpinned torch pulls a multi-GB CUDA build).
 TORCH := torch==2.13.0
 
-.PHONY: install demo test lint docs bench bench-quick clean flower-venv test-flower flower-demo test-ray
+.PHONY: install demo test test-slow lint docs bench bench-quick clean flower-venv test-flower flower-demo test-ray test-trackers
 
 $(BIN)/fedhet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,13 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
+# The default suite (under 5 minutes on 2 cores); the longer end-to-end and paper-claim tests are marked slow and
+# run by `make test-slow` (.ci/run runs both).
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not slow"
+
+test-slow: install
+	$(BIN)/pytest -m slow
 
 # The documentation site (mkdocs.yml) into site/, strict: a broken link or reference fails the build.
 $(BIN)/mkdocs: $(BIN)/fedhet
@@ -67,6 +72,12 @@ test-flower: flower-venv
 test-ray: install
 	$(BIN)/pip install -q -e '.[dev,ray]' $(TORCH)
 	FEDHET_RAY_TESTS=1 $(BIN)/pytest tests/experiments/test_executor_ray.py
+
+# The trackers' tests with TensorBoard, MLflow and W&B (offline) installed: FEDHET_TRACKER_TESTS=1 makes a missing
+# tracker an error instead of a skip.
+test-trackers: install
+	$(BIN)/pip install -q -e '.[dev,tensorboard,mlflow,wandb]' $(TORCH)
+	FEDHET_TRACKER_TESTS=1 $(BIN)/pytest tests/experiments/test_tracking.py tests/cli/test_main.py
 
 # MaxFL on a local SuperLink with 3 SuperNodes (loopback); the run folder is runs/flower-demo.
 flower-demo: flower-venv

@@ -58,7 +58,7 @@ def _bounds(metadata: list[Any]) -> list[str]:
         for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
             value = getattr(item, attr, None)
             if isinstance(item, annotated_types.BaseMetadata) and value is not None:
-                out.append(f"{sign} {value:g}" if isinstance(value, float) else f"{sign} {value}")
+                out.append(f"{sign} {value:g}" if isinstance(value, float) else f"{sign} {value:,}")
         if isinstance(item, annotated_types.MinLen) and item.min_length:
             out.append(f"length ≥ {item.min_length}")
         if isinstance(item, annotated_types.MaxLen):

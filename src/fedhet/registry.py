@@ -39,6 +39,7 @@ def format_validation_error(err: ValidationError, where: str, cls: type[BaseMode
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
     key = f"{where}.{loc}" if where and loc else (where or loc)
+    key = key.encode("unicode_escape").decode("ascii")  # a key with a newline or tab still prints on one line
     if first["type"] == "extra_forbidden":
         owner: type[BaseModel] = cls
         for part in first["loc"][:-1]:  # walk into nested models to list the right keys

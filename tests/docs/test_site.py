@@ -45,7 +45,7 @@ def test_every_run_key_is_listed_with_type_default_and_range() -> None:
     run_keys = page.split("## Run keys", 1)[1].split("\n## ", 1)[0]
     expected = keys(RunConfig)
     assert table_keys(run_keys) == set(expected)
-    assert "| `rounds` | `int` | `20` | ≥ 1 |" in run_keys
+    assert "| `rounds` | `int` | `20` | ≥ 1, ≤ 1,000,000 |" in run_keys
     assert "| `test_fraction` | `float` | `0.2` | ≥ 0, < 1 |" in run_keys
     assert "| `local.lr` | `float` | `0.05` | > 0 | local learning rate |" in run_keys
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedhet.engine.threads import torch_threads
 from fedhet.experiments.build import components
@@ -17,19 +18,26 @@ from fedhet.methods.cafed.availability_aware import AvailabilityAware
 from fedhet.methods.cafed.strategy import CAFed
 from fedhet.recipes import get_recipe
 from fedhet.recipes.cafed import (
+    AUTHORS_LRS,
+    AUTHORS_ROWS,
     AVAILABILITY,
     DATASETS,
     DEFAULT_LRS,
+    LOCAL_GRID,
     METHODS,
     MNIST_FALLBACK,
     PAPER_TABLE,
+    SERVER_GRID,
     class_exclusion,
+    default_lrs,
     method_config,
     run_table1,
     slug,
     table_markdown,
+    unbiased_of,
     write_figures,
 )
+from fedhet.strategies.server import ServerMomentum, ServerSGD
 
 
 def test_every_method_runs_in_the_paper_setting() -> None:
@@ -47,16 +55,50 @@ def test_every_method_runs_in_the_paper_setting() -> None:
             strategy = parts.algorithm
             assert isinstance(strategy, AvailabilityAware) and strategy.oracle == AVAILABILITY
             assert config.local.lr == 0.01
-            assert strategy.server_lr == (1.0 if method == "AdaFed" else 0.1)
+            assert strategy.server_lr == (1.0 if method.startswith("AdaFed") else 0.1)
             if method == "F3AST":
                 assert strategy.smoothing == pytest.approx(1 / 150) and config.clients_per_round == 12
             if isinstance(strategy, CAFed):
                 assert (strategy.tau, strategy.bias_weight) == (0.0, 1.0)
-                assert strategy.beta == (0.2 if method == "CA-Fed" else 1.0)
+                assert strategy.beta == (0.2 if AUTHORS_ROWS.get(method, method) == "CA-Fed" else 1.0)
     synthetic = parse_config(method_config(DATASETS["Synthetic"], "Unbiased", 0.1, 1.0, 0, 150))
     assert synthetic.test_fraction == 0.75  # 50 train / 150 test samples per client, as the authors' scripts
     assert slug("CA-Fed (code)") == "CA-Fed-code"
+    assert slug("CA-Fed (code, authors' optimiser)") == "CA-Fed-code-authors-optimiser"
     assert {"cafed-table1", "cafed-sensitivity"} <= {get_recipe(n).name for n in ("cafed-table1", "cafed-sensitivity")}
+
+
+def test_authors_optimiser_rows_carry_momentum_and_local_epochs() -> None:
+    """Each "(authors' optimiser)" row is its plain row with the authors' code's optimiser: clients and server
+    SGD with momentum 0.9 (the clients' buffers kept between rounds, the server's with weight decay 1e-2) and 2
+    local epochs, i.e. ⌈2 n_k / B⌉ steps (4 on the synthetic task: 50 samples, B = 32); the plain rows keep plain
+    SGD and 2 steps. A short run of every row keeps its clients' momentum buffers."""
+    assert set(AUTHORS_ROWS) < set(METHODS) and set(AUTHORS_ROWS.values()) < set(METHODS)
+    assert set(AUTHORS_LRS) == set(AUTHORS_ROWS)  # tuned on the same grid as the plain rows
+    assert all(lr in LOCAL_GRID and server in SERVER_GRID for lr, server in AUTHORS_LRS.values())
+    assert default_lrs("CA-Fed") == DEFAULT_LRS and default_lrs("Unbiased (authors' optimiser)") == (0.01, 0.1)
+    digits = deep_merge(DATASETS["MNIST"], MNIST_FALLBACK)
+    for row, plain in AUTHORS_ROWS.items():
+        assert METHODS[row] == METHODS[plain] and unbiased_of(row) == "Unbiased (authors' optimiser)"
+        assert unbiased_of(plain) == "Unbiased"
+        for dataset, batch in ((DATASETS["Synthetic"], 32), (digits, 64)):
+            ours = parse_config(method_config(dataset, row, 0.01, 0.1, seed=1, rounds=150))
+            theirs = parse_config(method_config(dataset, plain, 0.01, 0.1, seed=1, rounds=150))
+            assert ours.local.epochs == 2 and theirs.local.epochs is None and theirs.local.steps == 2
+            assert ours.local.optimizer == {"name": "sgd", "momentum": 0.9, "persistent": True}
+            assert theirs.local.optimizer == "sgd"
+            assert ours.local.weight_decay == theirs.local.weight_decay == 1e-2 and ours.local.batch_size == batch
+            server = components(ours).algorithm.server_optimizer
+            assert isinstance(server, ServerMomentum) and (server.beta, server.weight_decay) == (0.9, 1e-2)
+            assert isinstance(components(theirs).algorithm.server_optimizer, ServerSGD)
+            assert ours.model_dump(exclude={"local", "algorithm"}) == theirs.model_dump(exclude={"local", "algorithm"})
+        state = run(parse_config(method_config(DATASETS["Synthetic"], row, 0.01, 0.1, seed=1, rounds=3)))
+        assert len(state.history) == 3 and np.isfinite(state.final["time_avg_accuracy"])
+        plan = state.experiment.strategy.configure(4, torch.arange(24), state.params)
+        assert (plan.optimizer.momentum, plan.optimizer.persistent) == (0.9, True)  # type: ignore[attr-defined]
+        assert plan.steps.tolist() == [4] * 24  # ⌈2 · 50 / 32⌉
+        store = state.experiment.engine.client_state  # type: ignore[attr-defined]
+        assert store.clients("optimizer.sgd.momentum")  # the clients that trained kept their buffers
 
 
 def test_tiny_table1_writes_the_table_and_figures(tmp_path: Path) -> None:

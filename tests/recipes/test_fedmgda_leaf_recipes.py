@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from matplotlib.axes import Axes
 from matplotlib.collections import PathCollection, PolyCollection
 
@@ -19,9 +20,11 @@ import fedhet.report.plots
 from fedhet.engine.threads import torch_threads
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.recipes import deep_merge, run_recipe
+from fedhet.experiments.runner import resume
 from fedhet.recipes import get_recipe
 from fedhet.recipes.fedmgda import log_loss_curves
 from fedhet.recipes.fedmgda_leaf import TABLE6
+from fedhet.report.labels import metric_info
 
 LEAF = ("fedmgda-femnist", "fedmgda-femnist-b20", "fedmgda-femnist-full-batch", "fedmgda-shakespeare")
 
@@ -66,12 +69,24 @@ def test_femnist_tables_hold_the_papers_rows_and_settings() -> None:
 def test_shakespeare_table_settings() -> None:
     recipe = get_recipe("fedmgda-shakespeare")
     assert recipe.fallback is None  # the text is needed
-    cfg = recipe.config("FedProx (η_l=0.5, μ=0.001)", 1, quick=False)
+    cfg = recipe.config("FedProx (η_l=0.5, momentum 0.5, μ=0.001)", 1, quick=False)
     assert (cfg["num_clients"], cfg["clients_per_round"], cfg["rounds"]) == (31, 31, 200)
-    assert cfg["local"] == {"steps": 300, "lr": 0.5, "batch_size": 10} and cfg["model"] == "char_lstm"
+    assert cfg["model"] == "char_lstm"
+    assert cfg["local"] == {"steps": 300, "lr": 0.5, "batch_size": 10, "optimizer": {"name": "sgd", "momentum": 0.5}}
     assert cfg["algorithm"]["mu"] == pytest.approx(0.002)
     assert recipe.config("FedMGDA+ (η=20, decay 0.8)", 1, quick=False)["algorithm"]["server_lr"] == 20.0
     assert {"Avg (client)", "Avg (data)", "Worst 5% (p5)"} <= set(recipe.columns.values())
+    # Table 14's (η_l, local momentum) pairs of FedAvg and FedProx, in the paper's order; the normalised
+    # methods run plain SGD
+    pairs = [(0.25, 0.5), (0.5, 0.5), (0.8, 0.0), (0.8, 0.5), (1.0, 0.5)]
+    for name in ("FedAvg", "FedProx"):
+        rows = [m for m in recipe.methods if m.startswith(f"{name} (")]
+        local = [parse_config(recipe.config(m, 1, quick=False)).local for m in rows]
+        assert [(c.lr, dict(c.optimizer)["momentum"]) for c in local] == pairs  # type: ignore[arg-type]
+    for method in recipe.methods:
+        if method.startswith(("FedMGDA+", "FedAvg-n")):
+            assert parse_config(recipe.config(method, 1, quick=False)).local.optimizer == "sgd"
+    assert len(recipe.methods) == 18
 
 
 def leaf_files(folder: Path, users: dict[str, tuple[list[Any], list[Any]]]) -> None:
@@ -97,9 +112,9 @@ class Captured:
         self.axes: dict[str, Axes] = {}
         real = fedhet.report.plots.save_figure
 
-        def save(fig: Any, ax: Axes, out: Path, legend: bool = True) -> Path:
+        def save(fig: Any, ax: Axes, out: Path, legend: bool = True, caption: str = "") -> Path:
             self.axes[out.name] = ax
-            return real(fig, ax, out, legend)
+            return real(fig, ax, out, legend, caption)
 
         monkeypatch.setattr(fedhet.report.plots, "save_figure", save)
 
@@ -134,14 +149,14 @@ def test_femnist_recipe_reads_leaf_json_and_writes_table_and_violins(
     result = run_recipe(recipe, tmp_path / "out", seeds=(1, 2), say=notes.append)
     assert not notes and "embedded" not in result.table  # the LEAF files were read
     assert "| Average | Std. | Worst 5% (p5) | Best 5% (p95) |" in result.table
-    state = result.runs["FedAvg"][0]
+    state = resume(result.runs["FedAvg"][0].task.out)  # the finished run, loaded from its folder
     assert state.config.spec("dataset")["name"] == "femnist" and state.experiment.data.num_clients == 6
     violins = captured.axes["user_accuracy_violins.png"]
     bodies = [c for c in violins.collections if isinstance(c, PolyCollection)]
     assert len(bodies) == len(methods)  # one violin per method
     labels = [t.get_text() for t in violins.get_xticklabels()]
     assert labels[0].startswith("FedAvg\nσ = ") and labels[1].startswith("FedMGDA+ (η=2, decay 0.2)\nσ = ")
-    assert violins.get_ylabel() == "user test accuracy" and "Table 6" in violins.get_title()
+    assert violins.get_ylabel() == "test accuracy of a user (final model)" and "Fig. 3" in violins.get_title()
     points = [c for c in violins.collections if isinstance(c, PathCollection)]  # the scattered users
     assert sum(len(p.get_offsets()) for p in points) == len(methods) * 2 * 6  # every user of every seed
     assert (tmp_path / "out" / "user_accuracy_violins.png").stat().st_size > 10_000
@@ -166,12 +181,26 @@ def test_shakespeare_recipe_reads_leaf_json(tmp_path: Path) -> None:
         "local": {"steps": 2},
         "model": {"name": "char_lstm", "hidden": 16},  # the paper's 256 works the same, only slower
     }
-    recipe = small("fedmgda-shakespeare", ("FedAvg (η_l=0.8)", "FedAvg-n (η=2, decay 1)"), changes)
+    methods = (
+        "FedAvg (η_l=0.8, momentum 0)",
+        "FedAvg (η_l=0.8, momentum 0.5)",
+        "FedProx (η_l=0.25, momentum 0.5, μ=0.001)",
+        "FedAvg-n (η=2, decay 1)",
+    )
+    recipe = small("fedmgda-shakespeare", methods, changes)
     result = run_recipe(recipe, tmp_path / "out", seeds=(1,), say=lambda _: None)
     for method in recipe.methods:
-        final = result.runs[method][0].final
+        state = resume(result.runs[method][0].task.out)  # the finished run, loaded from its folder
+        final = state.final
         assert 0.0 <= final["test_accuracy"] <= 1.0 and 0.0 <= final["test_accuracy_pooled"] <= 1.0
         assert final["participants"] == 4.0  # every role in every round
+        # the row's local momentum reaches the plan the clients train with, fresh every round
+        plan = state.experiment.strategy.configure(2, torch.arange(4), state.params)
+        momentum = 0.5 if "momentum 0.5" in method else 0.0
+        assert getattr(plan.optimizer, "momentum", None) == momentum and not plan.optimizer.persistent
+        assert plan.lr.flatten()[0].item() == pytest.approx(0.25 if "η_l=0.25" in method else 0.8)
+    plain, heavy = (resume(result.runs[m][0].task.out).params for m in methods[:2])
+    assert not torch.allclose(plain, heavy)  # the momentum changed the training
     assert "| Avg (client) | Avg (data) |" in result.table
     assert (tmp_path / "out" / "user_accuracy_violins.png").is_file()
 
@@ -183,12 +212,17 @@ def test_log_scale_training_loss_figure(monkeypatch: pytest.MonkeyPatch, tmp_pat
         assert get_recipe(name).extra_figures is log_loss_curves
     recipe = get_recipe("fedmgda-interpolation")
     history = [{"round": float(t), "local_loss": 10.0**-t} for t in range(1, 5)]
-    runs = {"ε=0 (FedAvg)": [SimpleNamespace(history=history)] * 2, "ε=1 (MGDA)": [SimpleNamespace(history=history)]}
+    other = [{**row, "local_loss": 2 * row["local_loss"]} for row in history]
+    runs = {"ε=0 (FedAvg)": [SimpleNamespace(history=history)] * 2, "ε=1 (MGDA)": [SimpleNamespace(history=other)]}
     captured = Captured(monkeypatch)
     log_loss_curves(recipe, runs, tmp_path)  # type: ignore[arg-type]
     ax = captured.axes["local_loss_log.png"]
-    assert ax.get_yscale() == "log" and ax.get_ylabel() == "local_loss (log scale)" and ax.get_xlabel() == "round"
-    assert "log scale" in ax.get_title() and "Fig. 1" in ax.get_title()
+    assert (
+        ax.get_yscale() == "log"
+        and ax.get_ylabel() == f"{metric_info('local_loss').label} (log scale)"
+        and ax.get_xlabel() == "communication round"
+    )
+    assert "Fig. 7" in ax.get_title()
     assert [line.get_label() for line in ax.get_lines()] == list(runs)
     np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), [0.1, 0.01, 0.001, 0.0001])
     assert (tmp_path / "local_loss_log.png").stat().st_size > 10_000

@@ -83,10 +83,13 @@ def test_recipe_extra_figures_read_well(name: str, tmp_path: Path, monkeypatch: 
     methods = list(recipe.methods)
     states = fake_states(methods, "local_loss")
     rng = np.random.default_rng(2)
-    for runs in states.values():
-        for state in runs:
-            state.client_columns = {"test_accuracy": torch.as_tensor(rng.random(10))}
-            state.out = None
+    for m, runs in enumerate(states.values()):
+        for i, state in enumerate(runs):
+            folder = tmp_path / "runs" / f"{m}-{i}"  # clients.csv of the run, as the violins read it
+            folder.mkdir(parents=True)
+            rows = "".join(f"{k},{v:.4f},1\n" for k, v in enumerate(rng.random(10)))
+            (folder / "clients.csv").write_text("client,test_accuracy,seen\n" + rows)
+            state.task = SimpleNamespace(out=folder)
             for row in state.history:
                 row["local_loss"] = 2.0 * float(np.exp(-row["round"] / 20)) + 0.01
     assert recipe.extra_figures is not None

@@ -39,6 +39,22 @@ def test_sgd_and_momentum_by_hand() -> None:
     torch.testing.assert_close(nesterov, W0 - 0.1 * (DIRECTIONS[0] + 0.5 * v1) - 0.1 * (DIRECTIONS[1] + 0.5 * v2))
 
 
+@pytest.mark.parametrize("spec", [{"name": "sgd"}, {"name": "momentum", "beta": 0.9}])
+def test_weight_decay_is_torch_sgds(spec: dict[str, object]) -> None:
+    """With weight decay λ the step uses d + λ w, as torch.optim.SGD(momentum=β, weight_decay=λ) fed d as the
+    gradient (CA-Fed's code steps its server that way); by hand for the first step."""
+    lam, lr = 0.1, 0.5
+    ours = steps({**spec, "weight_decay": lam}, lr)
+    torch.testing.assert_close(ours[0], W0 - lr * (DIRECTIONS[0] + lam * W0))
+    w = torch.nn.Parameter(W0.clone())
+    reference = torch.optim.SGD([w], lr=lr, momentum=float(spec.get("beta", 0.0)), weight_decay=lam)  # type: ignore[arg-type]
+    for d, expected in zip(DIRECTIONS, ours, strict=True):
+        w.grad = d.clone()
+        reference.step()
+        torch.testing.assert_close(expected, w.detach())
+    assert not torch.allclose(ours[1], steps(spec, lr)[1])  # the decay changed the steps
+
+
 @pytest.mark.parametrize("kind", ["adagrad", "adam", "yogi"])
 def test_adaptive_steps_by_hand(kind: str) -> None:
     """Reddi et al. Algorithm 2 coordinate by coordinate: m₋₁ = 0, v₋₁ = τ², no bias correction."""

@@ -217,8 +217,6 @@ def run(
 
         require_flwr()
     if resume is not None:
-        if rounds is None and _finished(resume):
-            return
         if track:
             from fedhet.experiments.tracking import trackers_for
 
@@ -230,6 +228,9 @@ def run(
                 state = _simulate(None, resume, nodes, callbacks)
             else:
                 state = resume_run(resume, callbacks, rounds=rounds)
+        if state.already_finished:
+            console.print(f"'{resume}' is already finished ({state.round} rounds); nothing to resume", highlight=False)
+            return
         _report(state, quiet)
         return
     raw: dict[str, Any] = load_yaml(config) if config is not None else {}
@@ -267,27 +268,6 @@ def run(
         else:
             state = start_run(cfg, out, callbacks, overwrite=overwrite)
     _report(state, quiet)
-
-
-def _finished(folder: Path) -> bool:
-    """Say so (one line) when the run in `folder` has already run all its rounds."""
-    import json
-
-    summary_file = folder / "summary.json"
-    if not summary_file.is_file():
-        return False
-    try:
-        summary = json.loads(summary_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False  # a damaged summary: resume checks the folder and says what is wrong
-    if (
-        not isinstance(summary, dict)
-        or summary.get("status") != "finished"
-        or summary.get("rounds") != summary.get("rounds_planned")
-    ):
-        return False
-    console.print(f"'{folder}' is already finished ({summary['rounds']} rounds); nothing to resume", highlight=False)
-    return True
 
 
 @contextmanager

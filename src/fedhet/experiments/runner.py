@@ -6,6 +6,7 @@ The run folder's files, lock and checks are `fedhet.experiments.runfolder`'s; th
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ class RunState:
     out: Path | None = None
     client_columns: dict[str, Tensor] = field(default_factory=dict)
     folder: RunFolder | None = field(default=None, repr=False)  # the open, locked run folder (with `out`)
+    already_finished: bool = False  # resumed a run that had run all its rounds: nothing was run or rewritten
 
     @property
     def config(self) -> RunConfig:
@@ -120,6 +122,9 @@ def resume(
             state.history[-1] = dict(saved["last_row"])  # the same row, with its columns in their original order
         if rounds is not None:
             folder.write_config(dump_yaml(experiment.resolved_config()))
+        elif saved is not None and state.round == state.config.rounds and _finished(folder.path):
+            state.status, state.already_finished = "finished", True
+            return state
         return _loop(state, callbacks or [])
 
 
@@ -145,6 +150,15 @@ def same_run(config: RunConfig, out: Path) -> bool:
         return same and folder_config.rounds == config.rounds
     except FedhetError:
         return False
+
+
+def _finished(out: Path) -> bool:
+    """Whether the summary.json in `out` says its run finished (a run killed before writing it did not)."""
+    try:
+        summary = json.loads((out / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("status") == "finished"
 
 
 def _checkpoint(state: RunState) -> dict[str, Any]:

@@ -15,6 +15,12 @@ Besides the paper's CA-Fed (one-batch loss reports, running-minimum F̂*), the t
 same algorithm with the estimators of the authors' code, which produced the paper's numbers (full-data loss
 reports, F̂* the loss of a model fitted on the client alone, β = 1 i.e. the code's smoothness 0, pass 1 by |λ̂|).
 
+Every method also has a row "(authors' optimiser)": the same method with the optimiser of the authors' code, with
+which they ran every method (``utils/optim.py``, ``aggregator.py``): torch SGD with momentum 0.9 and weight decay
+1e-2 on each client (created once, so a client's momentum buffer persists between its rounds) and on the server,
+and E = 2 local epochs instead of steps (client k takes ⌈2 n_k / B⌉ steps). Its learning rates are tuned on the
+same grid, seed and criterion as the plain-SGD rows, and its CA-Fed rows are checked against its own Unbiased.
+
 Outputs: ``table.md`` (Table I next to the paper's, which clients CA-Fed excludes, the issue's CA-Fed vs
 Unbiased check), ``tuning.md``, ``results.json``, one run folder per dataset/method/seed (with
 ``availability.npz``), and a sweep folder per tuned method (``tuning/<dataset>/<method>/``: a run folder per
@@ -82,10 +88,34 @@ METHODS: dict[str, dict[str, Any]] = {
     "CA-Fed (code)": {**CAFED, **CODE_ESTIMATORS},
 }
 CAFED_VARIANTS = ("CA-Fed", "CA-Fed (code)")
-FIXED_SERVER_LR = {"AdaFed": 1.0}
+# The authors' code's optimiser for every method: clients and server torch SGD(momentum 0.9, weight decay 1e-2),
+# the clients' optimisers created once (persistent momentum), E = 2 local epochs (the ridge 1e-2 stays
+# ``local.weight_decay``, added to the gradient before the momentum as torch does)
+AUTHORS_OPTIMISER: dict[str, Any] = {
+    "local": {"epochs": 2, "optimizer": {"name": "sgd", "momentum": 0.9, "persistent": True}},
+    "server_optimizer": {"name": "momentum", "beta": 0.9, "weight_decay": 1e-2},
+}
+AUTHORS_ROWS: dict[str, str] = {  # row → the plain-SGD row it runs with the authors' optimiser
+    "Unbiased (authors' optimiser)": "Unbiased",
+    "F3AST (authors' optimiser)": "F3AST",
+    "AdaFed (authors' optimiser)": "AdaFed",
+    "CA-Fed (authors' optimiser)": "CA-Fed",
+    "CA-Fed (code, authors' optimiser)": "CA-Fed (code)",
+}
+METHODS.update({row: METHODS[plain] for row, plain in AUTHORS_ROWS.items()})
+CAFED_ROWS = (*CAFED_VARIANTS, "CA-Fed (authors' optimiser)", "CA-Fed (code, authors' optimiser)")
+FIXED_SERVER_LR = {"AdaFed": 1.0, "AdaFed (authors' optimiser)": 1.0}
 LOCAL_GRID = tuple(float(10**e) for e in (-3, -2.5, -2, -1.5, -1))
 SERVER_GRID = tuple(float(10**e) for e in (-2, -1.5, -1, -0.5, 0))
-DEFAULT_LRS = (0.1, 1.0)  # used without tuning (--quick, cafed-sensitivity): what tuning picks for every method
+# (η, η_s) used without tuning (--quick, cafed-sensitivity): what tuning picked on the synthetic task
+DEFAULT_LRS = (0.1, 1.0)  # every plain-SGD row (MNIST / digits too)
+AUTHORS_LRS: dict[str, tuple[float, float]] = {  # the authors' optimiser rows (a flat optimum: the top five grid
+    "Unbiased (authors' optimiser)": (0.01, 0.1),  # points lie within 0.2 pp on the tuning seed)
+    "F3AST (authors' optimiser)": (0.01, 0.1),
+    "AdaFed (authors' optimiser)": (0.001, 1.0),
+    "CA-Fed (authors' optimiser)": (0.1, float(10**-1.5)),
+    "CA-Fed (code, authors' optimiser)": (float(10**-2.5), float(10**-0.5)),
+}
 TUNING_SEED = 42
 PAPER_TABLE = {  # Table I: Synthetic / MNIST, %
     "Unbiased": ((78.94, 64.87), (75.32, 61.39), (0.48, 1.09)),
@@ -101,6 +131,11 @@ COLORS = {
     "AdaFed": "tab:green",
     "CA-Fed": "tab:red",
     "CA-Fed (code)": "tab:purple",
+    "Unbiased (authors' optimiser)": "tab:cyan",
+    "F3AST (authors' optimiser)": "tab:brown",
+    "AdaFed (authors' optimiser)": "tab:olive",
+    "CA-Fed (authors' optimiser)": "tab:pink",
+    "CA-Fed (code, authors' optimiser)": "black",
 }
 CLASSES = {  # (more available?, correlated?) → name
     (True, True): "more available, correlated",
@@ -120,13 +155,27 @@ def method_config(
     availability: dict[str, Any] = AVAILABILITY,
 ) -> dict[str, Any]:
     """The run config of `method` on `dataset` (changes to `BASE`) with learning rates (η, η_s); the server's
-    oracle knows the π, λ of `availability`."""
+    oracle knows the π, λ of `availability`. An "(authors' optimiser)" row adds `AUTHORS_OPTIMISER`."""
     algorithm = {**METHODS[method], "oracle": availability, "server_lr": FIXED_SERVER_LR.get(method, server_lr)}
     if algorithm["name"] == "f3ast":
         algorithm["smoothing"] = 1.0 / rounds
+    local: dict[str, Any] = {"lr": lr}
+    if method in AUTHORS_ROWS:
+        algorithm["server_optimizer"] = AUTHORS_OPTIMISER["server_optimizer"]
+        local.update(AUTHORS_OPTIMISER["local"])
     raw = deep_merge(BASE, dataset)
-    changes = {"algorithm": algorithm, "availability": availability, "local": {"lr": lr}, "rounds": rounds}
+    changes = {"algorithm": algorithm, "availability": availability, "local": local, "rounds": rounds}
     return deep_merge(raw, {**changes, "seed": seed})
+
+
+def default_lrs(method: str) -> tuple[float, float]:
+    """(η, η_s) for runs without tuning (--quick, cafed-sensitivity): what the tuning picked."""
+    return AUTHORS_LRS.get(method, DEFAULT_LRS)
+
+
+def unbiased_of(method: str) -> str:
+    """The Unbiased row a CA-Fed row is checked against: the one with the same optimiser."""
+    return "Unbiased (authors' optimiser)" if method in AUTHORS_ROWS else "Unbiased"
 
 
 def slug(method: str) -> str:
@@ -209,7 +258,7 @@ def run_table1(
             say(result.notes[-1])
     grid: dict[str, Any] = {}
     for name in datasets:
-        result.lrs[name] = dict.fromkeys(methods, DEFAULT_LRS)
+        result.lrs[name] = {method: default_lrs(method) for method in methods}
     if tuning:
         say(f"tuning (η, η_s) of {', '.join(methods)} on {', '.join(datasets)}")
         sweeps = {(name, method): tuning_sweep(chosen[name], method, rounds) for name in datasets for method in methods}
@@ -267,15 +316,17 @@ def mean_std_cell(values: list[float]) -> str:
 
 
 def comparison(values: dict[str, dict[str, list[float]]], method: str, baseline: str = "Unbiased") -> str:
-    """The issue's check of `method` against `baseline`: time average at least, second-half std lower."""
+    """The issue's check of `method` against `baseline`, paired over seeds: time average at least, second-half std
+    lower (mean ± std over seeds of the per-seed differences, and in how many seeds each holds)."""
     ours, base = values[method], values[baseline]
     avg = 100 * (np.asarray(ours["time_avg_accuracy"]) - np.asarray(base["time_avg_accuracy"]))
     std = 100 * (np.asarray(ours["second_half_std"]) - np.asarray(base["second_half_std"]))
     n = len(avg)
     verdict = "met" if avg.mean() >= 0 and std.mean() < 0 else "NOT met"
     return (
-        f"{method} − {baseline}: time-average {avg.mean():+.2f} pp (≥ in {int((avg >= 0).sum())}/{n} seeds), "
-        f"second-half std {std.mean():+.2f} pp (lower in {int((std < 0).sum())}/{n} seeds): {verdict}"
+        f"{method} − {baseline}: time-average {avg.mean():+.2f} ± {avg.std():.2f} pp (≥ in {int((avg >= 0).sum())}"
+        f"/{n} seeds), second-half std {std.mean():+.2f} ± {std.std():.2f} pp (lower in {int((std < 0).sum())}/{n} "
+        f"seeds): {verdict}"
     )
 
 
@@ -298,7 +349,7 @@ def exclusion_markdown(result: Table1Result, dataset: str) -> str:
 
     folders = result.folders.get(dataset, {})
     rows = []
-    for method in (m for m in folders if m in CAFED_VARIANTS):
+    for method in (m for m in folders if m in CAFED_ROWS):
         shares = class_exclusion([load_arrays(f) for f in folders[method]])
         rows.append([method, *(f"{100 * v:.1f}" for v in shares.values())])
     if not rows:
@@ -327,11 +378,13 @@ def table_markdown(result: Table1Result, seeds: tuple[int, ...], rounds: int) ->
     text += "\n### Paper (Table I, Synthetic / MNIST, average of 3 runs)\n\n"
     text += markdown_table(["Method", "Maximum", "Time-average", "Standard deviation"], paper_rows)
     text += f"\nlearning rates: {lrs}\n"
-    if "Unbiased" in methods:
-        text += "\n### The issue's check: time-average at least Unbiased's, second-half std lower (per dataset)\n\n"
+    checks = [m for m in methods if m in CAFED_ROWS and unbiased_of(m) in methods]
+    if checks:
+        text += "\n### The issue's check: time-average at least Unbiased's (same optimiser), second-half std lower "
+        text += "(per dataset; per-seed differences, mean ± std over seeds)\n\n"
         for name in names:
-            for method in (m for m in methods if m in CAFED_VARIANTS):
-                text += f"- {name}: {comparison(result.values[name], method)}\n"
+            for method in checks:
+                text += f"- {name}: {comparison(result.values[name], method, unbiased_of(method))}\n"
     for name in names:
         text += exclusion_markdown(result, name)
     return text
@@ -493,7 +546,7 @@ def plot_time_average(result: Table1Result, path: Path) -> Path:
             if len(arr) > 1:
                 std = arr.std(0, ddof=1)
                 bands[method] = (np.clip(mean - std, 0, 100), np.clip(mean + std, 0, 100))
-        styles = {m: "-" if m in CAFED_VARIANTS else "--" for m in series}
+        styles = {m: "-" if m in CAFED_ROWS else "--" for m in series}
         draw_lines(ax, series, bands, styles=styles, colour={m: COLORS.get(m) for m in series})
         round_axis(ax)
         ax.set_ylabel("time-average test accuracy (%)")
@@ -565,7 +618,14 @@ def _table1(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | Non
 # Sensitivity: CA-Fed vs Unbiased over more seeds and two training-set sizes
 # ----------------------------------------------------------------------------------------------------------------
 
-SENSITIVITY_METHODS = ("Unbiased", "CA-Fed", "CA-Fed (code)")
+SENSITIVITY_METHODS = (
+    "Unbiased",
+    "CA-Fed",
+    "CA-Fed (code)",
+    "Unbiased (authors' optimiser)",
+    "CA-Fed (authors' optimiser)",
+    "CA-Fed (code, authors' optimiser)",
+)
 SENSITIVITY_SETTINGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {  # name → (dataset, availability)
     "50 train, paper's classes": (SYNTHETIC_SIZES["50 train / 150 test (authors' scripts)"], AVAILABILITY),
     "150 train, paper's classes": (SYNTHETIC_SIZES["150 train / 50 test"], AVAILABILITY),
@@ -587,11 +647,12 @@ class SensitivityResult:
 def run_sensitivity(
     out: Path, seeds: tuple[int, ...], rounds: int = ROUNDS, executor: Executor | None = None
 ) -> SensitivityResult:
-    """Unbiased and both CA-Fed variants in every `SENSITIVITY_SETTINGS` on the synthetic task, `DEFAULT_LRS`,
-    into ``out/<setting>/<method>/seed<k>``."""
+    """Unbiased and both CA-Fed variants, each with plain SGD and with the authors' optimiser, in every
+    `SENSITIVITY_SETTINGS` on the synthetic task, at the tuned learning rates (`default_lrs`), into
+    ``out/<setting>/<method>/seed<k>``."""
     tasks = [
         Task(
-            method_config(dataset, method, *DEFAULT_LRS, seed, rounds, availability),
+            method_config(dataset, method, *default_lrs(method), seed, rounds, availability),
             out / safe_name(setting) / slug(method) / f"seed{seed}",
             f"{setting}: {method}, seed {seed}",
             {"recipe": "cafed-sensitivity", "setting": setting, "method": method, "seed": seed},
@@ -616,9 +677,10 @@ def run_sensitivity(
 def sensitivity_markdown(result: SensitivityResult, seeds: tuple[int, ...], rounds: int) -> str:
     from fedhet.report.tables import markdown_table
 
+    lrs = "; ".join(f"{m}: η={default_lrs(m)[0]:.4g}, η_s={default_lrs(m)[1]:.4g}" for m in SENSITIVITY_METHODS)
     text = (
-        f"### CA-Fed vs Unbiased on the synthetic task: {len(seeds)} seeds, {rounds} rounds, "
-        f"η = {DEFAULT_LRS[0]}, η_s = {DEFAULT_LRS[1]} (mean ± std over seeds, %)\n\n"
+        f"### CA-Fed vs Unbiased on the synthetic task: {len(seeds)} seeds, {rounds} rounds (mean ± std over "
+        f"seeds, %)\n\nlearning rates (tuned on the synthetic task by cafed-table1): {lrs}\n\n"
     )
     rows = [
         [setting, method, *(mean_std_cell(per[method][c]) for c in COLUMNS)]
@@ -627,12 +689,12 @@ def sensitivity_markdown(result: SensitivityResult, seeds: tuple[int, ...], roun
     ]
     text += markdown_table(["Setting", "Method", *COLUMNS.values()], rows) + "\n"
     for setting, per in result.values.items():
-        for method in (m for m in per if m in CAFED_VARIANTS):
-            text += f"- {setting}: {comparison(per, method)}\n"
+        for method in (m for m in per if m in CAFED_ROWS and unbiased_of(m) in per):
+            text += f"- {setting}: {comparison(per, method, unbiased_of(method))}\n"
     text += "\n### Which clients CA-Fed excludes: % of a class's active rounds with q_k = 0, all seeds\n\n"
     rows = []
     for setting, logs in result.participation.items():
-        for method in (m for m in logs if m in CAFED_VARIANTS):
+        for method in (m for m in logs if m in CAFED_ROWS):
             shares = class_exclusion(logs[method])
             rows.append([setting, method, *("-" if np.isnan(v) else f"{100 * v:.1f}" for v in shares.values())])
     return text + markdown_table(["Setting", "Method", *CLASSES.values()], rows)
@@ -653,7 +715,8 @@ def _sensitivity(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool 
 def table1() -> Recipe:
     return Recipe(
         name="cafed-table1",
-        description="CA-Fed Table I and Figs. 1-3: Unbiased, F3AST, AdaFed, CA-Fed on synthetic and MNIST",
+        description="CA-Fed Table I and Figs. 1-3: Unbiased, F3AST, AdaFed, CA-Fed on synthetic and MNIST, with "
+        "plain SGD and with the authors' optimiser",
         base={},
         methods={},
         columns={},
@@ -665,7 +728,8 @@ def table1() -> Recipe:
 def sensitivity() -> Recipe:
     return Recipe(
         name="cafed-sensitivity",
-        description="CA-Fed vs Unbiased over 10 seeds: 50 or 150 training samples, the paper's or the code's classes",
+        description="CA-Fed vs Unbiased over 10 seeds: 50 or 150 training samples, the paper's or the code's classes, "
+        "plain SGD or the authors' optimiser",
         base={},
         methods={},
         columns={},

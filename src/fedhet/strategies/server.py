@@ -6,6 +6,7 @@ A strategy computes d (for FedAvg d = Σ_k p_k (w − w_k), the "pseudo-gradient
 
 * ``sgd``      — w ← w − η d (plain FedAvg, the default);
 * ``momentum`` — v ← β v + d, w ← w − η v (FedAvgM, Hsu et al. 2019; Nesterov: w ← w − η (d + β v));
+  both take ``weight_decay`` λ as ``torch.optim.SGD`` does: d ← d + λ w first (CA-Fed's code uses it);
 * ``adagrad``, ``adam``, ``yogi`` — FedAdagrad, FedAdam, FedYogi (Reddi et al., ICLR 2021, Algorithm 2):
   m ← β₁ m + (1 − β₁) d, the second moment v as below, w ← w − η m / (√v + τ), with v₋₁ = τ² and no bias
   correction as in the paper (``bias_correction: true`` applies Adam's, as Flower's FedAdam does):
@@ -43,21 +44,30 @@ class ServerOptimizer(Component):
 SERVER_OPTIMIZERS: Registry[ServerOptimizer] = Registry("server optimizer")
 
 
+class _Decayed(ServerOptimizer):
+    """A server step on d + λ w (``torch.optim.SGD``'s weight decay; λ = 0: on d)."""
+
+    weight_decay: float = Field(0.0, ge=0, description="L2 decay λ: the step uses d + λ w (torch.optim.SGD's)")
+
+    def decayed(self, params: Tensor, direction: Tensor) -> Tensor:
+        return direction + self.weight_decay * params if self.weight_decay else direction
+
+
 @SERVER_OPTIMIZERS.register
-class ServerSGD(ServerOptimizer):
-    """w ← w − η d."""
+class ServerSGD(_Decayed):
+    """w ← w − η (d + λ w)."""
 
     name: ClassVar[str] = "sgd"
     description: ClassVar[str] = "plain server step w - lr * d (FedAvg)"
 
     def step(self, params: Tensor, direction: Tensor, lr: float) -> Tensor:
-        return params - lr * direction
+        return params - lr * self.decayed(params, direction)
 
 
 @SERVER_OPTIMIZERS.register
-class ServerMomentum(ServerOptimizer):
+class ServerMomentum(_Decayed):
     """v ← β v + d; w ← w − η v, or w ← w − η (d + β v) with Nesterov (FedAvgM, Hsu et al. 2019; PyTorch's
-    SGD momentum with dampening 0 on the pseudo-gradient)."""
+    SGD momentum with dampening 0 on the pseudo-gradient; with weight decay λ, d is d + λ w)."""
 
     name: ClassVar[str] = "momentum"
     description: ClassVar[str] = "server momentum (FedAvgM, Hsu et al. 2019)"
@@ -67,6 +77,7 @@ class ServerMomentum(ServerOptimizer):
     _velocity: Tensor | None = PrivateAttr(None)
 
     def step(self, params: Tensor, direction: Tensor, lr: float) -> Tensor:
+        direction = self.decayed(params, direction)
         v = direction if self._velocity is None else self.beta * self._velocity + direction
         self._velocity = v
         return params - lr * (direction + self.beta * v if self.nesterov else v)

@@ -226,7 +226,7 @@ def test_wrapper_keeps_the_base_rule_and_state() -> None:
     assert prox.base == {
         "name": "fedprox",
         "server_lr": 1.0,
-        "server_optimizer": {"name": "sgd"},
+        "server_optimizer": {"name": "sgd", "weight_decay": 0.0},
         "weighting": "samples",
         "mu": 0.3,
     }  # the resolved spec
