@@ -11,7 +11,7 @@ from torch import Tensor
 from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine.conv import conv_layers
 from fedhet.engine.dense import dense_layers
-from fedhet.engine.evaluate import ClientScores, sampled_losses, score_clients, score_own_models
+from fedhet.engine.evaluate import ClientScores, sampled_losses, score_clients, score_own_models, scores_of_some
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import Backend, gradient_statistics, train_cohort
 from fedhet.engine.memory import keep_freed_memory
@@ -239,9 +239,15 @@ class Engine:
             self._placed[split] = ClientData(data.x.to(self.device), data.y.to(self.device), data.offsets)
         return self._placed[split]
 
-    def scores(self, params: Tensor, split: Literal["train", "test"] = "test") -> ClientScores:
-        """Loss and accuracy of one model on every client's `split` data."""
-        return score_clients(self.model, params, self.placed(split) or getattr(self.data, split))
+    def scores(
+        self, params: Tensor, split: Literal["train", "test"] = "test", clients: Tensor | None = None
+    ) -> ClientScores:
+        """Loss and accuracy of one model on every client's `split` data, or only on `clients`' (the others
+        NaN: not scored)."""
+        data: ClientData = self.placed(split) or getattr(self.data, split)
+        if clients is None:
+            return score_clients(self.model, params, data)
+        return scores_of_some(score_clients(self.model, params, data.select(clients)), clients, data.sizes)
 
     def losses_at(self, params: Tensor, clients: Tensor, split: Literal["train", "test"] = "train") -> Tensor:
         """F_k(w): the mean loss of model `params` on each of `clients`' full `split` data (m,)."""

@@ -47,6 +47,14 @@ def score_clients(model: FlatModel, params: Tensor, data: ClientData, batch_size
     return ClientScores((loss_sum.cpu() / denom).float(), (correct.cpu() / denom).float(), data.sizes)
 
 
+def scores_of_some(scores: ClientScores, clients: Tensor, sizes: Tensor) -> ClientScores:
+    """`scores` of `clients` (in that order) spread over every client (K = len(sizes)); NaN where not scored."""
+    loss = torch.full((len(sizes),), float("nan"))
+    accuracy = torch.full((len(sizes),), float("nan"))
+    loss[clients], accuracy[clients] = scores.loss, scores.accuracy
+    return ClientScores(loss, accuracy, sizes)
+
+
 @torch.no_grad()
 def score_own_models(
     model: FlatModel, params: Tensor, data: ClientData, clients: Tensor, chunk_size: int = 64

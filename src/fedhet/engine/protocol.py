@@ -31,8 +31,9 @@ class EngineProtocol(Protocol):
         """Local training of the plan's cohort from `global_params`."""
         ...
 
-    def scores(self, params: Tensor, split: Split = "test") -> ClientScores:
-        """Loss and accuracy of one model on every client's `split` data (NaN for unreachable clients)."""
+    def scores(self, params: Tensor, split: Split = "test", clients: Tensor | None = None) -> ClientScores:
+        """Loss and accuracy of one model on every client's `split` data, or only on `clients`' (NaN for the
+        clients not scored, and for unreachable ones)."""
         ...
 
     def losses_at(self, params: Tensor, clients: Tensor, split: Split = "train") -> Tensor:

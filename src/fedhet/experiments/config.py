@@ -103,6 +103,13 @@ class RunConfig(BaseModel):
     rounds: Count = Field(20, ge=1, le=MAX_ROUNDS, description="communication rounds")
     local: LocalConfig = Field(default_factory=LocalConfig, description="every client's default local training")
     eval_every: Count = Field(1, ge=1, description="evaluate every n rounds (and always after the last)")
+    eval_clients: Count = Field(
+        0,
+        ge=0,
+        le=MAX_CLIENTS,
+        description="evaluate a seeded sample of this many clients per round (0: all); the last round, and "
+        "every round of a run with a metric plugin that needs all clients, evaluate everyone",
+    )
     seed: Count = Field(
         0, ge=0, le=MAX_SEED, description="seeds every random draw (data split, sampling, batches, init)"
     )
@@ -136,10 +143,13 @@ class RunConfig(BaseModel):
         return value
 
     @model_serializer(mode="wrap")
-    def _without_empty_track(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _without_unused_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """config.yaml (and the run's identity) as before `track` and `eval_clients` existed, when unused."""
         data: dict[str, Any] = handler(self)
-        if not data.get("track"):  # no trackers: config.yaml as before they existed
+        if not data.get("track"):
             data.pop("track", None)
+        if not data.get("eval_clients"):
+            data.pop("eval_clients", None)
         return data
 
     @model_validator(mode="after")

@@ -22,7 +22,7 @@ from fedhet.experiments.build import Experiment, build, resolved_config
 from fedhet.experiments.callbacks import Callback, write_csv
 from fedhet.experiments.checkpoint import CheckpointError
 from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
-from fedhet.experiments.evaluation import evaluate_global
+from fedhet.experiments.evaluation import evaluate_global, evaluation_sample
 from fedhet.experiments.participation import ParticipationWriter
 from fedhet.experiments.runfolder import (
     CHECKPOINT,
@@ -256,6 +256,15 @@ def _write_outputs(state: RunState) -> None:
     state.folder.write_summary(summary)
 
 
+def _evaluation_sample(state: RunState) -> Tensor | None:
+    """The clients evaluated this round under ``eval_clients`` (None: everyone, also when a metric plugin needs
+    all of them)."""
+    exp, cfg = state.experiment, state.config
+    if cfg.eval_clients == 0 or any(plugin.needs_all_clients for plugin in exp.metrics):
+        return None
+    return evaluation_sample(exp.data.num_clients, cfg.eval_clients, cfg.seed, state.round)
+
+
 def _check_divergence(state: RunState, losses: Tensor) -> None:
     """Stop with a clear message when a local loss is NaN/too large or the model is not finite."""
     cfg = state.config
@@ -303,7 +312,10 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             metrics: dict[str, float] | None = None
             if state.round % cfg.eval_every == 0 or state.round == cfg.rounds:
                 evaluated = exp.strategy.evaluation_params(state.params)
-                metrics, state.client_columns, test, train = evaluate_global(exp.engine, evaluated)
+                sample = _evaluation_sample(state) if state.round < cfg.rounds else None
+                metrics, state.client_columns, test, train = evaluate_global(
+                    exp.engine, evaluated, sample, count=cfg.eval_clients > 0
+                )
                 metrics = {
                     "round": float(state.round),
                     **metrics,

@@ -23,7 +23,7 @@ from torch import Tensor
 from fedhet.availability.base import Availability
 from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine.engine import BackendChoice, resolve_backend
-from fedhet.engine.evaluate import ClientScores
+from fedhet.engine.evaluate import ClientScores, scores_of_some
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.errors import ConfigError, DataError
@@ -278,8 +278,9 @@ class RemoteEngine:
                 full.state_delta[key] = column
         return full
 
-    def scores(self, params: Tensor, split: Split = "test") -> ClientScores:
-        """Both splits come back in one message; the round's second call (train after test) is then free."""
+    def scores(self, params: Tensor, split: Split = "test", clients: Tensor | None = None) -> ClientScores:
+        """Both splits come back in one message; the round's second call (train after test) is then free. The
+        nodes score every client they hold; `clients` keeps those (the others NaN), as the native engine does."""
         if self._scored is None or not torch.equal(self._scored[0], params):
             k = self.data.num_clients
             both = {
@@ -293,7 +294,10 @@ class RemoteEngine:
                     loss[ids], acc[ids] = to_torch(reply[f"{name}.loss"]), to_torch(reply[f"{name}.accuracy"])
             self._scored = (params.clone(), both)
         loss, acc = self._scored[1][split]
-        return ClientScores(loss.clone(), acc.clone(), getattr(self.data, split).sizes)
+        sizes = getattr(self.data, split).sizes
+        if clients is not None:
+            return scores_of_some(ClientScores(loss[clients], acc[clients], sizes[clients]), clients, sizes)
+        return ClientScores(loss.clone(), acc.clone(), sizes)
 
     def losses_at(self, params: Tensor, clients: Tensor, split: Split = "train") -> Tensor:
         return self._values("losses_at", clients, params, "values", {"split": split})

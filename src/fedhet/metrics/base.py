@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import ConfigDict
 from torch import Tensor
@@ -38,6 +39,9 @@ class Metric(Component):
     ``state_dict``/``load_state_dict``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=False)
+    needs_all_clients: ClassVar[bool] = True
+    """Whether `compute` needs every client scored (``RoundView.test``/``train``); while one plugin of a run
+    does, ``eval_clients`` sampling is off (set False where a sample's scores are enough)."""
 
     def setup(self, engine: EngineProtocol, seed: int) -> None:
         """Called once before the first round (precompute per-client thresholds and the like)."""

@@ -1,0 +1,112 @@
+"""Sampled evaluation (``eval_clients``): what is scored, what it changes (nothing in training), and resumes."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fedhet.data.dataset import ClientData
+from fedhet.experiments.callbacks import Callback
+from fedhet.experiments.config import dump_yaml, parse_config
+from fedhet.experiments.evaluation import evaluate_global, evaluation_sample
+from fedhet.experiments.runner import RunState, resume, run
+
+CONFIG: dict[str, Any] = {
+    "dataset": "digits",
+    "num_clients": 12,
+    "unseen_clients": 3,
+    "clients_per_round": 4,
+    "rounds": 4,
+    "model": {"name": "mlp", "hidden": [8]},
+    "local": {"steps": 2},
+    "seed": 5,
+}
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+class Interrupt(Callback):
+    def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+        if state.round == 2:
+            raise KeyboardInterrupt
+        return False
+
+
+def test_the_sample_is_seeded_sorted_and_off_at_zero_or_everyone() -> None:
+    first = evaluation_sample(100, 10, seed=3, round_=7)
+    assert first is not None and len(first) == 10 and len(set(first.tolist())) == 10
+    assert first.tolist() == sorted(first.tolist()) and int(first.max()) < 100
+    assert torch.equal(first, evaluation_sample(100, 10, seed=3, round_=7))  # type: ignore[arg-type]
+    assert not torch.equal(first, evaluation_sample(100, 10, seed=3, round_=8))  # type: ignore[arg-type]
+    assert evaluation_sample(100, 0, 3, 7) is None and evaluation_sample(100, 100, 3, 7) is None
+
+
+def test_select_gathers_the_rows_of_the_chosen_clients_in_order() -> None:
+    data = ClientData.from_parts(
+        [torch.full((n, 1), float(k)) for k, n in enumerate((2, 0, 3, 1))],
+        [torch.full((n,), k) for k, n in enumerate((2, 0, 3, 1))],
+    )
+    chosen = data.select(torch.tensor([3, 1, 0]))
+    assert chosen.offsets.tolist() == [0, 1, 1, 3]
+    assert chosen.y.tolist() == [3, 0, 0] and chosen.x.flatten().tolist() == [3.0, 0.0, 0.0]
+
+
+def test_sampled_evaluation_is_full_evaluation_restricted_to_the_sample() -> None:
+    cfg = parse_config(CONFIG)
+    state = run(cfg)
+    engine, params = state.experiment.engine, state.params
+    full, full_columns, full_test, _ = evaluate_global(engine, params)
+    seen_ids = torch.nonzero(engine.data.seen).flatten()
+    unseen_id = torch.nonzero(~engine.data.seen).flatten()[0]
+    sample = torch.cat([seen_ids[[0, 2, 5, 7]], unseen_id.reshape(1)]).sort().values
+    metrics, columns, test, train = evaluate_global(engine, params, sample)
+    torch.testing.assert_close(test.loss[sample], full_test.loss[sample])
+    others = torch.ones(engine.data.num_clients, dtype=torch.bool)
+    others[sample] = False
+    assert bool(test.loss[others].isnan().all()) and bool(train.accuracy[others].isnan().all())
+    seen = seen_ids[[0, 2, 5, 7]]
+    assert metrics["evaluated"] == 4.0 and "evaluated" not in full
+    assert metrics["test_accuracy"] == pytest.approx(float(full_columns["test_accuracy"][seen].double().mean()))
+    assert metrics["train_loss"] == pytest.approx(float(full_columns["train_loss"][seen].double().mean()))
+    assert metrics["unseen_test_loss"] == pytest.approx(float(full_test.loss[unseen_id]))
+    assert columns["test_accuracy"][sample].tolist() == full_columns["test_accuracy"][sample].tolist()
+
+
+def test_training_is_the_same_and_the_last_round_evaluates_everyone(tmp_path: Path) -> None:
+    plain = run(parse_config(CONFIG), tmp_path / "all")
+    sampled = run(parse_config({**CONFIG, "eval_clients": 5}), tmp_path / "some")
+    assert torch.equal(plain.params, sampled.params)  # evaluation draws nothing from the training streams
+    every, some = rows(tmp_path / "all/metrics.csv"), rows(tmp_path / "some/metrics.csv")
+    assert [r["local_loss"] for r in every] == [r["local_loss"] for r in some]
+    assert "evaluated" not in every[0]
+    evaluated = [float(r["evaluated"]) for r in some]
+    assert all(n <= 5 for n in evaluated[:-1]) and evaluated[-1] == 12.0  # the final round: every seen client
+    assert some[-1]["test_accuracy"] == every[-1]["test_accuracy"]
+    assert any(s["test_loss"] != e["test_loss"] for s, e in zip(some[:-1], every[:-1], strict=True))
+    assert (tmp_path / "some/clients.csv").read_text() == (tmp_path / "all/clients.csv").read_text()
+    assert "eval_clients: 5" in (tmp_path / "some/config.yaml").read_text()
+    assert "eval_clients" not in dump_yaml(parse_config(CONFIG).model_dump())  # unused: config.yaml as before
+
+
+def test_a_metric_plugin_that_needs_every_client_turns_sampling_off() -> None:
+    state = run(parse_config({**CONFIG, "eval_clients": 5, "metrics": ["improved_users"]}))
+    assert all(row["evaluated"] == 12.0 for row in state.history)  # every round scored every seen client
+    assert all(not math.isnan(row["test_accuracy"]) for row in state.history)
+
+
+def test_a_resumed_sampled_run_ends_with_the_same_files(tmp_path: Path) -> None:
+    cfg = parse_config({**CONFIG, "eval_clients": 4})
+    run(cfg, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "cut", callbacks=[Interrupt()])
+    resume(tmp_path / "cut")
+    for name in ("metrics.csv", "clients.csv"):
+        assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
