@@ -352,7 +352,7 @@ class WandbTracker(Tracker):
             id=run_id,
             resume="allow",
             dir=str(self.where.out),
-            mode=self.mode,  # type: ignore[arg-type]
+            mode=self.mode,  # type: ignore[arg-type,unused-ignore]  # wandb may be absent
             config=state.experiment.resolved_config(),
             tags=self.tags or None,
             settings=settings,
