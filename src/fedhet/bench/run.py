@@ -41,6 +41,7 @@ from fedhet.data.dataset import FederatedData
 from fedhet.engine.engine import resolve_backend
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.threads import torch_threads
+from fedhet.memory_usage import memory_mb, reset_peak
 
 BIG_COHORT = 1000  # from this many clients a workload is timed once, without warm-up
 COMPARATORS: dict[str, Callable[[Workload, FederatedData], System]] = {
@@ -104,22 +105,6 @@ def matmul_flop_rate(n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / best
 
 
-def _reset_peak() -> None:
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def _memory_mb(field_name: str) -> float:
-    """VmRSS (current) or VmHWM (peak since the last reset) of this process, in MB (nan where unknown)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field_name + ":"):
-                return float(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
 def _load() -> float:
     try:
         return os.getloadavg()[0]
@@ -165,8 +150,8 @@ def _run(system: System, round_: int, timing: Timing | None) -> float:
     """One round of `system`; its times go to `timing` (None: a warm-up round). Returns the round's seconds."""
     if timing is not None:
         if timing.base_mb != timing.base_mb:
-            timing.base_mb = _memory_mb("VmRSS")
-        _reset_peak()
+            timing.base_mb = memory_mb("VmRSS")
+        reset_peak()
     start = time.perf_counter()
     trained = system.train(round_)
     mid = time.perf_counter()
@@ -176,7 +161,7 @@ def _run(system: System, round_: int, timing: Timing | None) -> float:
         timing.rounds.append(end - start)
         timing.train.append(mid - start)
         timing.rest.append(end - mid)
-        timing.peak_mb = max(timing.peak_mb, _memory_mb("VmHWM"))
+        timing.peak_mb = max(timing.peak_mb, memory_mb("VmHWM"))
         timing.load = _load()
     return end - start
 
@@ -208,7 +193,7 @@ def _peak_of_rounds(w: Workload, rounds: int) -> float:
     system = fedhet_system(w, w.data(), "auto")
     for r in range(rounds):
         _run(system, r + 1, None)
-    return _memory_mb("VmHWM")
+    return memory_mb("VmHWM")
 
 
 def fresh_peak_mb(w: Workload, rounds: int = 2) -> float:
@@ -299,7 +284,7 @@ def bench_workload(w: Workload, data: FederatedData, settings: Settings, say: Ca
                 train_flops,
                 eval_flops,
                 nan,
-                _memory_mb("VmRSS"),
+                memory_mb("VmRSS"),
                 _load(),
                 rate / 1e9,
                 spread,

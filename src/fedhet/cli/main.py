@@ -131,6 +131,14 @@ def friendly(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+EstimateOption = Annotated[
+    bool,
+    typer.Option(
+        help="time four rounds of each method at full size (random stand-ins of the real shapes where the data files "
+        "are absent), print the projected total and peak memory; writes nothing"
+    ),
+]
+
 # flags of `fedhet run` that change the run: a resume takes none of them (but --rounds)
 _RUN_FLAGS = (
     "config",
@@ -145,6 +153,7 @@ _RUN_FLAGS = (
     "data_dir",
     "download",
     "overwrite",
+    "estimate",
 )
 
 
@@ -190,6 +199,7 @@ def run(
         list[str] | None,
         typer.Option(help="log to a tracker: tensorboard, mlflow or wandb (repeatable; settings: the config's track)"),
     ] = None,
+    estimate: EstimateOption = False,
 ) -> None:
     """Run one experiment and write its run folder (one fedhet process per folder; Ctrl-C or SIGTERM stops it
     cleanly and --resume continues it)."""
@@ -201,6 +211,8 @@ def run(
     callbacks = [] if quiet else [_progress()]
     if engine not in ("native", "flower"):
         raise FedhetError(f"--engine '{engine}' is not one of: native, flower")
+    if estimate and engine == "flower":
+        raise FedhetError("--estimate times the native engine: leave out --engine flower")
     if resume is not None:
         given = locals()
         extra = [name for name in _RUN_FLAGS if given[name] not in (None, False, [])]
@@ -256,6 +268,11 @@ def run(
         if name not in [t if isinstance(t, str) else t.get("name") for t in listed]:
             listed.append(name)
     cfg = parse_config(raw)
+    if estimate:
+        from fedhet.experiments.estimate import estimate_run
+
+        _print_estimates([estimate_run(raw)], "this run")
+        return
     if out is None:
         out = (
             Path("runs")
@@ -493,6 +510,31 @@ def sweep(
         raise typer.Exit(1)
 
 
+def _note(text: str, quiet: bool) -> None:
+    if not quiet:
+        console.print(f"[yellow]{escape(text)}[/]")
+
+
+def _print_estimates(estimates: list[Any], title: str, note: str = "") -> None:
+    from fedhet.experiments.estimate import ESTIMATE_HEADER, STAND_IN_NOTE, estimate_rows
+
+    if note:
+        console.print(escape(note), highlight=False)
+    if not estimates:
+        return
+
+    table = Table(title=f"{title}: cost on this machine (4 rounds of each config timed)")
+    for column in ESTIMATE_HEADER:
+        table.add_column(column, justify="left" if column in ("method", "backend") else "right")
+    for row in estimate_rows(estimates):
+        table.add_row(*row)
+    console.print(table)
+    if any(e.stand_in for e in estimates):
+        console.print(f"{STAND_IN_NOTE} (the dataset files are not in the data folder); nothing was written")
+    else:
+        console.print("nothing was written")
+
+
 @app.command()
 @friendly
 def reproduce(
@@ -507,6 +549,7 @@ def reproduce(
     ray: RayOption = None,
     threads: ThreadsOption = 1,
     quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
+    estimate: EstimateOption = False,
 ) -> None:
     """Rerun a paper's experiment: every method over several seeds, a markdown table and figures."""
     from fedhet.experiments.recipes import run_recipe
@@ -515,10 +558,17 @@ def reproduce(
     if seeds is not None and seeds < 1:
         raise FedhetError(f"--seeds {seeds}: give at least 1 seed (or leave --seeds out for the recipe's own)")
     chosen = get_recipe(recipe)
-    if seeds is not None and seeds < 1:
-        raise FedhetError(f"--seeds {seeds}: give at least 1 seed (or leave it out for the recipe's seeds)")
-    out = out or Path("runs") / recipe
     seed_list = tuple(range(seeds)) if seeds is not None else None
+    if estimate:
+        from fedhet.experiments.estimate import estimate_recipe
+
+        if quick or embedded is not None:
+            raise FedhetError("--estimate sizes the paper's full experiment: leave out --quick and --embedded")
+
+        estimates, note = estimate_recipe(chosen, seed_list, say=lambda text: _note(text, quiet))
+        _print_estimates(estimates, chosen.name, note)
+        return
+    out = out or Path("runs") / recipe
     try:
         with _executor(workers, ray, threads, quiet) as executor:
             result = run_recipe(

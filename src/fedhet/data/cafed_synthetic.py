@@ -107,7 +107,13 @@ class SwappedGroups(DatasetSource):
         return tables
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
-        data = self.base_source().load(data_dir, download)
+        return self._swap(self.base_source().load(data_dir, download))
+
+    def stand_in(self, scale: float = 1.0) -> Dataset | None:
+        base = self.base_source().stand_in(scale)
+        return None if base is None else self._swap(base)
+
+    def _swap(self, data: Dataset) -> Dataset:
         rng = numpy_rng(self.seed, "swapped-groups")
         users = np.empty(len(data), dtype=np.int64)
         for k, chunk in enumerate(np.array_split(rng.permutation(len(data)), self.clients)):

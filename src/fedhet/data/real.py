@@ -42,7 +42,7 @@ from fedhet.data.files import (
     read_pickle,
     read_text,
 )
-from fedhet.data.sources import DATASETS, DatasetSource
+from fedhet.data.sources import DATASETS, DatasetSource, random_dataset
 from fedhet.errors import DataError
 
 # ---------------------------------------------------------------------------------------------- IDX images
@@ -105,6 +105,9 @@ class _MNISTLike(DatasetSource):
     std: ClassVar[float] = 1.0
     flatten: bool = Field(False, description="flat (784,) features instead of (1, 28, 28) images")
 
+    def stand_in(self, scale: float = 1.0) -> Dataset:
+        return random_dataset(self.name, 70_000, (784,) if self.flatten else (1, 28, 28), 10, scale)
+
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
         folder = data_dir / self.name
         if download:
@@ -164,6 +167,14 @@ class FashionMNIST(_MNISTLike):
     std: ClassVar[float] = 0.3530
 
 
+EMNIST_SIZES: dict[str, int] = {  # train + test samples per split (Cohen et al. 2017, Table II)
+    "byclass": 814_255,
+    "bymerge": 814_255,
+    "balanced": 131_600,
+    "letters": 145_600,
+    "digits": 280_000,
+    "mnist": 70_000,
+}
 EMNIST_CLASSES: dict[str, int] = {
     "byclass": 62,
     "bymerge": 47,
@@ -206,6 +217,10 @@ class EMNIST(DatasetSource):
             for kind in ("images-idx3", "labels-idx1")
         ]
 
+    def stand_in(self, scale: float = 1.0) -> Dataset:
+        shape = (784,) if self.flatten else (1, 28, 28)
+        return random_dataset(self.name, EMNIST_SIZES[self.split], shape, EMNIST_CLASSES[self.split], scale)
+
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
         folder = data_dir / self.name
         names = self.filenames()
@@ -245,6 +260,9 @@ class _Cifar(DatasetSource):
     members: ClassVar[tuple[KnownFile, ...]]  # the archive's pickles with their published md5s
     mean: ClassVar[tuple[float, float, float]]
     std: ClassVar[tuple[float, float, float]]
+
+    def stand_in(self, scale: float = 1.0) -> Dataset:
+        return random_dataset(self.name, 60_000, (3, 32, 32), self.classes, scale)
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
         root = data_dir / self.name
@@ -462,6 +480,9 @@ class FEMNIST(_Leaf):
     def _convert(self, xs: list[Any], ys: list[Any], path: Path) -> tuple[np.ndarray, np.ndarray]:
         return _float_rows(xs, 784, path), _check_labels(_int_labels(ys, path), 62, path)
 
+    def stand_in(self, scale: float = 1.0) -> Dataset:  # LEAF: 805,263 characters of 3,550 writers
+        return random_dataset(self.name, 805_263, (1, 28, 28), 62, scale, users=3_550)
+
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
         x, y, owner = self._records(data_dir)
         return Dataset(self.name, torch.from_numpy(x).reshape(-1, 1, 28, 28), torch.from_numpy(y), 62, owner)
@@ -482,6 +503,9 @@ class Shakespeare(_Leaf):
         if not all(isinstance(c, str) and len(c) == 1 for c in ys):
             raise DataError(f"'{path}' holds a label that is not a single character")
         return encode_chars(xs).reshape(-1, 80), encode_chars(ys)
+
+    def stand_in(self, scale: float = 1.0) -> Dataset:  # LEAF: 4,226,158 lines of 1,129 roles
+        return random_dataset(self.name, 4_226_158, (80,), len(ALL_LETTERS), scale, 1_129, len(ALL_LETTERS))
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
         x, y, owner = self._records(data_dir)
@@ -563,6 +587,10 @@ class Sent140(_Leaf):
             else:
                 raise DataError(f"'{path}' holds a sample that is neither a tweet string nor a LEAF record of 5 items")
         return texts, _check_labels(_int_labels(ys, path), 2, path)
+
+    def stand_in(self, scale: float = 1.0) -> Dataset:
+        # the 927 users with at least 50 tweets that MaxFL uses, about 80 tweets each (assumed), 200-d GloVe means
+        return random_dataset(self.name, 927 * 80, (200,), 2, scale, users=927)
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
         glove = Path(self.glove_file) if self.glove_file else data_dir / self.name / "glove.txt"
@@ -682,6 +710,11 @@ class Adult(DatasetSource):
             if "?" not in parts:
                 rows.append(parts)
         return rows
+
+    def stand_in(self, scale: float = 1.0) -> Dataset:  # 45,222 complete rows, 6 numeric + 98 one-hot columns
+        data = random_dataset(self.name, 45_222, (104,), 2, scale)
+        phd = torch.rand(len(data), generator=torch.Generator().manual_seed(1)) < 0.012  # ≈ 1.2% doctorates
+        return Dataset(self.name, data.x, data.y, 2, phd.long())
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
         folder = data_dir / self.name

@@ -5,6 +5,8 @@ from __future__ import annotations
 from abc import abstractmethod
 from pathlib import Path
 
+import torch
+
 from fedhet.data.dataset import Dataset
 from fedhet.registry import Component, Registry
 
@@ -20,6 +22,31 @@ class DatasetSource(Component):
 
     @abstractmethod
     def load(self, data_dir: Path, download: bool = False) -> Dataset: ...
+
+    def stand_in(self, scale: float = 1.0) -> Dataset | None:
+        """Random tensors of this dataset's real shapes, class count and size (× `scale`), for ``--estimate``
+        when its files are absent; None for a source that has none (its files are needed)."""
+        del scale
+        return None
+
+
+def random_dataset(
+    name: str,
+    size: int,
+    shape: tuple[int, ...],
+    classes: int,
+    scale: float = 1.0,
+    users: int = 0,
+    vocabulary: int = 0,
+) -> Dataset:
+    """`size` × `scale` random samples of `shape` (standard normal floats, or token ids below `vocabulary`),
+    uniform labels of `classes`, and owners among `users` × `scale` users when `users` (a stand-in)."""
+    gen = torch.Generator().manual_seed(0)
+    n = max(2 * classes, round(size * scale))
+    tokens = torch.randint(vocabulary, (n, *shape), generator=gen) if vocabulary else None
+    x = tokens if tokens is not None else torch.randn(n, *shape, generator=gen)
+    owners = torch.randint(max(1, round(users * scale)), (n,), generator=gen) if users else None
+    return Dataset(name, x, torch.randint(classes, (n,), generator=gen), classes, owners)
 
 
 DATASETS: Registry[DatasetSource] = Registry("dataset")

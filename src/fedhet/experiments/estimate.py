@@ -1,0 +1,289 @@
+"""The cost of a run or a paper recipe before running it (``--estimate``): four rounds of each distinct config at
+full size, timed (set-up, training, evaluation), with the process's peak memory, and the total projected from them.
+Nothing is written.
+
+A dataset whose files are absent is replaced by a stand-in: random tensors of its real shapes, class count, size
+and number of users (`DatasetSource.stand_in`), so a paper-scale recipe can be sized (and shown to fit in memory)
+on a machine that does not have its data. Times measured on stand-ins are those of the real data: the work per
+sample does not depend on the values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import re
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhet.catalog import DATASETS
+from fedhet.data.memory import hold
+from fedhet.errors import ConfigError, DataError
+from fedhet.experiments.callbacks import Callback
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.evaluation import evaluation_sample
+from fedhet.experiments.executor import Executor, Outcome, Post, Task
+from fedhet.experiments.recipes import Recipe, deep_merge
+from fedhet.experiments.runner import RunState, run
+from fedhet.memory_usage import memory_mb, reset_peak
+
+STAND_IN_NOTE = "stand-in data: random tensors of the real shapes"
+
+
+@dataclass
+class Estimate:
+    """What one config of a run or recipe costs, per run: `setup_s` (data, partition, model), `train_s` per round,
+    `eval_s` per evaluation and `final_eval_s` for the last one (everyone is scored there, even with
+    ``eval_clients``); `evals` evaluations over `rounds` rounds, × `runs` (seeds). `peak_mb`: the process's resident
+    peak while it ran (the data held included; the evaluations timed scored a sample of clients)."""
+
+    label: str
+    runs: int
+    rounds: int
+    evals: int
+    setup_s: float
+    train_s: float
+    eval_s: float
+    final_eval_s: float
+    peak_mb: float
+    backend: str
+    stand_in: bool
+
+    @property
+    def run_s(self) -> float:
+        return self.setup_s + self.rounds * self.train_s + (self.evals - 1) * self.eval_s + self.final_eval_s
+
+    @property
+    def projected_s(self) -> float:
+        return self.run_s * self.runs
+
+
+ESTIMATE_ROUNDS = 4
+ESTIMATE_EVAL_CLIENTS = 10  # clients scored in the timed evaluation; its time is scaled by the samples scored
+
+
+class _RoundTimes(Callback):
+    """The clock at the start of the run and at each round's end; stops the run after `ESTIMATE_ROUNDS`."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_run_start(self, state: RunState) -> None:
+        self.ends.append(time.perf_counter())
+
+    def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+        self.ends.append(time.perf_counter())
+        return state.round >= ESTIMATE_ROUNDS
+
+
+class _StandIns:
+    """The dataset a config names, or its stand-in when its files are absent (made once per dataset)."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.refs: dict[str, str | None] = {}
+
+    def config(self, raw: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        cfg = parse_config(raw)
+        spec = cfg.spec("dataset")
+        key = repr(sorted(spec.items()))
+        if key not in self.refs:
+            source = DATASETS.build(spec, where="dataset")
+            try:
+                source.load(Path(cfg.data_dir))
+                self.refs[key] = None
+            except DataError:
+                data = source.stand_in(self.scale)
+                if data is None:
+                    raise ConfigError(
+                        f"dataset '{spec['name']}' has no stand-in: put its files in '{cfg.data_dir}' to estimate "
+                        "this run"
+                    ) from None
+                self.refs[key] = hold(data)
+        ref = self.refs[key]
+        if ref is None:
+            return raw, False
+        raw = {**raw, "dataset": {"name": "in_memory", "ref": ref}}
+        if self.scale < 1:  # a shrunk stand-in (tests): clients shrink with the samples and users
+            clients = max(2, round(cfg.num_clients * self.scale))
+            raw["num_clients"], raw["clients_per_round"] = clients, min(cfg.clients_per_round, clients)
+            raw["unseen_clients"] = round(cfg.unseen_clients * self.scale)
+        return raw, True
+
+
+def estimate_config(raw: dict[str, Any], label: str, runs: int, stand_ins: _StandIns) -> Estimate:
+    """Four rounds of `raw` (its dataset or a stand-in), in this process, no run folder: the first two warm up
+    training and evaluation, the third only trains, the fourth trains and evaluates.
+
+    The timed evaluation scores a seeded sample of clients (`ESTIMATE_EVAL_CLIENTS`, or the config's smaller
+    ``eval_clients``) and its time is scaled by the samples scored, to the clients a run scores: the config's
+    sample (on average) or everyone, and everyone at the last evaluation. Scoring costs the same per sample.
+    """
+    cfg = parse_config(raw)
+    short, stand_in = stand_ins.config(raw)
+    small = parse_config(short)
+    sample = min(ESTIMATE_EVAL_CLIENTS, small.eval_clients or ESTIMATE_EVAL_CLIENTS)
+    times = _RoundTimes()
+    reset_peak()
+    times.ends.append(time.perf_counter())
+    short = {**short, "rounds": max(cfg.rounds, ESTIMATE_ROUNDS + 1), "eval_every": 2, "eval_clients": sample}
+    state = run(parse_config(short), callbacks=[times])
+    peak = memory_mb("VmHWM")
+    setup, _, _, trained, evaluated = (b - a for a, b in itertools.pairwise(times.ends[:6]))
+    exp = state.experiment
+    sizes = (exp.data.train.sizes + exp.data.test.sizes).double()
+    everyone = len(sizes)
+    scored = evaluation_sample(everyone, sample, small.seed, ESTIMATE_ROUNDS)
+    if scored is None or any(plugin.needs_all_clients for plugin in exp.metrics):
+        scored = torch.arange(everyone)  # everyone was scored
+    per_sample = max(0.0, evaluated - trained) / max(1.0, float(sizes[scored].sum()))
+    share = min(1.0, small.eval_clients / everyone) if small.eval_clients else 1.0  # of everyone, per evaluation
+    everyone_s = per_sample * float(sizes.sum())
+    evals = cfg.rounds // cfg.eval_every + (cfg.rounds % cfg.eval_every > 0)
+    backend = exp.engine.backend_for(state.config.clients_per_round)
+    return Estimate(
+        label, runs, cfg.rounds, evals, setup, trained, share * everyone_s, everyone_s, peak, backend, stand_in
+    )
+
+
+class _Planned(Exception):
+    """Raised by `_Planner` to stop a study once it has handed over its first stage of runs."""
+
+
+class _Planner(Executor):
+    """An executor that runs nothing: it keeps the first stage of tasks a study hands it, and stops the study."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.tasks: list[Task] = []
+        self.stage = ""
+
+    def run(self, tasks: Sequence[Task], post: Post | None = None, stage: str = "runs") -> list[Outcome]:
+        self.tasks, self.stage = list(tasks), stage
+        raise _Planned
+
+
+@dataclass
+class Plan:
+    """What a recipe would run: (label, config of its first seed, runs) per distinct config; `note` says what the
+    plan leaves out (a study's later stages, chosen from its first stage's results)."""
+
+    configs: list[tuple[str, dict[str, Any], int]] = field(default_factory=list)
+    note: str = ""
+
+
+def _seedless(label: str) -> str:
+    return re.sub(r"[,|/ ]*\bseed ?\d+$", "", label).strip() or label
+
+
+def _cost_key(config: dict[str, Any]) -> str:
+    """The config up to what does not change a round's cost: the seed and the learning rates (``lr``, ``*_lr``)."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "seed" and k != "lr" and not k.endswith("_lr")}
+        return value
+
+    return json.dumps(strip(config), sort_keys=True, default=str)
+
+
+def _group_label(tasks: list[Task], root: Path) -> str:
+    """The tasks' common label up to the seed, or else their common run-folder prefix under `root`."""
+    labels = {_seedless(t.label) for t in tasks}
+    if len(labels) == 1:
+        return labels.pop()
+    parts = [t.out.relative_to(root).parts for t in tasks]
+    common = [p[0] for p in zip(*parts, strict=False) if len(set(p)) == 1 and not re.fullmatch(r"seed\d+", p[0])]
+    return "/".join(common) or _seedless(tasks[0].label)
+
+
+def plan_recipe(recipe: Recipe, seeds: tuple[int, ...]) -> Plan:
+    """The runs of `recipe` at paper scale: its methods × seeds, or the first stage a study of its own hands its
+    executor (run with the paper's data, or stand-ins: ``embedded=False``), grouped by what a round costs."""
+    if recipe.custom is None:
+        return Plan([(m, recipe.config(m, seeds[0], quick=False), len(seeds)) for m in recipe.methods])
+    planner = _Planner()
+    with tempfile.TemporaryDirectory(prefix="fedhet-estimate-") as tmp, contextlib.redirect_stdout(io.StringIO()):
+        root = Path(tmp).absolute()
+        try:
+            recipe.custom(root, False, seeds, False, planner)
+        except _Planned:
+            pass
+        else:
+            return Plan(note=f"'{recipe.name}' trains no model (an analytic study): it has nothing to estimate")
+    groups: dict[str, list[Task]] = {}
+    for task in planner.tasks:
+        groups.setdefault(_cost_key(task.config), []).append(task)
+    note = (
+        f"'{recipe.name}' is a study of stages: this is its first, '{planner.stage}' ({len(planner.tasks)} runs); "
+        "the runs it chooses from their results are not included"
+        if planner.stage != "runs"
+        else ""
+    )
+    return Plan([(_group_label(tasks, root), tasks[0].config, len(tasks)) for tasks in groups.values()], note)
+
+
+def estimate_recipe(
+    recipe: Recipe,
+    seeds: tuple[int, ...] | None = None,
+    scale: float = 1.0,
+    changes: dict[str, Any] | None = None,
+    say: Callable[[str], None] = print,
+) -> tuple[list[Estimate], str]:
+    """One `Estimate` per distinct config of `recipe` (its methods, or a study's runs) with its paper data (or
+    stand-ins; `scale` shrinks them, `changes` edits every config: both for tests), over `seeds` (default the
+    recipe's), and a note on what the estimate leaves out."""
+    plan = plan_recipe(recipe, seeds or recipe.seeds)
+    stand_ins = _StandIns(scale)
+    out = []
+    for i, (label, raw, runs) in enumerate(plan.configs, 1):
+        say(f"estimating {recipe.name} ({i}/{len(plan.configs)}): {label}")
+        out.append(estimate_config(deep_merge(raw, changes or {}), label, runs, stand_ins))
+    return out, plan.note
+
+
+def estimate_run(raw: dict[str, Any], scale: float = 1.0) -> Estimate:
+    """The `Estimate` of one run's config."""
+    return estimate_config(raw, "run", 1, _StandIns(scale))
+
+
+def format_duration(seconds: float) -> str:
+    """1.2 s, 3.4 min, 5.6 h or 7.8 days."""
+    for unit, size in (("days", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"
+
+
+def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
+    """Table rows (`ESTIMATE_HEADER`), and a total row when there are several."""
+    rows = [
+        [
+            e.label,
+            e.backend,
+            f"{e.train_s:.3f}",
+            f"{e.eval_s:.3f}",
+            f"{e.rounds} × {e.runs}",
+            f"{e.peak_mb:,.0f}",
+            format_duration(e.projected_s),
+        ]
+        for e in estimates
+    ]
+    if len(estimates) > 1:
+        total = sum(e.projected_s for e in estimates)
+        peak = max(e.peak_mb for e in estimates)
+        rows.append(
+            ["total", "", "", "", f"{sum(e.runs for e in estimates)} runs", f"{peak:,.0f}", format_duration(total)]
+        )
+    return rows
+
+
+ESTIMATE_HEADER = ["method", "backend", "train s/round", "s/evaluation", "rounds × runs", "peak MB", "projected"]

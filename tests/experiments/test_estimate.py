@@ -1,0 +1,108 @@
+"""``--estimate``: four timed rounds per distinct config at (stand-in) paper scale, a projection, nothing written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedhet.experiments.estimate import (
+    Estimate,
+    estimate_recipe,
+    estimate_rows,
+    estimate_run,
+    format_duration,
+    plan_recipe,
+)
+from fedhet.experiments.recipes import RECIPES
+from fedhet.recipes import get_recipe
+
+SMALL: dict[str, Any] = {"local": {"batch_size": 8, "steps": 2}, "data_dir": "no-such-folder"}
+QUICK = ["maxfl-table1", "maxfl-finetune-sent140", "fedmgda-bias-attack", "cafed-sensitivity", "fedgsnr-table2"]
+GENERATED = {"cafed-sensitivity"}  # synthetic data made from the config
+SLOW = sorted(set(RECIPES) - set(QUICK) - {"maxfl-mean-estimation"})
+
+
+def test_the_projection_adds_set_up_training_and_evaluations() -> None:
+    # 200 rounds evaluated every 10: 19 evaluations of 0.2 s and the last one (everyone) of 1 s
+    a = Estimate("a", 3, 200, 20, 4.0, 0.5, 0.2, 1.0, 100.0, "dense", True)
+    assert a.run_s == pytest.approx(4.0 + 200 * 0.5 + 19 * 0.2 + 1.0)
+    assert a.projected_s == pytest.approx(3 * a.run_s)
+    b = Estimate("b", 2, 100, 100, 0.0, 3.0, 0.0, 0.0, 300.0, "conv", True)
+    rows = estimate_rows([a, b])
+    assert rows[0] == ["a", "dense", "0.500", "0.200", "200 × 3", "100", "5.4 min"]
+    assert rows[-1] == ["total", "", "", "", "5 runs", "300", "15.4 min"]
+    assert [format_duration(s) for s in (5, 90, 7200, 3 * 86400)] == ["5.0 s", "1.5 min", "2.0 h", "3.0 days"]
+
+
+def _check(name: str, tmp_path: Path) -> None:
+    recipe = get_recipe(name)
+    plan = plan_recipe(recipe, (0, 1))
+    estimates, note = estimate_recipe(recipe, seeds=(0, 1), scale=0.005, changes=SMALL, say=lambda _: None)
+    assert [e.label for e in estimates] == [label for label, _, _ in plan.configs]
+    assert [e.runs for e in estimates] == [runs for _, _, runs in plan.configs]
+    assert all(e.train_s > 0 and e.setup_s > 0 and e.eval_s >= 0 and e.peak_mb > 0 for e in estimates)
+    assert any(e.stand_in for e in estimates) == (name not in GENERATED)  # generated data needs no stand-in
+    assert sum(e.runs for e in estimates) >= 2 * len(estimates) or note  # every config over both seeds
+    assert os.listdir(tmp_path) == []  # no run folder, no data folder
+
+
+@pytest.mark.parametrize("name", QUICK)
+def test_paper_recipes_are_estimated_on_stand_ins(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _check(name, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW)
+def test_every_paper_recipe_is_estimated_on_stand_ins(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _check(name, tmp_path)
+
+
+def test_a_recipe_plan_counts_methods_by_seeds() -> None:
+    recipe = get_recipe("maxfl-table1")
+    plan = plan_recipe(recipe, (0, 1, 2))
+    assert [label for label, _, _ in plan.configs] == list(recipe.methods)
+    assert all(runs == 3 and config["seed"] == 0 for _, config, runs in plan.configs) and not plan.note
+
+
+def test_a_study_is_planned_from_the_runs_it_hands_its_executor(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = plan_recipe(get_recipe("fedgsnr-table2"), (0, 1))
+    assert len(plan.configs) == 12 and all(runs == 2 for _, _, runs in plan.configs)
+    assert plan.configs[0][0] == "10% | FedAvg" and not plan.note
+    staged = plan_recipe(get_recipe("cafed-table1"), (0,))  # tuning first: learning rates do not change the cost
+    assert "first, 'tuning'" in staged.note and sum(runs for _, _, runs in staged.configs) > len(staged.configs)
+    assert capsys.readouterr().out == ""  # the study's own messages are not shown
+
+
+def test_an_analytic_study_has_nothing_to_estimate() -> None:
+    plan = plan_recipe(get_recipe("maxfl-mean-estimation"), (0,))
+    assert plan.configs == [] and "nothing to estimate" in plan.note
+
+
+def test_a_run_with_its_data_present_is_timed_on_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    estimate = estimate_run(
+        {"dataset": "digits", "rounds": 40, "num_clients": 6, "model": {"name": "mlp", "hidden": [8]}}
+    )
+    assert not estimate.stand_in and estimate.rounds == 40 and estimate.evals == 40 and estimate.runs == 1
+    assert estimate.projected_s == pytest.approx(
+        estimate.setup_s + 40 * estimate.train_s + 39 * estimate.eval_s + estimate.final_eval_s
+    )
+    assert os.listdir(tmp_path) == []
+
+
+def test_evaluation_is_timed_on_a_sample_and_scaled_to_the_clients_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    raw = {"dataset": "digits", "rounds": 30, "num_clients": 40, "eval_clients": 10, "eval_every": 3}
+    estimate = estimate_run({**raw, "model": {"name": "mlp", "hidden": [8]}})
+    assert estimate.evals == 10 and estimate.final_eval_s > 0
+    # a run scores 10 of the 40 clients per evaluation, everyone at the last one
+    assert estimate.eval_s == pytest.approx(estimate.final_eval_s * 10 / 40)
