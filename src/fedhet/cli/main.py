@@ -134,7 +134,7 @@ def friendly(func: F) -> F:
 EstimateOption = Annotated[
     bool,
     typer.Option(
-        help="time four rounds of each method at full size (random stand-ins of the real shapes where the data files "
+        help="time a few rounds of each config at full size (random stand-ins of the real shapes where the data files "
         "are absent), print the projected total and peak memory; writes nothing"
     ),
 ]
@@ -523,7 +523,7 @@ def _print_estimates(estimates: list[Any], title: str, note: str = "") -> None:
     if not estimates:
         return
 
-    table = Table(title=f"{title}: cost on this machine (4 rounds of each config timed)")
+    table = Table(title=f"{title}: cost on this machine (a few rounds of each config timed)")
     for column in ESTIMATE_HEADER:
         table.add_column(column, justify="left" if column in ("method", "backend") else "right")
     for row in estimate_rows(estimates):

@@ -1,4 +1,4 @@
-"""The cost of a run or a paper recipe before running it (``--estimate``): four rounds of each distinct config at
+"""The cost of a run or a paper recipe before running it (``--estimate``): a few rounds of each distinct config at
 full size, timed (set-up, training, evaluation), with the process's peak memory, and the total projected from them.
 Nothing is written.
 
@@ -15,6 +15,7 @@ import io
 import itertools
 import json
 import re
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ from fedhet.data.memory import hold
 from fedhet.errors import ConfigError, DataError
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.evaluation import evaluation_sample
+from fedhet.experiments.evaluation import evaluate_global, evaluation_sample
 from fedhet.experiments.executor import Executor, Outcome, Post, Task
 from fedhet.experiments.recipes import Recipe, deep_merge
 from fedhet.experiments.runner import RunState, run
@@ -66,30 +67,65 @@ class Estimate:
         return self.run_s * self.runs
 
 
-ESTIMATE_ROUNDS = 4
-ESTIMATE_EVAL_CLIENTS = 10  # clients scored in the timed evaluation; its time is scaled by the samples scored
+ESTIMATE_EVAL_CLIENTS = 10  # clients scored in a timed evaluation; its time is scaled by the samples scored
+WARM_UP_ROUNDS = 2  # the first trains, the second trains and evaluates: neither is timed
+MAX_PAIRS = 9  # timed pairs of rounds (one that only trains, one that trains and evaluates) at most ...
+PAIRS_FOR_S = 3.0  # ... while their rounds took less than this many seconds (one pair at least)
+
+
+@dataclass
+class _Pair:
+    """One timed pair of rounds: training (with the round's writes), the evaluation's compute, and the extra writes
+    of an evaluated round (its metrics row)."""
+
+    train_s: float
+    eval_s: float
+    eval_writes_s: float
 
 
 class _RoundTimes(Callback):
-    """The clock at the start of the run and at each round's end; stops the run after `ESTIMATE_ROUNDS`."""
+    """The clock at each round's end and how much of each round went to the run folder's writes (after the
+    runner's clock, ``state.wall_time_s``, stopped for the round). After the warm-up, rounds come in pairs (odd:
+    training only, even: training and an evaluation); the run stops after `MAX_PAIRS` pairs or once the pairs
+    took `PAIRS_FOR_S`."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget_s: float = PAIRS_FOR_S) -> None:
+        self.budget_s = budget_s
+        self.start = 0.0
         self.ends: list[float] = []
+        self.writes: list[float] = []
 
     def on_run_start(self, state: RunState) -> None:
-        self.ends.append(time.perf_counter())
+        self.start = time.perf_counter()
 
     def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
-        self.ends.append(time.perf_counter())
-        return state.round >= ESTIMATE_ROUNDS
+        now = time.perf_counter()
+        self.ends.append(now)
+        self.writes.append(max(0.0, now - self.start - state.wall_time_s))
+        if state.round <= WARM_UP_ROUNDS or state.round % 2:
+            return False
+        pairs = (state.round - WARM_UP_ROUNDS) // 2
+        return pairs >= MAX_PAIRS or now - self.ends[WARM_UP_ROUNDS - 1] >= self.budget_s
+
+    def pairs(self) -> list[_Pair]:
+        rounds = [b - a for a, b in itertools.pairwise([self.start, *self.ends])]
+        out = []
+        for odd in range(WARM_UP_ROUNDS, len(rounds) - 1, 2):
+            train, evaluated = rounds[odd], rounds[odd + 1]
+            compute_train, compute_eval = train - self.writes[odd], evaluated - self.writes[odd + 1]
+            out.append(
+                _Pair(train, max(0.0, compute_eval - compute_train), max(0.0, self.writes[odd + 1] - self.writes[odd]))
+            )
+        return out
 
 
-class _StandIns:
+class StandIns:
     """The dataset a config names, or its stand-in when its files are absent (made once per dataset)."""
 
     def __init__(self, scale: float) -> None:
         self.scale = scale
         self.refs: dict[str, str | None] = {}
+        self.users: dict[str, int] = {}  # users of a stand-in
 
     def config(self, raw: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         cfg = parse_config(raw)
@@ -108,50 +144,92 @@ class _StandIns:
                         "this run"
                     ) from None
                 self.refs[key] = hold(data)
+                self.users[key] = len(data.users.unique()) if data.users is not None else 0
         ref = self.refs[key]
         if ref is None:
             return raw, False
         raw = {**raw, "dataset": {"name": "in_memory", "ref": ref}}
         if self.scale < 1:  # a shrunk stand-in (tests): clients shrink with the samples and users
-            clients = max(2, round(cfg.num_clients * self.scale))
+            users = self.users[key] or cfg.num_clients + cfg.unseen_clients  # natural partitions: one user each
+            clients = min(cfg.num_clients, max(5, round(cfg.num_clients * self.scale)), users)
             raw["num_clients"], raw["clients_per_round"] = clients, min(cfg.clients_per_round, clients)
-            raw["unseen_clients"] = round(cfg.unseen_clients * self.scale)
+            raw["unseen_clients"] = min(round(cfg.unseen_clients * self.scale), users - clients)
         return raw, True
 
 
-def estimate_config(raw: dict[str, Any], label: str, runs: int, stand_ins: _StandIns) -> Estimate:
-    """Four rounds of `raw` (its dataset or a stand-in), in this process, no run folder: the first two warm up
-    training and evaluation, the third only trains, the fourth trains and evaluates.
+def estimate_config(
+    raw: dict[str, Any], label: str, runs: int, stand_ins: StandIns, budget_s: float = PAIRS_FOR_S
+) -> Estimate:
+    """A few rounds of `raw` (its dataset or a stand-in), in this process, into a temporary run folder (deleted): two
+    warm up training and evaluation, then pairs of rounds (training only; training and an evaluation) give the
+    medians. A round's time includes its writes (checkpoint, metrics row).
 
-    The timed evaluation scores a seeded sample of clients (`ESTIMATE_EVAL_CLIENTS`, or the config's smaller
-    ``eval_clients``) and its time is scaled by the samples scored, to the clients a run scores: the config's
-    sample (on average) or everyone, and everyone at the last evaluation. Scoring costs the same per sample.
+    The timed evaluations score a seeded sample of clients (`ESTIMATE_EVAL_CLIENTS`, or the config's smaller
+    ``eval_clients``); what a run's evaluations cost (the config's sample on average, or everyone; everyone at
+    the last) adds what the samples they score beyond those cost, each at `_seconds_per_sample`.
     """
     cfg = parse_config(raw)
     short, stand_in = stand_ins.config(raw)
     small = parse_config(short)
     sample = min(ESTIMATE_EVAL_CLIENTS, small.eval_clients or ESTIMATE_EVAL_CLIENTS)
-    times = _RoundTimes()
+    times = _RoundTimes(budget_s)
     reset_peak()
-    times.ends.append(time.perf_counter())
-    short = {**short, "rounds": max(cfg.rounds, ESTIMATE_ROUNDS + 1), "eval_every": 2, "eval_clients": sample}
-    state = run(parse_config(short), callbacks=[times])
+    begun = time.perf_counter()
+    longest = WARM_UP_ROUNDS + 2 * MAX_PAIRS
+    short = {**short, "rounds": max(cfg.rounds, longest + 1), "eval_every": 2, "eval_clients": sample}
+    with tempfile.TemporaryDirectory(prefix="fedhet-estimate-") as tmp:  # a run folder's writes are timed too
+        state = run(parse_config(short), Path(tmp) / "run", callbacks=[times])
     peak = memory_mb("VmHWM")
-    setup, _, _, trained, evaluated = (b - a for a, b in itertools.pairwise(times.ends[:6]))
+    pairs = times.pairs()
     exp = state.experiment
     sizes = (exp.data.train.sizes + exp.data.test.sizes).double()
     everyone = len(sizes)
-    scored = evaluation_sample(everyone, sample, small.seed, ESTIMATE_ROUNDS)
-    if scored is None or any(plugin.needs_all_clients for plugin in exp.metrics):
-        scored = torch.arange(everyone)  # everyone was scored
-    per_sample = max(0.0, evaluated - trained) / max(1.0, float(sizes[scored].sum()))
+    everyone_needed = any(plugin.needs_all_clients for plugin in exp.metrics)
+
+    def samples(round_: int) -> float:
+        scored = None if everyone_needed else evaluation_sample(everyone, sample, small.seed, round_)
+        return float(sizes.sum() if scored is None else sizes[scored].sum())
+
+    rounds = range(WARM_UP_ROUNDS + 2, WARM_UP_ROUNDS + 2 + 2 * len(pairs), 2)
+    scored = statistics.mean(samples(r) for r in rounds)
+    evaluated = statistics.median(p.eval_s for p in pairs) + statistics.median(p.eval_writes_s for p in pairs)
+    last = None if everyone_needed else evaluation_sample(everyone, sample, small.seed, rounds[-1])
+    per_sample = _seconds_per_sample(exp.engine, state.params, sizes, torch.arange(everyone) if last is None else last)
     share = min(1.0, small.eval_clients / everyone) if small.eval_clients else 1.0  # of everyone, per evaluation
-    everyone_s = per_sample * float(sizes.sum())
+    total = float(sizes.sum())
     evals = cfg.rounds // cfg.eval_every + (cfg.rounds % cfg.eval_every > 0)
-    backend = exp.engine.backend_for(state.config.clients_per_round)
     return Estimate(
-        label, runs, cfg.rounds, evals, setup, trained, share * everyone_s, everyone_s, peak, backend, stand_in
+        label,
+        runs,
+        cfg.rounds,
+        evals,
+        times.start - begun,
+        statistics.median(p.train_s for p in pairs),
+        max(0.0, evaluated + per_sample * (share * total - scored)),
+        max(0.0, evaluated + per_sample * (total - scored)),
+        peak,
+        exp.engine.backend_for(state.config.clients_per_round),
+        stand_in,
     )
+
+
+def _seconds_per_sample(engine: Any, params: torch.Tensor, sizes: torch.Tensor, clients: torch.Tensor) -> float:
+    """What one more sample adds to an evaluation: `clients` scored against their first one alone (best of a few
+    tries), per sample of difference. An evaluation also has costs that do not grow with its samples, so the
+    time of a sampled evaluation is not simply scaled."""
+
+    def seconds(chosen: torch.Tensor) -> float:
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            evaluate_global(engine, params, chosen)
+            best = min(best, time.perf_counter() - start)
+            if best > 1.0:
+                break
+        return best
+
+    extra = float(sizes[clients].sum() - sizes[clients[:1]].sum())
+    return max(0.0, seconds(clients) - seconds(clients[:1])) / extra if extra > 0 else 0.0
 
 
 class _Planned(Exception):
@@ -237,22 +315,23 @@ def estimate_recipe(
     scale: float = 1.0,
     changes: dict[str, Any] | None = None,
     say: Callable[[str], None] = print,
+    budget_s: float = PAIRS_FOR_S,
 ) -> tuple[list[Estimate], str]:
     """One `Estimate` per distinct config of `recipe` (its methods, or a study's runs) with its paper data (or
-    stand-ins; `scale` shrinks them, `changes` edits every config: both for tests), over `seeds` (default the
-    recipe's), and a note on what the estimate leaves out."""
+    stand-ins; `scale` shrinks them, `changes` edits every config, `budget_s` bounds the timed rounds: for tests),
+    over `seeds` (default the recipe's), and a note on what the estimate leaves out."""
     plan = plan_recipe(recipe, seeds or recipe.seeds)
-    stand_ins = _StandIns(scale)
+    stand_ins = StandIns(scale)
     out = []
     for i, (label, raw, runs) in enumerate(plan.configs, 1):
         say(f"estimating {recipe.name} ({i}/{len(plan.configs)}): {label}")
-        out.append(estimate_config(deep_merge(raw, changes or {}), label, runs, stand_ins))
+        out.append(estimate_config(deep_merge(raw, changes or {}), label, runs, stand_ins, budget_s))
     return out, plan.note
 
 
 def estimate_run(raw: dict[str, Any], scale: float = 1.0) -> Estimate:
     """The `Estimate` of one run's config."""
-    return estimate_config(raw, "run", 1, _StandIns(scale))
+    return estimate_config(raw, "run", 1, StandIns(scale))
 
 
 def format_duration(seconds: float) -> str:
