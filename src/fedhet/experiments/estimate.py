@@ -67,7 +67,7 @@ class Estimate:
         return self.run_s * self.runs
 
 
-ESTIMATE_EVAL_CLIENTS = 10  # clients scored in a timed evaluation; its time is scaled by the samples scored
+ESTIMATE_EVAL_CLIENTS = 10  # clients scored in a timed evaluation (the others: `_seconds_per_sample`)
 WARM_UP_ROUNDS = 2  # the first trains, the second trains and evaluates: neither is timed
 MAX_PAIRS = 9  # timed pairs of rounds (one that only trains, one that trains and evaluates) at most ...
 PAIRS_FOR_S = 3.0  # ... while their rounds took less than this many seconds (one pair at least)
