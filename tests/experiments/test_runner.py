@@ -366,3 +366,10 @@ def test_a_full_disk_leaves_no_temporary_file_and_the_run_resumes(
     assert json.loads((tmp_path / "cut/summary.json").read_text())["status"] == "interrupted"
     resume(tmp_path / "cut")
     assert (tmp_path / "cut/metrics.csv").read_bytes() == (tmp_path / "full/metrics.csv").read_bytes()
+
+
+@pytest.mark.parametrize(("algorithm", "backend"), [("fedavg", "dense"), ("perfedavg", "vectorised")])
+def test_summary_names_the_backend_that_trained(tmp_path: Path, algorithm: str, backend: str) -> None:
+    # Per-FedAvg's local rule needs autograd: `auto` trains it vectorised although the MLP has a dense backend
+    run(parse_config(small(algorithm=algorithm, rounds=2)), tmp_path / "r")
+    assert json.loads((tmp_path / "r/summary.json").read_text())["backend"] == backend

@@ -319,7 +319,7 @@ def _report(state: Any, quiet: bool) -> None:
 
     engine = state.experiment.engine
     nodes = getattr(engine, "nodes", None)  # a Flower run's remote engine
-    backend = engine.backend_for(state.config.clients_per_round)
+    backend = engine.last_backend or engine.backend_for(state.config.clients_per_round)
     where = f"Flower, {len(nodes)} nodes" if nodes is not None else f"{backend} backend"
     table = Table(title=f"{state.status}: {state.round} rounds in {state.wall_time_s:.1f} s ({where})")
     table.add_column("metric")

@@ -138,11 +138,13 @@ class Engine:
         self.local = local or LocalSettings(steps=10, lr=0.05, batch_size=10)  # the run's default local training
         self.client_state = ClientStore()  # state the clients keep between rounds (see `fedhet.engine.state`)
         self.state_history = 1  # rounds a run may be rewound by and still find the clients' state (a checkpoint's age)
+        self.last_backend: str | None = None  # what trained the last cohort (objectives may rule out a backend)
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         """Local training of the plan's cohort from `global_params`, with the clients' stored state."""
         cohort = self.cohort(plan, global_params, round_)
         backend = self.backend_for(len(plan.clients), cohort.autograd_only)
+        self.last_backend = backend
         params, losses, opt_state = train_cohort(
             self.model,
             self.data.train,

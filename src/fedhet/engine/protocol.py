@@ -26,6 +26,7 @@ class EngineProtocol(Protocol):
     data: FederatedData  # the clients' layout (sizes, seen/unseen, classes); a remote engine holds no samples
     local: LocalSettings  # the run's default local training
     seed: int
+    last_backend: str | None  # the backend of the last cohort trained here (None: none yet, or chosen by nodes)
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         """Local training of the plan's cohort from `global_params`."""

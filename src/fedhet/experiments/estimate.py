@@ -208,7 +208,7 @@ def estimate_config(
         max(0.0, evaluated + per_sample * (share * total - scored)),
         max(0.0, evaluated + per_sample * (total - scored)),
         peak,
-        exp.engine.backend_for(state.config.clients_per_round),
+        exp.engine.last_backend or exp.engine.backend_for(state.config.clients_per_round),
         stand_in,
     )
 

@@ -249,7 +249,7 @@ def _write_outputs(state: RunState) -> None:
         "rounds": state.round,
         "rounds_planned": cfg.rounds,
         "status": state.status,
-        "backend": state.experiment.engine.backend_for(cfg.clients_per_round),
+        "backend": state.experiment.engine.last_backend or state.experiment.engine.backend_for(cfg.clients_per_round),
         "wall_time_s": round(state.wall_time_s, 3),
         "final": state.final,
     }

@@ -104,6 +104,7 @@ class RemoteEngine:
         if settings.state_dir:
             self.base["state_dir"] = settings.state_dir
         self.lost: dict[int, str] = {}  # node -> the call it failed
+        self.last_backend: str | None = None  # the nodes choose theirs
         self._wait_for_nodes(settings)
         metas = self._describe_nodes(settings)
         self.node_ids = sorted(metas)  # Flower's node ids (64-bit); `owner` holds positions in this list
