@@ -27,12 +27,12 @@ import torch
 
 from fedhet.catalog import DATASETS
 from fedhet.data.memory import hold
-from fedhet.errors import ConfigError, DataError
+from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.evaluation import evaluate_global, evaluation_sample
 from fedhet.experiments.executor import Executor, Outcome, Post, Task
-from fedhet.experiments.recipes import Recipe, deep_merge
+from fedhet.experiments.recipes import Recipe, dataset_available, deep_merge
 from fedhet.experiments.runner import RunState, run
 from fedhet.memory_usage import memory_mb, reset_peak
 
@@ -132,17 +132,15 @@ class StandIns:
         spec = cfg.spec("dataset")
         key = repr(sorted(spec.items()))
         if key not in self.refs:
-            source = DATASETS.build(spec, where="dataset")
-            try:
-                source.load(Path(cfg.data_dir))
+            if dataset_available({"dataset": spec, "data_dir": cfg.data_dir}):
                 self.refs[key] = None
-            except DataError:
-                data = source.stand_in(self.scale)
+            else:
+                data = DATASETS.build(spec, where="dataset").stand_in(self.scale)
                 if data is None:
                     raise ConfigError(
                         f"dataset '{spec['name']}' has no stand-in: put its files in '{cfg.data_dir}' to estimate "
                         "this run"
-                    ) from None
+                    )
                 self.refs[key] = hold(data)
                 self.users[key] = len(data.users.unique()) if data.users is not None else 0
         ref = self.refs[key]
@@ -186,15 +184,14 @@ def estimate_config(
     everyone = len(sizes)
     everyone_needed = any(plugin.needs_all_clients for plugin in exp.metrics)
 
-    def samples(round_: int) -> float:
-        scored = None if everyone_needed else evaluation_sample(everyone, sample, small.seed, round_)
-        return float(sizes.sum() if scored is None else sizes[scored].sum())
+    def scored_by(round_: int) -> torch.Tensor:
+        chosen = None if everyone_needed else evaluation_sample(everyone, sample, small.seed, round_)
+        return torch.arange(everyone) if chosen is None else chosen
 
-    rounds = range(WARM_UP_ROUNDS + 2, WARM_UP_ROUNDS + 2 + 2 * len(pairs), 2)
-    scored = statistics.mean(samples(r) for r in rounds)
+    scored_sets = [scored_by(WARM_UP_ROUNDS + 2 * (i + 1)) for i in range(len(pairs))]  # rounds 4, 6, ...
+    scored = statistics.mean(float(sizes[c].sum()) for c in scored_sets)
     evaluated = statistics.median(p.eval_s for p in pairs) + statistics.median(p.eval_writes_s for p in pairs)
-    last = None if everyone_needed else evaluation_sample(everyone, sample, small.seed, rounds[-1])
-    per_sample = _seconds_per_sample(exp.engine, state.params, sizes, torch.arange(everyone) if last is None else last)
+    per_sample = _seconds_per_sample(exp.engine, state.params, sizes, scored_sets[-1])
     share = min(1.0, small.eval_clients / everyone) if small.eval_clients else 1.0  # of everyone, per evaluation
     total = float(sizes.sum())
     evals = cfg.rounds // cfg.eval_every + (cfg.rounds % cfg.eval_every > 0)

@@ -127,7 +127,7 @@ def run_recipe(
             write_index(out / "runs.json", executor.history[start:])
         return RecipeResult(table, {}, {})
     if embedded is None:
-        embedded = recipe.fallback is not None and not _dataset_available(recipe.base)
+        embedded = recipe.fallback is not None and not dataset_available(recipe.base)
         if embedded:
             say(
                 f"the paper's dataset ({recipe.base.get('dataset')}) is not in "
@@ -173,8 +173,8 @@ def run_recipe(
     return RecipeResult(table, values, runs)
 
 
-def _dataset_available(base: dict[str, Any]) -> bool:
-    """Whether the base config's dataset loads (files present)."""
+def dataset_available(base: dict[str, Any]) -> bool:
+    """Whether the (base) config's dataset loads from its data folder (files present)."""
     from fedhet.catalog import DATASETS
     from fedhet.errors import DataError
 

@@ -26,10 +26,9 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from fedhet.errors import DataError
 from fedhet.experiments.executor import Executor, Task, raise_failures
 from fedhet.experiments.naming import safe_name
-from fedhet.experiments.recipes import Recipe, deep_merge, mean_std, register_recipe
+from fedhet.experiments.recipes import Recipe, dataset_available, deep_merge, mean_std, register_recipe
 from fedhet.experiments.runner import RunState
 from fedhet.methods.fedgsnr.contribution import Contribution, contribution_scores, label_counts, plot_contribution
 from fedhet.metrics.speed import speedup
@@ -165,23 +164,12 @@ def summarise(state: RunState) -> RunSummary:
     )
 
 
-def paper_data_present(base: dict[str, Any]) -> bool:
-    """Whether the paper's dataset files load from the config's data folder."""
-    from fedhet.catalog import DATASETS
-
-    try:
-        DATASETS.build(base["dataset"], where="dataset").load(Path(base.get("data_dir", "data")))
-    except DataError:
-        return False
-    return True
-
-
 def setting(
     quick: bool, embedded: bool | None, changes: dict[str, Any] | None, paper: dict[str, Any] = PAPER
 ) -> tuple[dict[str, Any], str]:
     """The base config (the paper's, or the embedded fallback), and a line saying which data is used."""
     if embedded is None:
-        embedded = not paper_data_present(paper)
+        embedded = not dataset_available(paper)
     raw = deep_merge(paper, EMBEDDED) if embedded else dict(paper)
     if quick:
         raw = deep_merge(raw, QUICK_EMBEDDED if embedded else QUICK_PAPER)
