@@ -114,6 +114,6 @@ def test_evaluation_is_timed_on_a_sample_and_grows_to_the_clients_scored(
     monkeypatch.chdir(tmp_path)
     raw = {"dataset": "digits", "rounds": 30, "num_clients": 40, "eval_clients": 10, "eval_every": 3}
     estimate = estimate_run({**raw, "model": {"name": "mlp", "hidden": [8]}})
-    assert estimate.evals == 10 and estimate.eval_s > 0
+    assert estimate.evals == 10 and estimate.eval_s >= 0  # a time difference: it may round to 0 on a fast CPU
     assert estimate.final_eval_s >= estimate.eval_s  # 10 of the 40 clients per evaluation, everyone at the end
     assert os.listdir(tmp_path) == []
