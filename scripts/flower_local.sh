@@ -9,7 +9,9 @@
 #   scripts/flower_local.sh stop  RUN_FOLDER      stop everything started for RUN_FOLDER
 #
 # Environment: VENV (default .venv-flower), PORT (SuperLink port, default 19300; node i uses PORT+1+i),
-# TIMEOUT (seconds a node has per call before the server drops it, default 60).
+# TIMEOUT (seconds a node has per call before the server drops it, default 60), ISOLATION (`process`, the default:
+# each SuperNode runs `--isolation process` beside one long-lived `python -m fedhet.flower.worker` that keeps torch,
+# the partition and the engine loaded; `subprocess`: Flower's default, a new flwr-clientapp process per message).
 # Logs, pids, partitions and the Flower App are in RUN_FOLDER/deploy/.
 set -euo pipefail
 usage() { sed -n '2,12p' "$0"; exit 2; }
@@ -31,11 +33,18 @@ start() {
     > "$work/superlink.log" 2>&1 &
   echo $! > "$work/superlink.pid"
   for _ in $(seq 240); do (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.5; done
+  local isolation=${ISOLATION:-process}
+  case $isolation in process|subprocess) ;; *) echo "error: ISOLATION is process or subprocess" >&2; exit 2 ;; esac
   for i in $(seq 0 $((nodes - 1))); do
     "$bin/flower-supernode" --insecure --superlink "127.0.0.1:$port" --port $((port + 1 + i)) \
+      --isolation "$isolation" \
       --node-config "data-file='$work/parts/node-$i.pt' state-dir='$work/state/node-$i'" \
       > "$work/node-$i.log" 2>&1 &
     echo $! > "$work/node-$i.pid"
+    if [ "$isolation" = process ]; then  # the node's long-lived ClientApp process (docs/flower.md)
+      "$bin/python" -m fedhet.flower.worker --runtime-api-address "127.0.0.1:$((port + 1 + i))" --insecure \
+        --parent-pid "$(cat "$work/node-$i.pid")" --warm > "$work/worker-$i.log" 2>&1 &
+    fi
   done
   # The Flower App: fedhet's apps are installed in the venv, so only this pyproject.toml travels to the SuperLink.
   cat > "$work/app/pyproject.toml" <<TOML
@@ -72,7 +81,7 @@ default = "fedhet-local"
 address = "127.0.0.1:$port"
 insecure = true
 TOML
-  echo "SuperLink on 127.0.0.1:$port with $nodes SuperNodes (logs in $work)"
+  echo "SuperLink on 127.0.0.1:$port with $nodes SuperNodes, isolation $isolation (logs in $work)"
 }
 
 run() {
@@ -85,7 +94,7 @@ run() {
 }
 
 helpers() {  # pids of the processes a SuperLink or SuperNode on these ports started (in sessions of their own)
-  ps -ww -eo pid=,args= | grep -E "(flower-superexec|flwr-serverapp|flwr-clientapp).*127\.0\.0\.1:($1)( |$)" \
+  ps -ww -eo pid=,args= | grep -E "(flower-superexec|flwr-serverapp|flwr-clientapp|fedhet\.flower\.worker).*127\.0\.0\.1:($1)( |$)" \
     | grep -v grep | awk '{print $1}' || true
 }
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from fedhet.flower.remote import RemoteEngine, Settings, remote_builder  # noqa:
 
 log = logging.getLogger("fedhet.flower")
 STATE_KEY = "fedhet-client-state"
+POLL_S, MAX_POLL_S = 0.005, 0.2  # how often the server looks for the nodes' replies
 
 
 def _record(arrays: Arrays, config: Config) -> RecordDict:
@@ -72,19 +74,33 @@ class GridTransport:
         return sorted(int(n) for n in self.grid.get_node_ids())
 
     def ask(self, requests: dict[int, Payload], timeout: float) -> dict[int, Payload]:
+        """Send one message per node and collect the replies that come within `timeout` seconds.
+
+        Flower's ``Grid.send_and_receive`` on a deployment checks for replies every 3 s; a fedhet round is several
+        such exchanges, so this polls with `POLL_S` doubling up to `MAX_POLL_S` instead (the public
+        ``push_messages``/``pull_messages`` pair it is built on)."""
         messages = [
             Message(
                 _record(arrays, config), dst_node_id=node, message_type="query", group_id=str(config.get("round", ""))
             )
             for node, (arrays, config) in requests.items()
         ]
+        pending = set(self.grid.push_messages(messages))
         replies: dict[int, Payload] = {}
-        for reply in self.grid.send_and_receive(messages, timeout=timeout):
-            node = int(reply.metadata.src_node_id)
-            if reply.has_error():
-                log.warning("a node failed (reported by %s): %s", node, reply.error.reason)
-                continue
-            replies[node] = _payload(reply.content)
+        deadline, wait = time.monotonic() + timeout, POLL_S
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                pending.discard(reply.metadata.reply_to_message_id)
+                node = int(reply.metadata.src_node_id)
+                if reply.has_error():
+                    log.warning("a node failed (reported by %s): %s", node, reply.error.reason)
+                    continue
+                replies[node] = _payload(reply.content)
+            left = deadline - time.monotonic()
+            if not pending or left <= 0:
+                break
+            time.sleep(min(wait, left))
+            wait = min(2 * wait, MAX_POLL_S)
         return replies
 
 

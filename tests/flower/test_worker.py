@@ -1,0 +1,59 @@
+"""fedhet's long-lived node worker (`python -m fedhet.flower.worker`) beside a SuperNode in `--isolation process`:
+the version guard, and a loopback deployment in both isolations giving the native numbers, where the worker runs
+every task of its node in one process. (tests/flower/test_deployment.py kills servers and nodes under the worker.)"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from flower_helpers import assert_same_metrics, read_metrics, small_config
+from test_deployment import SCRIPT, free_port_block
+
+from fedhet.errors import ConfigError
+from fedhet.experiments.runner import run
+from fedhet.flower import worker
+
+
+def test_the_worker_refuses_a_flwr_release_whose_task_protocol_it_does_not_speak(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker.require_flwr_worker()  # the installed flwr is the pinned one
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.43.0")
+    with pytest.raises(ConfigError, match=r"flwr 1\.42\.x.*1\.43\.0.*without --isolation process"):
+        worker.require_flwr_worker()
+
+
+def test_worker_arguments_need_a_security_choice() -> None:
+    with pytest.raises(SystemExit):
+        worker.main(["--runtime-api-address", "127.0.0.1:1"])  # neither --insecure nor --root-certificates
+
+
+@pytest.mark.parametrize("isolation", ["process", "subprocess"])
+def test_deployment_in_each_isolation_gives_the_native_numbers(tmp_path: Path, isolation: str) -> None:
+    config = small_config("fedavg", rounds=2)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    out, port = tmp_path / "run", free_port_block(4)
+    env = {**os.environ, "VENV": sys.prefix, "PORT": str(port), "TIMEOUT": "120", "ISOLATION": isolation}
+    done = subprocess.run(
+        [str(SCRIPT), "demo", str(path), str(out), "2"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "fedhet run finished | 2 of 2 rounds" in done.stdout
+    run(config, tmp_path / "native")
+    assert_same_metrics(read_metrics(tmp_path / "native"), read_metrics(out))
+    logs = sorted((out / "deploy").glob("worker-*.log"))
+    if isolation == "subprocess":
+        assert logs == []
+        return
+    assert len(logs) == 2
+    for log in logs:  # meta, then per round: train and scores; every one answered by this one process
+        tasks = re.findall(r"task (\d+): completed", log.read_text())
+        assert len(tasks) >= 5 and tasks == [str(i) for i in range(1, len(tasks) + 1)]
