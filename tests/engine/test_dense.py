@@ -164,3 +164,48 @@ def test_runs_give_the_same_metrics_on_every_backend(algorithm: str) -> None:
             assert got.keys() == expected.keys()
             for key in got:
                 assert got[key] == pytest.approx(expected[key], abs=1e-5), (backend, key)
+
+
+@pytest.mark.parametrize("activation", [nn.ReLU, nn.Tanh])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("chunk", [0, 2])
+def test_gram_first_layer_matches_the_per_step_updates(
+    monkeypatch: pytest.MonkeyPatch, activation: type[nn.Module], bias: bool, dropout: float, chunk: int
+) -> None:
+    """The first layer from its inputs' Gram matrices (`_GramFirstLayer`) against the per-step weight updates and
+    the sequential backend, with unequal steps (a client that skips the round, one that stops after a step),
+    unequal learning rates, padded batches, dropout, with and without biases, and a one-layer model."""
+    import fedhet.engine.dense as dense
+
+    used: list[bool] = []
+    choose = dense.use_gram_first_layer
+    for model in (_mlp(activation, dropout, bias), FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(5, 3, bias=bias)))):
+        layers = dense_layers(model)
+        assert layers is not None
+        data = tiny_data([9, 3, 14, 2, 11], dim=5, classes=3).train
+        w0 = model.initial_params()
+        plan = _plan(model)
+        seq = train_sequential(model, data, w0, plan, cohort(plan, w0), 3, 2)
+        results = {}
+        for forced in (True, False):
+            monkeypatch.setattr(dense, "use_gram_first_layer", lambda *a, forced=forced: used.append(forced) or forced)
+            results[forced] = train_dense(model, layers, data, w0, plan, cohort(plan, w0), 3, 2, chunk, workers=2)
+        monkeypatch.setattr(dense, "use_gram_first_layer", choose)
+        assert float((seq[0] - w0).abs().max()) > 1e-2
+        for den in results.values():
+            torch.testing.assert_close(den[0], seq[0], **TOL)
+            torch.testing.assert_close(den[1], seq[1], equal_nan=True, **TOL)
+        assert torch.equal(results[True][0][1], w0)  # the client without steps keeps the received model
+    assert True in used and False in used
+
+
+def test_gram_first_layer_is_chosen_only_where_it_saves_work() -> None:
+    from fedhet.engine.dense import DenseLayer, use_gram_first_layer
+
+    mnist = DenseLayer(slice(0, 1), None, (200, 784), "relu")  # 784-200: T·b up to 318 rows
+    assert use_gram_first_layer(mnist, 10 * 10, plain=True, terms=False)
+    assert not use_gram_first_layer(mnist, 10 * 10, plain=False, terms=False)  # momentum, Adam: per-step updates
+    assert not use_gram_first_layer(mnist, 10 * 10, plain=True, terms=True)  # FedProx, SCAFFOLD, weight decay
+    assert not use_gram_first_layer(mnist, 50 * 10, plain=True, terms=False)  # more rows than the layer saves
+    assert not use_gram_first_layer(DenseLayer(slice(0, 1), None, (10, 60), None), 100, plain=True, terms=False)

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,12 @@ from test_deployment import SCRIPT, free_port_block
 from fedhet.errors import ConfigError
 from fedhet.experiments.runner import run
 from fedhet.flower import worker
+
+
+def workers_of(port: int) -> list[str]:
+    listing = subprocess.run(["ps", "-ww", "-eo", "args="], capture_output=True, text=True, check=True).stdout
+    ours = [f"127.0.0.1:{port + 1 + i} " for i in range(2)]  # the workers of the two SuperNodes of the test
+    return [line for line in listing.splitlines() if "fedhet.flower.worker" in line and any(a in line for a in ours)]
 
 
 def test_the_worker_refuses_a_flwr_release_whose_task_protocol_it_does_not_speak(
@@ -33,6 +40,23 @@ def test_the_worker_refuses_a_flwr_release_whose_task_protocol_it_does_not_speak
 def test_worker_arguments_need_a_security_choice() -> None:
     with pytest.raises(SystemExit):
         worker.main(["--runtime-api-address", "127.0.0.1:1"])  # neither --insecure nor --root-certificates
+
+
+def test_the_worker_stops_when_its_supernode_is_gone_or_when_asked() -> None:
+    """Nothing listens at the address (the SuperNode is gone): the worker keeps asking, once a second, and still
+    stops when its parent process ends or on SIGTERM, instead of hanging in Flower's endless retries."""
+    address = f"127.0.0.1:{free_port_block(1)}"
+    command = [sys.executable, "-m", "fedhet.flower.worker", "--runtime-api-address", address, "--insecure"]
+    parent = subprocess.Popen(["sleep", "3"])
+    orphan = subprocess.Popen([*command, "--parent-pid", str(parent.pid)], stderr=subprocess.PIPE, text=True)
+    parent.wait()  # reaped: gone
+    _, log = orphan.communicate(timeout=60)
+    assert orphan.returncode == 0 and "does not answer" in log and "stopped after 0 tasks" in log
+    asked = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    asked.terminate()
+    _, log = asked.communicate(timeout=30)
+    assert asked.returncode == 0 and "stopped after 0 tasks" in log
 
 
 @pytest.mark.parametrize("isolation", ["process", "subprocess"])
@@ -54,6 +78,10 @@ def test_deployment_in_each_isolation_gives_the_native_numbers(tmp_path: Path, i
         assert logs == []
         return
     assert len(logs) == 2
+    deadline = time.monotonic() + 30  # `stop` ended the SuperNodes; their workers follow them
+    while workers_of(port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert workers_of(port) == []
     for log in logs:  # meta, then per round: train and scores; every one answered by this one process
         tasks = re.findall(r"task (\d+): completed", log.read_text())
         assert len(tasks) >= 5 and tasks == [str(i) for i in range(1, len(tasks) + 1)]

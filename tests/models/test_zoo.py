@@ -153,7 +153,10 @@ def test_vmap_grad_matches_per_client_autograd(
         F.cross_entropy(local(x[k]), y[k]).backward()
         for name, p in local.named_parameters():
             assert p.grad is not None
-            torch.testing.assert_close(batched[name][k], p.grad, rtol=1e-5, atol=1e-5, msg=name)
+            # float32 sums in another order: entries near 0 of a large gradient (cnn_cifar's head: largest entry
+            # 36) differ by ~1e-6 of its scale, which depends on the CPU's kernels
+            scale = max(1.0, float(p.grad.abs().max()))
+            torch.testing.assert_close(batched[name][k], p.grad, rtol=1e-5, atol=2e-6 * scale, msg=name)
 
 
 @pytest.mark.filterwarnings("ignore:There is a performance drop")

@@ -3,9 +3,11 @@ PyTorch benchmarks write it: a `PyTorchModel` around the torch module (with `los
 `torch.optim.SGD` for the local steps and as the central optimiser (learning rate 1: plain FedAvg),
 `FederatedAveraging` with `WeightByDatapoints`, and the `SimulatedBackend` in this process.
 
-Each central iteration trains `clients` users for `steps` SGD steps of `batch` samples. Timed twice, after a
-first iteration: without evaluation (the training time) and with evaluation every iteration (the round: pfl
-evaluates the global model on each trained user's data before training and its local model after, and the
+Each central iteration trains `clients` users for `steps` SGD steps of `batch` samples: as whole epochs where the
+steps pass over a user's data more than once (pfl's `local_num_steps` stops at the end of the data), otherwise as
+steps over copies of the user's data (which pfl's evaluation of the trained users then scores too). Timed twice,
+after a first iteration: without evaluation (the training time) and with evaluation every iteration (the round:
+pfl evaluates the global model on each trained user's data before training and its local model after, and the
 global model on every user's test data, the validation population). Only used when `pfl` is importable.
 """
 
@@ -57,6 +59,18 @@ class _PflNet(nn.Module):
         }
 
 
+def _local_length(w: Workload) -> tuple[dict[str, int | None], int]:
+    """pfl's way of saying "`w.steps` steps of `w.batch`", and how many copies of each user's training data it needs
+    for that: its `local_num_steps` stops at the end of the user's data (50 samples in batches of 10 are 5 steps, not
+    10), so whole passes are given as epochs, and other lengths as steps over the data repeated."""
+    per_epoch = -(-w.samples // w.batch)
+    if w.steps <= per_epoch:
+        return {"local_num_steps": w.steps, "local_num_epochs": None}, 1
+    if w.steps % per_epoch == 0:
+        return {"local_num_steps": None, "local_num_epochs": w.steps // per_epoch}, 1
+    return {"local_num_steps": w.steps, "local_num_epochs": None}, -(-w.steps * w.batch // w.samples)
+
+
 def _iteration_times(w: Workload, data: FederatedData, net: nn.Module, rounds: int, evaluate: bool) -> list[float]:
     from pfl.aggregate.simulate import SimulatedBackend
     from pfl.aggregate.weighting import WeightByDatapoints
@@ -69,8 +83,10 @@ def _iteration_times(w: Workload, data: FederatedData, net: nn.Module, rounds: i
     from pfl.metrics import Metrics
     from pfl.model.pytorch import PyTorchModel
 
-    def federated(split: Any, users: int) -> Any:
-        parts = {k: list(split.client(k)) for k in range(users)}
+    length, copies = _local_length(w)
+
+    def federated(split: Any, users: int, copies: int = 1) -> Any:
+        parts = {k: [t.repeat(copies, *[1] * (t.dim() - 1)) for t in split.client(k)] for k in range(users)}
         return FederatedDataset(
             lambda k: Dataset(parts[k], user_id=k), get_user_sampler("minimize_reuse", list(range(users)))
         )
@@ -89,7 +105,7 @@ def _iteration_times(w: Workload, data: FederatedData, net: nn.Module, rounds: i
         central_optimizer=torch.optim.SGD(net.parameters(), 1.0),
     )
     backend = SimulatedBackend(
-        training_data=federated(data.train, w.clients),
+        training_data=federated(data.train, w.clients, copies),
         val_data=federated(data.test, total),
         postprocessors=[WeightByDatapoints()],
     )
@@ -102,9 +118,7 @@ def _iteration_times(w: Workload, data: FederatedData, net: nn.Module, rounds: i
         ),
         backend=backend,
         model=model,
-        model_train_params=NNTrainHyperParams(
-            local_learning_rate=w.lr, local_num_epochs=None, local_num_steps=w.steps, local_batch_size=w.batch
-        ),
+        model_train_params=NNTrainHyperParams(local_learning_rate=w.lr, local_batch_size=w.batch, **length),
         model_eval_params=NNEvalHyperParams(local_batch_size=None),
         callbacks=[Stopwatch()],
     )

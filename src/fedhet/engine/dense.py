@@ -20,6 +20,10 @@ local steps before the next
 chunk starts, so that the chunk's weights stay in cache. Clients are processed in order of decreasing step
 count, so the clients still training at step t are a prefix of the chunk (a view, not a copy).
 
+Under plain SGD without parameter terms, the first layer runs from its inputs' Gram matrices instead
+(`_GramFirstLayer`: its outputs at step t are x_t W₀ᵀ + b₀ − Σ_{s<t} (x_t x_sᵀ + 1) G_s, and its weights are written
+once per round), where the steps' T·b rows are few next to the layer (`use_gram_first_layer`).
+
 The mini-batches (`batches.local_batches`) and dropout masks (seeded per round and step, the same for every
 client) are those of the sequential and vectorised backends, so all three give the same numbers up to float
 rounding (tested). `dense_layers` says whether a model qualifies; other models use the generic backends, and so
@@ -303,6 +307,66 @@ def _softmax(z: Tensor) -> Tensor:
     return e.div_(e.sum(-1, keepdim=True))
 
 
+GRAM_MAX_ROWS = 512  # a chunk's T·b above this keeps the first layer's weights per step (Gram too large)
+
+
+class _GramFirstLayer:
+    """The first layer under plain SGD without parameter terms, from its inputs alone.
+
+    With w ← w − Gᵀx per step (G: the step's η-scaled gradient at the layer's outputs, x its inputs), after t
+    steps W_t = W_0 − Σ_{s<t} G_sᵀ x_s and b_t = b_0 − Σ_{s<t} 1ᵀG_s, so the layer's outputs at step t are
+
+        Z_t = x_t W_0ᵀ + b_0 − Σ_{s<t} (x_t x_sᵀ + 1) G_s
+
+    x_t W_0ᵀ for every step and client is one matrix product with the global model, the Gram matrices x_t x_sᵀ
+    one batched product per chunk, and the weights are written once, W_T = W_0 − DᵀX at the end (D, X: the stacked
+    G_s and x_s). The per-step work no longer reads and writes every client's (out, in) weights, which made this
+    layer memory-bound with small batches. Exact up to float rounding; used where T·b is small next to the layer
+    (`use_gram_first_layer`)."""
+
+    def __init__(self, x_all: Tensor, index: Tensor, layer: DenseLayer, w0: Tensor) -> None:
+        steps, c, b = index.shape
+        self.b = b
+        self.x = x_all[index.permute(1, 0, 2).reshape(c, steps * b)]  # (c, T·b, d): each client's inputs in order
+        weight = w0[layer.weight].view(layer.shape)
+        bias = w0[layer.bias] if layer.bias is not None else None
+        flat = self.x.reshape(c * steps * b, -1)
+        z0 = torch.addmm(bias, flat, weight.T) if bias is not None else flat @ weight.T
+        self.z0 = z0.view(c, steps * b, -1)
+        self.gram = torch.bmm(self.x, self.x.mT)  # (c, T·b, T·b)
+        if bias is not None:
+            self.gram.add_(1.0)
+        self.grads = torch.zeros_like(self.z0)  # D: rows of clients that stopped stay zero
+
+    def outputs(self, t: int, n: int) -> Tensor:
+        """Z_t of the first n clients (n, b, out)."""
+        rows = slice(t * self.b, (t + 1) * self.b)
+        if t == 0:
+            return self.z0[:n, rows]
+        return torch.baddbmm(
+            self.z0[:n, rows], self.gram[:n, rows, : t * self.b], self.grads[:n, : t * self.b], alpha=-1.0
+        )
+
+    def record(self, t: int, grad: Tensor) -> None:
+        """Step t's G (n, b, out) for the first n clients."""
+        self.grads[: len(grad), t * self.b : (t + 1) * self.b] = grad
+
+    def apply(self, weights: _Weights) -> None:
+        """W_T = W_0 − DᵀX, b_T = b_0 − 1ᵀD into the chunk's weights (which still hold W_0, b_0)."""
+        weights.weight.value.baddbmm_(self.grads.mT, self.x, alpha=-1.0)
+        if weights.bias is not None:
+            weights.bias.value.add_(self.grads.sum(1, keepdim=True), alpha=-1.0)
+
+
+def use_gram_first_layer(layer: DenseLayer, rows: int, plain: bool, terms: bool) -> bool:
+    """Whether `_GramFirstLayer` runs a chunk whose clients take `rows` = T·b input rows: plain SGD, no parameter
+    terms, and T·b·(in + out) ≤ 2·in·out. The Gram path adds (T·b)²·(in + out/2) multiply-adds (the Gram matrices
+    and their use) to the per-step path's 2·T·b·in·out, so this bounds its work at about twice theirs; its products
+    are large and run near the machine's matmul rate, the per-step ones are skinny and memory-bound."""
+    n_out, n_in = layer.shape
+    return plain and not terms and rows <= GRAM_MAX_ROWS and rows * (n_in + n_out) <= 2 * n_in * n_out
+
+
 def _train_chunk(
     layers: list[DenseLayer],
     work: Tensor,
@@ -328,6 +392,12 @@ def _train_chunk(
     ones = torch.ones(c, 1, b, device=work.device)
     x_buffer = torch.empty(c * b, x_all.shape[1], dtype=x_all.dtype, device=work.device)  # the step's inputs
     remaining = batches.steps[part].tolist()
+    first_terms = any(leaf.terms for leaf in whole[0].leaves())
+    gram = (
+        _GramFirstLayer(x_all, batches.index[: remaining[0], part], layers[0], w0)
+        if remaining[0] > 0 and use_gram_first_layer(layers[0], remaining[0] * b, optimizer.plain, first_terms)
+        else None
+    )
     n, net = c, whole
     steps = zip(
         batches.index[:, part],
@@ -345,12 +415,23 @@ def _train_chunk(
             net = [w.head(n) for w in whole]
         rows, scale_t, target_t, logits_t = step if n == c else (s[:n] for s in step)
         mask = masks[t] if masks is not None else [None] * len(layers)
-        a = torch.index_select(x_all, 0, rows.view(-1), out=x_buffer[: n * b]).view(n, b, -1)  # (n, b, d)
+        a = (
+            torch.index_select(x_all, 0, rows.view(-1), out=x_buffer[: n * b]).view(n, b, -1)  # (n, b, d)
+            if gram is None
+            else x_buffer[:0]  # not needed: the first layer's outputs come from the Gram matrices
+        )
         inputs, acts = [a], []  # each layer's input, and its activation before dropout
-        for w, la, m in zip(net, layers, mask, strict=True):
+        for i, (w, la, m) in enumerate(zip(net, layers, mask, strict=True)):
             out = logits_t if la.activation is None else None
             bias = w.bias.value if w.bias is not None else None
-            z = torch.baddbmm(bias, a, w.weight_t, out=out) if bias is not None else torch.bmm(a, w.weight_t, out=out)
+            if i == 0 and gram is not None:
+                z = gram.outputs(t, n)
+                if out is not None:
+                    z = out.copy_(z)
+            elif bias is not None:
+                z = torch.baddbmm(bias, a, w.weight_t, out=out)
+            else:
+                z = torch.bmm(a, w.weight_t, out=out)
             if la.activation is None:
                 break
             a = _FORWARD[la.activation](z)
@@ -363,7 +444,9 @@ def _train_chunk(
         for i in range(len(layers) - 1, -1, -1):
             w = net[i]
             back = torch.bmm(grad, w.weight.value) if i > 0 else None  # with W_i before its update
-            if optimizer.plain:  # w ← w − η Σ_j ∇T_j(w) − η ∇F(w), the data part fused into the products
+            if i == 0 and gram is not None:
+                gram.record(t, grad)
+            elif optimizer.plain:  # w ← w − η Σ_j ∇T_j(w) − η ∇F(w), the data part fused into the products
                 for leaf in w.leaves():
                     extra = term_gradient(leaf.value, leaf.terms)  # at w before its update
                     if extra is not None:
@@ -390,6 +473,8 @@ def _train_chunk(
             grad = _BACKWARD[below.activation or ""](back, acts[i - 1])
         for k, v in new_counts.items():
             counts[k][:n] = v.view(n)
+    if gram is not None:
+        gram.apply(whole[0])
 
 
 def _dropout_masks(

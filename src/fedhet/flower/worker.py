@@ -114,16 +114,21 @@ class Connection:
     insecure: bool = True
     certificates: bytes | None = None
 
-    def client(self, component: str, token: str | None = None) -> RuntimeHttpClient:
+    def client(self, component: str, token: str | None = None, retry: bool = True) -> RuntimeHttpClient:
+        """A Runtime API client; with `retry`, Flower's retries (for ever, while the SuperNode is away), else one
+        try per call, so that a caller can stop while the SuperNode is gone."""
         interceptors: list[Any] = [RuntimeVersionHttpInterceptor(component_name=component)]
         if token is not None:
             interceptors.append(RuntimeTokenHttpInterceptor(token))
+        invoker = make_simple_http_retry_invoker()
+        if not retry:
+            invoker.max_tries = 1
         return RuntimeHttpClient.from_server_address(
             server_address=self.address,
             insecure=self.insecure,
             root_certificates=self.certificates,
             interceptors=interceptors,
-            retry_invoker=make_simple_http_retry_invoker(),
+            retry_invoker=invoker,
         )
 
 
@@ -200,12 +205,17 @@ def serve(
     """Take and run the SuperNode's ClientApp tasks until `stop` is set. The poll interval starts at `poll_s` after
     a task and grows to `idle_poll_s` while there is none (a round's next message comes within milliseconds)."""
     runner = TaskRunner(connection)
-    control = connection.client("SuperExec")
+    control = connection.client("SuperExec", retry=False)
     request = AcquireTaskRequest(supported_task_types=[str(TaskType.CLIENT_APP)])
     wait = poll_s
     try:
         while not stop.is_set():
-            response = control.AcquireTask(request)
+            try:
+                response = control.AcquireTask(request)
+            except Exception as err:  # the SuperNode is not answering (starting, restarting, or gone for good)
+                log.warning("the SuperNode at %s does not answer (%s); asking again in 1 s", connection.address, err)
+                stop.wait(1.0)
+                continue
             if response.HasField("task") and response.token:
                 runner.start(response.token)
                 wait = poll_s
