@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from fedhet.flower.ports import free_port_block
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "flower_local.sh"
@@ -58,7 +60,7 @@ def watch(command: list[str], out: Path, rounds: int, env: dict[str, str], limit
     stamps += [total] * (count - len(stamps))  # rows written in the last poll interval
     if count < rounds:
         raise RuntimeError(f"{' '.join(command)} wrote {count} of {rounds} rounds (exit code {process.returncode})")
-    durations = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    durations = [b - a for a, b in itertools.pairwise(stamps)]
     return {"total_s": total, "first_round_at_s": stamps[0], "round_s": statistics.median(durations)}
 
 
@@ -68,18 +70,6 @@ def same_metrics(a: Path, b: Path, tol: float = 1e-5) -> bool:
             if x != row_b[key] and abs(float(x) - float(row_b[key])) > tol * max(1.0, abs(float(x))):
                 return False
     return True
-
-
-def free_port_block(size: int) -> int:
-    for base in range(24000, 40000, 50):
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free loopback ports")
 
 
 def main() -> None:
@@ -123,7 +113,7 @@ def main() -> None:
         command = [str(SCRIPT), "demo", str(config), str(out), str(args.nodes)]
         record(f"deployment ({isolation})", watch(command, out, args.rounds, denv, args.limit), out)
     sim_round = float(results["simulation"]["round_s"])  # type: ignore[arg-type]
-    for name, result in results.items():
+    for result in results.values():
         result["round_vs_simulation"] = float(result["round_s"]) / sim_round  # type: ignore[arg-type]
     print("\n| system | s per round | × simulation | first round at | whole command | native numbers |")
     print("|---|---|---|---|---|---|")

@@ -9,7 +9,6 @@ import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,20 +19,9 @@ import yaml
 from flower_helpers import assert_same_metrics, read_metrics, small_config
 
 from fedhet.experiments.runner import run
+from fedhet.flower.ports import free_port_block
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "flower_local.sh"
-
-
-def free_port_block(size: int) -> int:
-    for base in range(23000, 40000, 50):
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free loopback ports")
 
 
 def wait_for(condition: object, seconds: float, what: str) -> None:

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 from flower_helpers import assert_same_metrics, read_metrics, small_config
-from test_deployment import SCRIPT, free_port_block
+from test_deployment import SCRIPT
 
 from fedhet.errors import ConfigError
 from fedhet.experiments.runner import run
 from fedhet.flower import worker
+from fedhet.flower.ports import free_port_block
 
 
 def workers_of(port: int) -> list[str]:
