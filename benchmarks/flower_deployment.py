@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from fedhet.atomic import write_text
 from fedhet.flower.ports import free_port_block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +126,7 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {"config": raw, "nodes": args.nodes, "results": results}
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        write_text(args.json, json.dumps(payload, indent=2) + "\n")
 
 
 if __name__ == "__main__":
