@@ -8,8 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from fedhet.experiments import runner
 from fedhet.experiments.estimate import (
+    ESTIMATE_EVAL_CLIENTS,
     Estimate,
     StandIns,
     estimate_config,
@@ -19,6 +22,7 @@ from fedhet.experiments.estimate import (
     format_duration,
     plan_recipe,
 )
+from fedhet.experiments.evaluation import evaluate_global
 from fedhet.experiments.recipes import RECIPES, deep_merge
 from fedhet.recipes import get_recipe
 
@@ -117,3 +121,22 @@ def test_evaluation_is_timed_on_a_sample_and_grows_to_the_clients_scored(
     assert estimate.evals == 10 and estimate.eval_s >= 0  # a time difference: it may round to 0 on a fast CPU
     assert estimate.final_eval_s >= estimate.eval_s  # 10 of the 40 clients per evaluation, everyone at the end
     assert os.listdir(tmp_path) == []
+
+
+def test_a_plugin_that_needs_everyone_is_timed_on_the_sample_and_sized_for_everyone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    scored: list[int] = []
+
+    def recording(engine: Any, params: torch.Tensor, clients: torch.Tensor | None = None, count: bool = False) -> Any:
+        scored.append(engine.data.num_clients if clients is None else len(clients))
+        return evaluate_global(engine, params, clients, count)
+
+    monkeypatch.setattr(runner, "evaluate_global", recording)
+    raw = {"dataset": "digits", "rounds": 30, "num_clients": 40, "eval_clients": 20, "metrics": ["alpha_accuracy"]}
+    estimate = estimate_run({**raw, "model": {"name": "mlp", "hidden": [8]}})
+    assert scored and set(scored) == {ESTIMATE_EVAL_CLIENTS}  # the run's evaluations scored 10 clients, never 40
+    assert estimate.evals == 30
+    # the plugin turns the config's sampling off, so each evaluation is sized for everyone, as the last one is
+    assert estimate.eval_s == pytest.approx(estimate.final_eval_s)

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from fedhet.data.dataset import ClientData
+from fedhet.engine.evaluate import ClientScores
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import dump_yaml, parse_config
-from fedhet.experiments.evaluation import evaluate_global, evaluation_sample
+from fedhet.experiments.evaluation import evaluate_global, evaluation_sample, spread_scores
 from fedhet.experiments.runner import RunState, resume, run
 
 CONFIG: dict[str, Any] = {
@@ -97,9 +98,39 @@ def test_training_is_the_same_and_the_last_round_evaluates_everyone(tmp_path: Pa
 
 
 def test_a_metric_plugin_that_needs_every_client_turns_sampling_off() -> None:
-    state = run(parse_config({**CONFIG, "eval_clients": 5, "metrics": ["improved_users"]}))
+    state = run(parse_config({**CONFIG, "eval_clients": 5, "metrics": ["accuracy_percentiles"]}))
     assert all(row["evaluated"] == 12.0 for row in state.history)  # every round scored every seen client
     assert all(not math.isnan(row["test_accuracy"]) for row in state.history)
+
+
+@pytest.mark.parametrize("plugin", ["improved_users", {"name": "contribution", "samples": 2}])
+def test_plugins_that_measure_clients_themselves_leave_sampling_on(plugin: Any) -> None:
+    state = run(parse_config({**CONFIG, "eval_clients": 5, "metrics": [plugin]}))
+    assert all(row["evaluated"] <= 5 for row in state.history[:-1]) and state.history[-1]["evaluated"] == 12
+
+
+def test_spread_scores_gives_unscored_clients_the_values_of_scored_ones() -> None:
+    scores = ClientScores(
+        torch.tensor([1.0, math.nan, 3.0, math.nan, math.nan]),
+        torch.tensor([0.5, math.nan, 0.25, math.nan, math.nan]),
+        torch.tensor([4, 0, 6, 0, 0]),
+    )
+    spread = spread_scores(scores, torch.tensor([0, 2]))
+    assert spread.loss.tolist() == [1.0, 3.0, 3.0, 3.0, 1.0]  # scored clients keep their own; others in turn
+    assert spread.accuracy.tolist() == [0.5, 0.25, 0.25, 0.25, 0.5] and spread.count.tolist() == [4, 6, 6, 6, 4]
+
+
+def test_scoring_the_sample_only_feeds_plugins_finite_scores_and_trains_the_same() -> None:
+    raw = {**CONFIG, "eval_clients": 5, "metrics": ["accuracy_percentiles", "alpha_accuracy"]}
+    sampled = run(parse_config(raw), score_sample_only=True)
+    full = run(parse_config(raw))
+    assert all(row["evaluated"] <= 5 for row in sampled.history[:-1])  # seen clients among the 5 sampled
+    assert sampled.history[-1]["evaluated"] == 12  # the last scores everyone
+    assert all(
+        math.isfinite(row["test_accuracy_p5"]) and math.isfinite(row["alpha_test_accuracy"]) for row in sampled.history
+    )
+    assert torch.equal(sampled.params, full.params)
+    assert sampled.history[-1]["alpha_test_accuracy"] == full.history[-1]["alpha_test_accuracy"]
 
 
 def test_a_resumed_sampled_run_ends_with_the_same_files(tmp_path: Path) -> None:

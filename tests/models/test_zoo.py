@@ -284,3 +284,38 @@ def test_vgg16_group_norm_under_vmap() -> None:
         scale = max(float(g.abs().max()) for g in grads.values())  # conv biases before a norm get ≈ 0
         for name, g in grads.items():
             torch.testing.assert_close(batched[name][k], g, rtol=0, atol=1e-3 * scale, msg=name)
+
+
+def test_the_lstm_uses_the_fused_kernel_outside_vmap_and_the_loop_under_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = build({"name": "char_lstm", "embed_dim": 6, "hidden": 10, "layers": 2}, (7,), 20, seed=4)
+    x = torch.randint(0, 20, (4, 7))
+    y = torch.randint(0, 20, (4,))
+    calls: list[int] = []
+    fused = torch.lstm
+
+    def counting(*args: Any) -> Any:
+        calls.append(1)
+        return fused(*args)
+
+    monkeypatch.setattr(torch, "lstm", counting)
+    out = model(x)
+    assert len(calls) == 1  # plain autograd and evaluation: torch's kernel
+    F.cross_entropy(out, y).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    params = stacked_params(model)
+    batched = vmap(grad(lambda p, xb, yb: F.cross_entropy(functional_call(model, p, (xb,)), yb)))(
+        {k: v[:1] for k, v in params.items()}, x.unsqueeze(0), y.unsqueeze(0)
+    )
+    assert len(calls) == 1  # under vmap: the written-out loop, batched natively
+    for name, g in grads.items():
+        torch.testing.assert_close(batched[name][0], g, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_fused_lstm_path_reads_the_parameters_functional_call_substitutes() -> None:
+    model = build({"name": "char_lstm", "embed_dim": 6, "hidden": 10, "layers": 2}, (7,), 20, seed=4).eval()
+    other = {k: v[1] for k, v in stacked_params(model).items()}  # nudged away from the module's own
+    x = torch.randint(0, 20, (4, 7))
+    loaded = copy.deepcopy(model)
+    loaded.load_state_dict(other)
+    torch.testing.assert_close(functional_call(model, other, (x,)), loaded(x))
+    assert not torch.allclose(model(x), loaded(x))

@@ -176,7 +176,7 @@ def estimate_config(
     longest = WARM_UP_ROUNDS + 2 * MAX_PAIRS
     short = {**short, "rounds": max(cfg.rounds, longest + 1), "eval_every": 2, "eval_clients": sample}
     with tempfile.TemporaryDirectory(prefix="fedhet-estimate-") as tmp:  # a run folder's writes are timed too
-        state = run(parse_config(short), Path(tmp) / "run", callbacks=[times])
+        state = run(parse_config(short), Path(tmp) / "run", callbacks=[times], score_sample_only=True)
     peak = memory_mb("VmHWM")
     pairs = times.pairs()
     exp = state.experiment
@@ -185,14 +185,15 @@ def estimate_config(
     everyone_needed = any(plugin.needs_all_clients for plugin in exp.metrics)
 
     def scored_by(round_: int) -> torch.Tensor:
-        chosen = None if everyone_needed else evaluation_sample(everyone, sample, small.seed, round_)
+        chosen = evaluation_sample(everyone, sample, small.seed, round_)
         return torch.arange(everyone) if chosen is None else chosen
 
     scored_sets = [scored_by(WARM_UP_ROUNDS + 2 * (i + 1)) for i in range(len(pairs))]  # rounds 4, 6, ...
     scored = statistics.mean(float(sizes[c].sum()) for c in scored_sets)
     evaluated = statistics.median(p.eval_s for p in pairs) + statistics.median(p.eval_writes_s for p in pairs)
     per_sample = _seconds_per_sample(exp.engine, state.params, sizes, scored_sets[-1])
-    share = min(1.0, small.eval_clients / everyone) if small.eval_clients else 1.0  # of everyone, per evaluation
+    # of everyone, per evaluation (a metric plugin that needs everyone turns the config's sampling off)
+    share = min(1.0, small.eval_clients / everyone) if small.eval_clients and not everyone_needed else 1.0
     total = float(sizes.sum())
     evals = cfg.rounds // cfg.eval_every + (cfg.rounds % cfg.eval_every > 0)
     return Estimate(

@@ -56,3 +56,14 @@ def evaluate_global(
         "train_loss": train.loss,
     }
     return metrics, columns, test, train
+
+
+def spread_scores(scores: ClientScores, clients: Tensor) -> ClientScores:
+    """`scores` with every client outside `clients` given the values of one of `clients` (in turn): finite,
+    plausible scores for a metric plugin whose cost, not its values, matters (``--estimate``)."""
+    if len(clients) == 0:
+        return scores
+    k = len(scores.loss)
+    source = clients[torch.arange(k) % len(clients)]
+    source[clients] = clients
+    return ClientScores(scores.loss[source], scores.accuracy[source], scores.count[source])

@@ -22,7 +22,7 @@ from fedhet.experiments.build import Experiment, build, resolved_config
 from fedhet.experiments.callbacks import Callback, write_csv
 from fedhet.experiments.checkpoint import CheckpointError
 from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
-from fedhet.experiments.evaluation import evaluate_global, evaluation_sample
+from fedhet.experiments.evaluation import evaluate_global, evaluation_sample, spread_scores
 from fedhet.experiments.participation import ParticipationWriter
 from fedhet.experiments.runfolder import (
     CHECKPOINT,
@@ -64,6 +64,7 @@ class RunState:
     client_columns: dict[str, Tensor] = field(default_factory=dict)
     folder: RunFolder | None = field(default=None, repr=False)  # the open, locked run folder (with `out`)
     already_finished: bool = False  # resumed a run that had run all its rounds: nothing was run or rewritten
+    score_sample_only: bool = False  # `run`'s argument: ``--estimate`` times sampled evaluations
 
     @property
     def config(self) -> RunConfig:
@@ -80,15 +81,19 @@ def run(
     callbacks: list[Callback] | None = None,
     builder: Callable[[RunConfig], Experiment] = build,
     overwrite: bool = False,
+    score_sample_only: bool = False,
 ) -> RunState:
     """Run `config` from the start; with `out`, write the run folder (docs/reliability.md: "Run folders").
 
     Everything is validated before the folder is touched. `out` must be missing, empty or hold only fedhet's files;
     a run already there is refused unless `overwrite` (which removes fedhet's own files only).
     `builder` makes the run's objects (default `build`; the Flower adapter passes one whose engine is remote).
+    `score_sample_only` (for ``--estimate``): rounds before the last score the ``eval_clients`` sample even where a
+    metric plugin needs every client; such a plugin sees the sample's scores repeated over the other clients, so
+    its own work is done (and timed) as in a real run, on made-up values.
     """
     experiment = builder(config)
-    state = RunState(experiment, experiment.engine.initial_params(), out=out)
+    state = RunState(experiment, experiment.engine.initial_params(), out=out, score_sample_only=score_sample_only)
     if out is None:
         return _loop(state, callbacks or [])
     with RunFolder.create(out, dump_yaml(experiment.resolved_config()), overwrite) as folder:
@@ -258,11 +263,15 @@ def _write_outputs(state: RunState) -> None:
 
 def _evaluation_sample(state: RunState) -> Tensor | None:
     """The clients evaluated this round under ``eval_clients`` (None: everyone, also when a metric plugin needs
-    all of them)."""
+    all of them, unless `RunState.score_sample_only`)."""
     exp, cfg = state.experiment, state.config
-    if cfg.eval_clients == 0 or any(plugin.needs_all_clients for plugin in exp.metrics):
+    if cfg.eval_clients == 0 or (_needs_all_clients(state) and not state.score_sample_only):
         return None
     return evaluation_sample(exp.data.num_clients, cfg.eval_clients, cfg.seed, state.round)
+
+
+def _needs_all_clients(state: RunState) -> bool:
+    return any(plugin.needs_all_clients for plugin in state.experiment.metrics)
 
 
 def _check_divergence(state: RunState, losses: Tensor) -> None:
@@ -316,6 +325,8 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
                 metrics, state.client_columns, test, train = evaluate_global(
                     exp.engine, evaluated, sample, count=cfg.eval_clients > 0
                 )
+                if sample is not None and _needs_all_clients(state):  # only with `score_sample_only`
+                    test, train = spread_scores(test, sample), spread_scores(train, sample)
                 metrics = {
                     "round": float(state.round),
                     **metrics,

@@ -38,6 +38,7 @@ class ImprovedUsers(Metric):
     name: ClassVar[str] = "improved_users"
     description: ClassVar[str] = "share of the round's participants whose training loss did not increase"
     span: int = Field(50, ge=1, description="span of the exponentially weighted mean improved_users_ewm")
+    needs_all_clients: ClassVar[bool] = False  # the cohort's own losses, not the round's scores
 
     _num: float = PrivateAttr(0.0)
     _den: float = PrivateAttr(0.0)

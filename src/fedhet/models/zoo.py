@@ -306,15 +306,29 @@ class CNNCifar(ModelSpec):
         return ConvClassifier(shape, features, head)
 
 
+def inside_vmap() -> bool:
+    """Whether the caller runs under `torch.func.vmap` (at any depth of torch.func transforms); True when this
+    torch does not say, so that callers keep their vmap-safe path."""
+    try:
+        from torch._C._functorch import TransformType
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    except ImportError:  # pragma: no cover - a torch without these private helpers
+        return True
+    return any(i.key() == TransformType.Vmap for i in retrieve_all_functorch_interpreters())
+
+
 class LoopLSTM(nn.Module):
-    """A stacked, batch-first LSTM written out step by step with plain tensor operations.
+    """A stacked, batch-first LSTM written out step by step with plain tensor operations under `torch.func.vmap`,
+    torch's fused LSTM kernel elsewhere.
 
     It computes what ``torch.nn.LSTM(input_size, hidden_size, num_layers, batch_first=True)`` computes from a
     zero initial state, with the same parameters: named ``weight_ih_l{k}``, ``weight_hh_l{k}``,
     ``bias_ih_l{k}``, ``bias_hh_l{k}``, in the same order, with gates (i, f, g, o) stacked the same way and
-    initialised the same way. So a flat parameter vector (or state dict) means the same in both. Unlike
-    `nn.LSTM`'s fused kernel, which has no `torch.func.vmap` batching rule (vmap falls back to a per-client
-    loop with a warning), every operation here is batched natively over clients.
+    initialised the same way. So a flat parameter vector (or state dict) means the same in both. `nn.LSTM`'s
+    fused kernel has no vmap batching rule (vmap falls back to a per-client loop with a warning), while every
+    operation of the written-out loop is batched natively over clients; outside vmap (the `sequential` backend,
+    evaluation) the fused kernel is 2.2× faster per training step on a CPU (docs/performance.md), so it is used
+    there, on the same parameters.
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int) -> None:
@@ -352,6 +366,11 @@ class LoopLSTM(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, L, input_size)`` → the last layer's hidden states ``(B, L, hidden_size)``."""
+        if not inside_vmap():
+            h0 = x.new_zeros(self.num_layers, x.shape[0], self.hidden_size)
+            names = ("weight_ih_l", "weight_hh_l", "bias_ih_l", "bias_hh_l")
+            weights: list[Tensor] = [getattr(self, f"{n}{k}") for k in range(self.num_layers) for n in names]
+            return torch.lstm(x, (h0, h0), weights, True, self.num_layers, 0.0, self.training, False, True)[0]
         for k in range(self.num_layers):
             x = self._layer(x, k)
         return x
@@ -385,10 +404,11 @@ class CharLSTM(ModelSpec):
 
     Embedding (vocabulary = `num_classes`, `embed_dim` 8) → `layers` (2) LSTM layers of `hidden` (256) units →
     linear layer to `num_classes` logits from the last time step; inputs are int64 tokens ``(B, L)``.
-    By default the LSTM is written out step by step (`LoopLSTM`), which `torch.func.vmap` batches over
-    clients natively. ``fused=True`` uses `torch.nn.LSTM` instead, with the same parameter vector and results;
-    under vmap its kernel runs once per client (a batching-rule fallback PyTorch warns about), which measured
-    slower on CPU (1.6 s against 1.3 s per `vmap(grad)` step for 10 clients × 10 sequences of 80 characters).
+    By default the LSTM is `LoopLSTM`: written out step by step under `torch.func.vmap`, which then batches it
+    over clients natively, and torch's fused kernel elsewhere. ``fused=True`` uses `torch.nn.LSTM` always, with
+    the same parameter vector and results; under vmap its kernel runs once per client (a batching-rule fallback
+    PyTorch warns about), which measured slower on CPU (1.6 s against 1.3 s per `vmap(grad)` step for 10 clients
+    × 10 sequences of 80 characters).
     """
 
     name: ClassVar[str] = "char_lstm"

@@ -65,6 +65,7 @@ class Contribution(Metric):
     batch: int = Field(0, ge=0, description="B in L, M, N (0: the local batch size)")
     weighting: Literal["samples", "uniform"] = Field("samples", description="p_k in eqs. (8)–(9)")
     statistic: Literal["mean", "median"] = "mean"
+    needs_all_clients: ClassVar[bool] = False  # measures every seen client itself, not from the round's scores
 
     _rounds: list[float] = PrivateAttr(default_factory=list)
     _scores: list[Tensor] = PrivateAttr(default_factory=list)
