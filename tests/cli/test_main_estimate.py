@@ -26,7 +26,21 @@ def test_run_estimate_prints_the_projection_and_writes_nothing(tmp_path: Path, m
     )  # fmt: skip
     assert code == 0, out
     assert "projected" in out and "500 × 1" in out and "nothing was written" in out
+    assert "local steps" not in out
     assert os.listdir(tmp_path) == []
+
+
+def test_run_estimate_says_when_rounds_were_timed_with_fewer_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("fedhet.experiments.estimate.MAX_TIMED_STEPS", 3)
+    code, out = invoke(
+        "run", "--dataset", "digits", "--rounds", "50", "--set", "num_clients=6", "--set", "model.hidden=[8]",
+        "--set", "local.steps=9", "--estimate",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "run: rounds timed with 3 of their 9 local steps, training scaled" in out
 
 
 def test_reproduce_estimate_uses_stand_ins_without_the_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

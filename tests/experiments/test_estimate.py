@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import torch
 
+from fedhet.engine.engine import Engine
+from fedhet.experiments import estimate as estimate_module
 from fedhet.experiments import runner
 from fedhet.experiments.estimate import (
     ESTIMATE_EVAL_CLIENTS,
@@ -140,3 +142,31 @@ def test_a_plugin_that_needs_everyone_is_timed_on_the_sample_and_sized_for_every
     assert estimate.evals == 30
     # the plugin turns the config's sampling off, so each evaluation is sized for everyone, as the last one is
     assert estimate.eval_s == pytest.approx(estimate.final_eval_s)
+
+
+def test_methods_that_differ_only_in_learning_rates_are_timed_once() -> None:
+    recipe = get_recipe("fedmgda-shakespeare")
+    plan = plan_recipe(recipe, (0, 1))
+    assert sum(runs for _, _, runs in plan.configs) == 2 * len(recipe.methods)  # every run is counted
+    assert len(plan.configs) < len(recipe.methods)
+    labels = [label for label, _, _ in plan.configs]
+    # Table 14's FedAvg rows with momentum 0.5 (η_l = 0.25, 0.5, 0.8, 1) cost the same per round; momentum 0 does not
+    assert "FedAvg (η_l=0.25, momentum 0.5) (+3 alike)" in labels and "FedAvg (η_l=0.8, momentum 0)" in labels
+
+
+def test_a_round_of_many_steps_is_timed_with_fewer_and_scaled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(estimate_module, "MAX_TIMED_STEPS", 4)
+    trained: list[int] = []
+    train = Engine.train
+
+    def recording(self: Engine, params: torch.Tensor, plan: Any, round_: int) -> Any:
+        trained.append(int(plan.steps.max()))
+        return train(self, params, plan, round_)
+
+    monkeypatch.setattr(Engine, "train", recording)
+    raw = {"dataset": "digits", "rounds": 30, "num_clients": 6, "local": {"steps": 12}}
+    estimate = estimate_run({**raw, "model": {"name": "mlp", "hidden": [8]}})
+    assert set(trained) == {4} and estimate.steps_timed == (4, 12)
+    trained.clear()
+    assert estimate_run({**raw, "local": {"steps": 3}}).steps_timed is None and set(trained) == {3}

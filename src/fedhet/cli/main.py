@@ -529,6 +529,10 @@ def _print_estimates(estimates: list[Any], title: str, note: str = "") -> None:
     for row in estimate_rows(estimates):
         table.add_row(*row)
     console.print(table)
+    for e in estimates:
+        if e.steps_timed:
+            timed, steps = e.steps_timed
+            console.print(f"{e.label}: rounds timed with {timed} of their {steps} local steps, training scaled")
     if any(e.stand_in for e in estimates):
         console.print(f"{STAND_IN_NOTE} (the dataset files are not in the data folder); nothing was written")
     else:

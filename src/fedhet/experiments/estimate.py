@@ -57,6 +57,7 @@ class Estimate:
     peak_mb: float
     backend: str
     stand_in: bool
+    steps_timed: tuple[int, int] | None = None  # (timed, configured) local steps when the timed rounds had fewer
 
     @property
     def run_s(self) -> float:
@@ -68,6 +69,7 @@ class Estimate:
 
 
 ESTIMATE_EVAL_CLIENTS = 10  # clients scored in a timed evaluation (the others: `_seconds_per_sample`)
+MAX_TIMED_STEPS = 50  # local steps of a timed round at most; a round of more is timed with these and scaled
 WARM_UP_ROUNDS = 2  # the first trains, the second trains and evaluates: neither is timed
 MAX_PAIRS = 9  # timed pairs of rounds (one that only trains, one that trains and evaluates) at most ...
 PAIRS_FOR_S = 3.0  # ... while their rounds took less than this many seconds (one pair at least)
@@ -162,6 +164,8 @@ def estimate_config(
     warm up training and evaluation, then pairs of rounds (training only; training and an evaluation) give the
     medians. A round's time includes its writes (checkpoint, metrics row).
 
+    A round of more than `MAX_TIMED_STEPS` local steps is timed with that many, and its training time scaled to
+    the config's steps (a round's work is its steps; what does not grow with them is then counted a few times).
     The timed evaluations score a seeded sample of clients (`ESTIMATE_EVAL_CLIENTS`, or the config's smaller
     ``eval_clients``); what a run's evaluations cost (the config's sample on average, or everyone; everyone at
     the last) adds what the samples they score beyond those cost, each at `_seconds_per_sample`.
@@ -175,6 +179,10 @@ def estimate_config(
     begun = time.perf_counter()
     longest = WARM_UP_ROUNDS + 2 * MAX_PAIRS
     short = {**short, "rounds": max(cfg.rounds, longest + 1), "eval_every": 2, "eval_clients": sample}
+    steps_timed = None
+    if cfg.local.epochs is None and cfg.local.steps > MAX_TIMED_STEPS:  # the work of a round grows with its steps
+        steps_timed = (MAX_TIMED_STEPS, cfg.local.steps)
+        short = deep_merge(short, {"local": {"steps": MAX_TIMED_STEPS}})
     with tempfile.TemporaryDirectory(prefix="fedhet-estimate-") as tmp:  # a run folder's writes are timed too
         state = run(parse_config(short), Path(tmp) / "run", callbacks=[times], score_sample_only=True)
     peak = memory_mb("VmHWM")
@@ -202,12 +210,13 @@ def estimate_config(
         cfg.rounds,
         evals,
         times.start - begun,
-        statistics.median(p.train_s for p in pairs),
+        statistics.median(p.train_s for p in pairs) * (steps_timed[1] / steps_timed[0] if steps_timed else 1.0),
         max(0.0, evaluated + per_sample * (share * total - scored)),
         max(0.0, evaluated + per_sample * (total - scored)),
         peak,
         exp.engine.last_backend or exp.engine.backend_for(state.config.clients_per_round),
         stand_in,
+        steps_timed,
     )
 
 
@@ -271,6 +280,11 @@ def _cost_key(config: dict[str, Any]) -> str:
     return json.dumps(strip(config), sort_keys=True, default=str)
 
 
+def _alike_label(methods: list[str]) -> str:
+    """The first of methods that cost the same per round, and how many more there are."""
+    return methods[0] if len(methods) == 1 else f"{methods[0]} (+{len(methods) - 1} alike)"
+
+
 def _group_label(tasks: list[Task], root: Path) -> str:
     """The tasks' common label up to the seed, or else their common run-folder prefix under `root`."""
     labels = {_seedless(t.label) for t in tasks}
@@ -283,9 +297,16 @@ def _group_label(tasks: list[Task], root: Path) -> str:
 
 def plan_recipe(recipe: Recipe, seeds: tuple[int, ...]) -> Plan:
     """The runs of `recipe` at paper scale: its methods × seeds, or the first stage a study of its own hands its
-    executor (run with the paper's data, or stand-ins: ``embedded=False``), grouped by what a round costs."""
+    executor (run with the paper's data, or stand-ins: ``embedded=False``), grouped by what a round costs (methods
+    that differ only in learning rates are timed once)."""
     if recipe.custom is None:
-        return Plan([(m, recipe.config(m, seeds[0], quick=False), len(seeds)) for m in recipe.methods])
+        methods: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for m in recipe.methods:
+            config = recipe.config(m, seeds[0], quick=False)
+            methods.setdefault(_cost_key(config), []).append((m, config))
+        return Plan(
+            [(_alike_label([m for m, _ in group]), group[0][1], len(seeds) * len(group)) for group in methods.values()]
+        )
     planner = _Planner()
     with tempfile.TemporaryDirectory(prefix="fedhet-estimate-") as tmp, contextlib.redirect_stdout(io.StringIO()):
         root = Path(tmp).absolute()
