@@ -19,7 +19,7 @@ from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import train_sequential, train_vectorised
 from fedhet.engine.objective import ParameterTerm, Proximal, WeightDecay
 from fedhet.engine.optimizers import SGD, Adam, ClientOptimizer
-from fedhet.engine.plan import LocalPlan
+from fedhet.engine.plan import LocalPlan, LocalSettings
 from fedhet.errors import ConfigError
 from fedhet.models.zoo import ConvClassifier, ToImage
 from fedhet.seeding import derive_seed
@@ -351,6 +351,22 @@ def test_auto_picks_conv_for_the_zoos_cnns_on_a_cpu(name: str) -> None:
     # an objective that needs autograd (a data term, a local rule), or a GPU: the autograd backends
     assert resolve_backend("auto", model, cohort=30, autograd_only=True) in ("vectorised", "sequential")
     assert resolve_backend("auto", model, cohort=30, device=torch.device("cuda")) == "vectorised"
+
+
+def test_auto_leaves_conv_for_sequential_when_a_steps_activations_are_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, _ = _model("lenet")
+    spec = conv_layers(model)
+    assert spec is not None
+    per_sample = conv.step_bytes(spec, 1)
+    assert conv.step_bytes(spec, 10) == 10 * per_sample > 0
+    monkeypatch.setattr(conv, "MAX_STEP_BYTES", 64 * per_sample)
+    assert resolve_backend("auto", model, cohort=30, batch_size=64) == "conv"
+    assert resolve_backend("auto", model, cohort=30, batch_size=65) == "sequential"
+    assert resolve_backend("conv", model, cohort=30, batch_size=65) == "conv"  # asked for: as asked
+    engine = Engine(model, _federated((3, 32, 32), [70, 70]), local=LocalSettings(steps=1, lr=0.1, batch_size=65))
+    assert engine.backend_for(2) == "sequential" and engine.backend_for(2, batch_size=8) == "conv"
+    result = engine.train(model.initial_params(), LocalPlan.uniform(torch.arange(2), 1, 0.1, 65), 0)
+    assert engine.last_backend == "sequential" and bool(torch.isfinite(result.params).all())
 
 
 def test_explicit_conv_needs_a_cnn_it_knows_and_an_objective_without_autograd() -> None:

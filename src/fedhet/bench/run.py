@@ -259,7 +259,7 @@ def bench_workload(w: Workload, data: FederatedData, settings: Settings, say: Ca
                 note=s.note,
             )
         )
-    auto = resolve_backend("auto", FlatModel(build_module(w)), w.clients)
+    auto = resolve_backend("auto", FlatModel(build_module(w)), w.clients, batch_size=w.batch)
     chosen = next(r for r in rows if r.backend == auto)
     fresh = fresh_peak_mb(w) if settings.fresh_memory and "clients" in w.tags else None
     rows.insert(len(backends), replace(chosen, backend=f"auto ({auto})", note="the backend `auto` picks"))

@@ -54,6 +54,11 @@ from fedhet.seeding import derive_seed
 aten = torch.ops.aten
 CHUNK_BYTES = 4 << 20  # a chunk's weights and activations (see `default_chunk`)
 LARGE_LINEAR = 1 << 18  # Linear layers of this many weights and more run client by client
+# A local step's activations (and gradients) per client above which `auto` trains a CNN on `sequential` instead.
+# Measured on 2 cores (docs/performance.md), seconds per round of 4 clients, conv vs sequential: the FEMNIST CNN
+# (1.17 MB a sample) 0.92 vs 1.11 at a batch of 100, 2.46 vs 2.84 at 300, 3.43 vs 2.90 at 600, 6.83 vs 4.31 at
+# 1000 (the full batch of FedMGDA+'s FEMNIST table); VGG-16 (6.9 MB a sample) at 64: 19.3 vs 19.7.
+MAX_STEP_BYTES = 512 << 20
 
 Ctx = Any  # what a layer's forward keeps for its backward
 
@@ -663,12 +668,23 @@ def batched_loss_grad(
     return grad, loss
 
 
+def step_bytes(spec: ConvSpec, batch: int) -> int:
+    """A client's activations and their gradients in one local step of `batch` samples, in bytes."""
+    return 4 * 2 * batch * sum(math.prod(shape) for shape in spec.shapes)
+
+
+def conv_is_faster(spec: ConvSpec, batch: int) -> bool:
+    """Whether `conv` beats `sequential` at this batch size on a CPU: clients side by side on one core each win
+    while a step's activations are small; past `MAX_STEP_BYTES` two clients' activations at once lose to one
+    client on every core (`sequential`)."""
+    return step_bytes(spec, batch) <= MAX_STEP_BYTES
+
+
 def default_chunk(spec: ConvSpec, clients: int, workers: int, batch: int) -> int:
     """Clients per chunk: an equal share of the cohort per worker, but at most `CHUNK_BYTES` of weights and
     activations (a core's cache; the large ops then run per client anyway, only small ones batch)."""
     share = -(-clients // max(workers, 1))
-    activations = 2 * batch * sum(math.prod(shape) for shape in spec.shapes)  # outputs and their gradients
-    return max(1, min(share, CHUNK_BYTES // (4 * (spec.size + activations))))
+    return max(1, min(share, CHUNK_BYTES // (4 * spec.size + step_bytes(spec, batch))))
 
 
 def train_conv(

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from fedhet.data.dataset import ClientData, FederatedData
-from fedhet.engine.conv import conv_layers
+from fedhet.engine.conv import conv_is_faster, conv_layers
 from fedhet.engine.dense import dense_layers
 from fedhet.engine.evaluate import ClientScores, sampled_losses, score_clients, score_own_models, scores_of_some
 from fedhet.engine.functional import FlatModel
@@ -51,11 +51,13 @@ def resolve_backend(
     cohort: int = VECTORISE_MIN_COHORT,
     device: torch.device | None = None,
     autograd_only: bool = False,
+    batch_size: int = 0,
 ) -> Backend:
     """`auto` picks `dense` for networks of Linear layers and ReLU/Tanh/Sigmoid (fastest on every workload
     of `fedhet bench`), and `conv` on a CPU for the CNNs `conv_layers` recognises (every CNN of the zoo; the
     fastest on one core and on two, docs/performance.md), unless the objective needs autograd (a data term or a
-    local rule); for other models, vectorised for models of at most 100k parameters and cohorts of at least 10
+    local rule) or a step's activations at `batch_size` are too large (`conv_is_faster`: then `sequential`); for
+    other models, vectorised for models of at most 100k parameters and cohorts of at least 10
     clients when torch has two threads or more, and for every objective with a local rule, else sequential (on
     a GPU: always vectorised); sequential where vmap cannot run the model. All give the same numbers."""
     if choice == "dense":
@@ -89,8 +91,9 @@ def resolve_backend(
     if dense_layers(model) is not None and not autograd_only:
         return "dense"
     on_cpu = device is None or device.type == "cpu"
-    if on_cpu and not autograd_only and conv_layers(model) is not None:
-        return "conv"
+    spec = conv_layers(model) if on_cpu and not autograd_only else None
+    if spec is not None:
+        return "conv" if conv_is_faster(spec, batch_size) else "sequential"
     if probe is not None and (probe.failure or probe.slow):
         return "sequential"
     if device is not None and device.type != "cpu":
@@ -143,7 +146,7 @@ class Engine:
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         """Local training of the plan's cohort from `global_params`, with the clients' stored state."""
         cohort = self.cohort(plan, global_params, round_)
-        backend = self.backend_for(len(plan.clients), cohort.autograd_only)
+        backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
         self.last_backend = backend
         params, losses, opt_state = train_cohort(
             self.model,
@@ -182,12 +185,14 @@ class Engine:
                 stacklevel=3,
             )
 
-    def backend_for(self, cohort: int, autograd_only: bool = False) -> Backend:
-        """The backend that trains a cohort of this size (see `resolve_backend`)."""
+    def backend_for(self, cohort: int, autograd_only: bool = False, batch_size: int | None = None) -> Backend:
+        """The backend that trains a cohort of this size (see `resolve_backend`) with mini-batches of `batch_size`
+        (default: the run's)."""
         unprobed = self.model.vmap_probe is None and dense_layers(self.model) is None
         if autograd_only and self.backend == "auto" and unprobed:
             self._probe("auto")  # a CNN with an objective that needs autograd: vectorised if vmap runs it well
-        return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only)
+        batch = self.local.batch_size if batch_size is None else batch_size
+        return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only, batch)
 
     def cohort(self, plan: LocalPlan, global_params: Tensor, round_: int) -> Cohort:
         """The plan's objective with the cohort's stored state (a term's initial state for clients never seen;

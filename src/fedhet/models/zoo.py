@@ -327,7 +327,7 @@ class LoopLSTM(nn.Module):
     initialised the same way. So a flat parameter vector (or state dict) means the same in both. `nn.LSTM`'s
     fused kernel has no vmap batching rule (vmap falls back to a per-client loop with a warning), while every
     operation of the written-out loop is batched natively over clients; outside vmap (the `sequential` backend,
-    evaluation) the fused kernel is 2.2× faster per training step on a CPU (docs/performance.md), so it is used
+    evaluation) the fused kernel is 3.3× faster per training step on a CPU (docs/performance.md), so it is used
     there, on the same parameters.
     """
 
