@@ -28,7 +28,7 @@ from fedhet.experiments.evaluation import evaluate_global
 from fedhet.experiments.recipes import RECIPES, deep_merge
 from fedhet.recipes import get_recipe
 
-SMALL: dict[str, Any] = {"local": {"batch_size": 8, "steps": 2}, "data_dir": "no-such-folder"}
+SMALL: dict[str, Any] = {"local": {"batch_size": 8, "steps": 2}, "data_dir": "no-such-folder", "eval_clients": 1}
 QUICK = ["maxfl-table1", "maxfl-finetune-sent140", "fedmgda-bias-attack", "cafed-sensitivity", "fedgsnr-table2"]
 GENERATED = {"cafed-sensitivity"}  # synthetic data made from the config
 SLOW = sorted(set(RECIPES) - set(QUICK) - {"maxfl-mean-estimation"})
