@@ -60,6 +60,17 @@ def test_the_worker_stops_when_its_supernode_is_gone_or_when_asked() -> None:
     assert asked.returncode == 0 and "stopped after 0 tasks" in log
 
 
+def test_the_worker_exits_while_a_task_thread_is_stuck() -> None:
+    """A task pulling from a SuperNode that is gone retries in Flower's non-daemon threads for ever; the worker's
+    exit does not wait for them (found as workers left behind by a loaded deployment test)."""
+    code = (
+        "import threading, time; threading.Thread(target=time.sleep, args=(600,)).start(); "
+        "from fedhet.flower.worker import exit_now; exit_now(3)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("isolation", ["process", "subprocess"])
 def test_deployment_in_each_isolation_gives_the_native_numbers(tmp_path: Path, isolation: str) -> None:
     config = small_config("fedavg", rounds=2)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import os
 import signal
 import sys
 import threading
@@ -260,5 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """End the process without joining its threads: a task still pulling its message from a SuperNode that is gone
+    retries inside Flower's own (non-daemon) thread pool for ever, which a normal exit would wait for."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
