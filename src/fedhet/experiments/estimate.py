@@ -18,10 +18,10 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -35,8 +35,10 @@ from fedhet.experiments.executor import Executor, Outcome, Post, Task
 from fedhet.experiments.recipes import Recipe, dataset_available, deep_merge
 from fedhet.experiments.runner import RunState, run
 from fedhet.memory_usage import memory_mb, reset_peak
+from fedhet.metrics.base import needs_all_clients
 
 STAND_IN_NOTE = "stand-in data: random tensors of the real shapes"
+T = TypeVar("T")
 
 
 @dataclass
@@ -190,7 +192,7 @@ def estimate_config(
     exp = state.experiment
     sizes = (exp.data.train.sizes + exp.data.test.sizes).double()
     everyone = len(sizes)
-    everyone_needed = any(plugin.needs_all_clients for plugin in exp.metrics)
+    everyone_needed = needs_all_clients(exp.metrics)
 
     def scored_by(round_: int) -> torch.Tensor:
         chosen = evaluation_sample(everyone, sample, small.seed, round_)
@@ -280,6 +282,14 @@ def _cost_key(config: dict[str, Any]) -> str:
     return json.dumps(strip(config), sort_keys=True, default=str)
 
 
+def _by_cost(items: Iterable[T], config: Callable[[T], dict[str, Any]]) -> list[list[T]]:
+    """`items` grouped by what a round of their config costs (`_cost_key`), in first-seen order."""
+    groups: dict[str, list[T]] = {}
+    for item in items:
+        groups.setdefault(_cost_key(config(item)), []).append(item)
+    return list(groups.values())
+
+
 def _alike_label(methods: list[str]) -> str:
     """The first of methods that cost the same per round, and how many more there are."""
     return methods[0] if len(methods) == 1 else f"{methods[0]} (+{len(methods) - 1} alike)"
@@ -300,13 +310,9 @@ def plan_recipe(recipe: Recipe, seeds: tuple[int, ...]) -> Plan:
     executor (run with the paper's data, or stand-ins: ``embedded=False``), grouped by what a round costs (methods
     that differ only in learning rates are timed once)."""
     if recipe.custom is None:
-        methods: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-        for m in recipe.methods:
-            config = recipe.config(m, seeds[0], quick=False)
-            methods.setdefault(_cost_key(config), []).append((m, config))
-        return Plan(
-            [(_alike_label([m for m, _ in group]), group[0][1], len(seeds) * len(group)) for group in methods.values()]
-        )
+        methods = [(m, recipe.config(m, seeds[0], quick=False)) for m in recipe.methods]
+        groups = _by_cost(methods, lambda method: method[1])
+        return Plan([(_alike_label([m for m, _ in g]), g[0][1], len(seeds) * len(g)) for g in groups])
     planner = _Planner()
     with tempfile.TemporaryDirectory(prefix="fedhet-estimate-") as tmp, contextlib.redirect_stdout(io.StringIO()):
         root = Path(tmp).absolute()
@@ -316,16 +322,14 @@ def plan_recipe(recipe: Recipe, seeds: tuple[int, ...]) -> Plan:
             pass
         else:
             return Plan(note=f"'{recipe.name}' trains no model (an analytic study): it has nothing to estimate")
-    groups: dict[str, list[Task]] = {}
-    for task in planner.tasks:
-        groups.setdefault(_cost_key(task.config), []).append(task)
     note = (
         f"'{recipe.name}' is a study of stages: this is its first, '{planner.stage}' ({len(planner.tasks)} runs); "
         "the runs it chooses from their results are not included"
         if planner.stage != "runs"
         else ""
     )
-    return Plan([(_group_label(tasks, root), tasks[0].config, len(tasks)) for tasks in groups.values()], note)
+    tasks_by_cost = _by_cost(planner.tasks, lambda task: task.config)
+    return Plan([(_group_label(tasks, root), tasks[0].config, len(tasks)) for tasks in tasks_by_cost], note)
 
 
 def estimate_recipe(

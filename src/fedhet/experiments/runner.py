@@ -34,7 +34,7 @@ from fedhet.experiments.runfolder import (
     identity,
 )
 from fedhet.experiments.tracking import with_trackers
-from fedhet.metrics.base import RoundView
+from fedhet.metrics.base import RoundView, needs_all_clients
 
 __all__ = [
     "CHECKPOINT",
@@ -265,13 +265,9 @@ def _evaluation_sample(state: RunState) -> Tensor | None:
     """The clients evaluated this round under ``eval_clients`` (None: everyone, also when a metric plugin needs
     all of them, unless `RunState.score_sample_only`)."""
     exp, cfg = state.experiment, state.config
-    if cfg.eval_clients == 0 or (_needs_all_clients(state) and not state.score_sample_only):
+    if cfg.eval_clients == 0 or (needs_all_clients(exp.metrics) and not state.score_sample_only):
         return None
     return evaluation_sample(exp.data.num_clients, cfg.eval_clients, cfg.seed, state.round)
-
-
-def _needs_all_clients(state: RunState) -> bool:
-    return any(plugin.needs_all_clients for plugin in state.experiment.metrics)
 
 
 def _check_divergence(state: RunState, losses: Tensor) -> None:
@@ -325,7 +321,7 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
                 metrics, state.client_columns, test, train = evaluate_global(
                     exp.engine, evaluated, sample, count=cfg.eval_clients > 0
                 )
-                if sample is not None and _needs_all_clients(state):  # only with `score_sample_only`
+                if sample is not None and needs_all_clients(exp.metrics):  # only with `score_sample_only`
                     test, train = spread_scores(test, sample), spread_scores(train, sample)
                 metrics = {
                     "round": float(state.round),

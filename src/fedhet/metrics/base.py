@@ -6,6 +6,7 @@ metrics (columns of ``metrics.csv``) and optional per-client columns (of ``clien
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -57,6 +58,11 @@ class Metric(Component):
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         del state
+
+
+def needs_all_clients(metrics: Iterable[Metric]) -> bool:
+    """Whether one of `metrics` needs every client scored (`Metric.needs_all_clients`)."""
+    return any(plugin.needs_all_clients for plugin in metrics)
 
 
 METRIC_PLUGINS: Registry[Metric] = Registry("metric")
