@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from fedhet.catalog import MODELS
-from fedhet.data.dataset import ClientData, FederatedData
+from fedhet.bench.systems import build_module
+from fedhet.bench.workloads import Workload
 from fedhet.engine.conv import conv_layers, step_bytes
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
@@ -23,16 +23,6 @@ from fedhet.engine.plan import LocalPlan
 
 SHAPES = {"cnn_femnist": (1, 28, 28), "cnn_mnist": (1, 28, 28), "cnn_fmnist": (1, 28, 28)}  # others: 3×32×32
 CLASSES = 62
-
-
-def federated(shape: tuple[int, ...], clients: int, samples: int) -> FederatedData:
-    gen = torch.Generator().manual_seed(0)
-
-    def split(n: int) -> ClientData:
-        xs = [torch.randn(n, *shape, generator=gen) for _ in range(clients)]
-        return ClientData.from_parts(xs, [torch.randint(0, CLASSES, (n,), generator=gen) for _ in range(clients)])
-
-    return FederatedData("random", split(samples), split(10), CLASSES, torch.ones(clients, dtype=torch.bool))
 
 
 def main() -> None:
@@ -51,11 +41,11 @@ def main() -> None:
     print("| batch | a step's activations per client | conv | sequential |")
     print("|---|---|---|---|")
     for batch in (int(b) for b in args.batches.split(",")):
-        torch.manual_seed(0)
-        model = FlatModel(MODELS.build(args.model).build(shape, CLASSES))
+        w = Workload("cnn", "", {"name": args.model}, shape, CLASSES, args.clients, samples=batch)
+        model = FlatModel(build_module(w))
         spec = conv_layers(model)
         assert spec is not None, f"{args.model} is not a CNN the conv backend runs"
-        data = federated(shape, args.clients, batch)
+        data = w.data()
         engines = {name: Engine(model, data, backend=name) for name in ("conv", "sequential")}  # type: ignore[arg-type]
         w0 = model.initial_params()
         plan = LocalPlan.uniform(torch.arange(args.clients), args.steps, 0.01, batch)
