@@ -14,6 +14,7 @@ from the run's config), or ``data-file`` (a partition file written by scripts/fl
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -50,18 +51,41 @@ from fedhet.flower.remote import RemoteEngine, Settings, remote_builder  # noqa:
 
 log = logging.getLogger("fedhet.flower")
 STATE_KEY = "fedhet-client-state"
-POLL_S, MAX_POLL_S = 0.005, 0.2  # how often the server looks for the nodes' replies
+PACKED, LAYOUT = "fedhet.packed", "fedhet.layout"  # a message's small arrays as one, and their layout
+PACK_BELOW = 64 << 10  # bytes
+POLL_S, MAX_POLL_S = 0.005, 0.1  # how often the server looks for the nodes' replies
 
 
 def _record(arrays: Arrays, config: Config) -> RecordDict:
+    """A payload as a Flower record: arrays of `PACK_BELOW` bytes or more as their own ``Array``, the smaller
+    ones as one ``Array`` of their bytes (`PACKED`, their layout in the config). Every object of a message is
+    stored by the SuperLink and pushed and pulled with requests of its own: one object for the small arrays takes
+    most of those requests away, and a large one kept apart (the global model, the same in every node's message)
+    is stored and pushed once for all nodes."""
+    small = {name: a for name, a in arrays.items() if a.nbytes < PACK_BELOW}
+    large = {name: Array(a) for name, a in arrays.items() if name not in small}
+    layout = [(name, a.dtype.str, list(a.shape)) for name, a in small.items()]
+    parts = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in small.values()]
+    packed = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
     return RecordDict(
-        {"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}), "config": ConfigRecord(dict(config))}
+        {
+            "arrays": ArrayRecord({**large, PACKED: Array(packed)}),
+            "config": ConfigRecord({**config, LAYOUT: json.dumps(layout)}),
+        }
     )
 
 
 def _payload(content: RecordDict) -> Payload:
-    arrays = {k: v.numpy() for k, v in content["arrays"].items()}
-    return arrays, dict(content["config"])
+    config = dict(content["config"])
+    records = content["arrays"]
+    packed = records[PACKED].numpy()
+    arrays: Arrays = {name: a.numpy() for name, a in records.items() if name != PACKED}
+    start = 0
+    for name, dtype, shape in json.loads(str(config.pop(LAYOUT))):
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        arrays[name] = packed[start : start + size].view(dtype).reshape(shape).copy()
+        start += size
+    return arrays, config
 
 
 class GridTransport:
@@ -243,7 +267,23 @@ def deployed(grid: Grid, context: Context) -> None:
         wait=float(rc.get("wait", 120.0)),
         run_key=run_key(config, out),
     )
+    shorten_reply_pulls()
     serve(grid, config, out, settings)
+
+
+def shorten_reply_pulls() -> None:
+    """Retry a reply's objects that the SuperLink does not hold yet after `POLL_S`, doubling up to `MAX_POLL_S`.
+
+    On a deployment (flwr 1.42's ``HttpGrid``) a node pushes its reply, then the reply's objects; a pull that finds
+    the reply before its objects retried after 1 s, then 2 … (``pull_objects``' defaults), about a second lost in
+    most exchanges. Leaves other flwr releases as they are."""
+    try:
+        from flwr.superlink.grid import http_grid
+    except ImportError:
+        return
+    pull = getattr(http_grid, "pull_objects", None)
+    if pull is not None and not isinstance(pull, functools.partial):
+        http_grid.pull_objects = functools.partial(pull, initial_backoff=POLL_S, backoff_cap=MAX_POLL_S)
 
 
 __all__ = ["GridTransport", "client_app", "config_text", "make_server_app", "serve", "server_app"]

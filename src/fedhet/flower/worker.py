@@ -11,7 +11,7 @@ another (as Flower's SuperExec does) and runs each in itself (as ``flwr-clientap
 protocol: pull the message and context, run the ClientApp, push the reply and the context back, heartbeats while
 it works. torch, fedhet, the partition and the node's `NodeWorker` (its engine) stay loaded between messages.
 
-    flower-supernode --isolation process --port 19301 ...
+    python -m fedhet.flower.supernode --isolation process --port 19301 ...   (or Flower's flower-supernode)
     python -m fedhet.flower.worker --runtime-api-address 127.0.0.1:19301 --insecure --parent-pid <supernode pid>
 
 The task protocol is Flower's internal API (``flwr.supernode.runtime``), so this module needs the flwr release
