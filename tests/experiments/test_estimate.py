@@ -154,6 +154,23 @@ def test_methods_that_differ_only_in_learning_rates_are_timed_once() -> None:
     assert "FedAvg (η_l=0.25, momentum 0.5) (+3 alike)" in labels and "FedAvg (η_l=0.8, momentum 0)" in labels
 
 
+def test_methods_that_differ_only_in_the_size_of_a_rules_coefficient_are_timed_once() -> None:
+    plan = plan_recipe(get_recipe("fedmgda-femnist-b20"), (0,))
+    labels = [label for label, _, _ in plan.configs]
+    assert sum(runs for _, _, runs in plan.configs) == len(get_recipe("fedmgda-femnist-b20").methods)
+    # Table 12: six q-FedAvg rows (q, L), three FedProx rows (μ), the decays of FedMGDA+ and FedAvg-n: one each
+    assert "q-FedAvg (q=0.1, L=0.1) (+5 alike)" in labels and "FedProx (μ=0.01) (+2 alike)" in labels
+    assert not any(label.startswith("q-FedAvg (q=0.5") for label in labels)
+    base = {"algorithm": {"name": "fedprox", "mu": 0.1}, "local": {"steps": 5}}
+    assert estimate_module._cost_key(base) == estimate_module._cost_key(
+        {**base, "algorithm": {"name": "fedprox", "mu": 2.0}}
+    )
+    off = {**base, "algorithm": {"name": "fedprox", "mu": 0.0}}  # a term switched off can change the work
+    assert estimate_module._cost_key(base) != estimate_module._cost_key(off)
+    more = {**base, "local": {"steps": 50}}
+    assert estimate_module._cost_key(base) != estimate_module._cost_key(more)
+
+
 def test_a_round_of_many_steps_is_timed_with_fewer_and_scaled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(estimate_module, "MAX_TIMED_STEPS", 4)

@@ -49,9 +49,9 @@ def test_shorten_waits_patches_flowers_supernode_loop(monkeypatch: pytest.Monkey
     monkeypatch.setattr(loop, "_push_messages", lambda **kwargs: calls.append(loop.time.next))
     backoff = supernode.shorten_waits(first_s=0.02, cap_s=1.5)
     assert loop.time is backoff and backoff.cap == 1.5
-    backoff.next = 0.7  # some idle waits
-    loop._push_messages()  # pushing a reply resets the idle backoff before and after
-    assert calls == [0.02] and backoff.next == 0.02
+    backoff.next = 0.7  # after some idle waits, a message came
+    loop._push_messages()  # pushing its reply resets the idle backoff
+    assert calls == [0.7] and backoff.next == 0.02
     assert isinstance(loop.pull_objects, functools.partial)
     assert loop.pull_objects.keywords == {"initial_backoff": 0.02, "backoff_cap": 1.5}
 

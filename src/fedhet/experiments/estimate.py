@@ -271,13 +271,24 @@ def _seedless(label: str) -> str:
     return re.sub(r"[,|/ ]*\bseed ?\d+$", "", label).strip() or label
 
 
+# Coefficients of the strategies' rules whose size changes the arithmetic, not the work of a round: learning-rate
+# decay (FedMGDA+, FedAvg-n), q-FedAvg's q and Lipschitz constant, proximal weights. Only whether one is zero (a
+# term switched off) can change what a round computes.
+SCALE_ONLY = frozenset({"lr_decay", "decay_every", "q", "lipschitz", "mu", "prox_mu"})
+
+
 def _cost_key(config: dict[str, Any]) -> str:
-    """The config up to what does not change a round's cost: the seed and the learning rates (``lr``, ``*_lr``)."""
+    """The config up to what does not change a round's cost: the seed, the learning rates (``lr``, ``*_lr``), and
+    of the `SCALE_ONLY` coefficients only whether each is zero."""
 
     def strip(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k != "seed" and k != "lr" and not k.endswith("_lr")}
-        return value
+        if not isinstance(value, dict):
+            return value
+        return {
+            k: (v != 0 if k in SCALE_ONLY and isinstance(v, int | float) else strip(v))
+            for k, v in value.items()
+            if k != "seed" and k != "lr" and not k.endswith("_lr")
+        }
 
     return json.dumps(strip(config), sort_keys=True, default=str)
 
@@ -308,7 +319,7 @@ def _group_label(tasks: list[Task], root: Path) -> str:
 def plan_recipe(recipe: Recipe, seeds: tuple[int, ...]) -> Plan:
     """The runs of `recipe` at paper scale: its methods × seeds, or the first stage a study of its own hands its
     executor (run with the paper's data, or stand-ins: ``embedded=False``), grouped by what a round costs (methods
-    that differ only in learning rates are timed once)."""
+    that differ only in learning rates or the size of a `SCALE_ONLY` coefficient are timed once)."""
     if recipe.custom is None:
         methods = [(m, recipe.config(m, seeds[0], quick=False)) for m in recipe.methods]
         groups = _by_cost(methods, lambda method: method[1])

@@ -60,11 +60,10 @@ class Backoff:
 
 
 def resetting(backoff: Backoff, function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function`, resetting `backoff` before and after it runs."""
+    """`function`, resetting `backoff` when it returns (a node that has just answered soon gets the next message)."""
 
     @functools.wraps(function)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        backoff.reset()
         try:
             return function(*args, **kwargs)
         finally:
