@@ -23,10 +23,11 @@ from fedhet.flower import worker
 from fedhet.flower.ports import free_port_block
 
 
-def workers_of(port: int) -> list[str]:
+def deployment_of(port: int) -> list[str]:
+    """The SuperLink, SuperNodes (Flower's or fedhet's launcher) and node workers of the test's ports still running."""
     listing = subprocess.run(["ps", "-ww", "-eo", "args="], capture_output=True, text=True, check=True).stdout
-    ours = [f"127.0.0.1:{port + 1 + i} " for i in range(2)]  # the workers of the two SuperNodes of the test
-    return [line for line in listing.splitlines() if "fedhet.flower.worker" in line and any(a in line for a in ours)]
+    ours = re.compile(rf"(127\.0\.0\.1:|--port )({port}|{port + 1}|{port + 2})\b")
+    return [line for line in listing.splitlines() if ("flower" in line or "flwr" in line) and ours.search(line)]
 
 
 def test_the_worker_refuses_a_flwr_release_whose_task_protocol_it_does_not_speak(
@@ -90,10 +91,10 @@ def test_deployment_in_each_isolation_gives_the_native_numbers(tmp_path: Path, i
         assert logs == []
         return
     assert len(logs) == 2
-    deadline = time.monotonic() + 30  # `stop` ended the SuperNodes; their workers follow them
-    while workers_of(port) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30  # `stop` ended the SuperLink and SuperNodes; their workers follow them
+    while deployment_of(port) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert workers_of(port) == []
+    assert deployment_of(port) == []
     for log in logs:  # meta, then per round: train and scores; every one answered by this one process
         tasks = re.findall(r"task (\d+): completed", log.read_text())
         assert len(tasks) >= 5 and tasks == [str(i) for i in range(1, len(tasks) + 1)]
