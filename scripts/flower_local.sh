@@ -36,11 +36,11 @@ start() {
   for _ in $(seq 240); do (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.5; done
   local isolation=${ISOLATION:-process}
   case $isolation in process|subprocess) ;; *) echo "error: ISOLATION is process or subprocess" >&2; exit 2 ;; esac
+  local supernode=("$bin/flower-supernode")
+  if [ "$isolation" = process ]; then  # Flower's SuperNode with fedhet's shorter polls (docs/flower.md)
+    supernode=("$bin/python" -m fedhet.flower.supernode)
+  fi
   for i in $(seq 0 $((nodes - 1))); do
-    local supernode=("$bin/flower-supernode")
-    if [ "$isolation" = process ]; then  # Flower's SuperNode with fedhet's shorter polls (docs/flower.md)
-      supernode=("$bin/python" -m fedhet.flower.supernode)
-    fi
     "${supernode[@]}" --insecure --superlink "127.0.0.1:$port" --port $((port + 1 + i)) \
       --isolation "$isolation" \
       --node-config "data-file='$work/parts/node-$i.pt' state-dir='$work/state/node-$i'" \

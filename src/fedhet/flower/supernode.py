@@ -29,8 +29,8 @@ from typing import Any
 from fedhet.flower.worker import require_flwr_worker
 
 FIRST_WAIT_S = 0.01
-MAX_WAIT_S = 3.0
 IDLE_WAIT_S = 3.0  # what Flower 1.42's SuperNode sleeps when the SuperLink has no message for it
+MAX_WAIT_S = IDLE_WAIT_S  # by default an idle node ends up polling as seldom as Flower's
 GROWTH = 1.5
 
 
