@@ -184,6 +184,52 @@ def test_a_round_of_many_steps_is_timed_with_fewer_and_scaled(tmp_path: Path, mo
     monkeypatch.setattr(Engine, "train", recording)
     raw = {"dataset": "digits", "rounds": 30, "num_clients": 6, "local": {"steps": 12}}
     estimate = estimate_run({**raw, "model": {"name": "mlp", "hidden": [8]}})
-    assert set(trained) == {4} and estimate.steps_timed == (4, 12)
+    # the probe's round takes one step; the timed rounds four, the most a timed round takes here
+    assert trained[0] == 1 and set(trained[1:]) == {4} and estimate.steps_timed == (4, 12)
     trained.clear()
-    assert estimate_run({**raw, "local": {"steps": 3}}).steps_timed is None and set(trained) == {3}
+    assert estimate_run({**raw, "local": {"steps": 3}}).steps_timed is None and set(trained[1:]) == {3}
+
+
+def test_only_the_local_training_of_a_round_is_scaled_to_the_configs_steps() -> None:
+    # a round of 5 s, 1 s of it local training with 1 of 20 steps: the other 4 s (a strategy's own measurements,
+    # aggregation, writes) do not grow with the steps
+    pair = estimate_module._Pair(train_s=5.0, local_s=1.0, eval_s=0.0, eval_writes_s=0.0)
+    assert pair.train_at(20.0) == pytest.approx(24.0) and pair.train_at(1.0) == pytest.approx(5.0)
+
+
+def test_the_probe_fits_the_timed_steps_and_evaluation_sample_to_their_budgets() -> None:
+    probe = estimate_module._Probe(step_s=2.0, eval_client_s=3.0)  # budgets of 10 s each
+    assert probe.timed_steps(20) == 5 and probe.timed_steps(3) == 3 and probe.eval_clients() == 3
+    slow = estimate_module._Probe(step_s=30.0, eval_client_s=40.0)  # one step and two clients at least
+    assert slow.timed_steps(20) == 1 and slow.eval_clients() == 2
+    fast = estimate_module._Probe(step_s=0.001, eval_client_s=0.0)
+    assert fast.timed_steps(300) == estimate_module.MAX_TIMED_STEPS and fast.eval_clients() == ESTIMATE_EVAL_CLIENTS
+
+
+def test_a_long_round_is_timed_with_one_step_and_a_long_evaluation_on_two_clients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(estimate_module, "ROUND_BUDGET_S", 1e-9)
+    monkeypatch.setattr(estimate_module, "EVAL_BUDGET_S", 1e-9)
+    trained: list[int] = []
+    scored: list[int] = []
+    train = Engine.train
+
+    def training(self: Engine, params: torch.Tensor, plan: Any, round_: int) -> Any:
+        trained.append(int(plan.steps.max()))
+        return train(self, params, plan, round_)
+
+    def scoring(engine: Any, params: torch.Tensor, clients: torch.Tensor | None = None, count: bool = False) -> Any:
+        scored.append(engine.data.num_clients if clients is None else len(clients))
+        return evaluate_global(engine, params, clients, count)
+
+    monkeypatch.setattr(Engine, "train", training)
+    monkeypatch.setattr(runner, "evaluate_global", scoring)
+    raw = {"dataset": "digits", "rounds": 30, "num_clients": 20, "local": {"steps": 12}}
+    estimate = estimate_run({**raw, "model": {"name": "mlp", "hidden": [8]}})
+    assert set(trained) == {1} and estimate.steps_timed == (1, 12)
+    assert estimate.train_s > 0
+    assert scored and set(scored) == {2}  # the run's timed evaluations scored two of the 20 clients
+    assert estimate.final_eval_s >= estimate.eval_s > 0 and estimate.train_s > 0
+    assert os.listdir(tmp_path) == []

@@ -107,6 +107,22 @@ def test_early_stopping_callback() -> None:
     assert state.final["test_accuracy"] >= 0.3
 
 
+class LocalTraining(Callback):
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+        self.seconds.append(state.local_training_s)
+        return False
+
+
+def test_each_round_says_how_long_its_local_training_took() -> None:
+    seen = LocalTraining()
+    state = run(parse_config(small(rounds=3)), callbacks=[seen])
+    assert len(seen.seconds) == 3 and all(s > 0 for s in seen.seconds)
+    assert sum(seen.seconds) <= state.wall_time_s  # a part of the rounds' time
+
+
 class CountRounds(Callback):
     def __init__(self) -> None:
         self.rounds = 0

@@ -299,9 +299,11 @@ def gradient_statistics(
     """Mean g̃_k and per-coordinate variance diag Σ̃_k of `count` per-sample gradients at `w0` (m, P) each.
 
     Every client draws `count` of its samples without replacement (fewer if it has fewer; `stats_samples`).
-    All clients share `w0`, so the per-sample gradients of the whole cohort come from one `vmap(grad)` over
-    its samples, in chunks of clients holding at most `max_elements` gradient entries. The variance divides by
-    the number of samples used (1/B, FedGSNR §3); a client without samples gets zeros.
+    All clients share `w0`, so the per-sample gradients come from one `vmap(grad)` over a block of samples of a
+    chunk of clients, each block holding at most `max_elements` gradient entries (a large model's block is a few
+    of one client's samples); blocks are merged with the pairwise update of Chan, Golub & LeVeque (1979), so
+    memory does not grow with `count`. The variance divides by the number of samples used (1/B, FedGSNR §3); a
+    client without samples gets zeros.
     """
     index, weight = stats_samples(data.offsets, clients, count, seed, round_)
     m, b = index.shape
@@ -310,16 +312,25 @@ def gradient_statistics(
         in_dims=(None, 0, 0),
     )
     means = torch.zeros(m, model.size)
-    variances = torch.zeros(m, model.size)
+    variances = torch.zeros(m, model.size)  # sums of squared deviations until the chunk's last block
     chunk = max(1, max_elements // max(1, b * model.size))
+    block = max(1, min(b, max_elements // model.size))
     for lo in range(0, m, chunk):
-        rows = index[lo : lo + chunk]
-        g = per_sample(w0, data.x[rows.reshape(-1)], data.y[rows.reshape(-1)]).reshape(len(rows), b, -1)
-        wt = weight[lo : lo + chunk].unsqueeze(2)
-        n = wt.sum(1).clamp_min(1.0)
-        mean = (g * wt).sum(1) / n
-        means[lo : lo + chunk] = mean
-        variances[lo : lo + chunk] = (((g - mean.unsqueeze(1)) ** 2) * wt).sum(1) / n
+        rows = slice(lo, lo + chunk)
+        seen = torch.zeros(len(index[rows]), 1)
+        for first in range(0, b, block):
+            picked = index[rows, first : first + block]
+            g = per_sample(w0, data.x[picked.reshape(-1)], data.y[picked.reshape(-1)]).reshape(*picked.shape, -1)
+            wt = weight[rows, first : first + block].unsqueeze(2)
+            n = wt.sum(1)
+            mean = (g * wt).sum(1) / n.clamp_min(1.0)
+            squares = (((g - mean.unsqueeze(1)) ** 2) * wt).sum(1)
+            share = n / (seen + n).clamp_min(1.0)
+            delta = mean - means[rows]
+            means[rows] += delta * share
+            variances[rows] += squares + delta**2 * (seen * share)
+            seen += n
+        variances[rows] /= seen.clamp_min(1.0)
     return means, variances
 
 

@@ -70,8 +70,10 @@ class Estimate:
         return self.run_s * self.runs
 
 
-ESTIMATE_EVAL_CLIENTS = 10  # clients scored in a timed evaluation (the others: `_seconds_per_sample`)
+ESTIMATE_EVAL_CLIENTS = 10  # clients scored in a timed evaluation at most (the others: `_seconds_per_sample`)
 MAX_TIMED_STEPS = 50  # local steps of a timed round at most; a round of more is timed with these and scaled
+ROUND_BUDGET_S = 10.0  # a timed round trains for about this long at most (fewer steps, one at least: `_Probe`)
+EVAL_BUDGET_S = 10.0  # a timed evaluation scores as many clients as take about this long (two at least)
 WARM_UP_ROUNDS = 2  # the first trains, the second trains and evaluates: neither is timed
 MAX_PAIRS = 9  # timed pairs of rounds (one that only trains, one that trains and evaluates) at most ...
 PAIRS_FOR_S = 3.0  # ... while their rounds took less than this many seconds (one pair at least)
@@ -79,12 +81,17 @@ PAIRS_FOR_S = 3.0  # ... while their rounds took less than this many seconds (on
 
 @dataclass
 class _Pair:
-    """One timed pair of rounds: training (with the round's writes), the evaluation's compute, and the extra writes
-    of an evaluated round (its metrics row)."""
+    """One timed pair of rounds: training (with the round's writes), the local training within it (the engine's
+    `train`), the evaluation's compute, and the extra writes of an evaluated round (its metrics row)."""
 
     train_s: float
+    local_s: float
     eval_s: float
     eval_writes_s: float
+
+    def train_at(self, scale: float) -> float:
+        """The training round's seconds had its local training been `scale` times as long (as many more steps)."""
+        return self.train_s + self.local_s * (scale - 1.0)
 
 
 class _RoundTimes(Callback):
@@ -98,6 +105,7 @@ class _RoundTimes(Callback):
         self.start = 0.0
         self.ends: list[float] = []
         self.writes: list[float] = []
+        self.local: list[float] = []
 
     def on_run_start(self, state: RunState) -> None:
         self.start = time.perf_counter()
@@ -106,6 +114,7 @@ class _RoundTimes(Callback):
         now = time.perf_counter()
         self.ends.append(now)
         self.writes.append(max(0.0, now - self.start - state.wall_time_s))
+        self.local.append(state.local_training_s)
         if state.round <= WARM_UP_ROUNDS or state.round % 2:
             return False
         pairs = (state.round - WARM_UP_ROUNDS) // 2
@@ -118,7 +127,12 @@ class _RoundTimes(Callback):
             train, evaluated = rounds[odd], rounds[odd + 1]
             compute_train, compute_eval = train - self.writes[odd], evaluated - self.writes[odd + 1]
             out.append(
-                _Pair(train, max(0.0, compute_eval - compute_train), max(0.0, self.writes[odd + 1] - self.writes[odd]))
+                _Pair(
+                    train,
+                    self.local[odd],
+                    max(0.0, compute_eval - compute_train),
+                    max(0.0, self.writes[odd + 1] - self.writes[odd]),
+                )
             )
         return out
 
@@ -159,32 +173,91 @@ class StandIns:
         return raw, True
 
 
+@dataclass
+class _Probe:
+    """What sizes the timed rounds of a config whose rounds are long: a round's local training with one step per
+    client and a client of mean size's evaluation, each run once, cold (so both rather high)."""
+
+    step_s: float
+    eval_client_s: float
+
+    def timed_steps(self, steps: int) -> int:
+        """The local steps a timed round takes: the config's, at most `MAX_TIMED_STEPS`, fewer where a round of
+        them would train for more than `ROUND_BUDGET_S`; one at least."""
+        fit = int(ROUND_BUDGET_S / self.step_s) if self.step_s > 0 else steps
+        return max(1, min(steps, MAX_TIMED_STEPS, fit))
+
+    def eval_clients(self) -> int:
+        """The clients a timed evaluation scores: `ESTIMATE_EVAL_CLIENTS`, fewer where scoring them would take
+        more than `EVAL_BUDGET_S`; two at least (`_seconds_per_sample` compares all of them with one)."""
+        fit = int(EVAL_BUDGET_S / self.eval_client_s) if self.eval_client_s > 0 else ESTIMATE_EVAL_CLIENTS
+        return max(2, min(ESTIMATE_EVAL_CLIENTS, fit))
+
+
+class _StopAfterFirstRound(Callback):
+    def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+        return True
+
+
+def _probe(short: dict[str, Any]) -> _Probe:
+    """One round of `short` (a stand-in config) with one local step per client, then client 0's evaluation,
+    scaled to a client of mean size."""
+    probe = deep_merge(short, {"rounds": 2, "eval_every": 2, "local": {"steps": 1}})
+    state = run(parse_config(probe), callbacks=[_StopAfterFirstRound()])
+    exp = state.experiment
+    start = time.perf_counter()
+    evaluate_global(exp.engine, state.params, torch.zeros(1, dtype=torch.long))
+    sizes = (exp.data.train.sizes + exp.data.test.sizes).double()
+    per_sample = (time.perf_counter() - start) / max(float(sizes[0]), 1.0)
+    return _Probe(state.local_training_s, per_sample * float(sizes.mean()))
+
+
+def _probe_key(short: dict[str, Any]) -> str:
+    """What a probe's times depend on enough to be shared: the config without its method and metrics."""
+    return _cost_key({k: v for k, v in short.items() if k not in ("algorithm", "metrics")})
+
+
 def estimate_config(
-    raw: dict[str, Any], label: str, runs: int, stand_ins: StandIns, budget_s: float = PAIRS_FOR_S
+    raw: dict[str, Any],
+    label: str,
+    runs: int,
+    stand_ins: StandIns,
+    budget_s: float = PAIRS_FOR_S,
+    probes: dict[str, _Probe] | None = None,
 ) -> Estimate:
     """A few rounds of `raw` (its dataset or a stand-in), in this process, into a temporary run folder (deleted): two
     warm up training and evaluation, then pairs of rounds (training only; training and an evaluation) give the
     medians. A round's time includes its writes (checkpoint, metrics row).
 
-    A round of more than `MAX_TIMED_STEPS` local steps is timed with that many, and its training time scaled to
-    the config's steps (a round's work is its steps; what does not grow with them is then counted a few times).
-    The timed evaluations score a seeded sample of clients (`ESTIMATE_EVAL_CLIENTS`, or the config's smaller
-    ``eval_clients``); what a run's evaluations cost (the config's sample on average, or everyone; everyone at
-    the last) adds what the samples they score beyond those cost, each at `_seconds_per_sample`.
+    A step-based round is first probed (`_Probe`, shared by the configs of `probes` that differ only in method
+    and metrics): a round of more than `MAX_TIMED_STEPS` local steps, or one that would train for more than
+    `ROUND_BUDGET_S`, is timed with fewer, and its local training (the engine's `train`: not the strategy's own
+    work, such as FedGSNR's gradient statistics, nor the round's writes) scaled to the config's steps.
+    The timed evaluations score a seeded sample of clients (`ESTIMATE_EVAL_CLIENTS`, fewer where they would take
+    more than `EVAL_BUDGET_S`, or the config's smaller ``eval_clients``); what a run's evaluations cost (the
+    config's sample on average, or everyone; everyone at the last) adds what the samples they score beyond those
+    cost, each at `_seconds_per_sample`.
     """
     cfg = parse_config(raw)
     short, stand_in = stand_ins.config(raw)
     small = parse_config(short)
     sample = min(ESTIMATE_EVAL_CLIENTS, small.eval_clients or ESTIMATE_EVAL_CLIENTS)
+    steps_timed = None
+    if cfg.local.epochs is None:  # the work of a round grows with its steps
+        probes = {} if probes is None else probes
+        key = _probe_key(short)
+        if key not in probes:
+            probes[key] = _probe(short)
+        timed = probes[key].timed_steps(cfg.local.steps)
+        if timed < cfg.local.steps:
+            steps_timed = (timed, cfg.local.steps)
+            short = deep_merge(short, {"local": {"steps": timed}})
+        sample = min(sample, probes[key].eval_clients())
     times = _RoundTimes(budget_s)
     reset_peak()
     begun = time.perf_counter()
     longest = WARM_UP_ROUNDS + 2 * MAX_PAIRS
     short = {**short, "rounds": max(cfg.rounds, longest + 1), "eval_every": 2, "eval_clients": sample}
-    steps_timed = None
-    if cfg.local.epochs is None and cfg.local.steps > MAX_TIMED_STEPS:  # the work of a round grows with its steps
-        steps_timed = (MAX_TIMED_STEPS, cfg.local.steps)
-        short = deep_merge(short, {"local": {"steps": MAX_TIMED_STEPS}})
     with tempfile.TemporaryDirectory(prefix="fedhet-estimate-") as tmp:  # a run folder's writes are timed too
         state = run(parse_config(short), Path(tmp) / "run", callbacks=[times], score_sample_only=True)
     peak = memory_mb("VmHWM")
@@ -206,13 +279,14 @@ def estimate_config(
     share = min(1.0, small.eval_clients / everyone) if small.eval_clients and not everyone_needed else 1.0
     total = float(sizes.sum())
     evals = cfg.rounds // cfg.eval_every + (cfg.rounds % cfg.eval_every > 0)
+    scale = steps_timed[1] / steps_timed[0] if steps_timed else 1.0
     return Estimate(
         label,
         runs,
         cfg.rounds,
         evals,
         times.start - begun,
-        statistics.median(p.train_s for p in pairs) * (steps_timed[1] / steps_timed[0] if steps_timed else 1.0),
+        statistics.median(p.train_at(scale) for p in pairs),
         max(0.0, evaluated + per_sample * (share * total - scored)),
         max(0.0, evaluated + per_sample * (total - scored)),
         peak,
@@ -357,9 +431,10 @@ def estimate_recipe(
     plan = plan_recipe(recipe, seeds or recipe.seeds)
     stand_ins = StandIns(scale)
     out = []
+    probes: dict[str, _Probe] = {}
     for i, (label, raw, runs) in enumerate(plan.configs, 1):
         say(f"estimating {recipe.name} ({i}/{len(plan.configs)}): {label}")
-        out.append(estimate_config(deep_merge(raw, changes or {}), label, runs, stand_ins, budget_s))
+        out.append(estimate_config(deep_merge(raw, changes or {}), label, runs, stand_ins, budget_s, probes))
     return out, plan.note
 
 

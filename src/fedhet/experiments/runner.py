@@ -59,6 +59,7 @@ class RunState:
     round: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     wall_time_s: float = 0.0
+    local_training_s: float = 0.0  # the last round's local training (the engine's `train`), seconds
     status: str = "running"
     out: Path | None = None
     client_columns: dict[str, Tensor] = field(default_factory=dict)
@@ -298,9 +299,12 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             clients = attack.cohort(exp.strategy.select(t, available), available, t)
             previous = state.params
             result: LocalResult | None = None
+            state.local_training_s = 0.0
             if len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
                 plan = attack.corrupt_plan(exp.strategy.configure(t, clients, state.params), t)
+                training = time.perf_counter()
                 result = exp.engine.train(state.params, plan, t)
+                state.local_training_s = time.perf_counter() - training
                 if result.dropped is not None and bool(result.dropped.any()):
                     # clients lost mid-round (a Flower node failed): the round goes on with the others (strategies
                     # keep their per-cohort values by client id, so aggregate reads those of the survivors)

@@ -77,6 +77,22 @@ def test_global_statistics_eqs_8_9() -> None:
     torch.testing.assert_close(v, torch.tensor([1.14, 1.14], dtype=torch.float64))
 
 
+def test_server_statistics_do_not_depend_on_the_blocks_of_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large model's statistics are summed a client (or a few) at a time: the same g̃, v, L, M and N."""
+    import fedhet.methods.fedgsnr.strategy as strategy_module
+
+    gen = torch.Generator().manual_seed(3)
+    means, variances = torch.randn(5, 40, generator=gen), torch.rand(5, 40, generator=gen)
+    weights, local_batch = torch.tensor([3.0, 1.0, 0.0, 2.0, 5.0]), torch.tensor([4.0, 2.0, 4.0, 1.0, 4.0])
+    g, v = global_statistics(means, variances, weights)
+    terms = gsnr_terms(means, variances, g, v, 4, local_batch)
+    for block in (80, 40, 1):  # two clients, one client, one client (at least one row a block)
+        monkeypatch.setattr(strategy_module, "STATS_BLOCK", block)
+        g_b, v_b = global_statistics(means, variances, weights)
+        torch.testing.assert_close((g_b, v_b), (g, v))
+        torch.testing.assert_close(gsnr_terms(means, variances, g, v, 4, local_batch), terms)
+
+
 def test_terms_optimal_steps_and_gsnr_by_hand() -> None:
     g = torch.tensor([-0.1, 0.1], dtype=torch.float64)
     v = torch.tensor([1.14, 1.14], dtype=torch.float64)
@@ -292,8 +308,8 @@ def test_run_keeps_total_steps_and_backends_agree() -> None:
 
 
 def test_statistics_do_not_depend_on_the_chunking() -> None:
-    """One vmap over the whole cohort or one client at a time: the same g̃ and diag Σ̃ (clients with fewer
-    samples than asked use what they have)."""
+    """One vmap over the whole cohort, one client at a time, or blocks of 1, 2 or 4 of a client's samples merged
+    (a large model's case): the same g̃ and diag Σ̃ (clients with fewer samples than asked use what they have)."""
     from fedhet.engine.local import gradient_statistics
 
     data = tiny_data([3, 7, 12, 5], seed=4)
@@ -301,9 +317,11 @@ def test_statistics_do_not_depend_on_the_chunking() -> None:
     w = engine.initial_params() + 0.3
     clients = torch.tensor([3, 0, 2])
     whole = gradient_statistics(engine.model, data.train, w, clients, 6, seed=1, round_=2)
-    single = gradient_statistics(engine.model, data.train, w, clients, 6, seed=1, round_=2, max_elements=1)
-    for a, b in zip(whole, single, strict=True):
-        torch.testing.assert_close(a, b)
+    size = engine.model.size
+    for max_elements in (6 * size, 4 * size, 2 * size, 1):  # one client; then blocks of 4, 2 and 1 samples
+        blocks = gradient_statistics(engine.model, data.train, w, clients, 6, 1, 2, max_elements=max_elements)
+        for a, b in zip(whole, blocks, strict=True):
+            torch.testing.assert_close(a, b)
     # client 0 (3 samples, all used): its exact per-sample mean and population variance
     x, y = data.train.x[:3], data.train.y[:3]
     per_sample = torch.stack(

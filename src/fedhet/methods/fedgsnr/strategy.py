@@ -47,14 +47,29 @@ from fedhet.strategies.server import ServerOptimizer
 GSNR_FLOOR = 1e-12
 
 
+STATS_BLOCK = 1 << 24  # entries of a (clients × parameters) float64 temporary at most (a large model's: one client)
+
+
+def _row_blocks(rows: int, width: int) -> list[slice]:
+    """Slices of `rows` rows of `width` entries each, at most `STATS_BLOCK` entries (one row at least) a slice."""
+    step = max(1, STATS_BLOCK // max(1, width))
+    return [slice(lo, lo + step) for lo in range(0, rows, step)]
+
+
 def global_statistics(means: Tensor, variances: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
     """Eqs. (8)–(9) on diagonals: g̃ = Σ_k p_k g̃_k and v = Σ_k p_k v_k + Σ_k p_k (g̃_k − g̃)^⊙2.
 
-    `means`, `variances`: (m, P); `weights`: (m,) non-negative, normalised here. Returns float64 (P,) vectors.
+    `means`, `variances`: (m, P); `weights`: (m,) non-negative, normalised here. Returns float64 (P,) vectors,
+    summed over blocks of clients (`_row_blocks`).
     """
     p = weights.double() / weights.double().sum()
-    g = p @ means.double()
-    v = p @ variances.double() + p @ (means.double() - g) ** 2
+    blocks = _row_blocks(*means.shape)
+    g = torch.zeros(means.shape[1], dtype=torch.float64)
+    for rows in blocks:
+        g += p[rows] @ means[rows].double()
+    v = torch.zeros_like(g)
+    for rows in blocks:
+        v += p[rows] @ (variances[rows].double() + (means[rows].double() - g) ** 2)
     return g, v
 
 
@@ -68,16 +83,21 @@ def gsnr_terms(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """L = ‖R_g‖²_F, M_k = ⟨R_k, R_g⟩_F, N_k = ‖R_k‖²_F of §4 with diagonal covariances (float64).
 
-    tr((Σ_l Σ_g)^{1/2}) is Σ_i √(v_l,i v_g,i) for diagonal Σ. `local_batch` (m,): each client's own mini-batch
-    size b_k (default `batch` for all): R_k holds (Σ_k/b_k)^{1/2}, so M_k divides by √(B b_k) and N_k by b_k
-    (module docs). Returns L () and M, N (m,).
+    tr((Σ_l Σ_g)^{1/2}) is Σ_i √(v_l,i v_g,i) = √v_l · √v_g for diagonal Σ. `local_batch` (m,): each client's own
+    mini-batch size b_k (default `batch` for all): R_k holds (Σ_k/b_k)^{1/2}, so M_k divides by √(B b_k) and N_k
+    by b_k (module docs). Returns L () and M, N (m,), computed over blocks of clients (`_row_blocks`).
     """
-    mu_l, v_l = local_mean.double(), local_var.double().clamp_min(0)
     mu_g, v_g = global_mean.double(), global_var.double().clamp_min(0)
-    b_k = torch.full((len(mu_l),), float(batch), dtype=torch.float64) if local_batch is None else local_batch.double()
+    m = len(local_mean)
+    b_k = torch.full((m,), float(batch), dtype=torch.float64) if local_batch is None else local_batch.double()
     big_l = mu_g @ mu_g + v_g.sum() / batch
-    big_m = mu_l @ mu_g + torch.sqrt(v_l * v_g.unsqueeze(0)).sum(1) / torch.sqrt(batch * b_k)
-    big_n = (mu_l**2).sum(1) + v_l.sum(1) / b_k
+    big_m = torch.zeros(m, dtype=torch.float64)
+    big_n = torch.zeros(m, dtype=torch.float64)
+    root_g = v_g.sqrt()
+    for rows in _row_blocks(*local_mean.shape):
+        mu_l, v_l = local_mean[rows].double(), local_var[rows].double().clamp_min(0)
+        big_m[rows] = mu_l @ mu_g + v_l.sqrt() @ root_g / torch.sqrt(batch * b_k[rows])
+        big_n[rows] = (mu_l**2).sum(1) + v_l.sum(1) / b_k[rows]
     return big_l, big_m, big_n
 
 
