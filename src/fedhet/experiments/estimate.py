@@ -195,6 +195,8 @@ class _Probe:
 
 
 class _StopAfterFirstRound(Callback):
+    """Stops a run after its first round (before an evaluation when ``eval_every`` is 2 or more)."""
+
     def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
         return True
 
