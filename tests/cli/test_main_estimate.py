@@ -40,7 +40,7 @@ def test_run_estimate_says_when_rounds_were_timed_with_fewer_steps(
         "--set", "local.steps=9", "--estimate",
     )  # fmt: skip
     assert code == 0, out
-    assert "run: rounds timed with 3 of their 9 local steps, training scaled" in out
+    assert "run: rounds timed with 3 of their 9 local steps, local training scaled" in out
 
 
 def test_reproduce_estimate_uses_stand_ins_without_the_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

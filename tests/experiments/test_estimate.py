@@ -49,8 +49,12 @@ def test_the_projection_adds_set_up_training_and_evaluations() -> None:
 def _check(name: str, tmp_path: Path) -> None:
     recipe = get_recipe(name)
     plan = plan_recipe(recipe, (0, 1))
-    estimates, note = estimate_recipe(recipe, (0, 1), 0.005, SMALL, say=lambda _: None, budget_s=0)
+    said: list[str] = []
+    estimates, note = estimate_recipe(recipe, (0, 1), 0.005, SMALL, say=said.append, budget_s=0)
     assert [e.label for e in estimates] == [label for label, _, _ in plan.configs]
+    # each config is announced, then its result (an estimate of hours shows its configs' costs as they come)
+    assert [line.startswith("estimating") for line in said] == [True, False] * len(estimates)
+    assert all(format_duration(e.projected_s) in said[2 * i + 1] for i, e in enumerate(estimates))
     assert [e.runs for e in estimates] == [runs for _, _, runs in plan.configs]
     assert all(e.train_s > 0 and e.setup_s > 0 and e.eval_s >= 0 and e.peak_mb > 0 for e in estimates)
     assert any(e.stand_in for e in estimates) == (name not in GENERATED)  # generated data needs no stand-in

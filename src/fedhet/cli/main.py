@@ -532,7 +532,7 @@ def _print_estimates(estimates: list[Any], title: str, note: str = "") -> None:
     for e in estimates:
         if e.steps_timed:
             timed, steps = e.steps_timed
-            console.print(f"{e.label}: rounds timed with {timed} of their {steps} local steps, training scaled")
+            console.print(f"{e.label}: rounds timed with {timed} of their {steps} local steps, local training scaled")
     if any(e.stand_in for e in estimates):
         console.print(f"{STAND_IN_NOTE} (the dataset files are not in the data folder); nothing was written")
     else:

@@ -436,7 +436,9 @@ def estimate_recipe(
     probes: dict[str, _Probe] = {}
     for i, (label, raw, runs) in enumerate(plan.configs, 1):
         say(f"estimating {recipe.name} ({i}/{len(plan.configs)}): {label}")
-        out.append(estimate_config(deep_merge(raw, changes or {}), label, runs, stand_ins, budget_s, probes))
+        e = estimate_config(deep_merge(raw, changes or {}), label, runs, stand_ins, budget_s, probes)
+        say(f"  {e.train_s:.3g} s a round, {e.eval_s:.3g} s an evaluation: {format_duration(e.projected_s)}")
+        out.append(e)
     return out, plan.note
 
 
