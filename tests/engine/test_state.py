@@ -11,10 +11,10 @@ from fedhet.engine.state import ClientStore
 
 
 def test_store_reads_the_latest_row_written_before_the_round() -> None:
-    store, zero = ClientStore(), torch.zeros(2, 2)  # the default rows of the two clients read
+    store = ClientStore()
     store.write("c", torch.tensor([3]), torch.tensor([[1.0, 1.0]]), 0)
     store.write("c", torch.tensor([3]), torch.tensor([[2.0, 2.0]]), 4)
-    rows = lambda t: store.read("c", torch.tensor([3, 5]), t, zero)  # noqa: E731
+    rows = lambda t: store.read("c", torch.tensor([3, 5]), t, torch.zeros(2, 2))  # noqa: E731  (the defaults)
     torch.testing.assert_close(rows(0), torch.zeros(2, 2))  # nothing was written before round 0
     torch.testing.assert_close(rows(4), torch.tensor([[1.0, 1.0], [0.0, 0.0]]))  # round 4 sees round 0's row
     torch.testing.assert_close(rows(5), torch.tensor([[2.0, 2.0], [0.0, 0.0]]))
@@ -24,8 +24,30 @@ def test_store_reads_the_latest_row_written_before_the_round() -> None:
     torch.testing.assert_close(rows(3), torch.tensor([[9.0, 9.0], [0.0, 0.0]]))
     again = ClientStore()
     again.load_state_dict(store.state_dict())
-    torch.testing.assert_close(again.read("c", torch.tensor([3]), 3, zero[:1]), torch.tensor([[9.0, 9.0]]))
+    into = torch.zeros(1, 2)
+    assert again.read("c", torch.tensor([3]), 3, into) is into  # filled in place
+    torch.testing.assert_close(into, torch.tensor([[9.0, 9.0]]))
     assert again.clients("c") == [3]
+
+
+def test_store_writes_into_the_memory_of_versions_it_forgets() -> None:
+    store, clients = ClientStore(), torch.tensor([0, 1])
+    read = lambda t: store.read("c", clients, t, torch.full((2, 3), -1.0))  # noqa: E731
+    for round_ in range(4):  # keep one round of history, as the engine does (`Engine.state_history`)
+        store.write("c", clients, torch.full((2, 3), float(round_)) + clients.view(2, 1), round_, keep_from=round_)
+        torch.testing.assert_close(read(round_ + 1), torch.tensor([[0.0] * 3, [1.0] * 3]) + round_)
+        if round_ > 0:
+            torch.testing.assert_close(read(round_), torch.tensor([[0.0] * 3, [1.0] * 3]) + round_ - 1)
+    before = {k: [v.data_ptr() for _, v in store._rows["c"][k]] for k in (0, 1)}
+    store.write("c", clients, torch.zeros(2, 3), 4, keep_from=4)  # round 2's rows are forgotten: their memory reused
+    after = {k: [v.data_ptr() for _, v in store._rows["c"][k]] for k in (0, 1)}
+    assert all(after[k] == [before[k][1], before[k][0]] for k in (0, 1))
+    torch.testing.assert_close(read(4), torch.tensor([[3.0] * 3, [4.0] * 3]))  # round 3's rows are intact
+    torch.testing.assert_close(read(5), torch.zeros(2, 3))
+    store.write("c", torch.tensor([0]), torch.ones(1, 3), 4, keep_from=4)  # a rewritten round reuses its own row
+    torch.testing.assert_close(read(5), torch.tensor([[1.0] * 3, [0.0] * 3]))
+    store.write("c", torch.tensor([7]), torch.ones(1, 3), 4, keep_from=4)  # a new client gets a fresh row
+    assert store.clients("c") == [0, 1, 7]
 
 
 def test_engine_statistics_and_sampled_losses_use_the_client_streams() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from conftest import linear_model, make_context, tiny_data
@@ -20,6 +22,8 @@ def test_option_two_variates() -> None:
     # c_i+ = c_i − c + (x − y)/(K η) with K = 4, η = 0.25
     out = scaffold_client_variates(c_i, c, x, y, torch.tensor([4]), torch.tensor([0.25]))
     torch.testing.assert_close(out, torch.tensor([[1.0 - 0.5 + 1.0, 0.0 - 0.5 - 1.0]]))
+    torch.testing.assert_close(c_i, torch.tensor([[1.0, 0.0]]))  # computed in a new tensor: the inputs are intact
+    torch.testing.assert_close(y, torch.tensor([[1.0, 3.0]]))
 
 
 def test_round_updates_model_and_global_variate() -> None:
@@ -71,6 +75,24 @@ def test_clients_keep_their_variates_in_the_engine() -> None:
     c = strategy.state_dict()["c"]
     torch.testing.assert_close(c, expected.sum(0) / 3)
     assert bool((again.state_delta[KEY][0] != 0).any())
+
+
+def test_a_client_that_takes_no_step_keeps_its_variate() -> None:
+    """Δc_i is 0 for a client of the cohort that took no step, and its stored c_i stays; the others' as usual."""
+    data = tiny_data([4, 4, 4], seed=2)
+    engine = Engine(linear_model(), data, backend="sequential")
+    strategy = Scaffold()
+    strategy.setup(make_context(engine, batch=2, steps=2, lr=0.1, m=2))
+    x, clients = engine.initial_params(), torch.tensor([0, 2])
+    first = engine.train(x, strategy.configure(0, clients, x), 0).state_delta[KEY]  # c_i⁺ of both (c_i was 0)
+    new = strategy.aggregate(0, x, engine.train(x, strategy.configure(0, clients, x), 0))
+    plan = dataclasses.replace(strategy.configure(1, clients, new), steps=torch.tensor([2, 0]))
+    result = engine.train(new, plan, 1)
+    c = strategy.state_dict()["c"]
+    expected = scaffold_client_variates(first[:1], c, new, result.params[:1], result.steps[:1], result.lr[:1])
+    torch.testing.assert_close(result.state_delta[KEY], torch.cat([expected - first[:1], torch.zeros_like(first[1:])]))
+    stored = engine.client_state.read(KEY, clients, 2, torch.zeros(2, x.numel()))
+    torch.testing.assert_close(stored, torch.cat([expected, first[1:]]))
 
 
 def test_correction_removes_drift_on_a_shared_quadratic_view() -> None:

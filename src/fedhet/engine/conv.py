@@ -714,11 +714,10 @@ def train_conv(
     if cohort.autograd_only:
         raise ValueError("the conv backend cannot run data terms or local rules (they need autograd)")
     m, dev = len(plan.clients), w0.device
-    params = w0.unsqueeze(0).repeat(m, 1)
     losses = torch.full((m,), float("nan"), device=dev)
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
     if m == 0 or int(plan.steps.max()) == 0:
-        return params, losses, opt_state
+        return w0.unsqueeze(0).repeat(m, 1), losses, opt_state
     order = torch.argsort(plan.steps, descending=True, stable=True)
     steps = plan.steps[order]
     index, weight = local_batches(data.offsets, plan.clients[order], steps, plan.batch_size, seed, round_, plan.stream)
@@ -728,7 +727,7 @@ def train_conv(
     lr = plan.lr[order].to(dev)
     workers = 1 if dev.type != "cpu" else workers or torch.get_num_threads()
     chunk = chunk_size if chunk_size > 0 else default_chunk(spec, m, workers, plan.batch_size)
-    work = torch.empty_like(params)
+    work = torch.empty(m, len(w0), device=dev)  # the clients' weights in training order
     totals = torch.zeros(m, device=dev)
     remaining = steps.tolist()
     dev_order = order.to(dev)
@@ -761,7 +760,11 @@ def train_conv(
             opt_state[name][ids] = v
 
     _map(run, range(0, m, chunk), workers)
-    params[dev_order] = work
+    if bool((order == torch.arange(m)).all()):
+        params = work  # already in the plan's order (equal steps): no second (m, P) tensor
+    else:
+        params = torch.empty_like(work)
+        params[dev_order] = work
     tau = steps.to(dev)
     losses[dev_order] = torch.where(tau > 0, totals / tau.clamp_min(1), torch.nan)
     return params, losses, opt_state

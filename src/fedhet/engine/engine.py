@@ -219,21 +219,27 @@ class Engine:
         """Store the clients' new state rows (clients that took no step keep theirs); return the change of the
         rows the terms report to the server."""
         trained = result.steps > 0
-        clients = plan.clients[trained]
+        everyone = bool(trained.all())  # then no (m, P) copies for the rows that trained
+        clients = plan.clients if everyone else plan.clients[trained]
+        keep_from = round_ + 1 - self.state_history
         deltas: dict[str, Tensor] = {}
         for inputs in cohort.terms:
             term = inputs.term
             for name in term.client_state:
                 old = inputs.client[name]
                 new = term.update_state(name, old, global_params, result.params, result.steps, result.lr)
-                new = torch.where(_rows(trained, new), new, old)
-                self.client_state.write(term.state_key(name), clients, new[trained], round_)
+                if not everyone:
+                    new = torch.where(_rows(trained, new), new, old)
+                self.client_state.write(
+                    term.state_key(name), clients, new if everyone else new[trained], round_, keep_from
+                )
                 if term.reports_state:
-                    deltas[term.state_key(name)] = new - old
+                    deltas[term.state_key(name)] = _difference(new, old)
         if plan.optimizer.persistent:
-            for name, rows in opt_state.items():
-                self.client_state.write(plan.optimizer.state_key(name), clients, rows[trained], round_)
-        self.client_state.prune(round_ + 1 - self.state_history)
+            for name, state in opt_state.items():
+                rows = state if everyone else state[trained]
+                self.client_state.write(plan.optimizer.state_key(name), clients, rows, round_, keep_from)
+        self.client_state.prune(keep_from)
         return deltas
 
     def placed(self, split: Literal["train", "test"]) -> ClientData | None:
@@ -299,6 +305,13 @@ def label_counts(data: FederatedData) -> Tensor:
     counts = torch.zeros(data.num_clients, data.num_classes)
     counts.index_put_((data.train.owner, data.train.y), torch.ones(len(data.train.y)), accumulate=True)
     return counts
+
+
+def _difference(new: Tensor, old: Tensor) -> Tensor:
+    """new − old, computed into `old` (the cohort's rows as read, not needed after) unless `new` shares its memory."""
+    if new.untyped_storage().data_ptr() == old.untyped_storage().data_ptr():
+        return new - old
+    return old.neg_().add_(new)
 
 
 def _rows(mask: Tensor, like: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ server that resumes from an older checkpoint finds every client's state as it wa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import Tensor
 
@@ -24,31 +24,37 @@ class ClientStore:
         self._rows: dict[str, dict[int, list[tuple[int, Tensor]]]] = {}
 
     def read(self, key: str, clients: Tensor, round_: int, default: Tensor) -> Tensor:
-        """(m, ...) rows of `clients` as they were before round `round_`; row i of `default` (m, ...) for a client
-        never written."""
+        """(m, ...) rows of `clients` as they were before round `round_`, written into `default` (m, ...) in place
+        (the caller's fresh tensor: its row i stays for a client never written) and returned."""
         table = self._rows.get(key, {})
-        out = default.clone()
         for i, k in enumerate(clients.tolist()):
             earlier = [row for r, row in table.get(int(k), []) if r < round_]
             if earlier:
-                out[i] = earlier[-1]
-        return out
+                default[i] = earlier[-1]
+        return default
 
-    def write(self, key: str, clients: Tensor, rows: Tensor, round_: int) -> None:
-        """Store `rows` as written in round `round_`, replacing any row from that round or later."""
+    def write(self, key: str, clients: Tensor, rows: Tensor, round_: int, keep_from: int | None = None) -> None:
+        """Store `rows` as written in round `round_`, replacing any row from that round or later. With
+        `keep_from`, also forget the versions of these clients that `prune(keep_from)` would, and copy the new
+        rows into their memory (no fresh allocation per row in a steady run)."""
         table = self._rows.setdefault(key, {})
-        for k, row in zip(clients.tolist(), rows, strict=True):
-            history = [(r, v) for r, v in table.get(int(k), []) if r < round_]
-            history.append((round_, row.detach().clone()))
-            table[int(k)] = history
+        for k, row in zip(clients.tolist(), rows.detach(), strict=True):
+            history = table.get(int(k), [])
+            kept: list[tuple[int, Tensor | None]] = [(r, v) for r, v in history if r < round_]
+            kept.append((round_, None))  # None: the new row's place
+            if keep_from is not None:
+                kept = _visible_from(kept, keep_from)
+            alive = {id(v) for _, v in kept}
+            spare = (v for _, v in history if id(v) not in alive and _same_layout(v, row))
+            buffer = next(spare, None)
+            new = buffer.copy_(row) if buffer is not None else row.clone()
+            table[int(k)] = [(r, new if v is None else v) for r, v in kept]
 
     def prune(self, keep_from: int) -> None:
         """Forget versions no read from round `keep_from` on can see (keep the last one before it)."""
         for table in self._rows.values():
             for k, history in table.items():
-                before = [i for i, (r, _) in enumerate(history) if r < keep_from]
-                if len(before) > 1:
-                    table[k] = history[before[-1] :]
+                table[k] = _visible_from(history, keep_from)
 
     def keys(self) -> list[str]:
         return sorted(self._rows)
@@ -57,13 +63,25 @@ class ClientStore:
         return sorted(self._rows.get(key, {}))
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            key: {k: [(r, v.clone()) for r, v in history] for k, history in table.items()}
-            for key, table in self._rows.items()
-        }
+        """The rows as they are now: references, as torch's `state_dict` (later writes may reuse their memory;
+        save or clone them before training on)."""
+        return {key: {k: list(history) for k, history in table.items()} for key, table in self._rows.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._rows = {
             key: {int(k): [(int(r), v.clone()) for r, v in history] for k, history in table.items()}
             for key, table in state.items()
         }
+
+
+V = TypeVar("V")
+
+
+def _visible_from(history: list[tuple[int, V]], keep_from: int) -> list[tuple[int, V]]:
+    """The versions a read from round `keep_from` on can see: the last one before it and all from it on."""
+    before = [i for i, (r, _) in enumerate(history) if r < keep_from]
+    return history[before[-1] :] if len(before) > 1 else history
+
+
+def _same_layout(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device

@@ -115,11 +115,17 @@ def _feed(h: Any, value: Any) -> None:
 
 def dumps(payload: dict[str, Any]) -> bytes:
     """The bytes of a checkpoint holding `payload` (a mapping of plain values, tensors and NumPy arrays)."""
+    return bytes(dump_view(payload))
+
+
+def dump_view(payload: dict[str, Any]) -> memoryview:
+    """`dumps` as a view of the serialised buffer, without the copy into `bytes` (a checkpoint of a large model's
+    client state can take gigabytes)."""
     body = {"format": FORMAT, "version": VERSION, **encode(payload)}
     body["sha256"] = digest(body)
     buffer = io.BytesIO()
     torch.save(body, buffer)
-    return buffer.getvalue()
+    return buffer.getbuffer()
 
 
 def loads(source: Path | bytes, what: str) -> dict[str, Any]:

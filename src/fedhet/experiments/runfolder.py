@@ -24,7 +24,7 @@ from typing import IO, Any
 from fedhet.atomic import TEMP_SUFFIX, _replace, is_temp_of, write_bytes, write_text
 from fedhet.errors import ConfigError, FedhetError
 from fedhet.experiments.callbacks import MetricsLog
-from fedhet.experiments.checkpoint import CheckpointError, dumps, loads
+from fedhet.experiments.checkpoint import CheckpointError, dump_view, loads
 from fedhet.experiments.config import dump_yaml, load_yaml, parse_config
 
 CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT = (
@@ -167,7 +167,7 @@ class RunFolder:
             "metrics_rows": len(log.rows),
             "metrics_sha256": log.sha256(),
         }
-        write_bytes(self.path / CHECKPOINT, dumps(payload))
+        write_bytes(self.path / CHECKPOINT, dump_view(payload))
 
     def read_checkpoint(self) -> dict[str, Any] | None:
         """The checkpoint's payload (None when the run has none yet); format and checksum checked."""

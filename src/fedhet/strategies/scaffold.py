@@ -21,9 +21,13 @@ from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy
 def scaffold_client_variates(
     c_i: Tensor, c: Tensor, global_params: Tensor, local_params: Tensor, steps: Tensor, lr: Tensor
 ) -> Tensor:
-    """SCAFFOLD option II (Algorithm 1 line 12): c_i⁺ = c_i − c + (x − y_i) / (K_i η_l), row-wise for the cohort."""
+    """SCAFFOLD option II (Algorithm 1 line 12): c_i⁺ = c_i − c + (x − y_i) / (K_i η_l), row-wise for the cohort.
+
+    One new (m, P) tensor, the rest in place: with a large model, every fresh cohort-sized tensor costs memory
+    and the time to fault its pages in."""
     scale = (steps.double() * lr.double()).clamp_min(1e-30).float().unsqueeze(1)
-    return c_i - c.unsqueeze(0) + (global_params.unsqueeze(0) - local_params) / scale
+    out = global_params.unsqueeze(0) - local_params
+    return out.div_(scale).add_(c_i).sub_(c.unsqueeze(0))
 
 
 @TERMS.register
@@ -66,7 +70,9 @@ class Scaffold(Strategy):
         delta_c = result.state_delta.get(ControlVariates(c=self._c).state_key("c_i"))
         if delta_c is None:
             raise RuntimeError("scaffold: the engine returned no control-variate changes")
-        self._c = self._c + delta_c[result.steps > 0].sum(0) / self.ctx.num_clients
+        trained = result.steps > 0
+        total = delta_c.sum(0) if bool(trained.all()) else delta_c[trained].sum(0)
+        self._c = self._c + total / self.ctx.num_clients
         return self.server_step(global_params, result.updates(global_params).mean(0))
 
     def state_dict(self) -> dict[str, Any]:
