@@ -129,10 +129,21 @@ def test_evaluation_is_timed_on_a_sample_and_grows_to_the_clients_scored(
     assert os.listdir(tmp_path) == []
 
 
-def test_a_plugin_that_needs_everyone_is_timed_on_the_sample_and_sized_for_everyone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
+def _record_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The most local steps of each cohort `Engine.train` trains from now on, in order."""
+    trained: list[int] = []
+    train = Engine.train  # the original, bound before the patch
+
+    def recording(self: Engine, params: torch.Tensor, plan: Any, round_: int) -> Any:
+        trained.append(int(plan.steps.max()))
+        return train(self, params, plan, round_)
+
+    monkeypatch.setattr(Engine, "train", recording)
+    return trained
+
+
+def _record_scored(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many clients each of the runner's global evaluations scores from now on, in order."""
     scored: list[int] = []
 
     def recording(engine: Any, params: torch.Tensor, clients: torch.Tensor | None = None, count: bool = False) -> Any:
@@ -140,6 +151,14 @@ def test_a_plugin_that_needs_everyone_is_timed_on_the_sample_and_sized_for_every
         return evaluate_global(engine, params, clients, count)
 
     monkeypatch.setattr(runner, "evaluate_global", recording)
+    return scored
+
+
+def test_a_plugin_that_needs_everyone_is_timed_on_the_sample_and_sized_for_everyone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    scored = _record_scored(monkeypatch)
     raw = {"dataset": "digits", "rounds": 30, "num_clients": 40, "eval_clients": 20, "metrics": ["alpha_accuracy"]}
     estimate = estimate_run({**raw, "model": {"name": "mlp", "hidden": [8]}})
     assert scored and set(scored) == {ESTIMATE_EVAL_CLIENTS}  # the run's evaluations scored 10 clients, never 40
@@ -178,14 +197,7 @@ def test_methods_that_differ_only_in_the_size_of_a_rules_coefficient_are_timed_o
 def test_a_round_of_many_steps_is_timed_with_fewer_and_scaled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(estimate_module, "MAX_TIMED_STEPS", 4)
-    trained: list[int] = []
-    train = Engine.train
-
-    def recording(self: Engine, params: torch.Tensor, plan: Any, round_: int) -> Any:
-        trained.append(int(plan.steps.max()))
-        return train(self, params, plan, round_)
-
-    monkeypatch.setattr(Engine, "train", recording)
+    trained = _record_steps(monkeypatch)
     raw = {"dataset": "digits", "rounds": 30, "num_clients": 6, "local": {"steps": 12}}
     estimate = estimate_run({**raw, "model": {"name": "mlp", "hidden": [8]}})
     # the probe's round takes one step; the timed rounds four, the most a timed round takes here
@@ -216,20 +228,7 @@ def test_a_long_round_is_timed_with_one_step_and_a_long_evaluation_on_two_client
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(estimate_module, "ROUND_BUDGET_S", 1e-9)
     monkeypatch.setattr(estimate_module, "EVAL_BUDGET_S", 1e-9)
-    trained: list[int] = []
-    scored: list[int] = []
-    train = Engine.train
-
-    def training(self: Engine, params: torch.Tensor, plan: Any, round_: int) -> Any:
-        trained.append(int(plan.steps.max()))
-        return train(self, params, plan, round_)
-
-    def scoring(engine: Any, params: torch.Tensor, clients: torch.Tensor | None = None, count: bool = False) -> Any:
-        scored.append(engine.data.num_clients if clients is None else len(clients))
-        return evaluate_global(engine, params, clients, count)
-
-    monkeypatch.setattr(Engine, "train", training)
-    monkeypatch.setattr(runner, "evaluate_global", scoring)
+    trained, scored = _record_steps(monkeypatch), _record_scored(monkeypatch)
     raw = {"dataset": "digits", "rounds": 30, "num_clients": 20, "local": {"steps": 12}}
     estimate = estimate_run({**raw, "model": {"name": "mlp", "hidden": [8]}})
     assert set(trained) == {1} and estimate.steps_timed == (1, 12)
