@@ -230,9 +230,8 @@ class Engine:
                 new = term.update_state(name, old, global_params, result.params, result.steps, result.lr)
                 if not everyone:
                     new = torch.where(_rows(trained, new), new, old)
-                self.client_state.write(
-                    term.state_key(name), clients, new if everyone else new[trained], round_, keep_from
-                )
+                rows = new if everyone else new[trained]
+                self.client_state.write(term.state_key(name), clients, rows, round_, keep_from)
                 if term.reports_state:
                     deltas[term.state_key(name)] = _difference(new, old)
         if plan.optimizer.persistent:
