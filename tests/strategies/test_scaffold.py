@@ -84,8 +84,9 @@ def test_a_client_that_takes_no_step_keeps_its_variate() -> None:
     strategy = Scaffold()
     strategy.setup(make_context(engine, batch=2, steps=2, lr=0.1, m=2))
     x, clients = engine.initial_params(), torch.tensor([0, 2])
-    first = engine.train(x, strategy.configure(0, clients, x), 0).state_delta[KEY]  # c_i⁺ of both (c_i was 0)
-    new = strategy.aggregate(0, x, engine.train(x, strategy.configure(0, clients, x), 0))
+    start = engine.train(x, strategy.configure(0, clients, x), 0)
+    first = start.state_delta[KEY].clone()  # c_i⁺ of both (c_i was 0)
+    new = strategy.aggregate(0, x, start)
     plan = dataclasses.replace(strategy.configure(1, clients, new), steps=torch.tensor([2, 0]))
     result = engine.train(new, plan, 1)
     c = strategy.state_dict()["c"]

@@ -70,9 +70,7 @@ class Scaffold(Strategy):
         delta_c = result.state_delta.get(ControlVariates(c=self._c).state_key("c_i"))
         if delta_c is None:
             raise RuntimeError("scaffold: the engine returned no control-variate changes")
-        trained = result.steps > 0
-        total = delta_c.sum(0) if bool(trained.all()) else delta_c[trained].sum(0)
-        self._c = self._c + total / self.ctx.num_clients
+        self._c = self._c + delta_c.sum(0) / self.ctx.num_clients  # Δc_i is 0 for a client that took no step
         return self.server_step(global_params, result.updates(global_params).mean(0))
 
     def state_dict(self) -> dict[str, Any]:
