@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from fedhet.cli.main import app
@@ -51,12 +52,22 @@ def test_reproduce_estimate_uses_stand_ins_without_the_data(tmp_path: Path, monk
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on the CI machines)")
+def test_reproduce_estimate_on_a_gpu_reports_its_peak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out = invoke("reproduce", "fedmgda-bias-attack", "--seeds", "1", "--estimate", "--quiet", "--device", "cuda")
+    assert code == 0, out
+    assert "GPU peak MB" in out and " on cuda" in out and "total" in out
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["reproduce", "maxfl-table1", "--estimate", "--quick"], "leave out --quick and --embedded"),
         (["run", "--estimate", "--engine", "flower"], "--estimate times the native engine"),
         (["run", "--resume", "somewhere", "--estimate"], "leave out --estimate"),
+        (["reproduce", "maxfl-table1", "--device", "gpu0"], "'gpu0' is not a torch device"),
     ],
 )
 def test_estimate_with_a_flag_it_cannot_honour_is_one_line(args: list[str], message: str) -> None:

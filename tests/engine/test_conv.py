@@ -3,15 +3,13 @@ autograd backends, on every CNN of the model zoo."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 from torch import nn
 
 from conftest import Shift, cohort
 from fedhet.catalog import MODELS
-from fedhet.data.dataset import ClientData, FederatedData
+from fedhet.data.dataset import FederatedData
 from fedhet.engine import conv
 from fedhet.engine.conv import batched_loss_grad, conv_layers, dropout_masks, train_conv
 from fedhet.engine.engine import Engine, resolve_backend
@@ -24,47 +22,22 @@ from fedhet.errors import ConfigError
 from fedhet.models.zoo import ConvClassifier, ToImage
 from fedhet.seeding import derive_seed
 from fedhet.strategies.scaffold import ControlVariates
+from zoo_cnns import ZOO, image_data, zoo_model
 
 TOL = {"atol": 1e-6, "rtol": 1e-5}
-
-# every CNN of the zoo, at its own layout and (where the model allows) a small width or input to keep it quick
-ZOO: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
-    "lenet": ({"name": "lenet_cifar"}, (3, 32, 32)),
-    "fedavg_cnn": ({"name": "cnn_mnist", "channels": [4, 8], "hidden": 16}, (784,)),  # flat MNIST-shaped input
-    "fedavg_cnn_valid": ({"name": "cnn_mnist", "channels": [3, 5], "hidden": 12, "padding": "valid"}, (1, 28, 28)),
-    "cnn_fmnist": ({"name": "cnn_fmnist"}, (1, 28, 28)),  # channel dropout and dropout
-    "cnn_femnist": ({"name": "cnn_femnist"}, (1, 12, 12)),  # dropout on feature maps
-    "cnn_cifar": ({"name": "cnn_cifar", "channels": [4, 8], "hidden": 16}, (3, 32, 32)),
-    "cnn_cifar_lrn": ({"name": "cnn_cifar_lrn"}, (3, 16, 16)),  # local response normalisation
-    "vgg16": ({"name": "vgg16", "widths": [4, 4, 8, 8, 8], "hidden": 16, "norm": "none"}, (3, 32, 32)),
-    "vgg16_gn": ({"name": "vgg16", "widths": [4, 4, 8, 8, 8], "hidden": 16}, (3, 32, 32)),  # GroupNorm
-}
-
-
-def _model(name: str, seed: int = 0) -> tuple[FlatModel, tuple[int, ...]]:
-    config, shape = ZOO[name]
-    torch.manual_seed(seed)
-    return FlatModel(MODELS.build(config).build(shape, 10)), shape
-
-
-def _data(shape: tuple[int, ...], sizes: list[int], seed: int = 1) -> ClientData:
-    gen = torch.Generator().manual_seed(seed)
-    xs = [torch.randn(n, *shape, generator=gen) for n in sizes]
-    ys = [torch.randint(0, 10, (n,), generator=gen) for n in sizes]
-    return ClientData.from_parts(xs, ys)
 
 
 def test_which_models_qualify() -> None:
     for name in ZOO:
-        model, _ = _model(name)
+        model, _ = zoo_model(name)
         spec = conv_layers(model)
         assert spec is not None, name
         assert spec.size == model.size and spec.shapes[-1] == (10,)
-    model = _model("cnn_fmnist")[0]
+    model = zoo_model("cnn_fmnist")[0]
     fmnist = conv_layers(model)
     assert fmnist is not None and fmnist.has_dropout
     assert conv_layers(model) is fmnist  # found once per model
-    assert not conv_layers(_model("lenet")[0]).has_dropout  # type: ignore[union-attr]
+    assert not conv_layers(zoo_model("lenet")[0]).has_dropout  # type: ignore[union-attr]
     mlp = FlatModel(MODELS.build({"name": "mlp"}).build((784,), 10))
     assert conv_layers(mlp) is None  # no convolution: the dense backend's
     lstm = FlatModel(MODELS.build({"name": "char_lstm", "hidden": 8}).build((5,), 10))
@@ -99,7 +72,7 @@ def test_logit_gradient_by_hand() -> None:
 
 @pytest.mark.parametrize("name", list(ZOO))
 def test_batched_loss_grad_equals_autograd(name: str) -> None:
-    model, shape = _model(name)
+    model, shape = zoo_model(name)
     spec = conv_layers(model)
     assert spec is not None
     gen = torch.Generator().manual_seed(2)
@@ -133,7 +106,7 @@ def test_batched_loss_grad_equals_autograd(name: str) -> None:
 
 
 def test_dropout_masks_follow_the_modules_draws() -> None:
-    model, _ = _model("cnn_fmnist")
+    model, _ = zoo_model("cnn_fmnist")
     spec = conv_layers(model)
     assert spec is not None
     masks = dropout_masks(spec, 4, seed=3, round_=2, step=1, stream="train")
@@ -166,10 +139,10 @@ def _shift(model: FlatModel) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", [n for n in ZOO if n != "vgg16_gn"])
 def test_train_conv_matches_the_sequential_backend(name: str) -> None:
-    model, shape = _model(name)
+    model, shape = zoo_model(name)
     spec = conv_layers(model)
     assert spec is not None
-    data = _data(shape, [9, 3, 14, 2, 11])
+    data = image_data(shape, [9, 3, 14, 2, 11])
     w0 = model.initial_params()
     plan, shift = _plan(terms=TERMS), _shift(model)
     model.module.train()
@@ -184,10 +157,10 @@ def test_train_conv_matches_the_sequential_backend(name: str) -> None:
 
 @pytest.mark.parametrize("terms", [(), (Proximal(mu=0.5),), (WeightDecay(lam=0.05),), (Shift(),)])
 def test_each_term_alone(terms: tuple[ParameterTerm, ...]) -> None:
-    model, shape = _model("lenet")
+    model, shape = zoo_model("lenet")
     spec = conv_layers(model)
     assert spec is not None
-    data = _data(shape, [9, 3, 14, 2, 11])
+    data = image_data(shape, [9, 3, 14, 2, 11])
     w0 = model.initial_params()
     plan, shift = _plan(terms=terms), 10 * _shift(model)
     seq = train_sequential(model, data, w0, plan, cohort(plan, w0, shift), 0, 1)
@@ -208,10 +181,10 @@ def test_each_term_alone(terms: tuple[ParameterTerm, ...]) -> None:
 def test_optimisers_with_state_match_the_sequential_backend(name: str, optimizer: ClientOptimizer) -> None:
     """Stateful optimisers step the flat weights from a gradient buffer; their state comes back as the other
     backends return it (clients with fewer steps keep theirs from their last step)."""
-    model, shape = _model(name)
+    model, shape = zoo_model(name)
     spec = conv_layers(model)
     assert spec is not None
-    data = _data(shape, [9, 3, 14, 2, 11])
+    data = image_data(shape, [9, 3, 14, 2, 11])
     w0 = model.initial_params()
     plan, shift = _plan(terms=TERMS, optimizer=optimizer), _shift(model)
     model.module.train()
@@ -234,10 +207,10 @@ def test_group_norm_vgg_as_close_as_the_autograd_backends() -> None:
     """VGG-16 with GroupNorm at a tiny width normalises single channels of 2×2 maps in its last stage, where
     float rounding grows fast with the steps: the sequential and vectorised backends part too. The conv
     backend must stay as close to the sequential one as the vectorised one does (or within 1e-5)."""
-    model, shape = _model("vgg16_gn")
+    model, shape = zoo_model("vgg16_gn")
     spec = conv_layers(model)
     assert spec is not None
-    data = _data(shape, [9, 3, 14, 2, 11])
+    data = image_data(shape, [9, 3, 14, 2, 11])
     w0 = model.initial_params()
     plan = LocalPlan.uniform(torch.arange(5), 3, 0.05, 4, weight_decay=0.01)
     plan.steps = torch.tensor([3, 0, 3, 1, 2])
@@ -254,10 +227,10 @@ def test_group_norm_vgg_as_close_as_the_autograd_backends() -> None:
 
 @pytest.mark.parametrize("chunk,workers", [(0, 1), (1, 2), (3, 2), (5, 1)])
 def test_chunks_and_workers_and_the_vectorised_backend(chunk: int, workers: int) -> None:
-    model, shape = _model("cnn_fmnist")  # with dropout: masks shared by clients and steps seeded alike
+    model, shape = zoo_model("cnn_fmnist")  # with dropout: masks shared by clients and steps seeded alike
     spec = conv_layers(model)
     assert spec is not None
-    data = _data(shape, [9, 3, 14, 2, 11])
+    data = image_data(shape, [9, 3, 14, 2, 11])
     w0 = model.initial_params()
     plan = _plan(terms=(Proximal(mu=0.1),))
     model.module.train()
@@ -268,10 +241,10 @@ def test_chunks_and_workers_and_the_vectorised_backend(chunk: int, workers: int)
 
 
 def test_no_steps_and_no_clients() -> None:
-    model, shape = _model("lenet")
+    model, shape = zoo_model("lenet")
     spec = conv_layers(model)
     assert spec is not None
-    data = _data(shape, [3, 4])
+    data = image_data(shape, [3, 4])
     w0 = model.initial_params()
     none = LocalPlan.uniform(torch.arange(2), 0, 0.1, 4, optimizer=Adam())
     params, losses, state = train_conv(model, spec, data, w0, none, cohort(none, w0), 0, 0)
@@ -287,7 +260,7 @@ def test_large_linear_layers_client_by_client(name: str, monkeypatch: pytest.Mon
     """Linear layers above `LARGE_LINEAR` weights (FedAvg CNN's 512×3136) run with 2-D products per client:
     the same gradients and the same training (here every Linear layer takes that path)."""
     monkeypatch.setattr(conv, "LARGE_LINEAR", 1)
-    model, shape = _model(name)
+    model, shape = zoo_model(name)
     spec = conv_layers(model)
     assert spec is not None and all(la.per_client for la in spec.layers if isinstance(la, conv.Linear))
     gen = torch.Generator().manual_seed(4)
@@ -300,7 +273,7 @@ def test_large_linear_layers_client_by_client(name: str, monkeypatch: pytest.Mon
         w = params[k].clone().requires_grad_(True)
         (expected,) = torch.autograd.grad(model.batch_loss(w, x[k], y[k], wt[k]), w)
         torch.testing.assert_close(grad[k], expected, **TOL)
-    data = _data(shape, [9, 3, 14, 2, 11])
+    data = image_data(shape, [9, 3, 14, 2, 11])
     w0 = model.initial_params()
     plan, shift = _plan(terms=TERMS), _shift(model)
     model.module.train()
@@ -316,7 +289,7 @@ def test_large_linear_layers_client_by_client(name: str, monkeypatch: pytest.Mon
 def test_batched_loss_grad_with_the_steps_dropout_masks() -> None:
     """With the masks of `dropout_masks`, the gradient is autograd's on the module in training mode seeded as
     the sequential backend seeds a step (the masks the modules draw are the same for every client)."""
-    model, shape = _model("cnn_fmnist")
+    model, shape = zoo_model("cnn_fmnist")
     spec = conv_layers(model)
     assert spec is not None
     gen = torch.Generator().manual_seed(5)
@@ -338,13 +311,13 @@ def test_batched_loss_grad_with_the_steps_dropout_masks() -> None:
 
 
 def _federated(shape: tuple[int, ...], sizes: list[int]) -> FederatedData:
-    part = _data(shape, sizes)
+    part = image_data(shape, sizes)
     return FederatedData("tiny-images", part, part, 10, torch.ones(len(sizes), dtype=torch.bool))
 
 
 @pytest.mark.parametrize("name", list(ZOO))
 def test_auto_picks_conv_for_the_zoos_cnns_on_a_cpu(name: str) -> None:
-    model, _ = _model(name)
+    model, _ = zoo_model(name)
     assert resolve_backend("auto", model, cohort=1) == "conv"
     assert resolve_backend("auto", model, cohort=300) == "conv"
     assert resolve_backend("conv", model, cohort=3) == "conv"
@@ -354,7 +327,7 @@ def test_auto_picks_conv_for_the_zoos_cnns_on_a_cpu(name: str) -> None:
 
 
 def test_auto_leaves_conv_for_sequential_when_a_steps_activations_are_large(monkeypatch: pytest.MonkeyPatch) -> None:
-    model, _ = _model("lenet")
+    model, _ = zoo_model("lenet")
     spec = conv_layers(model)
     assert spec is not None
     per_sample = conv.step_bytes(spec, 1)
@@ -374,7 +347,7 @@ def test_explicit_conv_needs_a_cnn_it_knows_and_an_objective_without_autograd() 
     with pytest.raises(ConfigError, match="backend 'conv' needs a CNN") as err:
         Engine(mlp, _federated((64,), [3]), backend="conv")
     assert "\n" not in str(err.value) and "'auto', 'vectorised' or 'sequential'" in str(err.value)
-    lenet, _ = _model("lenet")
+    lenet, _ = zoo_model("lenet")
     with pytest.raises(ConfigError, match="backend 'conv' cannot run this local objective"):
         resolve_backend("conv", lenet, cohort=3, autograd_only=True)
     shape = (1, 6, 6)
@@ -400,7 +373,7 @@ def test_explicit_conv_needs_a_cnn_it_knows_and_an_objective_without_autograd() 
 def test_engine_rounds_with_scaffold_state_agree_with_sequential() -> None:
     """Whole rounds through `Engine.train`: SCAFFOLD's control variates read from the client store in round 1,
     their change reported back, unequal steps and learning rates, dropout (cnn_fmnist)."""
-    model, shape = _model("cnn_fmnist")
+    model, shape = zoo_model("cnn_fmnist")
     data = _federated(shape, [9, 3, 14, 2, 11, 6])
     c = 0.01 * torch.randn(model.size, generator=torch.Generator().manual_seed(8))
     results = {}
@@ -457,7 +430,7 @@ def test_runs_on_conv_give_the_sequential_metrics(algorithm: str) -> None:
 
 
 def test_auto_probes_vmap_for_a_cnn_only_when_an_objective_needs_autograd() -> None:
-    model, shape = _model("lenet", seed=3)
+    model, shape = zoo_model("lenet", seed=3)
     engine = Engine(model, _federated(shape, [4, 5]))
     assert model.vmap_probe is None  # conv needs no vmap: no probe at start (it costs vmap's first use)
     assert engine.backend_for(30) == "conv"

@@ -7,12 +7,19 @@ import torch
 from torch import nn
 
 from conftest import Shift, tiny_data
+from fedhet.data.dataset import FederatedData
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.numerics import exact_float32
 from fedhet.engine.objective import Proximal
+from fedhet.engine.optimizers import SGD
 from fedhet.engine.plan import LocalPlan
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
+from fedhet.strategies.scaffold import ControlVariates
+from zoo_cnns import WITH_DROPOUT, ZOO, image_data, zoo_model
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on the CI machines)")
 
 
 def _mlp(dropout: float = 0.2) -> FlatModel:
@@ -33,7 +40,7 @@ def test_unknown_or_missing_devices_fail_with_a_clear_message() -> None:
     assert parse_config({"dataset": "digits", "device": "cuda"}).device == "cuda"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on the CI machines)")
+@CUDA
 @pytest.mark.parametrize("backend", ["dense", "vectorised"])
 def test_cuda_gives_the_cpu_numbers(backend: str) -> None:
     data = tiny_data([9, 3, 14, 6], dim=5, classes=3)
@@ -58,3 +65,80 @@ def test_cuda_gives_the_cpu_numbers(backend: str) -> None:
     torch.testing.assert_close(got.train_loss, expected.train_loss, atol=1e-5, rtol=1e-5, equal_nan=True)
     w = expected.params.mean(0)
     torch.testing.assert_close(gpu.scores(w).loss, cpu.scores(w).loss, atol=1e-5, rtol=1e-5)
+
+
+def _flags() -> tuple[object, ...]:
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    return cudnn.conv.fp32_precision, matmul.fp32_precision, cudnn.deterministic, cudnn.benchmark
+
+
+def test_exact_float32_holds_a_gpu_to_float32_and_gives_the_settings_back() -> None:
+    """The flags are plain settings, readable without a GPU: TF32 off and deterministic cuDNN inside the block
+    for a CUDA device, the user's own settings (here TF32 and autotuning on) back afterwards, also after an error;
+    nothing changes for the CPU."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    before = _flags()
+    try:
+        cudnn.conv.fp32_precision, matmul.fp32_precision, cudnn.benchmark = "tf32", "tf32", True
+        users = _flags()
+        with exact_float32(torch.device("cpu")):
+            assert _flags() == users
+        with exact_float32(torch.device("cuda")):
+            assert _flags() == ("ieee", "ieee", True, False)
+        assert _flags() == users
+        with pytest.raises(RuntimeError, match="inside"), exact_float32(torch.device("cuda:0")):
+            raise RuntimeError("inside")
+        assert _flags() == users
+    finally:
+        cudnn.conv.fp32_precision, matmul.fp32_precision, cudnn.deterministic, cudnn.benchmark = before
+
+
+def _cnn_rounds(name: str, backend: str, device: str) -> tuple[torch.Tensor, ...]:
+    """Two rounds of `name` through `Engine.train` with SCAFFOLD's state, a proximal term, persistent momentum,
+    unequal steps and learning rates (one client skips round 0): the mean model, losses, Δc_i and scores."""
+    model, shape = zoo_model(name)
+    part = image_data(shape, [9, 3, 14, 2, 11, 6])
+    data = FederatedData("tiny-images", part, part, 10, torch.ones(6, dtype=torch.bool))
+    c = 0.01 * torch.randn(model.size, generator=torch.Generator().manual_seed(8))
+    engine = Engine(model, data, backend=backend, seed=4, device=device)  # type: ignore[arg-type]
+    w = engine.initial_params()
+    for round_, steps in enumerate(([3, 2, 0, 4], [1, 3, 2, 2])):
+        plan = LocalPlan(
+            torch.tensor([0, 2, 3, 5]),
+            torch.tensor(steps),
+            torch.tensor([0.1, 0.05, 0.1, 0.2]),
+            4,
+            terms=(Proximal(mu=0.1), ControlVariates(c=c)),
+            optimizer=SGD(momentum=0.5, persistent=True),
+        )
+        result = engine.train(w, plan, round_)
+        w = result.params.mean(0)
+    assert engine.last_backend == backend
+    return w, result.train_loss, *result.state_delta.values(), engine.scores(w).loss, engine.scores(w).accuracy
+
+
+# vmap draws dropout masks from the CUDA generator (docs/performance.md, "GPU"); GroupNorm at this tiny width
+# amplifies rounding past 1e-5 on any two backends (tests/engine/test_conv.py), so it is checked for repeatability
+CUDA_VS_CPU = [
+    (n, b) for n in ZOO if n != "vgg16_gn" for b in ("conv", "vectorised") if b == "conv" or n not in WITH_DROPOUT
+]
+
+
+@CUDA
+@pytest.mark.parametrize("name,backend", CUDA_VS_CPU)
+def test_cuda_cnns_give_the_cpu_numbers(name: str, backend: str) -> None:
+    cpu = _cnn_rounds(name, "sequential", "cpu")
+    gpu = _cnn_rounds(name, backend, "cuda")
+    assert float((cpu[0] - zoo_model(name)[0].initial_params()).abs().max()) > 1e-2  # the clients moved
+    for got, expected in zip(gpu, cpu, strict=True):
+        assert got.device.type == "cpu"
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+@CUDA
+@pytest.mark.parametrize("name", list(ZOO))
+@pytest.mark.parametrize("backend", ["conv", "vectorised"])
+def test_cuda_runs_repeat_to_the_bit(name: str, backend: str) -> None:
+    first, second = _cnn_rounds(name, backend, "cuda"), _cnn_rounds(name, backend, "cuda")
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())

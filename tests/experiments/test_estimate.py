@@ -18,6 +18,7 @@ from fedhet.experiments.estimate import (
     Estimate,
     StandIns,
     estimate_config,
+    estimate_header,
     estimate_recipe,
     estimate_rows,
     estimate_run,
@@ -43,6 +44,12 @@ def test_the_projection_adds_set_up_training_and_evaluations() -> None:
     rows = estimate_rows([a, b])
     assert rows[0] == ["a", "dense", "0.500", "0.200", "200 × 3", "100", "5.4 min"]
     assert rows[-1] == ["total", "", "", "", "5 runs", "300", "15.4 min"]
+    assert estimate_header([a, b])[-2:] == ["peak MB", "projected"]  # no GPU column for runs on the CPU
+    on_gpu = Estimate("c", 1, 100, 100, 0.0, 3.0, 0.0, 0.0, 300.0, "conv on cuda", True, gpu_peak_mb=2048.0)
+    assert estimate_header([a, on_gpu])[-3:] == ["peak MB", "GPU peak MB", "projected"]
+    rows = estimate_rows([a, on_gpu])
+    assert rows[0][6] == "" and rows[1][6] == "2,048" and rows[-1][6] == "2,048"
+    assert all(len(row) == 8 for row in rows)
     assert [format_duration(s) for s in (5, 90, 7200, 3 * 86400)] == ["5.0 s", "1.5 min", "2.0 h", "3.0 days"]
 
 

@@ -57,6 +57,14 @@ def test_serial_runs_in_order_and_tells_the_monitor(tmp_path: Path) -> None:
     assert monitor.events[5] == ("finished", 0, "finished") and monitor.events[-1] == ("stop",)
 
 
+def test_overrides_set_keys_of_every_tasks_config(tmp_path: Path) -> None:
+    """`fedhet reproduce --device` sets `device` this way; any top-level key works alike."""
+    outcomes = Executor(1, overrides={"rounds": 1, "device": "cpu"}).run(tasks(tmp_path, rounds=3))
+    assert [o.rounds for o in outcomes] == [1, 1]
+    assert all(o.task.config["device"] == "cpu" and o.task.config["local"]["lr"] for o in outcomes)
+    assert "rounds: 1" in (tmp_path / "lr0.05" / "config.yaml").read_text()
+
+
 def test_finished_folders_are_reused_and_a_result_function_sees_the_run(tmp_path: Path) -> None:
     first = Executor(1).run(tasks(tmp_path), post=client_accuracy)
     assert reuse(tasks(tmp_path)[0]) is not None

@@ -442,7 +442,9 @@ ThreadsOption = Annotated[int, typer.Option(help="torch threads per run")]
 INTERRUPTED = "interrupted; run the same command again to continue (finished runs are reused, cut-off runs resume)"
 
 
-def _executor(workers: int | None, ray: str | None, threads: int, quiet: bool) -> Any:
+def _executor(
+    workers: int | None, ray: str | None, threads: int, quiet: bool, overrides: dict[str, Any] | None = None
+) -> Any:
     from fedhet.experiments.executor import Executor
 
     monitor = None
@@ -450,7 +452,7 @@ def _executor(workers: int | None, ray: str | None, threads: int, quiet: bool) -
         from fedhet.cli.progress import RunsProgress
 
         monitor = RunsProgress(console)
-    return Executor(workers, ray=ray, threads=threads, monitor=monitor)
+    return Executor(workers, ray=ray, threads=threads, monitor=monitor, overrides=overrides)
 
 
 @app.command()
@@ -516,7 +518,7 @@ def _note(text: str, quiet: bool) -> None:
 
 
 def _print_estimates(estimates: list[Any], title: str, note: str = "") -> None:
-    from fedhet.experiments.estimate import ESTIMATE_HEADER, STAND_IN_NOTE, estimate_rows
+    from fedhet.experiments.estimate import STAND_IN_NOTE, estimate_header, estimate_rows
 
     if note:
         console.print(escape(note), highlight=False)
@@ -524,7 +526,7 @@ def _print_estimates(estimates: list[Any], title: str, note: str = "") -> None:
         return
 
     table = Table(title=f"{title}: cost on this machine (a few rounds of each config timed)")
-    for column in ESTIMATE_HEADER:
+    for column in estimate_header(estimates):
         table.add_column(column, justify="left" if column in ("method", "backend") else "right")
     for row in estimate_rows(estimates):
         table.add_row(*row)
@@ -554,6 +556,9 @@ def reproduce(
     threads: ThreadsOption = 1,
     quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
     estimate: EstimateOption = False,
+    device: Annotated[
+        str | None, typer.Option(help="run every config on this device: cpu or cuda (default: the recipe's, cpu)")
+    ] = None,
 ) -> None:
     """Rerun a paper's experiment: every method over several seeds, a markdown table and figures."""
     from fedhet.experiments.recipes import run_recipe
@@ -563,18 +568,23 @@ def reproduce(
         raise FedhetError(f"--seeds {seeds}: give at least 1 seed (or leave --seeds out for the recipe's own)")
     chosen = get_recipe(recipe)
     seed_list = tuple(range(seeds)) if seeds is not None else None
+    overrides = {"device": device} if device is not None else None
+    if device is not None:
+        from fedhet.engine.engine import resolve_device
+
+        resolve_device(device)  # a clear error now, not in every run
     if estimate:
         from fedhet.experiments.estimate import estimate_recipe
 
         if quick or embedded is not None:
             raise FedhetError("--estimate sizes the paper's full experiment: leave out --quick and --embedded")
 
-        estimates, note = estimate_recipe(chosen, seed_list, say=lambda text: _note(text, quiet))
+        estimates, note = estimate_recipe(chosen, seed_list, changes=overrides, say=lambda text: _note(text, quiet))
         _print_estimates(estimates, chosen.name, note)
         return
     out = out or Path("runs") / recipe
     try:
-        with _executor(workers, ray, threads, quiet) as executor:
+        with _executor(workers, ray, threads, quiet, overrides) as executor:
             result = run_recipe(
                 chosen,
                 out,

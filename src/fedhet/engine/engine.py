@@ -15,6 +15,7 @@ from fedhet.engine.evaluate import ClientScores, sampled_losses, score_clients, 
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import Backend, gradient_statistics, train_cohort
 from fedhet.engine.memory import keep_freed_memory
+from fedhet.engine.numerics import exact_float32
 from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
 from fedhet.engine.state import ClientStore
 from fedhet.engine.step import Cohort, fresh_cohort
@@ -148,18 +149,19 @@ class Engine:
         cohort = self.cohort(plan, global_params, round_)
         backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
         self.last_backend = backend
-        params, losses, opt_state = train_cohort(
-            self.model,
-            self.data.train,
-            global_params,
-            plan,
-            cohort,
-            backend=backend,
-            seed=self.seed,
-            round_=round_,
-            chunk_size=self.chunk_size,
-            placed=self.placed("train"),
-        )
+        with exact_float32(self.device):
+            params, losses, opt_state = train_cohort(
+                self.model,
+                self.data.train,
+                global_params,
+                plan,
+                cohort,
+                backend=backend,
+                seed=self.seed,
+                round_=round_,
+                chunk_size=self.chunk_size,
+                placed=self.placed("train"),
+            )
         result = LocalResult(plan.clients, params, losses, plan.steps, plan.lr)
         result.state_delta = self.keep_state(plan, cohort, global_params, result, opt_state, round_)
         return result
@@ -257,9 +259,10 @@ class Engine:
         """Loss and accuracy of one model on every client's `split` data, or only on `clients`' (the others
         NaN: not scored)."""
         data: ClientData = self.placed(split) or getattr(self.data, split)
-        if clients is None:
-            return score_clients(self.model, params, data)
-        return scores_of_some(score_clients(self.model, params, data.select(clients)), clients, data.sizes)
+        with exact_float32(self.device):
+            if clients is None:
+                return score_clients(self.model, params, data)
+            return scores_of_some(score_clients(self.model, params, data.select(clients)), clients, data.sizes)
 
     def losses_at(self, params: Tensor, clients: Tensor, split: Literal["train", "test"] = "train") -> Tensor:
         """F_k(w): the mean loss of model `params` on each of `clients`' full `split` data (m,)."""
@@ -267,7 +270,8 @@ class Engine:
 
     def own_scores(self, params: Tensor, clients: Tensor, split: Literal["train", "test"] = "test") -> ClientScores:
         """Loss and accuracy of client i's own model params[i] on its own `split` data."""
-        return score_own_models(self.model, params, self.placed(split) or getattr(self.data, split), clients)
+        with exact_float32(self.device):
+            return score_own_models(self.model, params, self.placed(split) or getattr(self.data, split), clients)
 
     def gradient_statistics(self, params: Tensor, clients: Tensor, samples: int, round_: int) -> tuple[Tensor, Tensor]:
         """Mean and per-coordinate variance (m, P) of `samples` per-sample gradients of each client at `params`

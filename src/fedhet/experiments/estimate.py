@@ -27,6 +27,7 @@ import torch
 
 from fedhet.catalog import DATASETS
 from fedhet.data.memory import hold
+from fedhet.engine.engine import resolve_device
 from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import parse_config
@@ -60,6 +61,7 @@ class Estimate:
     backend: str
     stand_in: bool
     steps_timed: tuple[int, int] | None = None  # (timed, configured) local steps when the timed rounds had fewer
+    gpu_peak_mb: float | None = None  # the most GPU memory its tensors held, for a config on `device: cuda`
 
     @property
     def run_s(self) -> float:
@@ -256,6 +258,9 @@ def estimate_config(
             short = deep_merge(short, {"local": {"steps": timed}})
         sample = min(sample, probes[key].eval_clients())
     times = _RoundTimes(budget_s)
+    device = resolve_device(cfg.device)  # a clear error where the config names a GPU this machine lacks
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     reset_peak()
     begun = time.perf_counter()
     longest = WARM_UP_ROUNDS + 2 * MAX_PAIRS
@@ -263,6 +268,7 @@ def estimate_config(
     with tempfile.TemporaryDirectory(prefix="fedhet-estimate-") as tmp:  # a run folder's writes are timed too
         state = run(parse_config(short), Path(tmp) / "run", callbacks=[times], score_sample_only=True)
     peak = memory_mb("VmHWM")
+    gpu_peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     pairs = times.pairs()
     exp = state.experiment
     sizes = (exp.data.train.sizes + exp.data.test.sizes).double()
@@ -292,9 +298,11 @@ def estimate_config(
         max(0.0, evaluated + per_sample * (share * total - scored)),
         max(0.0, evaluated + per_sample * (total - scored)),
         peak,
-        exp.engine.last_backend or exp.engine.backend_for(state.config.clients_per_round),
+        (exp.engine.last_backend or exp.engine.backend_for(state.config.clients_per_round))
+        + ("" if device.type == "cpu" else f" on {device}"),
         stand_in,
         steps_timed,
+        gpu_peak,
     )
 
 
@@ -455,8 +463,19 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:.1f} s"
 
 
+def estimate_header(estimates: list[Estimate]) -> list[str]:
+    """The columns of `estimate_rows`: a GPU's peak too where a config ran on one."""
+    gpu = ["GPU peak MB"] if any(e.gpu_peak_mb is not None for e in estimates) else []
+    return ["method", "backend", "train s/round", "s/evaluation", "rounds × runs", "peak MB", *gpu, "projected"]
+
+
 def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
-    """Table rows (`ESTIMATE_HEADER`), and a total row when there are several."""
+    """Table rows (`estimate_header`), and a total row when there are several."""
+    gpu = any(e.gpu_peak_mb is not None for e in estimates)
+
+    def mb(value: float | None) -> list[str]:
+        return [] if not gpu else ["" if value is None else f"{value:,.0f}"]
+
     rows = [
         [
             e.label,
@@ -465,6 +484,7 @@ def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
             f"{e.eval_s:.3f}",
             f"{e.rounds} × {e.runs}",
             f"{e.peak_mb:,.0f}",
+            *mb(e.gpu_peak_mb),
             format_duration(e.projected_s),
         ]
         for e in estimates
@@ -472,10 +492,7 @@ def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
     if len(estimates) > 1:
         total = sum(e.projected_s for e in estimates)
         peak = max(e.peak_mb for e in estimates)
-        rows.append(
-            ["total", "", "", "", f"{sum(e.runs for e in estimates)} runs", f"{peak:,.0f}", format_duration(total)]
-        )
+        gpu_peak = max((e.gpu_peak_mb for e in estimates if e.gpu_peak_mb is not None), default=None)
+        runs = f"{sum(e.runs for e in estimates)} runs"
+        rows.append(["total", "", "", "", runs, f"{peak:,.0f}", *mb(gpu_peak), format_duration(total)])
     return rows
-
-
-ESTIMATE_HEADER = ["method", "backend", "train s/round", "s/evaluation", "rounds × runs", "peak MB", "projected"]

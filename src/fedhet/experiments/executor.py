@@ -254,7 +254,8 @@ class Executor:
     Ray tasks on the cluster at `ray` (an address such as ``127.0.0.1:6379``, or ``auto``).
 
     `callbacks` makes each run's callbacks (in the worker); `retries`: how often a task whose worker process died
-    is started again (it resumes from its checkpoint). Use as a context manager, or call `close`.
+    is started again (it resumes from its checkpoint); `overrides`: top-level config keys set in every task's
+    config (``{"device": "cuda"}``). Use as a context manager, or call `close`.
     """
 
     def __init__(
@@ -266,6 +267,7 @@ class Executor:
         callbacks: CallbackFactory | None = None,
         monitor: Monitor | None = None,
         retries: int = 2,
+        overrides: dict[str, Any] | None = None,
     ) -> None:
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers {workers}: give at least 1 (or leave it out: as many as the cores allow)")
@@ -274,6 +276,7 @@ class Executor:
         self.threads, self.ray_address, self.retries = threads, ray, retries
         self.workers = workers if workers is not None or ray is not None else default_workers(threads)
         self.callbacks, self.monitor = callbacks, monitor or Monitor()
+        self.overrides = overrides or {}
         self.history: list[Outcome] = []  # every outcome of every stage, in order
         self._pool: ProcessPoolExecutor | None = None
         self._queue: Any = None
@@ -300,7 +303,7 @@ class Executor:
 
     def run(self, tasks: Sequence[Task], post: Post | None = None, stage: str = "runs") -> list[Outcome]:
         """Run every task (reusing finished run folders when there is no `post`), in task order."""
-        tasks = [Task(t.config, t.out.absolute(), t.label, t.meta) for t in tasks]
+        tasks = [Task({**t.config, **self.overrides}, t.out.absolute(), t.label, t.meta) for t in tasks]
         twice = [folder for folder, n in Counter(t.out for t in tasks).items() if n > 1]
         if twice:
             raise ConfigError(f"two runs would share the run folder '{twice[0]}'; give them different labels")
