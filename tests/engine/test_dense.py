@@ -170,22 +170,35 @@ def test_runs_give_the_same_metrics_on_every_backend(algorithm: str) -> None:
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 @pytest.mark.parametrize("chunk", [0, 2])
+@pytest.mark.parametrize("epochs", ["several", "under one"])
 def test_gram_first_layer_matches_the_per_step_updates(
-    monkeypatch: pytest.MonkeyPatch, activation: type[nn.Module], bias: bool, dropout: float, chunk: int
+    monkeypatch: pytest.MonkeyPatch, activation: type[nn.Module], bias: bool, dropout: float, chunk: int, epochs: str
 ) -> None:
     """The first layer from its inputs' Gram matrices (`_GramFirstLayer`) against the per-step weight updates and
     the sequential backend, with unequal steps (a client that skips the round, one that stops after a step),
-    unequal learning rates, padded batches, dropout, with and without biases, and a one-layer model."""
+    unequal learning rates, padded batches, dropout, with and without biases, and a one-layer model; on the
+    clients' samples where the steps go over them several times (7 steps of 4 from 14 samples and fewer), on the
+    steps' rows where they do not."""
     import fedhet.engine.dense as dense
 
     used: list[bool] = []
-    choose = dense.use_gram_first_layer
+    by_sample: list[bool] = []
+    choose, gram_layer = dense.use_gram_first_layer, dense._GramFirstLayer
+
+    class Recorded(gram_layer):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)
+            by_sample.append(self.by_sample)
+
+    monkeypatch.setattr(dense, "_GramFirstLayer", Recorded)
     for model in (_mlp(activation, dropout, bias), FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(5, 3, bias=bias)))):
         layers = dense_layers(model)
         assert layers is not None
         data = tiny_data([9, 3, 14, 2, 11], dim=5, classes=3).train
         w0 = model.initial_params()
         plan = _plan(model)
+        if epochs == "under one":
+            plan.steps = torch.tensor([2, 0, 3, 1, 2])  # T·b ≤ each chunk's largest client
         seq = train_sequential(model, data, w0, plan, cohort(plan, w0), 3, 2)
         results = {}
         for forced in (True, False):
@@ -198,6 +211,7 @@ def test_gram_first_layer_matches_the_per_step_updates(
             torch.testing.assert_close(den[1], seq[1], equal_nan=True, **TOL)
         assert torch.equal(results[True][0][1], w0)  # the client without steps keeps the received model
     assert True in used and False in used
+    assert by_sample and set(by_sample) == {epochs == "several"}
 
 
 def test_gram_first_layer_is_chosen_only_where_it_saves_work() -> None:

@@ -205,6 +205,9 @@ class _Batches:
             data.offsets, plan.clients[ids], self.steps, plan.batch_size, seed, round_, plan.stream
         )
         index, weight = index.to(data.x.device), weight.to(data.x.device)
+        clients = plan.clients[ids]
+        self.starts = data.offsets[clients].to(data.x.device)  # where each client's samples begin in `data.x`
+        self.sizes = (data.offsets[clients + 1] - data.offsets[clients]).to(data.x.device)
         c, t_max, b = index.shape
         self.index = index.transpose(0, 1).contiguous()  # (T, c, b): a chunk's step is a contiguous view
         self.y = data.y[self.index]
@@ -318,28 +321,48 @@ class _GramFirstLayer:
 
         Z_t = x_t W_0ᵀ + b_0 − Σ_{s<t} (x_t x_sᵀ + 1) G_s
 
-    x_t W_0ᵀ for every step and client is one matrix product with the global model, the Gram matrices x_t x_sᵀ
-    one batched product per chunk, and the weights are written once, W_T = W_0 − DᵀX at the end (D, X: the stacked
-    G_s and x_s). The per-step work no longer reads and writes every client's (out, in) weights, which made this
-    layer memory-bound with small batches. Exact up to float rounding; used where T·b is small next to the layer
-    (`use_gram_first_layer`)."""
+    Written over a set of R input rows X (each step's rows are some of them: `pos`), with D the sum of the G rows
+    recorded at each row so far: Z_t = (X W_0ᵀ + b_0)[pos_t] − (X Xᵀ + 1)[pos_t] D, and at the end W_T = W_0 − DᵀX,
+    b_T = b_0 − 1ᵀD. X W_0ᵀ for every client is one matrix product with the global model, the Gram matrices X Xᵀ
+    one batched product per chunk, and the weights are written once. The per-step work no longer reads and writes
+    every client's (out, in) weights, which made this layer memory-bound with small batches. The rows are the
+    steps' T·b rows in order, or, where a client's steps see its samples more than once (several epochs: fewer
+    samples n than T·b rows), its n samples, each once (`by_sample`). Exact up to float rounding; used where R is
+    small next to the layer (`use_gram_first_layer`)."""
 
-    def __init__(self, x_all: Tensor, index: Tensor, layer: DenseLayer, w0: Tensor) -> None:
+    def __init__(
+        self, x_all: Tensor, index: Tensor, layer: DenseLayer, w0: Tensor, starts: Tensor, samples: int
+    ) -> None:
+        """`index` (T, c, b): the steps' rows of `x_all`; `starts` (c,): where each client's samples begin there;
+        `samples`: work on each client's first `samples` rows from its start (0: on the steps' rows)."""
         steps, c, b = index.shape
         self.b = b
-        self.x = x_all[index.permute(1, 0, 2).reshape(c, steps * b)]  # (c, T·b, d): each client's inputs in order
+        self.by_sample = samples > 0
+        if self.by_sample:  # X: each client's samples (padded); pos: where each step's rows are in X
+            rows = (starts.view(c, 1) + torch.arange(samples, device=starts.device)).clamp_(max=len(x_all) - 1)
+            self.pos = (index - starts.view(1, c, 1)).clamp_(0, samples - 1)  # (T, c, b); padding has weight 0
+        else:  # X: the steps' rows in order, so that step t's are rows t·b … (t+1)·b − 1
+            rows = index.permute(1, 0, 2).reshape(c, steps * b)
+        self.x = x_all[rows]  # (c, R, d)
         weight = w0[layer.weight].view(layer.shape)
         bias = w0[layer.bias] if layer.bias is not None else None
-        flat = self.x.reshape(c * steps * b, -1)
+        flat = self.x.reshape(-1, self.x.shape[2])
         z0 = torch.addmm(bias, flat, weight.T) if bias is not None else flat @ weight.T
-        self.z0 = z0.view(c, steps * b, -1)
-        self.gram = torch.bmm(self.x, self.x.mT)  # (c, T·b, T·b)
+        self.z0 = z0.view(c, -1, layer.shape[0])
+        self.gram = torch.bmm(self.x, self.x.mT)  # (c, R, R)
         if bias is not None:
             self.gram.add_(1.0)
-        self.grads = torch.zeros_like(self.z0)  # D: rows of clients that stopped stay zero
+        self.grads = torch.zeros_like(self.z0)  # D: rows never recorded (or of clients that stopped) stay zero
 
     def outputs(self, t: int, n: int) -> Tensor:
         """Z_t of the first n clients (n, b, out)."""
+        if self.by_sample:
+            pos = self.pos[t, :n].unsqueeze(2)
+            z0 = self.z0[:n].gather(1, pos.expand(-1, -1, self.z0.shape[2]))
+            if t == 0:
+                return z0
+            gram = self.gram[:n].gather(1, pos.expand(-1, -1, self.gram.shape[2]))
+            return z0.baddbmm_(gram, self.grads[:n], alpha=-1.0)
         rows = slice(t * self.b, (t + 1) * self.b)
         if t == 0:
             return self.z0[:n, rows]
@@ -349,7 +372,11 @@ class _GramFirstLayer:
 
     def record(self, t: int, grad: Tensor) -> None:
         """Step t's G (n, b, out) for the first n clients."""
-        self.grads[: len(grad), t * self.b : (t + 1) * self.b] = grad
+        n = len(grad)
+        if self.by_sample:
+            self.grads[:n].scatter_add_(1, self.pos[t, :n].unsqueeze(2).expand_as(grad), grad)
+        else:
+            self.grads[:n, t * self.b : (t + 1) * self.b] = grad
 
     def apply(self, weights: _Weights) -> None:
         """W_T = W_0 − DᵀX, b_T = b_0 − 1ᵀD into the chunk's weights (which still hold W_0, b_0)."""
@@ -359,10 +386,11 @@ class _GramFirstLayer:
 
 
 def use_gram_first_layer(layer: DenseLayer, rows: int, plain: bool, terms: bool) -> bool:
-    """Whether `_GramFirstLayer` runs a chunk whose clients take `rows` = T·b input rows: plain SGD, no parameter
-    terms, and T·b·(in + out) ≤ 2·in·out. The Gram path adds (T·b)²·(in + out/2) multiply-adds (the Gram matrices
-    and their use) to the per-step path's 2·T·b·in·out, so this bounds its work at about twice theirs; its products
-    are large and run near the machine's matmul rate, the per-step ones are skinny and memory-bound."""
+    """Whether `_GramFirstLayer` runs a chunk on `rows` input rows R (T·b, or the samples where fewer): plain SGD,
+    no parameter terms, and R·(in + out) ≤ 2·in·out. The Gram path adds about R²·(in + out/2) multiply-adds (the
+    Gram matrices and their use) to the per-step path's 2·T·b·in·out, so this bounds its work at about twice
+    theirs; its products are large and run near the machine's matmul rate, the per-step ones are skinny and
+    memory-bound."""
     n_out, n_in = layer.shape
     return plain and not terms and rows <= GRAM_MAX_ROWS and rows * (n_in + n_out) <= 2 * n_in * n_out
 
@@ -393,9 +421,13 @@ def _train_chunk(
     x_buffer = torch.empty(c * b, x_all.shape[1], dtype=x_all.dtype, device=work.device)  # the step's inputs
     remaining = batches.steps[part].tolist()
     first_terms = any(leaf.terms for leaf in whole[0].leaves())
+    samples = int(batches.sizes[part].max())
+    if not 0 < samples < remaining[0] * b:
+        samples = 0  # the Gram path works on the steps' rows, unless the steps see fewer samples (several epochs)
     gram = (
-        _GramFirstLayer(x_all, batches.index[: remaining[0], part], layers[0], w0)
-        if remaining[0] > 0 and use_gram_first_layer(layers[0], remaining[0] * b, optimizer.plain, first_terms)
+        _GramFirstLayer(x_all, batches.index[: remaining[0], part], layers[0], w0, batches.starts[part], samples)
+        if remaining[0] > 0
+        and use_gram_first_layer(layers[0], samples or remaining[0] * b, optimizer.plain, first_terms)
         else None
     )
     n, net = c, whole
