@@ -568,11 +568,12 @@ def reproduce(
         raise FedhetError(f"--seeds {seeds}: give at least 1 seed (or leave --seeds out for the recipe's own)")
     chosen = get_recipe(recipe)
     seed_list = tuple(range(seeds)) if seeds is not None else None
-    overrides = {"device": device} if device is not None else None
+    overrides = None
     if device is not None:
         from fedhet.engine.engine import resolve_device
 
         resolve_device(device)  # a clear error now, not in every run
+        overrides = {"device": device}
     if estimate:
         from fedhet.experiments.estimate import estimate_recipe
 
