@@ -23,7 +23,6 @@ ZOO: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
     "vgg16": ({"name": "vgg16", "widths": [4, 4, 8, 8, 8], "hidden": 16, "norm": "none"}, (3, 32, 32)),
     "vgg16_gn": ({"name": "vgg16", "widths": [4, 4, 8, 8, 8], "hidden": 16}, (3, 32, 32)),  # GroupNorm
 }
-WITH_DROPOUT = ("cnn_fmnist", "cnn_femnist")
 
 
 def zoo_model(name: str, seed: int = 0) -> tuple[FlatModel, tuple[int, ...]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from functools import partial
 
+import pytest
 import torch
 from torch import nn
 
@@ -12,9 +13,18 @@ from conftest import Shift, cohort, linear_model, tiny_data
 from fedhet.engine.batches import local_batches
 from fedhet.engine.engine import Engine, resolve_backend
 from fedhet.engine.functional import FlatModel
-from fedhet.engine.local import _flat, _tree, gradient_statistics, make_step
+from fedhet.engine.local import (
+    _flat,
+    _masks_from_the_cpu,
+    _tree,
+    gradient_statistics,
+    make_step,
+    train_sequential,
+    train_vectorised,
+)
 from fedhet.engine.objective import Proximal, WeightDecay
 from fedhet.engine.plan import LocalPlan
+from zoo_cnns import image_data, zoo_model
 
 
 def manual_grad(model: FlatModel, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -106,6 +116,35 @@ def test_dropout_masks_match_across_backends() -> None:
     torch.testing.assert_close(seq.params, vec.params, atol=1e-6, rtol=1e-6)
     other_seed = Engine(model, data, backend="sequential", seed=2).train(w0, plan, 0)
     assert not torch.allclose(seq.params, other_seed.params)  # masks (and batches) follow the seed
+
+
+@pytest.mark.parametrize("name", ["cnn_fmnist", "mlp"])
+def test_masks_drawn_on_the_cpu_for_another_device_are_the_cpus(name: str) -> None:
+    """What a GPU's vectorised run does with dropout (`_masks_from_the_cpu`), run here on the CPU (the masks are
+    multiplied in on the data's device, the CPU here): the sequential backend's numbers, with dropout (cnn_fmnist:
+    channel dropout and dropout) and without the patch once the block ends; the CPU itself is left alone."""
+    if name == "mlp":
+        torch.manual_seed(0)
+        model = FlatModel(nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3)))
+        part = tiny_data([9, 6, 11], dim=5, classes=3).train
+    else:
+        model, shape = zoo_model(name)
+        part = image_data(shape, [9, 6, 11])
+    w0 = model.initial_params()
+    plan = LocalPlan.uniform(torch.tensor([0, 1, 2]), 5, 0.1, 4)
+    plan.steps = torch.tensor([5, 2, 4])
+    model.module.train()
+    seq = train_sequential(model, part, w0, plan, cohort(plan, w0), 1, 0)
+    dropouts = [m for m in model.module.modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
+    with _masks_from_the_cpu(model, torch.device("cpu")):
+        assert all("forward" not in vars(m) for m in dropouts)  # nothing to do on the CPU
+    with _masks_from_the_cpu(model, torch.device("cuda")):
+        assert all("forward" in vars(m) for m in dropouts)
+        vec = train_vectorised(model, part, w0, plan, cohort(plan, w0), 1, 0)
+    assert all("forward" not in vars(m) for m in dropouts)
+    assert float((seq[0] - w0).abs().max()) > 1e-2
+    torch.testing.assert_close(vec[0], seq[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(vec[1], seq[1], atol=1e-6, rtol=1e-5)
 
 
 def test_gradient_statistics_match_per_sample_autograd() -> None:

@@ -3,18 +3,19 @@
 Both backends run the same step (`fedhet.engine.step`: the gradient of the client's objective, its parameter
 terms, the client optimiser) on the same mini-batches (drawn by `batches.local_batches`), so they give the same
 numbers up to float rounding, and the same as the dense and conv backends (`fedhet.engine.dense`,
-`fedhet.engine.conv`). Dropout masks are seeded
-per (round, step), identical across clients and backends (vmap with ``randomness="same"``).
+`fedhet.engine.conv`). Dropout masks are seeded per (round, step), identical across clients and backends (vmap
+with ``randomness="same"``), and drawn on the CPU on any device (`_masks_from_the_cpu`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_map
 
@@ -37,6 +38,41 @@ Trained = tuple[Tensor, Tensor, dict[str, Tensor]]  # params (m, P), mean loss (
 def _seed_dropout(model: FlatModel, seed: int, round_: int, t: int, stream: str) -> None:
     if model.has_dropout:
         torch.manual_seed(derive_seed(seed, f"dropout/{stream}", round_, t))
+
+
+_DROPOUTS: dict[type[nn.Module], Callable[..., Tensor]] = {
+    nn.Dropout: F.dropout,
+    nn.Dropout1d: F.dropout1d,
+    nn.Dropout2d: F.dropout2d,
+    nn.Dropout3d: F.dropout3d,
+}
+
+
+@contextmanager
+def _masks_from_the_cpu(model: FlatModel, device: torch.device) -> Iterator[None]:
+    """On another device than the CPU, the model's dropout layers draw their masks on the CPU, as the sequential
+    backend's modules draw them (the same function on the same shape, from the same seed), and multiply them in
+    on `device`: a run on a GPU then gives the CPU's numbers with dropout too. Under vmap (``randomness="same"``)
+    each layer draws one mask per step, shared by the clients, as on the CPU."""
+    dropout = nn.modules.dropout._DropoutNd
+    patched = [
+        m
+        for m in model.module.modules()
+        if device.type != "cpu" and isinstance(m, dropout) and m.p > 0 and type(m) in _DROPOUTS
+    ]
+    for m in patched:
+
+        def forward(x: Tensor, m: nn.modules.dropout._DropoutNd = m) -> Tensor:
+            if not m.training:
+                return x
+            return x * _DROPOUTS[type(m)](torch.ones(x.shape), m.p, training=True).to(x.device)
+
+        m.forward = forward
+    try:
+        yield
+    finally:
+        for m in patched:
+            del m.forward
 
 
 def train_sequential(
@@ -368,7 +404,8 @@ def train_cohort(
     elif backend == "sequential":
         out = train_sequential(model, data, w0, plan, cohort, seed, round_)
     else:
-        out = train_vectorised(model, run_data, run_w0, run_plan, run_cohort, seed, round_, chunk_size)
+        with _masks_from_the_cpu(model, run_w0.device):
+            out = train_vectorised(model, run_data, run_w0, run_plan, run_cohort, seed, round_, chunk_size)
     model.module.eval()
     params, losses, state = out
     cpu = w0.device
