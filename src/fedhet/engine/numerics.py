@@ -1,10 +1,10 @@
 """Float32 as the CPU computes it, on a GPU, for a block of code.
 
 By default PyTorch lets cuDNN compute float32 convolutions in TF32 (10 bits of mantissa: relative errors up to
-about 1e-3) and pick its algorithms by timing them, and the one it picks may differ between runs or add with
-atomics. The engine holds a GPU to full float32 and deterministic
-algorithms while it trains and scores, so that a run on `cuda` gives the CPU's numbers (to 1e-5) and the same
-numbers every time, and gives the previous settings back afterwards.
+about 1e-3) and choose its algorithms by timing them; the choice can change from run to run, and some algorithms
+add with atomics. The engine holds a GPU to full float32 and deterministic algorithms while it trains and scores,
+so that a run on `cuda` gives the CPU's numbers (to 1e-5) and the same numbers every time, and gives the previous
+settings back afterwards.
 """
 
 from __future__ import annotations
