@@ -66,6 +66,28 @@ def test_cuda_gives_the_cpu_numbers(backend: str) -> None:
     torch.testing.assert_close(gpu.scores(w).loss, cpu.scores(w).loss, atol=1e-5, rtol=1e-5)
 
 
+@CUDA
+def test_cuda_dense_gram_first_layer_gives_the_cpu_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dense`'s Gram first layer on a GPU, on the clients' samples (6 steps of 5 from at most 20 samples: several
+    epochs): the sequential backend's numbers on the CPU."""
+    import fedhet.engine.dense as dense
+
+    used: list[bool] = []
+    choose = dense.use_gram_first_layer
+    monkeypatch.setattr(dense, "use_gram_first_layer", lambda *a: used.append(choose(*a)) or used[-1])
+    torch.manual_seed(0)
+    model = FlatModel(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 3)))
+    data = tiny_data([20, 12, 17, 20], dim=64, classes=3)
+    plan = LocalPlan(torch.arange(4), torch.tensor([6, 6, 3, 0]), torch.tensor([0.1, 0.05, 0.1, 0.1]), 5)
+    w0 = model.initial_params()
+    expected = Engine(model, data, backend="sequential", seed=3).train(w0, plan, 1)
+    got = Engine(model, data, backend="dense", seed=3, device="cuda").train(w0, plan, 1)
+    assert True in used
+    assert float((expected.params - w0).abs().max()) > 1e-2
+    torch.testing.assert_close(got.params, expected.params, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.train_loss, expected.train_loss, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
 def _flags() -> tuple[object, ...]:
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     return cudnn.conv.fp32_precision, matmul.fp32_precision, cudnn.deterministic, cudnn.benchmark
