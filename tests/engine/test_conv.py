@@ -9,7 +9,6 @@ from torch import nn
 
 from conftest import Shift, cohort
 from fedhet.catalog import MODELS
-from fedhet.data.dataset import FederatedData
 from fedhet.engine import conv
 from fedhet.engine.conv import batched_loss_grad, conv_layers, dropout_masks, train_conv
 from fedhet.engine.engine import Engine, resolve_backend
@@ -21,8 +20,7 @@ from fedhet.engine.plan import LocalPlan, LocalSettings
 from fedhet.errors import ConfigError
 from fedhet.models.zoo import ConvClassifier, ToImage
 from fedhet.seeding import derive_seed
-from fedhet.strategies.scaffold import ControlVariates
-from zoo_cnns import ZOO, image_data, zoo_model
+from zoo_cnns import ZOO, image_data, image_federated, scaffold_rounds, zoo_model
 
 TOL = {"atol": 1e-6, "rtol": 1e-5}
 
@@ -310,11 +308,6 @@ def test_batched_loss_grad_with_the_steps_dropout_masks() -> None:
         torch.testing.assert_close(grad[k], expected, **TOL)
 
 
-def _federated(shape: tuple[int, ...], sizes: list[int]) -> FederatedData:
-    part = image_data(shape, sizes)
-    return FederatedData("tiny-images", part, part, 10, torch.ones(len(sizes), dtype=torch.bool))
-
-
 @pytest.mark.parametrize("name", list(ZOO))
 def test_auto_picks_conv_for_the_zoos_cnns_on_a_cpu(name: str) -> None:
     model, _ = zoo_model(name)
@@ -336,7 +329,7 @@ def test_auto_leaves_conv_for_sequential_when_a_steps_activations_are_large(monk
     assert resolve_backend("auto", model, cohort=30, batch_size=64) == "conv"
     assert resolve_backend("auto", model, cohort=30, batch_size=65) == "sequential"
     assert resolve_backend("conv", model, cohort=30, batch_size=65) == "conv"  # asked for: as asked
-    engine = Engine(model, _federated((3, 32, 32), [70, 70]), local=LocalSettings(steps=1, lr=0.1, batch_size=65))
+    engine = Engine(model, image_federated((3, 32, 32), [70, 70]), local=LocalSettings(steps=1, lr=0.1, batch_size=65))
     assert engine.backend_for(2) == "sequential" and engine.backend_for(2, batch_size=8) == "conv"
     result = engine.train(model.initial_params(), LocalPlan.uniform(torch.arange(2), 1, 0.1, 65), 0)
     assert engine.last_backend == "sequential" and bool(torch.isfinite(result.params).all())
@@ -345,7 +338,7 @@ def test_auto_leaves_conv_for_sequential_when_a_steps_activations_are_large(monk
 def test_explicit_conv_needs_a_cnn_it_knows_and_an_objective_without_autograd() -> None:
     mlp = FlatModel(MODELS.build({"name": "mlp", "hidden": [16]}).build((64,), 10))
     with pytest.raises(ConfigError, match="backend 'conv' needs a CNN") as err:
-        Engine(mlp, _federated((64,), [3]), backend="conv")
+        Engine(mlp, image_federated((64,), [3]), backend="conv")
     assert "\n" not in str(err.value) and "'auto', 'vectorised' or 'sequential'" in str(err.value)
     lenet, _ = zoo_model("lenet")
     with pytest.raises(ConfigError, match="backend 'conv' cannot run this local objective"):
@@ -373,27 +366,8 @@ def test_explicit_conv_needs_a_cnn_it_knows_and_an_objective_without_autograd() 
 def test_engine_rounds_with_scaffold_state_agree_with_sequential() -> None:
     """Whole rounds through `Engine.train`: SCAFFOLD's control variates read from the client store in round 1,
     their change reported back, unequal steps and learning rates, dropout (cnn_fmnist)."""
-    model, shape = zoo_model("cnn_fmnist")
-    data = _federated(shape, [9, 3, 14, 2, 11, 6])
-    c = 0.01 * torch.randn(model.size, generator=torch.Generator().manual_seed(8))
-    results = {}
-    for backend in ("sequential", "conv"):
-        engine = Engine(model, data, backend=backend, seed=4)  # type: ignore[arg-type]
-        assert engine.backend_for(4) == backend
-        w = engine.initial_params()
-        for round_ in range(2):
-            plan = LocalPlan(
-                torch.tensor([0, 2, 3, 5]),
-                torch.tensor([3, 2, 0, 4]),
-                torch.tensor([0.1, 0.05, 0.1, 0.2]),
-                4,
-                terms=(Proximal(mu=0.1), ControlVariates(c=c)),
-                optimizer=SGD(momentum=0.5, persistent=True),
-            )
-            result = engine.train(w, plan, round_)
-            w = result.params.mean(0)
-        results[backend] = (w, result.train_loss, *result.state_delta.values(), engine.scores(w).loss)
-    assert len(results["conv"]) == 4  # the control variates' change came back
+    results = {backend: scaffold_rounds("cnn_fmnist", backend) for backend in ("sequential", "conv")}
+    assert len(results["conv"]) == 5  # the control variates' change came back (model, loss, Δc_i, two scores)
     for got, expected in zip(results["conv"], results["sequential"], strict=True):
         torch.testing.assert_close(got, expected, equal_nan=True, **TOL)
 
@@ -431,7 +405,7 @@ def test_runs_on_conv_give_the_sequential_metrics(algorithm: str) -> None:
 
 def test_auto_probes_vmap_for_a_cnn_only_when_an_objective_needs_autograd() -> None:
     model, shape = zoo_model("lenet", seed=3)
-    engine = Engine(model, _federated(shape, [4, 5]))
+    engine = Engine(model, image_federated(shape, [4, 5]))
     assert model.vmap_probe is None  # conv needs no vmap: no probe at start (it costs vmap's first use)
     assert engine.backend_for(30) == "conv"
     assert engine.backend_for(30, autograd_only=True) in ("vectorised", "sequential")

@@ -7,17 +7,14 @@ import torch
 from torch import nn
 
 from conftest import Shift, tiny_data
-from fedhet.data.dataset import FederatedData
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.numerics import exact_float32
 from fedhet.engine.objective import Proximal
-from fedhet.engine.optimizers import SGD
 from fedhet.engine.plan import LocalPlan
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
-from fedhet.strategies.scaffold import ControlVariates
-from zoo_cnns import ZOO, image_data, zoo_model
+from zoo_cnns import ZOO, scaffold_rounds, zoo_model
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on the CI machines)")
 
@@ -114,30 +111,6 @@ def test_exact_float32_holds_a_gpu_to_float32_and_gives_the_settings_back() -> N
         cudnn.conv.fp32_precision, matmul.fp32_precision, cudnn.deterministic, cudnn.benchmark = before
 
 
-def _cnn_rounds(name: str, backend: str, device: str) -> tuple[torch.Tensor, ...]:
-    """Two rounds of `name` through `Engine.train` with SCAFFOLD's state, a proximal term, persistent momentum,
-    unequal steps and learning rates (one client skips round 0): the mean model, losses, Δc_i and scores."""
-    model, shape = zoo_model(name)
-    part = image_data(shape, [9, 3, 14, 2, 11, 6])
-    data = FederatedData("tiny-images", part, part, 10, torch.ones(6, dtype=torch.bool))
-    c = 0.01 * torch.randn(model.size, generator=torch.Generator().manual_seed(8))
-    engine = Engine(model, data, backend=backend, seed=4, device=device)  # type: ignore[arg-type]
-    w = engine.initial_params()
-    for round_, steps in enumerate(([3, 2, 0, 4], [1, 3, 2, 2])):
-        plan = LocalPlan(
-            torch.tensor([0, 2, 3, 5]),
-            torch.tensor(steps),
-            torch.tensor([0.1, 0.05, 0.1, 0.2]),
-            4,
-            terms=(Proximal(mu=0.1), ControlVariates(c=c)),
-            optimizer=SGD(momentum=0.5, persistent=True),
-        )
-        result = engine.train(w, plan, round_)
-        w = result.params.mean(0)
-    assert engine.last_backend == backend
-    return w, result.train_loss, *result.state_delta.values(), engine.scores(w).loss, engine.scores(w).accuracy
-
-
 # GroupNorm at this tiny width amplifies rounding past 1e-5 on any two backends (tests/engine/test_conv.py), so it
 # is checked for repeatability only
 CUDA_VS_CPU = [(n, b) for n in ZOO if n != "vgg16_gn" for b in ("conv", "vectorised")]
@@ -146,8 +119,8 @@ CUDA_VS_CPU = [(n, b) for n in ZOO if n != "vgg16_gn" for b in ("conv", "vectori
 @CUDA
 @pytest.mark.parametrize("name,backend", CUDA_VS_CPU)
 def test_cuda_cnns_give_the_cpu_numbers(name: str, backend: str) -> None:
-    cpu = _cnn_rounds(name, "sequential", "cpu")
-    gpu = _cnn_rounds(name, backend, "cuda")
+    cpu = scaffold_rounds(name, "sequential", "cpu")
+    gpu = scaffold_rounds(name, backend, "cuda")
     assert float((cpu[0] - zoo_model(name)[0].initial_params()).abs().max()) > 1e-2  # the clients moved
     for got, expected in zip(gpu, cpu, strict=True):
         assert got.device.type == "cpu"
@@ -158,6 +131,6 @@ def test_cuda_cnns_give_the_cpu_numbers(name: str, backend: str) -> None:
 @pytest.mark.parametrize("name", list(ZOO))
 @pytest.mark.parametrize("backend", ["conv", "vectorised"])
 def test_cuda_runs_repeat_to_the_bit(name: str, backend: str) -> None:
-    first, second = _cnn_rounds(name, backend, "cuda"), _cnn_rounds(name, backend, "cuda")
+    first, second = scaffold_rounds(name, backend, "cuda"), scaffold_rounds(name, backend, "cuda")
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a.nan_to_num(), b.nan_to_num())

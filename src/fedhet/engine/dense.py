@@ -200,11 +200,9 @@ class _Batches:
         self.steps, lr = plan.steps[ids], plan.lr[ids]
         if not fold_lr:  # the optimiser takes the plain gradient
             lr = torch.ones_like(lr)
-        index, weight = local_batches(
-            data.offsets, plan.clients[ids], self.steps, plan.batch_size, seed, round_, plan.stream
-        )
-        index, weight = index.to(data.x.device), weight.to(data.x.device)
         clients = plan.clients[ids]
+        index, weight = local_batches(data.offsets, clients, self.steps, plan.batch_size, seed, round_, plan.stream)
+        index, weight = index.to(data.x.device), weight.to(data.x.device)
         self.starts = data.offsets[clients].to(data.x.device)  # where each client's samples begin in `data.x`
         self.sizes = (data.offsets[clients + 1] - data.offsets[clients]).to(data.x.device)
         c, t_max, b = index.shape

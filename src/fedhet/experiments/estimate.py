@@ -463,15 +463,19 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:.1f} s"
 
 
+def _on_a_gpu(estimates: list[Estimate]) -> bool:
+    return any(e.gpu_peak_mb is not None for e in estimates)
+
+
 def estimate_header(estimates: list[Estimate]) -> list[str]:
     """The columns of `estimate_rows`: a GPU's peak too where a config ran on one."""
-    gpu = ["GPU peak MB"] if any(e.gpu_peak_mb is not None for e in estimates) else []
+    gpu = ["GPU peak MB"] if _on_a_gpu(estimates) else []
     return ["method", "backend", "train s/round", "s/evaluation", "rounds × runs", "peak MB", *gpu, "projected"]
 
 
 def estimate_rows(estimates: list[Estimate]) -> list[list[str]]:
     """Table rows (`estimate_header`), and a total row when there are several."""
-    gpu = any(e.gpu_peak_mb is not None for e in estimates)
+    gpu = _on_a_gpu(estimates)
 
     def mb(value: float | None) -> list[str]:
         return [] if not gpu else ["" if value is None else f"{value:,.0f}"]
