@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from fedhet.atomic import write_text
 from fedhet.bench.systems import build_module
 from fedhet.bench.workloads import Workload
 from fedhet.engine.engine import Engine
@@ -77,7 +78,7 @@ def main() -> None:
             lines.append(line)
             print(line, flush=True)
     if args.out:
-        args.out.write_text("\n".join(lines) + "\n")
+        write_text(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
