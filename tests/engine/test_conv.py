@@ -172,31 +172,37 @@ def test_each_term_alone(terms: tuple[ParameterTerm, ...]) -> None:
 
 @pytest.mark.parametrize(
     "optimizer",
-    [SGD(momentum=0.9), SGD(momentum=0.8, nesterov=True), Adam(), Adam(beta1=0.5, beta2=0.9, eps=1e-3)],
+    [SGD(momentum=0.9), SGD(momentum=0.8, nesterov=True), Adam(eps=1e-3), Adam(beta1=0.5, beta2=0.9, eps=1e-3)],
     ids=["momentum", "nesterov", "adam", "adam-options"],
 )
 @pytest.mark.parametrize("name", ["lenet", "cnn_fmnist"])
 def test_optimisers_with_state_match_the_sequential_backend(name: str, optimizer: ClientOptimizer) -> None:
     """Stateful optimisers step the flat weights from a gradient buffer; their state comes back as the other
-    backends return it (clients with fewer steps keep theirs from their last step)."""
+    backends return it (clients with fewer steps keep theirs from their last step).
+
+    Adam runs where the comparison is well conditioned. Its step η m̂/(√v̂ + ε) has slope η/ε in a gradient
+    near 0, and gradients here cancel to 1e-10 at some coordinates by chance: with ε = 1e-8 and η = 0.2,
+    rounding-level changes of w0 (relative 1e-7) moved the sequential backend's own result by up to 0.058 on
+    3.8% of cnn_fmnist's weights (a ReLU flipped after a wrong-signed step), and another CPU's rounding did
+    the same to this test. At Adam's usual step size (η/100) with ε = 1e-3 those changes move the result by
+    at most 1e-7 on both models, so the backends must agree to the same tolerance as for SGD."""
     model, shape = zoo_model(name)
     spec = conv_layers(model)
     assert spec is not None
     data = image_data(shape, [9, 3, 14, 2, 11])
     w0 = model.initial_params()
     plan, shift = _plan(terms=TERMS, optimizer=optimizer), _shift(model)
+    if isinstance(optimizer, Adam):
+        plan.lr = plan.lr / 100
     model.module.train()
     seq = train_sequential(model, data, w0, plan, cohort(plan, w0, shift), 3, 2)
     got = train_conv(model, spec, data, w0, plan, cohort(plan, w0, shift), 3, 2, chunk_size=2, workers=2)
-    assert float((seq[0] - w0).abs().max()) > 1e-2
-    # Adam divides by √v: coordinates whose gradients are rounding noise take steps of η·O(1), so any two
-    # backends part more (vectorised and sequential: 5e-3 on LeNet-5 here, conv and sequential 6e-5)
-    tol = {"atol": 2e-4, "rtol": 1e-4} if isinstance(optimizer, Adam) else TOL
-    torch.testing.assert_close(got[0], seq[0], **tol)
+    assert float((seq[0] - w0).abs().max()) > (5e-3 if isinstance(optimizer, Adam) else 1e-2)  # several steps
+    torch.testing.assert_close(got[0], seq[0], **TOL)
     torch.testing.assert_close(got[1], seq[1], equal_nan=True, **TOL)
     assert got[2].keys() == seq[2].keys() == optimizer.state_kinds().keys()
     for key in got[2]:  # sums of gradients (vectorised and sequential part by 6e-6 on cnn_fmnist's momentum)
-        torch.testing.assert_close(got[2][key], seq[2][key], atol=max(tol["atol"], 1e-5), rtol=tol["rtol"])
+        torch.testing.assert_close(got[2][key], seq[2][key], atol=1e-5, rtol=TOL["rtol"])
     if "count" in got[2]:
         assert got[2]["count"].tolist() == plan.steps.float().tolist()
 
