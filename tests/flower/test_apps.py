@@ -24,7 +24,8 @@ def test_a_payloads_small_arrays_travel_as_one_and_all_come_back_whole() -> None
     }
     config = {"round": 3, "name": "maxfl", "lr": 0.1, "warm": True}
     record = apps._record(arrays, config)
-    assert sorted(record["arrays"]) == sorted(["model", apps.PACKED])  # the small arrays are one object
+    assert sorted(record["arrays"]) == ["model"]  # the small arrays are one bytes value of the config
+    assert sorted(record) == ["arrays", "config"] and isinstance(record["config"][apps.PACKED], bytes)
     back, back_config = apps._payload(record)
     assert back_config == config
     assert sorted(back) == sorted(arrays)
@@ -37,6 +38,21 @@ def test_a_payloads_small_arrays_travel_as_one_and_all_come_back_whole() -> None
 
 def test_an_empty_payload_round_trips() -> None:
     assert apps._payload(apps._record({}, {})) == ({}, {})
+
+
+def test_a_message_without_large_arrays_is_its_config_record_alone() -> None:
+    """Each object of a message costs the SuperLink requests of its own: record dict and config record only."""
+    record = apps._record({"steps": np.array([10, 0, 4]), "lr": np.full(3, 0.05, np.float32)}, {"round": 1})
+    assert sorted(record) == ["config"]
+    back, _ = apps._payload(record)
+    np.testing.assert_array_equal(back["steps"], [10, 0, 4])
+
+
+def test_packed_bytes_are_read_as_numbers_only() -> None:
+    record = apps._record({"ids": np.array([1, 2])}, {})
+    record["config"][apps.LAYOUT] = '[["ids", "|O", [2]]]'  # object references from bytes: refused
+    with pytest.raises(ValueError, match="not a numeric one"):
+        apps._payload(record)
 
 
 def test_the_server_retries_missing_reply_objects_soon(monkeypatch: pytest.MonkeyPatch) -> None:

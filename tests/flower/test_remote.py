@@ -61,6 +61,23 @@ def test_remote_run_matches_the_native_run(tmp_path: Path, algorithm: object) ->
     torch.testing.assert_close(remote.params, native.params, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("eval_every", [1, 2])
+def test_losses_at_the_model_just_scored_need_no_exchange(tmp_path: Path, eval_every: int) -> None:
+    """MaxFL weighs each cohort by its losses at the received model: after an evaluation of that model the nodes
+    are not asked again (every round but the first when every round is evaluated), and the run keeps the native
+    numbers."""
+    config = small_config("maxfl", requirements={"steps": 5}, rounds=4, eval_every=eval_every)
+    transport = nodes(config, 3)
+    remote = run(config, tmp_path / "remote", builder=remote_builder(transport, Settings()))
+    native = run(config, tmp_path / "native")
+    assert_same_metrics(read_metrics(tmp_path / "native"), read_metrics(tmp_path / "remote"))
+    torch.testing.assert_close(remote.params, native.params, atol=1e-5, rtol=1e-5)
+    # rounds that follow no evaluation ask (3 nodes each): round 1, and with eval_every 2 (evaluations after
+    # rounds 2 and 4) rounds 1, 2 and 4
+    assert transport.calls.count("losses_at") == 3 * (1 if eval_every == 1 else 3)
+    assert transport.calls.count("scores") == 3 * (4 if eval_every == 1 else 2)
+
+
 class KillAfter(Callback):
     """Kills node `node` of an in-process transport once round `round_` has ended."""
 
@@ -118,7 +135,7 @@ def test_a_node_that_misses_the_first_description_call_is_asked_again(tmp_path: 
 
 class SecondFailure(InProcessTransport):
     """Node `first` dies during the `at`-th 'train' call; node `second` during the next 'losses_at' call (MaxFL
-    re-weighting the survivors of the same round)."""
+    weighing the survivors of a later round, at a model not evaluated yet)."""
 
     def __init__(self, workers: dict[int, NodeWorker], first: int, second: int, at: int) -> None:
         super().__init__(workers)
@@ -136,15 +153,20 @@ class SecondFailure(InProcessTransport):
 
 
 def test_a_second_node_lost_while_the_survivors_are_reconfigured(tmp_path: Path) -> None:
-    config = small_config("maxfl", requirements={"steps": 5}, rounds=4, clients_per_round=6)
+    # train calls: the requirements' local models, then rounds 1, 2, …: node 101 dies in round 2's. Evaluated
+    # after rounds 2 and 4, so round 4 asks its cohort's losses at round 3's model: node 102 dies then.
+    config = small_config("maxfl", requirements={"steps": 5}, rounds=4, clients_per_round=6, eval_every=2)
     transport = SecondFailure(nodes(config, 3).workers, first=101, second=102, at=3)
     state = run(config, tmp_path, builder=remote_builder(transport, Settings()))
     engine = state.experiment.engine
-    assert isinstance(engine, RemoteEngine) and set(engine.lost) == {101, 102}
+    assert isinstance(engine, RemoteEngine) and engine.lost == {101: "train", 102: "losses_at"}
     assert state.status == "finished" and bool(torch.isfinite(state.params).all())
     survivors = len(node_clients(6, 0, 3))
     rows = read_metrics(tmp_path)
-    assert [float(r["participants"]) for r in rows][-2:] == [survivors, survivors]
+    assert [(r["round"], float(r["participants"])) for r in rows] == [
+        ("2", 6 - len(node_clients(6, 1, 3))),
+        ("4", survivors),
+    ]
     for row in rows:
         assert all(value == value for value in map(float, row.values())), row
 

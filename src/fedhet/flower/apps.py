@@ -58,32 +58,37 @@ POLL_S, MAX_POLL_S = 0.005, 0.1  # how often the server looks for the nodes' rep
 
 def _record(arrays: Arrays, config: Config) -> RecordDict:
     """A payload as a Flower record: arrays of `PACK_BELOW` bytes or more as their own ``Array``, the smaller
-    ones as one ``Array`` of their bytes (`PACKED`, their layout in the config). Every object of a message is
-    stored by the SuperLink and pushed and pulled with requests of its own: one object for the small arrays takes
-    most of those requests away, and a large one kept apart (the global model, the same in every node's message)
-    is stored and pushed once for all nodes."""
+    ones as one bytes value of the ``ConfigRecord`` (`PACKED`, their layout under `LAYOUT`). Every object of a
+    message (the record dict, each record, each array and its chunks) is stored by the SuperLink and pushed and
+    pulled with requests of its own: with the small arrays in the config, a message without large arrays is three
+    objects instead of six, and a large one kept apart (the global model, the same in every node's message) is
+    stored and pushed once for all nodes."""
     small = {name: a for name, a in arrays.items() if a.nbytes < PACK_BELOW}
-    large = {name: Array(a) for name, a in arrays.items() if name not in small}
     layout = [(name, a.dtype.str, list(a.shape)) for name, a in small.items()]
-    parts = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in small.values()]
-    packed = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
-    return RecordDict(
-        {
-            "arrays": ArrayRecord({**large, PACKED: Array(packed)}),
-            "config": ConfigRecord({**config, LAYOUT: json.dumps(layout)}),
-        }
-    )
+    packed = b"".join(np.ascontiguousarray(a).tobytes() for a in small.values())
+    records: dict[str, ArrayRecord | ConfigRecord] = {
+        "config": ConfigRecord({**config, LAYOUT: json.dumps(layout), PACKED: packed})
+    }
+    large = {name: Array(a) for name, a in arrays.items() if name not in small}
+    if large:
+        records["arrays"] = ArrayRecord(large)
+    return RecordDict(records)
 
 
 def _payload(content: RecordDict) -> Payload:
     config = dict(content["config"])
-    records = content["arrays"]
-    packed = records[PACKED].numpy()
-    arrays: Arrays = {name: a.numpy() for name, a in records.items() if name != PACKED}
+    raw = config.pop(PACKED)
+    if not isinstance(raw, bytes):
+        raise ValueError("a message without fedhet's packed arrays: the sender runs another fedhet version")
+    packed = np.frombuffer(raw, np.uint8)
+    arrays: Arrays = {name: a.numpy() for name, a in content["arrays"].items()} if "arrays" in content else {}
     start = 0
     for name, dtype, shape in json.loads(str(config.pop(LAYOUT))):
-        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        arrays[name] = packed[start : start + size].view(dtype).reshape(shape).copy()
+        kind = np.dtype(dtype)
+        if kind.kind not in "biufc":  # numbers only: bytes are never read as object references
+            raise ValueError(f"a message's array {name!r} has dtype {dtype}, not a numeric one")
+        size = int(np.prod(shape, dtype=np.int64)) * kind.itemsize
+        arrays[name] = packed[start : start + size].view(kind).reshape(shape).copy()
         start += size
     return arrays, config
 

@@ -301,6 +301,14 @@ class RemoteEngine:
         return ClientScores(loss.clone(), acc.clone(), sizes)
 
     def losses_at(self, params: Tensor, clients: Tensor, split: Split = "train") -> Tensor:
+        """F_k(w) as the nodes compute it. The losses of the model last scored (`scores`: every client's mean loss
+        on each split, the same function) are not asked again: a strategy that weighs its cohort by the losses at
+        the received model (MaxFL, q-FFL, AFL) then needs no exchange of its own in a round that follows an
+        evaluation."""
+        if self._scored is not None and torch.equal(self._scored[0], params):
+            known = self._scored[1][split][0][clients]
+            if not bool(known.isnan().any()):
+                return known
         return self._values("losses_at", clients, params, "values", {"split": split})
 
     def own_scores(self, params: Tensor, clients: Tensor, split: Split = "test") -> ClientScores:
