@@ -196,3 +196,11 @@ def test_cli_bench_and_unknown_workload(monkeypatch: pytest.MonkeyPatch) -> None
     assert result.exit_code == 0, result.output
     assert "pip install 'fedhet[flower]'" in result.output  # printed as is, not as rich markup
     assert "auto (dense)" in result.output and "logreg training vs plain loop" in result.output
+
+
+def test_a_rest_below_the_timing_noise_is_not_reported_as_a_time() -> None:
+    """pfl's evaluation is the difference of two timed loops: a negative median is no measurement."""
+    assert bench_run._measured_rest([0.3, 0.1, 0.2]) == pytest.approx(0.2)
+    assert bench_run._measured_rest([0.0]) == 0.0
+    rest = bench_run._measured_rest([0.01, -0.02, -0.01])
+    assert rest != rest  # NaN: shown as "-"
