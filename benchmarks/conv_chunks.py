@@ -13,10 +13,11 @@ import time
 
 import torch
 
-from fedhet.catalog import MODELS
-from fedhet.data.dataset import ClientData
+from fedhet.bench.systems import build_module
+from fedhet.bench.workloads import Workload
 from fedhet.engine import conv
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.plan import LocalPlan
 from fedhet.engine.step import fresh_cohort
 
@@ -37,26 +38,23 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=4)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the engine does
     budgets = [int(b) << 20 for b in args.budgets_mb.split(",")]
     for name, (shape, classes, clients) in MODELS_AND_COHORTS.items():
-        torch.manual_seed(0)
-        model = FlatModel(MODELS.build({"name": name}).build(shape, classes))
+        w = Workload(name, "", {"name": name}, shape, num_classes=classes, clients=clients)
+        data = w.data().train
+        model = FlatModel(build_module(w))
         spec = conv.conv_layers(model)
         assert spec is not None
-        gen = torch.Generator().manual_seed(1)
-        data = ClientData.from_parts(
-            [torch.randn(50, *shape, generator=gen) for _ in range(clients)],
-            [torch.randint(0, classes, (50,), generator=gen) for _ in range(clients)],
-        )
         w0 = model.initial_params()
-        plan = LocalPlan.uniform(torch.arange(clients), 10, 0.05, 10)
+        plan = LocalPlan.uniform(torch.arange(clients), w.steps, w.lr, w.batch)
         model.module.train()
         times: dict[int, list[float]] = {b: [] for b in budgets}
         chunks = {}
         for rep in range(args.reps):
             for budget in budgets:
                 conv.CHUNK_BYTES = budget
-                chunks[budget] = conv.default_chunk(spec, clients, args.threads, 10)
+                chunks[budget] = conv.default_chunk(spec, clients, args.threads, w.batch)
                 start = time.perf_counter()
                 conv.train_conv(model, spec, data, w0, plan, fresh_cohort(plan, w0), 0, rep)
                 if rep:

@@ -684,9 +684,9 @@ def default_chunk(spec: ConvSpec, clients: int, workers: int, batch: int) -> int
     """Clients per chunk: an equal share of the cohort per worker, but at most `CHUNK_BYTES` of weights and
     activations. Larger chunks share each batched op's Python and dispatch cost among more clients; past one or
     two clients of a large model they stop paying (its convolutions and large Linear layers run per client
-    anyway). Measured on 2 cores, one round of 10 steps of 10, 4 MB → 24 MB: LeNet-5 (30 clients) 642 → 540 ms
-    with 14 clients per chunk instead of 2, cnn_fmnist 750 → 557 ms with 15 instead of 3; the FedAvg CNN, the
-    CIFAR CNNs and the FEMNIST CNN keep 1 (`benchmarks/conv_chunks.py`)."""
+    anyway). Measured on 2 cores, one round of 10 steps of 10, 4 MB → 24 MB (`benchmarks/conv_chunks.py`):
+    LeNet-5 (30 clients) 560 → 383 ms with 14 clients per chunk instead of 2, cnn_fmnist 509 → 390 ms with 15
+    instead of 3; the FedAvg CNN, the CIFAR CNNs and the FEMNIST CNN keep 1."""
     share = -(-clients // max(workers, 1))
     return max(1, min(share, CHUNK_BYTES // (4 * spec.size + step_bytes(spec, batch))))
 
