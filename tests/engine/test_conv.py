@@ -103,6 +103,37 @@ def test_batched_loss_grad_equals_autograd(name: str) -> None:
     assert float(grad[0].abs().max()) > 1e-3 and float(grad[2].abs().max()) == 0.0
 
 
+def test_direct_kernel_for_one_input_channel_with_and_without_the_input_gradient() -> None:
+    """Convolutions of one input channel run their backward on torch's direct kernel, here also a middle layer
+    (whose input gradient is needed), strided and padded, with and without bias; the gradients equal autograd's."""
+    shape = (1, 9, 9)
+    features = nn.Sequential(
+        nn.Conv2d(1, 1, 3, padding=1), nn.ReLU(), nn.Conv2d(1, 3, 3, stride=2, padding=1, bias=False), nn.ReLU()
+    )
+    model = FlatModel(ConvClassifier(shape, features, nn.Sequential(nn.Linear(75, 10))))
+    spec = conv_layers(model)
+    assert spec is not None
+    convs = [layer for layer in spec.layers if isinstance(layer, conv.Conv)]
+    a = torch.zeros(1, 1, *shape)
+    assert [c.direct_backward(a) for c in convs] == [True, True]
+    lenet = conv_layers(zoo_model("lenet")[0])
+    assert lenet is not None
+    assert not any(c.direct_backward(a) for c in lenet.layers if isinstance(c, conv.Conv))  # 3 and 6 channels
+    assert not convs[0].direct_backward(a.double())  # float32 only, as measured
+    gen = torch.Generator().manual_seed(4)
+    params = model.initial_params() + 0.1 * torch.randn(2, model.size, generator=gen)
+    x, y = torch.randn(2, 5, *shape, generator=gen), torch.randint(0, 10, (2, 5), generator=gen)
+    wt = torch.ones(2, 5)
+    grad, loss = batched_loss_grad(spec, params, x, y, wt)
+    for k in range(2):
+        w = params[k].clone().requires_grad_(True)
+        expected_loss = model.batch_loss(w, x[k], y[k], wt[k])
+        (expected,) = torch.autograd.grad(expected_loss, w)
+        torch.testing.assert_close(loss[k], expected_loss.detach(), **TOL)
+        torch.testing.assert_close(grad[k], expected, **TOL)
+        assert float(expected[: convs[0].shape[0] * 9].abs().max()) > 1e-3  # the first layer learns
+
+
 def test_dropout_masks_follow_the_modules_draws() -> None:
     model, _ = zoo_model("cnn_fmnist")
     spec = conv_layers(model)

@@ -13,7 +13,9 @@ loss (`functional.FlatModel.batch_loss`) for a chunk of clients at once, layer b
 Convolutions run per client with torch's own kernels (`aten.convolution` and `aten.convolution_backward`,
 oneDNN on a CPU: 20–50 GFLOP/s on one core for LeNet-5's 6- and 16-channel layers, 115–125 for the FedAvg
 CNN's 64-channel one, at a batch of 10); grouped convolutions over the clients, unfold + batched products
-and the transposed convolution were measured as fast or slower (docs/performance.md). Linear layers are
+and the transposed convolution were measured as fast or slower (docs/performance.md). The backward pass of a
+convolution of one input channel (the first layer of the MNIST-shaped CNNs) runs on torch's direct kernel
+(im2col and one matrix product), 2–4× faster there (`Conv.direct_backward`). Linear layers are
 batched matrix products over the chunk's clients, as in the dense backend; pooling, activations and dropout
 run once for the whole chunk; local response and group normalisation use the vector-Jacobian product of
 torch's own functions. Every backward formula is the one autograd uses, so the numbers equal the other
@@ -159,25 +161,34 @@ class Conv:
             )
         return torch.stack(outs), a
 
+    def direct_backward(self, a: Tensor) -> bool:
+        """Whether the backward pass runs on torch's direct kernel (im2col and one matrix product) instead of
+        oneDNN: for a convolution of one input channel on a CPU, where oneDNN's weight gradient is slow. Measured
+        on one core, µs per client at a batch of 10, oneDNN → direct (`benchmarks/conv_kernels.py`): the FedAvg
+        CNN's first layer (1 → 32, 5×5) 2,133 → 568, `cnn_fmnist`'s (1 → 16) 1,047 → 235; 1.6–3.9× at batches
+        of 1 to 100. Layers of more input channels are as fast or faster on oneDNN."""
+        return (
+            self.shape[1] == 1
+            and self.groups == 1
+            and self.dilation == (1, 1)
+            and a.device.type == "cpu"
+            and a.dtype == torch.float32
+        )
+
     def backward(self, g: Tensor, ctx: Ctx, params: Tensor, sink: Sink, need_input: bool) -> Tensor | None:
         a: Tensor = ctx
         inputs = []
         bias = [self.shape[0]] if self.bias is not None else None
+        mask = (need_input, True, self.bias is not None)
+        direct = self.direct_backward(a)
         for i in range(len(a)):
             w, _ = self._w(params, i)
-            gi, gw, gb = aten.convolution_backward(
-                g[i],
-                a[i],
-                w,
-                bias,
-                self.stride,
-                self.padding,
-                self.dilation,
-                False,
-                (0, 0),
-                self.groups,
-                (need_input, True, self.bias is not None),
-            )
+            if direct:
+                gi, gw, gb = aten._slow_conv2d_backward(g[i], a[i], w, self.shape[2:], self.stride, self.padding, mask)
+            else:
+                gi, gw, gb = aten.convolution_backward(
+                    g[i], a[i], w, bias, self.stride, self.padding, self.dilation, False, (0, 0), self.groups, mask
+                )
             sink.row(i, self.weight, gw)
             if self.bias is not None:
                 sink.row(i, self.bias, gb)
