@@ -3,7 +3,8 @@ zoo CNNs' layers on one core, and what the conv backend's rule (the direct kerne
 convolution of one input channel, `fedhet.engine.conv.Conv.direct_backward`) gives per round.
 
 Part 1, µs per client (a call on one client's batch), medians of 5 timings taking turns: forward, backward
-without the input's gradient (a first layer) and with it. Part 2, ms per round of local training (10 steps of
+without the input's gradient (a first layer) and with it, and oneDNN's forward against NNPACK's (where torch has
+it; the backend does not use NNPACK, see docs/performance.md). Part 2, ms per round of local training (10 steps of
 10) on the conv backend with the rule and without it, taking turns; medians of the repetitions after the first.
 Run (about 4 minutes on 2 quiet cores):  python benchmarks/conv_kernels.py [--batches 10] [--threads 2] [--reps 5]
 """
@@ -37,6 +38,7 @@ LAYERS = {  # in, out, input side, kernel, padding
     "cnn_cifar conv2": (32, 64, 14, 5, 0),
     "vgg16 (width 1/4) conv1": (3, 16, 32, 3, 1),
     "vgg16 (width 1/4) conv3": (16, 32, 16, 3, 1),
+    "vgg16 (width 1/4) conv8": (64, 64, 4, 3, 1),
 }
 MODELS = {  # input shape, classes, clients (as benchmarks/conv_chunks.py)
     "cnn_mnist": ((1, 28, 28), 10, 20),
@@ -72,6 +74,8 @@ def layer(batch: int, name: str, c_in: int, c_out: int, side: int, k: int, pad: 
             lambda: aten._slow_conv2d_backward(g, x, w, [k, k], s, p, [True, True, True]),
         ),
     }
+    if torch._nnpack_available():
+        pairs["forward on NNPACK"] = (pairs["forward"][0], lambda: aten._nnpack_spatial_convolution(x, w, b, p, s))
     calls = max(5, min(200, int(2e9 / (batch * c_out * side * side * c_in * k * k))))
     cells = []
     for what, (onednn, direct) in pairs.items():
