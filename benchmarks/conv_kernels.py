@@ -6,7 +6,7 @@ Part 1, µs per client (a call on one client's batch), medians of 5 timings taki
 without the input's gradient (a first layer) and with it, and oneDNN's forward against NNPACK's (where torch has
 it; the backend does not use NNPACK, see docs/performance.md). Part 2, ms per round of local training (10 steps of
 10) on the conv backend with the rule and without it, taking turns; medians of the repetitions after the first.
-Run (about 4 minutes on 2 quiet cores):  python benchmarks/conv_kernels.py [--batches 10] [--threads 2] [--reps 5]
+Run (about 2 minutes on 2 quiet cores):  python benchmarks/conv_kernels.py [--batches 10] [--threads 2] [--reps 5]
 """
 
 from __future__ import annotations
