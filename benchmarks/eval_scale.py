@@ -4,9 +4,9 @@ everyone, with the per-round training and evaluation times and the process's pea
 Run: python benchmarks/eval_scale.py [--clients 100000] [--per-round 1000] [--eval-clients 1000] [--rounds 5]
 [--samples 20]
 
-Each client holds 20 training and 5 test samples (`--samples`) of a 60-feature task (logistic regression, the engine's dense
-backend, 10 local steps of 10). The sampled rounds run first and the peak resident memory is read after them
-(VmHWM), then the same rounds evaluate everyone (the peak is read again).
+Each client holds 20 training and 5 test samples (`--samples`) of a 60-feature task (logistic regression, the
+engine's dense backend, 10 local steps of 10). The sampled rounds run first and the peak resident memory is read
+after them (VmHWM), then the same rounds evaluate everyone (the peak is read again).
 """
 
 from __future__ import annotations
