@@ -20,8 +20,8 @@ demo: install
 	$(BIN)/fedhet run --algorithm fedavg --dataset digits --rounds 30 --seed 1 --out runs/demo --overwrite
 
 lint: install
-	$(BIN)/ruff check src tests examples
-	$(BIN)/ruff format --check src tests examples
+	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/ruff format --check src tests examples benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
