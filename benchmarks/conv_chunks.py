@@ -12,9 +12,11 @@ import statistics
 import time
 
 import torch
+from torch import Tensor
 
 from fedhet.bench.systems import build_module
 from fedhet.bench.workloads import Workload
+from fedhet.data.dataset import ClientData
 from fedhet.engine import conv
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.memory import keep_freed_memory
@@ -31,6 +33,20 @@ MODELS_AND_COHORTS = {  # input shape, classes, clients
 }
 
 
+def conv_round(name: str) -> tuple[Workload, FlatModel, conv.ConvSpec, ClientData, Tensor, LocalPlan]:
+    """What `conv.train_conv` needs for one round of the zoo CNN `name` on the bench's generated data: its
+    workload (`MODELS_AND_COHORTS`), the model in training mode, its spec, the training data, the initial weights
+    and the plan (every client, the workload's steps of its batch)."""
+    shape, classes, clients = MODELS_AND_COHORTS[name]
+    w = Workload(name, "", {"name": name}, shape, num_classes=classes, clients=clients)
+    model = FlatModel(build_module(w))
+    spec = conv.conv_layers(model)
+    assert spec is not None
+    model.module.train()
+    plan = LocalPlan.uniform(torch.arange(clients), w.steps, w.lr, w.batch)
+    return w, model, spec, w.data().train, model.initial_params(), plan
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -40,27 +56,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as the engine does
     budgets = [int(b) << 20 for b in args.budgets_mb.split(",")]
-    for name, (shape, classes, clients) in MODELS_AND_COHORTS.items():
-        w = Workload(name, "", {"name": name}, shape, num_classes=classes, clients=clients)
-        data = w.data().train
-        model = FlatModel(build_module(w))
-        spec = conv.conv_layers(model)
-        assert spec is not None
-        w0 = model.initial_params()
-        plan = LocalPlan.uniform(torch.arange(clients), w.steps, w.lr, w.batch)
-        model.module.train()
+    for name in MODELS_AND_COHORTS:
+        w, model, spec, data, w0, plan = conv_round(name)
         times: dict[int, list[float]] = {b: [] for b in budgets}
         chunks = {}
         for rep in range(args.reps):
             for budget in budgets:
                 conv.CHUNK_BYTES = budget
-                chunks[budget] = conv.default_chunk(spec, clients, args.threads, w.batch)
+                chunks[budget] = conv.default_chunk(spec, w.clients, args.threads, w.batch)
                 start = time.perf_counter()
                 conv.train_conv(model, spec, data, w0, plan, fresh_cohort(plan, w0), 0, rep)
                 if rep:
                     times[budget].append(time.perf_counter() - start)
         cells = [f"{b >> 20} MB: {chunks[b]} a chunk, {1e3 * statistics.median(t):.0f} ms" for b, t in times.items()]
-        print(f"{name} ({clients} clients): " + "; ".join(cells), flush=True)
+        print(f"{name} ({w.clients} clients): " + "; ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,10 @@ import time
 from collections.abc import Callable
 
 import torch
+from conv_chunks import conv_round  # this folder's script: the same workloads
 
-from fedhet.bench.systems import build_module
-from fedhet.bench.workloads import Workload
 from fedhet.engine import conv
-from fedhet.engine.functional import FlatModel
 from fedhet.engine.memory import keep_freed_memory
-from fedhet.engine.plan import LocalPlan
 from fedhet.engine.step import fresh_cohort
 
 aten = torch.ops.aten
@@ -40,12 +37,7 @@ LAYERS = {  # in, out, input side, kernel, padding
     "vgg16 (width 1/4) conv3": (16, 32, 16, 3, 1),
     "vgg16 (width 1/4) conv8": (64, 64, 4, 3, 1),
 }
-MODELS = {  # input shape, classes, clients (as benchmarks/conv_chunks.py)
-    "cnn_mnist": ((1, 28, 28), 10, 20),
-    "cnn_fmnist": ((1, 28, 28), 10, 30),
-    "cnn_femnist": ((1, 28, 28), 62, 10),
-    "lenet_cifar": ((3, 32, 32), 10, 30),
-}
+MODELS = ("cnn_mnist", "cnn_fmnist", "cnn_femnist", "lenet_cifar")  # cohorts of benchmarks/conv_chunks.py
 
 
 def _us(fn: Callable[[], object], calls: int) -> float:
@@ -98,15 +90,8 @@ def rounds(threads: int, reps: int) -> None:
     torch.set_num_threads(threads)
     keep_freed_memory()  # as the engine does
     rule = conv.Conv.direct_backward
-    for name, (shape, classes, clients) in MODELS.items():
-        w = Workload(name, "", {"name": name}, shape, num_classes=classes, clients=clients)
-        data = w.data().train
-        model = FlatModel(build_module(w))
-        spec = conv.conv_layers(model)
-        assert spec is not None
-        w0 = model.initial_params()
-        plan = LocalPlan.uniform(torch.arange(clients), w.steps, w.lr, w.batch)
-        model.module.train()
+    for name in MODELS:
+        w, model, spec, data, w0, plan = conv_round(name)
         times: dict[str, list[float]] = {"oneDNN only": [], "direct backward for one input channel": []}
         for rep in range(reps):
             for mode in times:
@@ -117,7 +102,7 @@ def rounds(threads: int, reps: int) -> None:
                     times[mode].append(time.perf_counter() - start)
         conv.Conv.direct_backward = rule  # type: ignore[method-assign]
         cells = [f"{mode} {1e3 * statistics.median(t):.0f} ms" for mode, t in times.items()]
-        print(f"{name} ({clients} clients, {threads} threads): " + "; ".join(cells), flush=True)
+        print(f"{name} ({w.clients} clients, {threads} threads): " + "; ".join(cells), flush=True)
 
 
 def main() -> None:
