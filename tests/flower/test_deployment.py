@@ -1,7 +1,8 @@
 """A real Flower deployment on loopback (scripts/flower_local.sh): a SuperLink, three SuperNodes each loading its
 own partition file, fedhet's SCAFFOLD across them; the ServerApp is killed after round 1 and restarted (it resumes
-from its checkpoint, the nodes' c_i from their state files), then a SuperNode is killed after round 2 and the run
-finishes with the other two. Every wait is bounded."""
+from its checkpoint, the nodes' c_i from their state files), then a SuperNode is killed after round 2 (the server
+paused meanwhile, so round 3 cannot finish without it) and the run finishes with the other two. Every wait is
+bounded."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def wait_for(condition: object, seconds: float, what: str) -> None:
     while time.monotonic() < deadline:
         if condition():  # type: ignore[operator]
             return
-        time.sleep(1)
+        time.sleep(0.1)
     pytest.fail(f"timed out after {seconds:g} s waiting for {what}")
 
 
@@ -69,7 +70,16 @@ def test_deployment_survives_a_restarted_server_and_a_dead_node(tmp_path: Path) 
         first.wait(timeout=60)
         second = script("run", str(out))  # a new run of the same app: resumes from the checkpoint
         wait_for(lambda: rows(out) >= 2, 400, "round 2 after the restart")
-        assert script("kill", str(out), "2").wait(timeout=60) == 0
+        # Pause the server while node 2 dies, so that round 3 (a few hundred ms on loopback) cannot finish
+        # with node 2 before the kill lands: the server must then lose node 2 in round 3, on any machine.
+        paused = serverapp_pids(port)
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            assert script("kill", str(out), "2").wait(timeout=60) == 0
+        finally:
+            for pid in paused:
+                os.kill(pid, signal.SIGCONT)
         assert second.wait(timeout=400) == 0
     finally:
         script("stop", str(out)).wait(timeout=60)
