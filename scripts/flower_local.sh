@@ -113,7 +113,9 @@ kill_node() {
 
 stop() {
   local work port nodes ports
-  work=$(realpath -m "$1")/deploy; read -r port nodes < "$work/ports"
+  work=$(realpath -m "$1")/deploy
+  [ -f "$work/ports" ] || return 0  # nothing was started
+  read -r port nodes < "$work/ports"
   ports=$port
   for i in $(seq 0 $((nodes - 1))); do ports="$ports|$((port + 1 + i))"; kill "$(cat "$work/node-$i.pid")" 2>/dev/null || true; done
   kill "$(cat "$work/superlink.pid")" 2>/dev/null || true
@@ -126,6 +128,7 @@ case $cmd in
   run) run "$2" ;;
   kill) [ $# -eq 3 ] || usage; kill_node "$2" "$3" ;;
   stop) stop "$2" ;;
-  demo) [ $# -ge 3 ] || usage; start "${@:2}"; trap 'stop "$3"' EXIT; run "$3" ;;
+  demo)  # stop on every exit: an exit inside a function runs the trap with that function's arguments, hence a global
+    [ $# -ge 3 ] || usage; demo_out=$3; trap 'stop "$demo_out"' EXIT; start "${@:2}"; run "$demo_out" ;;
   *) usage ;;
 esac

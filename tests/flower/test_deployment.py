@@ -1,8 +1,8 @@
 """A real Flower deployment on loopback (scripts/flower_local.sh): a SuperLink, three SuperNodes each loading its
 own partition file, fedhet's SCAFFOLD across them; the ServerApp is killed after round 1 and restarted (it resumes
 from its checkpoint, the nodes' c_i from their state files), then a SuperNode is killed after round 2 (the server
-paused meanwhile, so round 3 cannot finish without it) and the run finishes with the other two. Every wait is
-bounded."""
+paused meanwhile, so round 3 cannot finish without it) and the run finishes with the other two; and a `demo` whose
+run fails still stops what it started. Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -94,3 +94,27 @@ def test_deployment_survives_a_restarted_server_and_a_dead_node(tmp_path: Path) 
     assert {int(float(c["client"])) for c in clients if c["test_accuracy"] == "nan"} == {4, 5}  # node 2's clients
     for name in ("config.yaml", "metrics.csv", "clients.csv", "summary.json"):
         assert (out / name).is_file()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat")
+    return not (state.is_file() and state.read_text().rsplit(")", 1)[-1].split()[0] == "Z")  # a zombie is gone
+
+
+def test_a_failed_demo_stops_what_it_started(tmp_path: Path) -> None:
+    """`demo` stops the SuperLink and SuperNodes however the run ends; here `flwr run` fails at once (a TIMEOUT
+    that is not a number makes the Flower App's pyproject.toml invalid), which exits the script inside a function."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(small_config("fedavg", rounds=1).model_dump(mode="json")))
+    out, port = tmp_path / "run", free_port_block(5)
+    env = {**os.environ, "VENV": sys.prefix, "PORT": str(port), "TIMEOUT": "oops"}
+    demo = subprocess.run([str(SCRIPT), "demo", str(path), str(out), "2"], env=env, capture_output=True, timeout=300)
+    assert demo.returncode != 0
+    assert b"stopped the SuperLink and SuperNodes" in demo.stdout
+    pids = [int(f.read_text()) for f in (out / "deploy").glob("*.pid")]
+    assert len(pids) == 3  # the SuperLink and two SuperNodes
+    wait_for(lambda: not any(alive(pid) for pid in pids), 60, "the SuperLink and SuperNodes to exit")
