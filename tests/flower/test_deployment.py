@@ -73,6 +73,7 @@ def test_deployment_survives_a_restarted_server_and_a_dead_node(tmp_path: Path) 
         # Pause the server while node 2 dies, so that round 3 (a few hundred ms on loopback) cannot finish
         # with node 2 before the kill lands: the server must then lose node 2 in round 3, on any machine.
         paused = serverapp_pids(port)
+        assert paused, "the ServerApp of round 3 is not running"
         for pid in paused:
             os.kill(pid, signal.SIGSTOP)
         try:
