@@ -16,7 +16,7 @@
 # `subprocess`: Flower's own SuperLink, `flower-supernode` and isolation, a new flwr-clientapp process per message).
 # Logs, pids, partitions and the Flower App are in RUN_FOLDER/deploy/.
 set -euo pipefail
-usage() { sed -n '2,12p' "$0"; exit 2; }
+usage() { sed -n '2,/^# Logs/p' "$0"; exit 2; }  # the header, down to its last line
 [ $# -ge 2 ] || usage
 cmd=$1
 bin=$(realpath "${VENV:-.venv-flower}")/bin

@@ -119,3 +119,10 @@ def test_a_failed_demo_stops_what_it_started(tmp_path: Path) -> None:
     pids = [int(f.read_text()) for f in (out / "deploy").glob("*.pid")]
     assert len(pids) == 3  # the SuperLink and two SuperNodes
     wait_for(lambda: not any(alive(pid) for pid in pids), 60, "the SuperLink and SuperNodes to exit")
+
+
+def test_the_script_prints_its_whole_header_when_called_wrongly() -> None:
+    wrong = subprocess.run([str(SCRIPT), "demo"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2
+    assert wrong.stdout.startswith("# fedhet on a local Flower deployment")
+    assert "ISOLATION" in wrong.stdout and wrong.stdout.rstrip().endswith("the Flower App are in RUN_FOLDER/deploy/.")
