@@ -5,7 +5,7 @@ passes through eight Starlette ``BaseHTTPMiddleware`` layers, each of which cost
 streams per request whether it does anything or not. Four of them act on Control API paths (``/v1/control/``)
 only and two on Fleet API paths (``/v1/fleet/``) only; on every other path their first step is to hand the request
 to the next layer. A deployment round is a few hundred Fleet and runtime requests (polls, pushes and pulls of each
-message's objects), so those idle layers made about a quarter of a MaxFL demo round (docs/flower.md).
+message's objects), so those idle layers made about a fifth of a MaxFL demo round (docs/flower.md).
 
 This runs Flower's own ``flower-superlink`` (same arguments, same app, same middleware in the same order) with each
 of those six layers entered only for the paths of its own API; a request on any other path goes straight to the
@@ -21,9 +21,8 @@ import sys
 from typing import Any
 
 from fedhet.errors import ConfigError
-from fedhet.flower import INSTALL_HINT, require_flwr
+from fedhet.flower import require_flwr_release
 
-SUPPORTED_FLWR = "1.42"
 CONTROL, FLEET = "/v1/control/", "/v1/fleet/"
 SCOPES = {  # Flower's middleware -> the only paths it acts on (its own first test of the request's path)
     "ControlSensitiveResponseMiddleware": CONTROL,
@@ -64,20 +63,15 @@ def scope_middleware(stack: list[Any]) -> list[Any]:
 
 def check_flower() -> None:
     """Stop with one line unless flwr is the pinned release whose middleware `SCOPES` describes."""
-    require_flwr()
-    version = importlib.metadata.version("flwr")
     hint = "or start Flower's own flower-superlink"
-    if not version.startswith(SUPPORTED_FLWR + "."):
-        raise ConfigError(
-            f"fedhet's SuperLink launcher knows the middleware of flwr {SUPPORTED_FLWR}.x, but flwr {version} is "
-            f"installed; install it with: {INSTALL_HINT}, {hint}"
-        )
+    require_flwr_release("SuperLink launcher knows the middleware", hint)
     from flwr.superlink import main
     from flwr.superlink.routers.control.middlewares import CONTROL_SENSITIVE_ROUTE_KEYS
 
     names = {layer.cls.__name__ for layer in main._get_middleware()}
     sensitive = {path for _, path in CONTROL_SENSITIVE_ROUTE_KEYS}
     if not set(SCOPES) <= names or not all(path.startswith(CONTROL) for path in sensitive):
+        version = importlib.metadata.version("flwr")
         raise ConfigError(f"this flwr {version} has other SuperLink middleware than fedhet expects; {hint}")
 
 

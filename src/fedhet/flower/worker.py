@@ -21,7 +21,6 @@ the ``flower`` extra pins (1.42); `require_flwr_worker` says so in one line othe
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
 import os
 import signal
@@ -32,22 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.errors import ConfigError
-from fedhet.flower import INSTALL_HINT, require_flwr
+from fedhet.flower import require_flwr_release
 
-SUPPORTED_FLWR = "1.42"
 log = logging.getLogger("fedhet.flower.worker")
 
 
 def require_flwr_worker() -> None:
     """Stop with one line when flwr is missing or is not the release whose task protocol this worker speaks."""
-    require_flwr()
-    version = importlib.metadata.version("flwr")
-    if not version.startswith(SUPPORTED_FLWR + "."):
-        raise ConfigError(
-            f"fedhet's node worker speaks the task protocol of flwr {SUPPORTED_FLWR}.x, but flwr {version} is "
-            f"installed; install it with: {INSTALL_HINT}, or run the SuperNode without --isolation process"
-        )
+    require_flwr_release("node worker speaks the task protocol", "or run the SuperNode without --isolation process")
 
 
 require_flwr_worker()
