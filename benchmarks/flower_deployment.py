@@ -1,14 +1,15 @@
 """A Flower deployment round against the same round in Flower's simulation runtime (and the native engine).
 
 Run from the Flower venv: .venv-flower/bin/python benchmarks/flower_deployment.py [CONFIG] [--rounds 8]
-[--nodes 3] [--isolation process subprocess] [--json runs/flower-deployment.json]
+[--nodes 3] [--isolation none process subprocess] [--json runs/flower-deployment.json]
 
 Each system runs CONFIG (default scripts/flower-maxfl.yaml) with `--rounds` rounds into a fresh run folder while
 this script watches the folder's metrics.csv: the time at which each round's row appears gives the round's
 duration. A round is measured from the previous row to its own (so the first round, which also pays for start-up,
 is reported apart), and the table gives the median of rounds 2..R and the whole command's time. The deployment is
-scripts/flower_local.sh (a SuperLink and NODES SuperNodes on loopback) with each isolation asked for: `process`
-(fedhet's long-lived worker per node) and `subprocess` (Flower's default, a new process per message). Every run's
+scripts/flower_local.sh (a SuperLink and NODES SuperNodes on loopback) with each isolation asked for: `none`
+(each SuperNode answers its tasks in its own process), `process` (fedhet's long-lived worker beside each node) and
+`subprocess` (Flower's default, a new process per message). Every run's
 metrics are checked against the native run's (1e-5), so a fast but wrong system cannot pass.
 """
 
@@ -78,7 +79,7 @@ def main() -> None:
     parser.add_argument("config", nargs="?", type=Path, default=ROOT / "scripts" / "flower-maxfl.yaml")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--isolation", nargs="+", default=["process", "subprocess"])
+    parser.add_argument("--isolation", nargs="+", default=["none", "process", "subprocess"])
     parser.add_argument("--limit", type=float, default=1800, help="seconds each system may take")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

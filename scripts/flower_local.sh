@@ -9,10 +9,11 @@
 #   scripts/flower_local.sh stop  RUN_FOLDER      stop everything started for RUN_FOLDER
 #
 # Environment: VENV (default .venv-flower), PORT (SuperLink port, default 19300; node i uses PORT+1+i),
-# TIMEOUT (seconds a node has per call before the server drops it, default 60), ISOLATION (`process`, the default:
-# each SuperNode, `python -m fedhet.flower.supernode` (Flower's, with shorter polls), runs `--isolation process`
-# beside one long-lived `python -m fedhet.flower.worker` that keeps torch, the partition and the engine loaded,
-# and the SuperLink is `python -m fedhet.flower.superlink` (Flower's, each API's middleware kept to its paths);
+# TIMEOUT (seconds a node has per call before the server drops it, default 60), ISOLATION (where each node's
+# ClientApp runs: `none`, the default: each SuperNode, `python -m fedhet.flower.supernode --in-process` (Flower's,
+# with shorter polls), runs it itself, keeping torch, the partition and the engine loaded; `process`: the same
+# SuperNode in `--isolation process` beside one long-lived `python -m fedhet.flower.worker` that does so; with
+# either, the SuperLink is `python -m fedhet.flower.superlink` (Flower's, each API's middleware kept to its paths);
 # `subprocess`: Flower's own SuperLink, `flower-supernode` and isolation, a new flwr-clientapp process per message).
 # Logs, pids, partitions and the Flower App are in RUN_FOLDER/deploy/.
 set -euo pipefail
@@ -31,23 +32,24 @@ start() {
   export FLWR_HOME=$work/flwr-home  # Flower's apps, runtime environments and configuration for this deployment
   echo "writing $nodes partition files to $work/parts"
   "$bin/python" -m fedhet.flower.partitions "$config" "$nodes" "$work/parts" > /dev/null
-  local isolation=${ISOLATION:-process}
-  case $isolation in process|subprocess) ;; *) echo "error: ISOLATION is process or subprocess" >&2; exit 2 ;; esac
+  local isolation=${ISOLATION:-none}
+  case $isolation in none|process|subprocess) ;; *) echo "error: ISOLATION is none, process or subprocess" >&2; exit 2 ;; esac
   local superlink=("$bin/flower-superlink")
-  if [ "$isolation" = process ]; then  # Flower's SuperLink, its middleware kept to each API's paths (docs/flower.md)
+  if [ "$isolation" != subprocess ]; then  # Flower's SuperLink, its middleware kept to each API's paths (docs/flower.md)
     superlink=("$bin/python" -m fedhet.flower.superlink)
   fi
   "${superlink[@]}" --insecure --host 127.0.0.1 --port "$port" \
     > "$work/superlink.log" 2>&1 &
   echo $! > "$work/superlink.pid"
   for _ in $(seq 240); do (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.5; done
-  local supernode=("$bin/flower-supernode")
+  local supernode=("$bin/flower-supernode" --isolation "$isolation")
   if [ "$isolation" = process ]; then  # Flower's SuperNode with fedhet's shorter polls (docs/flower.md)
-    supernode=("$bin/python" -m fedhet.flower.supernode)
+    supernode=("$bin/python" -m fedhet.flower.supernode --isolation process)
+  elif [ "$isolation" = none ]; then  # the same, answering its ClientApp tasks itself
+    supernode=("$bin/python" -m fedhet.flower.supernode --in-process --warm)
   fi
   for i in $(seq 0 $((nodes - 1))); do
     "${supernode[@]}" --insecure --superlink "127.0.0.1:$port" --port $((port + 1 + i)) \
-      --isolation "$isolation" \
       --node-config "data-file='$work/parts/node-$i.pt' state-dir='$work/state/node-$i'" \
       > "$work/node-$i.log" 2>&1 &
     echo $! > "$work/node-$i.pid"

@@ -1,6 +1,7 @@
 """fedhet's long-lived node worker (`python -m fedhet.flower.worker`) beside a SuperNode in `--isolation process`:
-the version guard, and a loopback deployment in both isolations giving the native numbers, where the worker runs
-every task of its node in one process. (tests/flower/test_deployment.py kills servers and nodes under the worker.)"""
+the version guard, and a loopback deployment in each isolation giving the native numbers, where the worker (or, in
+`none`, the SuperNode itself) runs every task of its node in one process. (tests/flower/test_deployment.py kills
+servers and nodes of the default isolation, `none`.)"""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def test_the_worker_exits_while_a_task_thread_is_stuck() -> None:
     assert done.returncode == 3, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("isolation", ["process", "subprocess"])
+@pytest.mark.parametrize("isolation", ["none", "process", "subprocess"])
 def test_deployment_in_each_isolation_gives_the_native_numbers(tmp_path: Path, isolation: str) -> None:
     config = small_config("fedavg", rounds=2)
     path = tmp_path / "config.yaml"
@@ -90,6 +91,9 @@ def test_deployment_in_each_isolation_gives_the_native_numbers(tmp_path: Path, i
     if isolation == "subprocess":
         assert logs == []
         return
+    if isolation == "none":  # each SuperNode answered its tasks itself
+        assert logs == []
+        logs = sorted((out / "deploy").glob("node-*.log"))
     assert len(logs) == 2
     deadline = time.monotonic() + 30  # `stop` ended the SuperLink and SuperNodes; their workers follow them
     while deployment_of(port) and time.monotonic() < deadline:

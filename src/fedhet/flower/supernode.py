@@ -1,4 +1,5 @@
-"""Flower's SuperNode with short polls: ``python -m fedhet.flower.supernode [--poll-max S] FLOWER-SUPERNODE-ARGS``.
+"""Flower's SuperNode with short polls: ``python -m fedhet.flower.supernode [--poll-max S] [--in-process [--warm]]
+FLOWER-SUPERNODE-ARGS``.
 
 A Flower 1.42 SuperNode that finds no message at the SuperLink sleeps 3 s before it asks again
 (``time.sleep(3)`` in ``flwr.supernode.start_client_internal``), waits for its ClientApp's reply in steps of 0.5 s,
@@ -15,18 +16,25 @@ and an idle node soon asks no more often than Flower's. Every poll is a request 
 short fixed interval would slow it for everyone (3 nodes polling every 0.2 s made a round's message pushes 2–4×
 slower than polling every second). The waits are internals of the flwr release the ``flower`` extra pins, so this
 checks that release, like fedhet's worker.
+
+``--in-process`` also makes the node run its ClientApp tasks itself (`fedhet.flower.inprocess`) instead of leaving
+them to a ClientApp process.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedhet.flower.worker import require_flwr_worker
+
+if TYPE_CHECKING:
+    from fedhet.flower.inprocess import InProcessTasks
 
 FIRST_WAIT_S = 0.01
 IDLE_WAIT_S = 3.0  # what Flower 1.42's SuperNode sleeps when the SuperLink has no message for it
@@ -86,6 +94,25 @@ def shorten_waits(first_s: float = FIRST_WAIT_S, cap_s: float = MAX_WAIT_S) -> B
     return backoff
 
 
+def answer_in_process() -> InProcessTasks:
+    """Make the SuperNode loop run each ClientApp task itself (`fedhet.flower.inprocess`) before it waits for the
+    task's reply."""
+    from flwr.supernode import start_client_internal as loop
+
+    from fedhet.flower.inprocess import InProcessTasks
+
+    tasks = InProcessTasks()
+    push = loop._push_messages
+
+    @functools.wraps(push)
+    def answer_then_push(state: Any, object_store: Any, send: Any, push_object: Any) -> None:
+        tasks.run_pending(state, object_store, loop._insert_message)
+        push(state=state, object_store=object_store, send=send, push_object=push_object)
+
+    loop._push_messages = answer_then_push  # type: ignore[attr-defined,unused-ignore]
+    return tasks
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m fedhet.flower.supernode",
@@ -96,9 +123,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--poll-max", type=float, default=MAX_WAIT_S, help=f"longest wait between polls (default {MAX_WAIT_S} s)"
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the ClientApp in this process (no ClientApp process to start; implies --isolation process)",
+    )
+    parser.add_argument(
+        "--warm", action="store_true", help="with --in-process: import fedhet's ClientApp (and torch) at the start"
+    )
     args, rest = parser.parse_known_args(argv)
     if not args.poll_max > 0:
         parser.error("--poll-max must be a positive number of seconds")
+    if args.warm and not args.in_process:
+        parser.error("--warm goes with --in-process (a worker takes its own --warm)")
+    if args.in_process:
+        if any(arg.startswith("--isolation") for arg in rest):
+            parser.error("--in-process sets the isolation itself: leave out --isolation")
+        answer_in_process()
+        logger = logging.getLogger("fedhet.flower.inprocess")  # one line per task in the node's log
+        logger.addHandler(logging.StreamHandler())
+        logger.handlers[-1].setFormatter(logging.Formatter("%(asctime)s fedhet-node %(levelname)s %(message)s"))
+        logger.setLevel(logging.INFO)
+        rest = [*rest, "--isolation", "process"]
+        if args.warm:
+            import fedhet.flower.apps  # noqa: F401  (torch, fedhet's engine and the ClientApp, before the first task)
     shorten_waits(FIRST_WAIT_S, args.poll_max)
     from flwr.supernode.cli.flower_supernode import flower_supernode
 

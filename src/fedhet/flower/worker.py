@@ -98,6 +98,16 @@ def pull_task_input(client: RuntimeHttpClient) -> tuple[Message, Any, Any, Any]:
     return message, context, run, fab
 
 
+def load_client_app(apps: dict[str, ClientApp], run: Any, fab: Any) -> ClientApp:
+    """The run's ClientApp, installed from its FAB and loaded as ``flwr-clientapp`` does, kept in `apps` by the
+    FAB's hash for the next message."""
+    if fab.hash_str not in apps:
+        install_from_fab(fab.content, skip_prompt=True)
+        load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
+        apps[fab.hash_str] = load(run.fab_id, run.fab_version, fab.hash_str)
+    return apps[fab.hash_str]
+
+
 @dataclass
 class Connection:
     """How to reach the SuperNode's Runtime API."""
@@ -137,13 +147,6 @@ class TaskRunner:
     tasks: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _app(self, fab_id: str, fab_version: str, fab_hash: str, fab_content: bytes) -> ClientApp:
-        if fab_hash not in self.apps:
-            install_from_fab(fab_content, skip_prompt=True)
-            load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
-            self.apps[fab_hash] = load(fab_id, fab_version, fab_hash)
-        return self.apps[fab_hash]
-
     def run(self, token: str) -> bool:
         """Run the task `token` grants: pull it, answer it, push the reply and the context. True if it completed."""
         client = self.connection.client("flwr-clientapp", token)
@@ -157,7 +160,7 @@ class TaskRunner:
         try:
             message, context, run, fab = pull_task_input(client)
             with self.lock:
-                app = self._app(run.fab_id, run.fab_version, fab.hash_str, fab.content)
+                app = load_client_app(self.apps, run, fab)
                 reply = app(message=message, context=context)
             status, details = SubStatus.COMPLETED, ""
         except Exception as err:  # a failed task is reported to the server, and the worker goes on
