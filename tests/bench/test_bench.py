@@ -108,6 +108,8 @@ def test_bench_workload_rows_and_ratios() -> None:
         assert r.median_s > 0 and r.repetitions == 2 and r.peak_mem_mb > 0
         assert 0 < r.train_s < r.median_s and 0 < r.eval_s < r.median_s
         assert r.train_ratio_to_plain == pytest.approx(by["plain loop"].train_s / r.train_s)
+        assert r.train_fastest_s <= r.train_s
+        assert r.fastest_train_ratio_to_plain == pytest.approx(by["plain loop"].train_fastest_s / r.train_fastest_s)
         assert r.ratio_to_plain == pytest.approx(by["plain loop"].median_s / r.median_s)
         assert r.ratio_to_naive == pytest.approx(by["naive reference"].median_s / r.median_s)
         assert r.train_flop_fraction == pytest.approx(r.train_flops / r.train_s / (r.matmul_gflops * 1e9))
@@ -138,7 +140,13 @@ def test_targets_met_missed_and_not_measured() -> None:
         return _row(f"cohort-{n}", "auto (dense)", fresh_peak_mb=mb)
 
     rows = [
-        _row("logreg", "auto (dense)", train_ratio_to_plain=9.0, ratio_to_best_backend=1.0),
+        _row(
+            "logreg",
+            "auto (dense)",
+            train_ratio_to_plain=9.0,
+            fastest_train_ratio_to_plain=7.5,
+            ratio_to_best_backend=1.0,
+        ),
         _row(
             "mlp", "auto (dense)", train_s=1.0, train_flops=0.3e9, train_ratio_to_plain=3.0, ratio_to_best_backend=1.05
         ),
@@ -152,6 +160,9 @@ def test_targets_met_missed_and_not_measured() -> None:
     targets = {t.name: t for t in check_targets(rows)}
     met = {name: t.met for name, t in targets.items()}
     assert met["logreg training vs plain loop"] is True and met["logreg round vs Flower"] is None
+    assert targets["logreg training vs plain loop"].measured.startswith(
+        "9.00× (auto (dense)); 7.50× between the fastest rounds"
+    )
     assert met["mlp training FLOP rate"] is False and met["mlp training vs plain loop"] is False  # 30%, 3×
     assert met["LeNet-5 training vs plain loop"] is False  # auto picks the slower backend
     assert "best backend conv: 3.30×" in targets["LeNet-5 training vs plain loop"].measured

@@ -68,7 +68,9 @@ class Row:
     load_avg: float  # the machine's 1-minute load average when the row was timed (2 means 2 busy cores)
     matmul_gflops: float  # the machine's 2048² matrix-product rate, measured just before the workload
     spread: float = float("nan")  # (slowest − fastest) / median of the timed rounds
+    train_fastest_s: float = float("nan")  # the fastest timed round's local training
     train_ratio_to_plain: float | None = None  # plain loop's training time / this training time
+    fastest_train_ratio_to_plain: float | None = None  # the same ratio between the two systems' fastest rounds
     ratio_to_plain: float | None = None  # plain loop's round / this round
     ratio_to_naive: float | None = None  # naive round / this round
     ratio_to_flower: float | None = None  # Flower's round / this round
@@ -263,6 +265,7 @@ def bench_workload(w: Workload, data: FederatedData, settings: Settings, say: Ca
                 t.load,
                 rate / 1e9,
                 spread,
+                min(t.train, default=float("nan")),
                 note=s.note,
             )
         )
@@ -301,6 +304,7 @@ def bench_workload(w: Workload, data: FederatedData, settings: Settings, say: Ca
                 _load(),
                 rate / 1e9,
                 spread,
+                min(trains, default=float("nan")),
                 note=note,
             )
         )
@@ -337,6 +341,7 @@ def _ratios(rows: list[Row], backends: list[str]) -> None:
     for row in rows:
         if plain is not None:
             row.train_ratio_to_plain = plain.train_s / row.train_s
+            row.fastest_train_ratio_to_plain = plain.train_fastest_s / row.train_fastest_s
             row.ratio_to_plain = plain.median_s / row.median_s
         if naive is not None:
             row.ratio_to_naive = naive.median_s / row.median_s

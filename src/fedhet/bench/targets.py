@@ -16,6 +16,7 @@ class _Row(Protocol):
     peak_mem_mb: float
     base_mem_mb: float
     train_ratio_to_plain: float | None
+    fastest_train_ratio_to_plain: float | None
     ratio_to_flower: float | None
     ratio_to_best_backend: float | None
     fresh_peak_mb: float | None
@@ -55,6 +56,9 @@ def _vs_plain(rows: Sequence[_Row], workload: str, label: str, at_least: float) 
     if auto is None or auto.train_ratio_to_plain is None:
         return Target(name, goal, "not measured", None)
     text = f"{auto.train_ratio_to_plain:.2f}× ({auto.backend})"
+    fastest = auto.fastest_train_ratio_to_plain
+    if fastest is not None and fastest == fastest:  # NaN where a system had no timed round
+        text += f"; {fastest:.2f}× between the fastest rounds"
     backends = [r for r in rows if r.workload == workload and r.ratio_to_best_backend is not None]
     best = min(backends, key=lambda r: r.train_s)
     if best.train_ratio_to_plain is not None and auto.backend != f"auto ({best.backend})":
