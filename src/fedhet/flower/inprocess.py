@@ -20,14 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedhet.flower.worker import load_client_app, require_flwr_worker
+from fedhet.flower.worker import failure, load_client_app, require_flwr_worker
 
 require_flwr_worker()
 
 from flwr.app import Message  # noqa: E402
-from flwr.app.error import Error  # noqa: E402
-from flwr.clientapp.client_app import ClientApp, LoadClientAppError  # noqa: E402
-from flwr.common.constant import ErrorCode, Status, SubStatus  # noqa: E402
+from flwr.clientapp.client_app import ClientApp  # noqa: E402
+from flwr.common.constant import Status, SubStatus  # noqa: E402
 from flwr.supercore.constant import TaskType  # noqa: E402
 from flwr.supercore.heartbeat import HeartbeatSender  # noqa: E402
 from flwr.supercore.inflatable.inflatable_object import iterate_object_tree  # noqa: E402
@@ -73,14 +72,7 @@ class InProcessTasks:
             status, details = SubStatus.COMPLETED, ""
         except Exception as err:  # answered with an error reply, as Flower's ClientApp processes do
             log.exception("the ClientApp raised an exception")
-            code = (
-                ErrorCode.LOAD_CLIENT_APP_EXCEPTION
-                if isinstance(err, LoadClientAppError)
-                else ErrorCode.CLIENT_APP_RAISED_EXCEPTION
-            )
-            details = f"{type(err)}:<'{err}'>"
-            if message is not None:
-                reply = Message(Error(code=code, reason=details), reply_to=message)
+            details, reply = failure(err, message)
         finally:
             if heartbeat.is_running:
                 heartbeat.stop()

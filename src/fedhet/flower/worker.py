@@ -108,6 +108,14 @@ def load_client_app(apps: dict[str, ClientApp], run: Any, fab: Any) -> ClientApp
     return apps[fab.hash_str]
 
 
+def failure(err: Exception, message: Message | None) -> tuple[str, Message | None]:
+    """A failed task's details, and the error reply Flower's ClientApp processes send (none without a message)."""
+    loading = isinstance(err, LoadClientAppError)
+    code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION if loading else ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+    details = f"{type(err)}:<'{err}'>"
+    return details, None if message is None else Message(Error(code=code, reason=details), reply_to=message)
+
+
 @dataclass
 class Connection:
     """How to reach the SuperNode's Runtime API."""
@@ -165,11 +173,7 @@ class TaskRunner:
             status, details = SubStatus.COMPLETED, ""
         except Exception as err:  # a failed task is reported to the server, and the worker goes on
             log.exception("the ClientApp raised an exception")
-            loading = isinstance(err, LoadClientAppError)
-            code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION if loading else ErrorCode.CLIENT_APP_RAISED_EXCEPTION
-            details = f"{type(err)}:<'{err}'>"
-            if message is not None:
-                reply = Message(Error(code=code, reason=details), reply_to=message)
+            details, reply = failure(err, message)
         finally:
             try:
                 if reply is not None and context is not None:
