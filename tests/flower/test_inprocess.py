@@ -124,12 +124,14 @@ def test_an_app_that_raises_is_answered_with_an_error() -> None:
     assert float(state.get_run_series_context(5).state["seen"]["x"]) == 1.0  # type: ignore[attr-defined]
 
 
-def test_a_task_that_cannot_start_fails_without_stopping_the_node() -> None:
-    tasks, state, store, task, _ = node_with_a_message(doubling_app())
+def test_a_task_that_cannot_start_fails_and_its_message_still_gets_a_reply() -> None:
+    """Flower's loop waits for a reply before it pulls the next message: without one the node would hang."""
+    tasks, state, store, task, asked = node_with_a_message(doubling_app())
     state.activate_task = lambda task_id: False  # type: ignore[attr-defined]  # e.g. its claim expired meanwhile
     tasks.run_pending(state, store, loop._insert_message)  # no exception reaches the SuperNode's loop
     assert finished(state, task) == (Status.FINISHED, SubStatus.FAILED)
-    assert state.get_messages_legacy(is_reply=True) == []  # type: ignore[attr-defined]
+    [reply] = state.get_messages_legacy(is_reply=True)  # type: ignore[attr-defined]
+    assert reply.metadata.reply_to_message_id == asked and reply.has_error()
 
 
 def test_the_task_sends_heartbeats_while_the_app_works() -> None:

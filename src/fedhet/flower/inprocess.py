@@ -58,26 +58,29 @@ class InProcessTasks:
         reply: Message | None = None
         context = None
         run = state.get_run(task.run_id)
+        # the task's message as the node's state holds it (metadata only): whatever fails, it gets a reply, for
+        # Flower's loop waits for one before it pulls the next message
+        incoming = next(iter(state.get_messages_legacy(run_ids=[task.run_id], is_reply=False, limit=1)), None)
         try:
-            if run is None or not state.activate_task(task.task_id):
+            if run is None or incoming is None or not state.activate_task(task.task_id):
                 raise RuntimeError(f"could not start task {task.task_id} of run {task.run_id}")
             heartbeat.start()
             context = state.get_run_series_context(run.series_id)
             # who is sending, for the messages the app makes (as Flower's ClientApp processes set it)
             TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = task.task_id, run.run_id, context.node_id
-            message = self._message(state, store, task.run_id)
+            message = self._message(state, store, incoming.metadata.message_id)
             fab = state.get_fab(run.fab_hash)
             app = load_client_app(self.apps, run, fab)
             reply = app(message=message, context=context)
             status, details = SubStatus.COMPLETED, ""
         except Exception as err:  # answered with an error reply, as Flower's ClientApp processes do
             log.exception("the ClientApp raised an exception")
-            details, reply = failure(err, message)
+            details, reply = failure(err, message if message is not None else incoming)
         finally:
             if heartbeat.is_running:
                 heartbeat.stop()
-        if message is not None and reply is not None:
-            state.record_message_processing_end(message.metadata.message_id)
+        if incoming is not None and reply is not None:
+            state.record_message_processing_end(incoming.metadata.message_id)
             insert_reply(reply, state, store)
         if run is not None and context is not None:  # as the task's output, failed or not (Flower pushes it so)
             state.set_run_series_context(run.series_id, context)
@@ -86,13 +89,9 @@ class InProcessTasks:
         log.info("task %d: %s in %.3f s", self.tasks, status, time.perf_counter() - started)
 
     @staticmethod
-    def _message(state: Any, store: Any, run_id: int) -> Message:
-        """The run's next message, read from the node's state and object store (the SuperNode pulled all its
-        objects before it created the task), then dropped from the store as Flower's confirmation does."""
-        pending = state.get_messages_legacy(run_ids=[run_id], is_reply=False, limit=1)
-        if not pending:
-            raise RuntimeError(f"the SuperNode holds no message for run {run_id}")
-        message_id = pending[0].metadata.message_id
+    def _message(state: Any, store: Any, message_id: str) -> Message:
+        """The message with its content, read from the node's object store (Flower's loop pulled all its objects
+        before it asks for the reply), then dropped from the store as Flower's confirmation does."""
         state.record_message_processing_start(message_id=message_id)
         tree = store.get_object_tree(message_id)
         contents = {node.object_id: store.get(node.object_id) for node in iterate_object_tree(tree)}
