@@ -77,7 +77,7 @@ def finished(state: object, task: int) -> tuple[str, str]:
 
 def test_a_task_is_answered_in_the_supernodes_process() -> None:
     tasks, state, store, task, asked = node_with_a_message(doubling_app())
-    tasks.run_pending(state, store, loop._insert_message)
+    tasks.run_pending(state, store)
     [reply] = state.get_messages_legacy(is_reply=True)  # type: ignore[attr-defined]
     assert reply.metadata.reply_to_message_id == asked and not reply.has_error()
     tree = store.get_object_tree(reply.metadata.message_id)  # type: ignore[attr-defined]
@@ -89,7 +89,7 @@ def test_a_task_is_answered_in_the_supernodes_process() -> None:
     assert tasks.tasks == 1
     # the messages the app makes come from the node's task, as in Flower's ClientApp processes
     assert (TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id) == (task, RUN, NODE)
-    tasks.run_pending(state, store, loop._insert_message)  # nothing pending: nothing runs again
+    tasks.run_pending(state, store)  # nothing pending: nothing runs again
     assert tasks.tasks == 1
 
 
@@ -98,7 +98,7 @@ def test_the_reply_carries_the_apps_answer() -> None:
     from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
     tasks, state, store, _, _ = node_with_a_message(doubling_app(), value=4.5)
-    tasks.run_pending(state, store, loop._insert_message)
+    tasks.run_pending(state, store)
     [reply] = state.get_messages_legacy(is_reply=True)  # type: ignore[attr-defined]
     tree = store.get_object_tree(reply.metadata.message_id)  # type: ignore[attr-defined]
     contents = {t.object_id: store.get(t.object_id) for t in iterate_object_tree(tree)}  # type: ignore[attr-defined]
@@ -115,7 +115,7 @@ def test_an_app_that_raises_is_answered_with_an_error() -> None:
         raise ValueError("no such client")
 
     tasks, state, store, task, asked = node_with_a_message(app)
-    tasks.run_pending(state, store, loop._insert_message)
+    tasks.run_pending(state, store)
     [reply] = state.get_messages_legacy(is_reply=True)  # type: ignore[attr-defined]
     assert reply.metadata.reply_to_message_id == asked and reply.has_error()
     assert "no such client" in reply.error.reason
@@ -128,7 +128,7 @@ def test_a_task_that_cannot_start_fails_and_its_message_still_gets_a_reply() -> 
     """Flower's loop waits for a reply before it pulls the next message: without one the node would hang."""
     tasks, state, store, task, asked = node_with_a_message(doubling_app())
     state.activate_task = lambda task_id: False  # type: ignore[attr-defined]  # e.g. its claim expired meanwhile
-    tasks.run_pending(state, store, loop._insert_message)  # no exception reaches the SuperNode's loop
+    tasks.run_pending(state, store)  # no exception reaches the SuperNode's loop
     assert finished(state, task) == (Status.FINISHED, SubStatus.FAILED)
     [reply] = state.get_messages_legacy(is_reply=True)  # type: ignore[attr-defined]
     assert reply.metadata.reply_to_message_id == asked and reply.has_error()
@@ -153,7 +153,7 @@ def test_the_task_sends_heartbeats_while_the_app_works() -> None:
         return bool(acknowledge(task_id))
 
     state.acknowledge_task_heartbeat = heard  # type: ignore[attr-defined]
-    tasks.run_pending(state, store, loop._insert_message)
+    tasks.run_pending(state, store)
     assert beat.is_set()
     assert finished(state, task) == (Status.FINISHED, SubStatus.COMPLETED)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +31,7 @@ from flwr.supercore.heartbeat import HeartbeatSender  # noqa: E402
 from flwr.supercore.inflatable.inflatable_object import iterate_object_tree  # noqa: E402
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from flwr.supernode.start_client_internal import _insert_message as insert_message  # noqa: E402
 
 log = logging.getLogger("fedhet.flower.inprocess")
 
@@ -43,14 +43,13 @@ class InProcessTasks:
     apps: dict[str, ClientApp] = field(default_factory=dict)
     tasks: int = 0
 
-    def run_pending(self, state: Any, store: Any, insert_reply: Callable[[Message, Any, Any], None]) -> None:
-        """Run every pending ClientApp task of `state` (the SuperNode's NodeState). `insert_reply` stores a reply
-        in the state and its objects in `store` (Flower's ``start_client_internal._insert_message``)."""
+    def run_pending(self, state: Any, store: Any) -> None:
+        """Run every pending ClientApp task of `state` (the SuperNode's NodeState; `store` its object store)."""
         for task in state.get_tasks(statuses=[Status.PENDING], order_by="pending_at", ascending=True):
             if task.type == TaskType.CLIENT_APP and state.claim_task(task.task_id) is not None:
-                self._run(state, store, task, insert_reply)
+                self._run(state, store, task)
 
-    def _run(self, state: Any, store: Any, task: Any, insert_reply: Callable[[Message, Any, Any], None]) -> None:
+    def _run(self, state: Any, store: Any, task: Any) -> None:
         started = time.perf_counter()
         heartbeat = HeartbeatSender(lambda: bool(state.acknowledge_task_heartbeat(task.task_id)))
         status, details = SubStatus.FAILED, "the ClientApp task failed"
@@ -81,7 +80,7 @@ class InProcessTasks:
                 heartbeat.stop()
         if incoming is not None and reply is not None:
             state.record_message_processing_end(incoming.metadata.message_id)
-            insert_reply(reply, state, store)
+            insert_message(reply, state, store)  # as the SuperNode stores the replies it makes itself
         if run is not None and context is not None:  # as the task's output, failed or not (Flower pushes it so)
             state.set_run_series_context(run.series_id, context)
         state.finish_task(task.task_id, status, details)

@@ -106,7 +106,7 @@ def answer_in_process() -> InProcessTasks:
 
     @functools.wraps(push)
     def answer_then_push(state: Any, object_store: Any, send: Any, push_object: Any) -> None:
-        tasks.run_pending(state, object_store, loop._insert_message)
+        tasks.run_pending(state, object_store)
         push(state=state, object_store=object_store, send=send, push_object=push_object)
 
     loop._push_messages = answer_then_push  # type: ignore[attr-defined,unused-ignore]
@@ -140,9 +140,10 @@ def main(argv: list[str] | None = None) -> None:
         if any(arg.startswith("--isolation") for arg in rest):
             parser.error("--in-process sets the isolation itself: leave out --isolation")
         answer_in_process()
-        logger = logging.getLogger("fedhet.flower.inprocess")  # one line per task in the node's log
-        logger.addHandler(logging.StreamHandler())
-        logger.handlers[-1].setFormatter(logging.Formatter("%(asctime)s fedhet-node %(levelname)s %(message)s"))
+        handler = logging.StreamHandler()  # one line per task in the node's log, beside Flower's own
+        handler.setFormatter(logging.Formatter("%(asctime)s fedhet-node %(levelname)s %(message)s"))
+        logger = logging.getLogger("fedhet.flower.inprocess")
+        logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         rest = [*rest, "--isolation", "process"]
         if args.warm:
