@@ -176,6 +176,23 @@ def test_targets_met_missed_and_not_measured() -> None:
     assert met["memory linear in clients"] is None and met["10,000 clients"] is None
 
 
+def test_targets_say_when_the_plain_loop_changed_speed() -> None:
+    def rows(plain_median: float) -> list[Row]:
+        return [
+            _row(
+                "mlp", "auto (dense)", train_s=0.05, train_ratio_to_plain=plain_median / 0.05, ratio_to_best_backend=1
+            ),
+            _row("mlp", "plain loop", train_s=plain_median, train_fastest_s=0.45),
+        ]
+
+    def measured(plain_median: float) -> str:
+        return next(t.measured for t in check_targets(rows(plain_median)) if t.name == "mlp training vs plain loop")
+
+    assert "changed speed" not in measured(0.5)  # within the timing noise
+    text = measured(0.8)  # most rounds at the slow speed
+    assert "the plain loop changed speed in this run (median 800 ms, fastest 450 ms)" in text
+
+
 def test_json_markdown_and_flower_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench_run, "flower_available", lambda: False)
     said: list[str] = []
