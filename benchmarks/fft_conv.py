@@ -33,6 +33,7 @@ aten = torch.ops.aten
 
 
 def onednn(x: Tensor, w: Tensor, pad: int, gy: Tensor, need_input: bool) -> list[Tensor]:
+    """Output, weight gradient (and input gradient) with the kernels the conv backend calls."""
     y = aten.convolution(x, w, None, [1, 1], [pad, pad], [1, 1], False, [0, 0], 1)
     gx, gw, _ = aten.convolution_backward(
         gy, x, w, None, [1, 1], [pad, pad], [1, 1], False, [0, 0], 1, [need_input, True, False]
@@ -41,6 +42,7 @@ def onednn(x: Tensor, w: Tensor, pad: int, gy: Tensor, need_input: bool) -> list
 
 
 def fft(x: Tensor, w: Tensor, pad: int, gy: Tensor, need_input: bool, kernels: bool = True) -> list[Tensor]:
+    """The same by FFT; `kernels=False` skips the kernels' transforms (their results are then meaningless)."""
     b, c, h, _ = x.shape
     o, k = w.shape[0], w.shape[-1]
     n = h + 2 * pad  # no wrap-around: every output and gradient index stays inside n
