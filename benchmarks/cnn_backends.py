@@ -26,6 +26,7 @@ from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import train_sequential, train_vectorised
 from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.request import TrainRequest
 from fedhet.engine.step import fresh_cohort
 
 SHAPES = {
@@ -49,9 +50,13 @@ def trainers(model_name: str, clients: int) -> dict[str, Callable[[int], object]
     plain = PlainLoop(build_module(w), data, w.clients, w.steps, w.lr, w.batch)
     model.module.train()
     return {
-        "sequential": lambda r: train_sequential(model, data.train, w0, plan, fresh_cohort(plan, w0), 0, r),
-        "vectorised": lambda r: train_vectorised(model, data.train, w0, plan, fresh_cohort(plan, w0), 0, r),
-        "conv": lambda r: train_conv(model, spec, data.train, w0, plan, fresh_cohort(plan, w0), 0, r),
+        "sequential": lambda r: train_sequential(
+            TrainRequest(model, data.train, w0, plan, fresh_cohort(plan, w0), 0, r)
+        ),
+        "vectorised": lambda r: train_vectorised(
+            TrainRequest(model, data.train, w0, plan, fresh_cohort(plan, w0), 0, r)
+        ),
+        "conv": lambda r: train_conv(TrainRequest(model, data.train, w0, plan, fresh_cohort(plan, w0), 0, r), spec),
         "plain loop": lambda r: plain.train(),
     }
 

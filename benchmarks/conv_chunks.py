@@ -21,6 +21,7 @@ from fedhet.engine import conv
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.request import TrainRequest
 from fedhet.engine.step import fresh_cohort
 
 MODELS_AND_COHORTS = {  # input shape, classes, clients
@@ -65,7 +66,7 @@ def main() -> None:
                 conv.CHUNK_BYTES = budget
                 chunks[budget] = conv.default_chunk(spec, w.clients, args.threads, w.batch)
                 start = time.perf_counter()
-                conv.train_conv(model, spec, data, w0, plan, fresh_cohort(plan, w0), 0, rep)
+                conv.train_conv(TrainRequest(model, data, w0, plan, fresh_cohort(plan, w0), 0, rep), spec)
                 if rep:
                     times[budget].append(time.perf_counter() - start)
         cells = [f"{b >> 20} MB: {chunks[b]} a chunk, {1e3 * statistics.median(t):.0f} ms" for b, t in times.items()]

@@ -21,6 +21,7 @@ from conv_chunks import conv_round  # this folder's script: the same workloads
 
 from fedhet.engine import conv
 from fedhet.engine.memory import keep_freed_memory
+from fedhet.engine.request import TrainRequest
 from fedhet.engine.step import fresh_cohort
 
 aten = torch.ops.aten
@@ -97,7 +98,7 @@ def rounds(threads: int, reps: int) -> None:
             for mode in times:
                 conv.Conv.direct_backward = rule if mode.startswith("direct") else (lambda self, a: False)  # type: ignore[method-assign]
                 start = time.perf_counter()
-                conv.train_conv(model, spec, data, w0, plan, fresh_cohort(plan, w0), 0, rep)
+                conv.train_conv(TrainRequest(model, data, w0, plan, fresh_cohort(plan, w0), 0, rep), spec)
                 if rep:
                     times[mode].append(time.perf_counter() - start)
         conv.Conv.direct_backward = rule  # type: ignore[method-assign]

@@ -32,10 +32,16 @@ from fedhet.models import torch_model, zoo
 from fedhet.models.base import MODELS
 from fedhet.strategies import (
     afl,
+    apfl,
+    ditto,
     fedavg,
     fednova,
     fedopt,
+    fedper,
     fedprox,
+    fedrep,
+    finetune,
+    local_only,
     moon,
     perfedavg,
     pfedme,

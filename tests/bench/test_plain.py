@@ -12,6 +12,7 @@ from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import train_sequential
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.request import TrainRequest
 from fedhet.engine.step import fresh_cohort
 
 W = Workload("w", "", {"name": "mlp", "hidden": [6]}, (5,), 3, clients=4, eval_only=2, samples=7, steps=5, batch=3)
@@ -23,7 +24,7 @@ def _fedhet(w: Workload) -> tuple[torch.Tensor, torch.Tensor, FlatModel]:
     model = FlatModel(build_module(w))
     plan = LocalPlan.uniform(torch.arange(w.clients), w.steps, w.lr, w.batch)
     w0 = model.initial_params()
-    local = train_sequential(model, data.train, w0, plan, fresh_cohort(plan, w0), 0, 1)[0]
+    local = train_sequential(TrainRequest(model, data.train, w0, plan, fresh_cohort(plan, w0), 0, 1))[0]
     index, weight = local_batches(data.train.offsets, plan.clients, plan.steps, w.batch, 0, 1)
     assert bool((weight == 1).all())  # full batches: the references need them
     return local, index - data.train.offsets[: w.clients].view(-1, 1, 1), model

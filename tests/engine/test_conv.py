@@ -17,6 +17,7 @@ from fedhet.engine.local import train_sequential, train_vectorised
 from fedhet.engine.objective import ParameterTerm, Proximal, WeightDecay
 from fedhet.engine.optimizers import SGD, Adam, ClientOptimizer
 from fedhet.engine.plan import LocalPlan, LocalSettings
+from fedhet.engine.request import TrainRequest
 from fedhet.errors import ConfigError
 from fedhet.models.zoo import ConvClassifier, ToImage
 from fedhet.seeding import derive_seed
@@ -175,8 +176,8 @@ def test_train_conv_matches_the_sequential_backend(name: str) -> None:
     w0 = model.initial_params()
     plan, shift = _plan(terms=TERMS), _shift(model)
     model.module.train()
-    seq = train_sequential(model, data, w0, plan, cohort(plan, w0, shift), 3, 2)
-    got = train_conv(model, spec, data, w0, plan, cohort(plan, w0, shift), 3, 2, chunk_size=2, workers=2)
+    seq = train_sequential(TrainRequest(model, data, w0, plan, cohort(plan, w0, shift), 3, 2))
+    got = train_conv(TrainRequest(model, data, w0, plan, cohort(plan, w0, shift), 3, 2, chunk_size=2, workers=2), spec)
     assert float((seq[0] - w0).abs().max()) > 1e-2  # the clients moved
     torch.testing.assert_close(got[0], seq[0], **TOL)
     torch.testing.assert_close(got[1], seq[1], equal_nan=True, **TOL)
@@ -192,12 +193,12 @@ def test_each_term_alone(terms: tuple[ParameterTerm, ...]) -> None:
     data = image_data(shape, [9, 3, 14, 2, 11])
     w0 = model.initial_params()
     plan, shift = _plan(terms=terms), 10 * _shift(model)
-    seq = train_sequential(model, data, w0, plan, cohort(plan, w0, shift), 0, 1)
-    got = train_conv(model, spec, data, w0, plan, cohort(plan, w0, shift), 0, 1, workers=1)
+    seq = train_sequential(TrainRequest(model, data, w0, plan, cohort(plan, w0, shift), 0, 1))
+    got = train_conv(TrainRequest(model, data, w0, plan, cohort(plan, w0, shift), 0, 1, workers=1), spec)
     torch.testing.assert_close(got[0], seq[0], **TOL)
     torch.testing.assert_close(got[1], seq[1], equal_nan=True, **TOL)
     if terms:  # each term changes the result
-        plain = train_conv(model, spec, data, w0, _plan(), cohort(_plan(), w0), 0, 1, workers=1)
+        plain = train_conv(TrainRequest(model, data, w0, _plan(), cohort(_plan(), w0), 0, 1, workers=1), spec)
         assert float((plain[0] - got[0]).abs().max()) > 1e-4
 
 
@@ -226,8 +227,8 @@ def test_optimisers_with_state_match_the_sequential_backend(name: str, optimizer
     if isinstance(optimizer, Adam):
         plan.lr = plan.lr / 100
     model.module.train()
-    seq = train_sequential(model, data, w0, plan, cohort(plan, w0, shift), 3, 2)
-    got = train_conv(model, spec, data, w0, plan, cohort(plan, w0, shift), 3, 2, chunk_size=2, workers=2)
+    seq = train_sequential(TrainRequest(model, data, w0, plan, cohort(plan, w0, shift), 3, 2))
+    got = train_conv(TrainRequest(model, data, w0, plan, cohort(plan, w0, shift), 3, 2, chunk_size=2, workers=2), spec)
     assert float((seq[0] - w0).abs().max()) > (5e-3 if isinstance(optimizer, Adam) else 1e-2)  # several steps
     torch.testing.assert_close(got[0], seq[0], **TOL)
     torch.testing.assert_close(got[1], seq[1], equal_nan=True, **TOL)
@@ -250,9 +251,9 @@ def test_group_norm_vgg_as_close_as_the_autograd_backends() -> None:
     plan = LocalPlan.uniform(torch.arange(5), 3, 0.05, 4, weight_decay=0.01)
     plan.steps = torch.tensor([3, 0, 3, 1, 2])
     model.module.train()
-    seq = train_sequential(model, data, w0, plan, cohort(plan, w0), 3, 2)
-    vec = train_vectorised(model, data, w0, plan, cohort(plan, w0), 3, 2)
-    got = train_conv(model, spec, data, w0, plan, cohort(plan, w0), 3, 2, workers=1)
+    seq = train_sequential(TrainRequest(model, data, w0, plan, cohort(plan, w0), 3, 2))
+    vec = train_vectorised(TrainRequest(model, data, w0, plan, cohort(plan, w0), 3, 2))
+    got = train_conv(TrainRequest(model, data, w0, plan, cohort(plan, w0), 3, 2, workers=1), spec)
     assert float((seq[0] - w0).abs().max()) > 1e-2
     for k in range(5):
         spread = float((vec[0][k] - seq[0][k]).abs().max())
@@ -269,8 +270,10 @@ def test_chunks_and_workers_and_the_vectorised_backend(chunk: int, workers: int)
     w0 = model.initial_params()
     plan = _plan(terms=(Proximal(mu=0.1),))
     model.module.train()
-    vec = train_vectorised(model, data, w0, plan, cohort(plan, w0), 5, 1)
-    got = train_conv(model, spec, data, w0, plan, cohort(plan, w0), 5, 1, chunk_size=chunk, workers=workers)
+    vec = train_vectorised(TrainRequest(model, data, w0, plan, cohort(plan, w0), 5, 1))
+    got = train_conv(
+        TrainRequest(model, data, w0, plan, cohort(plan, w0), 5, 1, chunk_size=chunk, workers=workers), spec
+    )
     torch.testing.assert_close(got[0], vec[0], **TOL)
     torch.testing.assert_close(got[1], vec[1], equal_nan=True, **TOL)
 
@@ -282,11 +285,11 @@ def test_no_steps_and_no_clients() -> None:
     data = image_data(shape, [3, 4])
     w0 = model.initial_params()
     none = LocalPlan.uniform(torch.arange(2), 0, 0.1, 4, optimizer=Adam())
-    params, losses, state = train_conv(model, spec, data, w0, none, cohort(none, w0), 0, 0)
+    params, losses, state = train_conv(TrainRequest(model, data, w0, none, cohort(none, w0), 0, 0), spec)
     assert torch.equal(params, w0.expand(2, -1)) and bool(torch.isnan(losses).all())
     assert torch.equal(state["count"], torch.zeros(2))
     empty = LocalPlan.uniform(torch.zeros(0, dtype=torch.long), 3, 0.1, 4)
-    params, losses, _ = train_conv(model, spec, data, w0, empty, cohort(empty, w0), 0, 0)
+    params, losses, _ = train_conv(TrainRequest(model, data, w0, empty, cohort(empty, w0), 0, 0), spec)
     assert params.shape == (0, model.size) and losses.shape == (0,)
 
 
@@ -312,12 +315,14 @@ def test_large_linear_layers_client_by_client(name: str, monkeypatch: pytest.Mon
     w0 = model.initial_params()
     plan, shift = _plan(terms=TERMS), _shift(model)
     model.module.train()
-    seq = train_sequential(model, data, w0, plan, cohort(plan, w0, shift), 3, 2)
-    got = train_conv(model, spec, data, w0, plan, cohort(plan, w0, shift), 3, 2, chunk_size=3, workers=1)
+    seq = train_sequential(TrainRequest(model, data, w0, plan, cohort(plan, w0, shift), 3, 2))
+    got = train_conv(TrainRequest(model, data, w0, plan, cohort(plan, w0, shift), 3, 2, chunk_size=3, workers=1), spec)
     torch.testing.assert_close(got[0], seq[0], **TOL)
     momentum = _plan(terms=TERMS, optimizer=SGD(momentum=0.9))
-    seq = train_sequential(model, data, w0, momentum, cohort(momentum, w0, shift), 3, 2)
-    got = train_conv(model, spec, data, w0, momentum, cohort(momentum, w0, shift), 3, 2, chunk_size=3, workers=1)
+    seq = train_sequential(TrainRequest(model, data, w0, momentum, cohort(momentum, w0, shift), 3, 2))
+    got = train_conv(
+        TrainRequest(model, data, w0, momentum, cohort(momentum, w0, shift), 3, 2, chunk_size=3, workers=1), spec
+    )
     torch.testing.assert_close(got[0], seq[0], **TOL)
 
 

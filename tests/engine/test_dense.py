@@ -14,6 +14,7 @@ from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import train_sequential, train_vectorised
 from fedhet.engine.objective import Proximal, WeightDecay
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.request import TrainRequest
 from fedhet.errors import ConfigError
 
 TOL = {"atol": 1e-6, "rtol": 1e-5}
@@ -50,9 +51,11 @@ def test_dense_matches_both_autograd_backends(activation: type[nn.Module], dropo
     w0 = model.initial_params()
     corr = torch.randn(5, model.size, generator=torch.Generator().manual_seed(1)) * 0.01
     plan = _plan(model, terms=(Proximal(mu=0.1), WeightDecay(lam=0.01), Shift()))
-    seq = train_sequential(model, data, w0, plan, cohort(plan, w0, corr), 3, 2)
-    vec = train_vectorised(model, data, w0, plan, cohort(plan, w0, corr), 3, 2)
-    den = train_dense(model, layers, data, w0, plan, cohort(plan, w0, corr), 3, 2, chunk_size=chunk, workers=2)
+    seq = train_sequential(TrainRequest(model, data, w0, plan, cohort(plan, w0, corr), 3, 2))
+    vec = train_vectorised(TrainRequest(model, data, w0, plan, cohort(plan, w0, corr), 3, 2))
+    den = train_dense(
+        TrainRequest(model, data, w0, plan, cohort(plan, w0, corr), 3, 2, chunk_size=chunk, workers=2), layers
+    )
     assert float((seq[0] - w0).abs().max()) > 1e-2  # the clients moved
     torch.testing.assert_close(den[0], seq[0], **TOL)
     torch.testing.assert_close(den[0], vec[0], **TOL)
@@ -73,8 +76,8 @@ def test_each_update_term_without_bias(terms: tuple) -> None:
     w0 = model.initial_params()
     shift = torch.linspace(-0.05, 0.05, 5 * model.size).reshape(5, -1)
     plan = _plan(model, terms=terms)
-    seq = train_sequential(model, data, w0, plan, cohort(plan, w0, shift), 0, 1)
-    den = train_dense(model, layers, data, w0, plan, cohort(plan, w0, shift), 0, 1, workers=1)
+    seq = train_sequential(TrainRequest(model, data, w0, plan, cohort(plan, w0, shift), 0, 1))
+    den = train_dense(TrainRequest(model, data, w0, plan, cohort(plan, w0, shift), 0, 1, workers=1), layers)
     torch.testing.assert_close(den[0], seq[0], **TOL)
     torch.testing.assert_close(den[1], seq[1], equal_nan=True, **TOL)
 
@@ -105,8 +108,8 @@ def test_image_inputs_are_flattened() -> None:
     images = type(base.train)(base.train.x.reshape(-1, 2, 3, 3), base.train.y, base.train.offsets)
     w0 = model.initial_params()
     plan = LocalPlan.uniform(torch.tensor([0, 1]), 3, 0.1, 4)
-    seq = train_sequential(model, images, w0, plan, cohort(plan, w0), 0, 0)
-    den = train_dense(model, layers, images, w0, plan, cohort(plan, w0), 0, 0)
+    seq = train_sequential(TrainRequest(model, images, w0, plan, cohort(plan, w0), 0, 0))
+    den = train_dense(TrainRequest(model, images, w0, plan, cohort(plan, w0), 0, 0), layers)
     torch.testing.assert_close(den[0], seq[0], **TOL)
 
 
@@ -199,11 +202,13 @@ def test_gram_first_layer_matches_the_per_step_updates(
         plan = _plan(model)
         if epochs == "under one":
             plan.steps = torch.tensor([2, 0, 3, 1, 2])  # T·b ≤ each chunk's largest client
-        seq = train_sequential(model, data, w0, plan, cohort(plan, w0), 3, 2)
+        seq = train_sequential(TrainRequest(model, data, w0, plan, cohort(plan, w0), 3, 2))
         results = {}
         for forced in (True, False):
             monkeypatch.setattr(dense, "use_gram_first_layer", lambda *a, forced=forced: used.append(forced) or forced)
-            results[forced] = train_dense(model, layers, data, w0, plan, cohort(plan, w0), 3, 2, chunk, workers=2)
+            results[forced] = train_dense(
+                TrainRequest(model, data, w0, plan, cohort(plan, w0), 3, 2, chunk, workers=2), layers
+            )
         monkeypatch.setattr(dense, "use_gram_first_layer", choose)
         assert float((seq[0] - w0).abs().max()) > 1e-2
         for den in results.values():

@@ -24,6 +24,7 @@ from fedhet.engine.local import (
 )
 from fedhet.engine.objective import Proximal, WeightDecay
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.request import TrainRequest
 from zoo_cnns import image_data, zoo_model
 
 
@@ -47,7 +48,7 @@ def test_step_adds_proximal_term_correction_and_weight_decay() -> None:
     step = make_step(model, cohort(plan, w0))
     server: list[dict] = [{}, {}, {}]
     client: list[dict] = [{}, {}, {"c": tree(corr)}]
-    new_tree, _, loss = step(tree(w), tree(w0), x, y, torch.ones(4), lr, server, client, {})
+    new_tree, _, _, loss = step(tree(w), tree(w0), x, y, torch.ones(4), lr, server, client, {}, {})
     new_w = _flat({k: v.unsqueeze(0) for k, v in new_tree.items()}, 1)[0]
     prox = mu * (w - w0)
     assert float(prox.abs().min()) > 0.1
@@ -62,8 +63,8 @@ def test_padded_rows_do_not_count() -> None:
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
     step = make_step(model, cohort(LocalPlan.uniform(torch.tensor([0]), 1, 0.1, 4), w))
     t = _tree(model, w)
-    full, _, _ = step(t, t, x[:2], y[:2], torch.ones(2), torch.tensor(0.1), [], [], {})
-    padded, _, _ = step(t, t, x, y, torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor(0.1), [], [], {})
+    full, _, _, _ = step(t, t, x[:2], y[:2], torch.ones(2), torch.tensor(0.1), [], [], {}, {})
+    padded, _, _, _ = step(t, t, x, y, torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor(0.1), [], [], {}, {})
     for name in full:
         torch.testing.assert_close(full[name], padded[name])
 
@@ -134,13 +135,13 @@ def test_masks_drawn_on_the_cpu_for_another_device_are_the_cpus(name: str) -> No
     plan = LocalPlan.uniform(torch.tensor([0, 1, 2]), 5, 0.1, 4)
     plan.steps = torch.tensor([5, 2, 4])
     model.module.train()
-    seq = train_sequential(model, part, w0, plan, cohort(plan, w0), 1, 0)
+    seq = train_sequential(TrainRequest(model, part, w0, plan, cohort(plan, w0), 1, 0))
     dropouts = [m for m in model.module.modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
     with _masks_from_the_cpu(model, torch.device("cpu")):
         assert all("forward" not in vars(m) for m in dropouts)  # nothing to do on the CPU
     with _masks_from_the_cpu(model, torch.device("cuda")):
         assert all("forward" in vars(m) for m in dropouts)
-        vec = train_vectorised(model, part, w0, plan, cohort(plan, w0), 1, 0)
+        vec = train_vectorised(TrainRequest(model, part, w0, plan, cohort(plan, w0), 1, 0))
     assert all("forward" not in vars(m) for m in dropouts)
     assert float((seq[0] - w0).abs().max()) > 1e-2
     torch.testing.assert_close(vec[0], seq[0], atol=1e-6, rtol=1e-5)

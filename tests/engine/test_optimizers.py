@@ -132,7 +132,7 @@ def test_persistent_state_is_kept_per_client_and_only_for_clients_that_trained()
     plan = LocalPlan(torch.tensor([0, 2]), torch.tensor([3, 0]), torch.full((2,), 0.1), 2, optimizer=opt)
     engine.train(engine.initial_params(), plan, 0)
     assert engine.client_state.clients(opt.state_key("m")) == [0]  # client 2 took no step
-    count = engine.client_state.read(opt.state_key("count"), torch.tensor([0]), 1, torch.zeros(1))
+    count = engine.state_rows(opt.state_key("count"), torch.tensor([0]), 1, torch.zeros(1))
     assert count.tolist() == [3.0]
 
 

@@ -141,3 +141,45 @@ def test_a_resumed_sampled_run_ends_with_the_same_files(tmp_path: Path) -> None:
     resume(tmp_path / "cut")
     for name in ("metrics.csv", "clients.csv"):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
+
+
+def _personal_run(algorithm: Any, **personal_eval: Any) -> RunState:
+    return run(parse_config({**CONFIG, "algorithm": algorithm, "personal_eval": {"appeal": False, **personal_eval}}))
+
+
+def test_personalised_evaluation_is_on_for_personalised_methods_and_on_request() -> None:
+    assert "personal_test_accuracy" not in _personal_run("fedavg").final
+    assert "personal_test_accuracy" not in _personal_run("ditto", enabled=False).final
+    ditto = _personal_run("ditto")
+    for key in ("personal_test_accuracy_worst10", "personal_test_loss", "unseen_personal_test_accuracy"):
+        assert math.isfinite(ditto.final[key]), key
+    plain = _personal_run("fedavg", enabled=True)  # no personal model, no fine-tuning: the global model itself
+    assert plain.final["personal_test_accuracy"] == pytest.approx(plain.final["test_accuracy"], abs=1e-6)
+    assert plain.final["personal_test_loss"] == pytest.approx(plain.final["test_loss"], rel=1e-5)
+
+
+def test_fine_tuning_before_scoring_is_fedavg_plus_fine_tuning() -> None:
+    tuned = _personal_run("fedavg", finetune_steps=5)
+    named = _personal_run("fedavg_ft")  # its own default: 5 steps
+    assert tuned.final["personal_test_accuracy"] == pytest.approx(named.final["personal_test_accuracy"], abs=1e-7)
+    assert tuned.final["personal_test_loss"] != pytest.approx(tuned.final["test_loss"], rel=1e-3)
+    assert tuned.final["unseen_personal_test_accuracy"] > 0  # unseen clients are tuned and scored too
+    torch.testing.assert_close(tuned.client_columns["personal_test_loss"], named.client_columns["personal_test_loss"])
+
+
+def test_personal_appeal_compares_with_each_client_s_local_model() -> None:
+    state = run(parse_config({**CONFIG, "algorithm": "local_only", "requirements": {"steps": 4}, "rounds": 2}))
+    rho = state.experiment.requirements
+    assert rho is not None
+    loss = state.client_columns["personal_test_loss"]
+    seen = state.experiment.data.seen
+    expected = float((loss[seen] < rho.rho[seen]).double().mean())
+    assert state.final["personal_appeal"] == pytest.approx(expected)
+    assert 0.0 <= state.final["unseen_personal_appeal"] <= 1.0
+
+
+def test_personalised_evaluation_every_nth_evaluation_and_the_last() -> None:
+    state = _personal_run("ditto", every=2)
+    history = state.history
+    assert "personal_test_accuracy" not in history[0] and "personal_test_accuracy" in history[1]
+    assert "personal_test_accuracy" in history[-1]

@@ -78,8 +78,9 @@ def test_same_seed_same_metrics_and_backends_agree(tmp_path: Path) -> None:
             assert a[key] == pytest.approx(b[key], abs=1e-5), key
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "ditto", "fedrep", "apfl"])
 def test_resume_after_interruption_matches_uninterrupted(tmp_path: Path, algorithm: str) -> None:
+    """Byte-identical files, the personalised methods' models (kept by the engine, in the checkpoint) included."""
     cfg = parse_config(small(algorithm=algorithm, availability={"name": "bernoulli", "p": 0.7}))
     run(cfg, tmp_path / "full")
     with pytest.raises(KeyboardInterrupt):
@@ -90,6 +91,8 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path: Path, algorit
     assert resumed.round == 6
     assert (tmp_path / "cut/metrics.csv").read_text() == (tmp_path / "full/metrics.csv").read_text()
     assert (tmp_path / "cut/clients.csv").read_text() == (tmp_path / "full/clients.csv").read_text()
+    if algorithm in ("ditto", "fedrep", "apfl"):
+        assert "personal_test_accuracy" in (tmp_path / "full/metrics.csv").read_text()
 
 
 def test_divergence_stops_with_message_and_keeps_files(tmp_path: Path) -> None:

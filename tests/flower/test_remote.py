@@ -49,6 +49,12 @@ def test_clients_are_cut_into_blocks() -> None:
         {"name": "fednova", "mu": 0.1},
         "krum",
         "adafed",
+        "ditto",
+        "fedrep",
+        "fedper",
+        "apfl",
+        "local_only",
+        "fedavg_ft",
     ],
     ids=lambda a: a if isinstance(a, str) else a["name"],
 )

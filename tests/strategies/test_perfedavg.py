@@ -32,3 +32,18 @@ def test_plan_carries_the_rule_and_the_round_averages_maml_models() -> None:
 def test_config_is_validated() -> None:
     with pytest.raises(ConfigError, match="alpha"):
         STRATEGIES.build({"name": "perfedavg", "alpha": -1})
+
+
+def test_the_personalised_model_is_one_step_of_size_alpha_from_the_global_model() -> None:
+    from personal_cases import BATCH, gradient, setup
+
+    strategy = PerFedAvg(alpha=0.3)
+    engine = setup(strategy, "sequential")
+    w = engine.model.initial_params() + 0.01
+    plan = strategy.personalization(torch.tensor([0, 1]))
+    scores = engine.personal_scores(w, plan, 4)  # a batch larger than the clients' data: a full-batch step
+    assert plan.batch_size == BATCH and plan.steps.tolist() == [1, 1]
+    tuned = torch.stack([w - 0.3 * gradient(engine.model, w, k) for k in range(2)])
+    expected = engine.own_scores(tuned, torch.tensor([0, 1]))
+    torch.testing.assert_close(scores.loss, expected.loss)
+    torch.testing.assert_close(scores.accuracy, expected.accuracy)

@@ -19,3 +19,21 @@ def test_server_step_mixes_with_beta() -> None:
     result = engine.train(w, plan, 0)
     assert float((result.params - w).abs().max()) > 1e-4
     torch.testing.assert_close(strategy.aggregate(0, w, result), 0.5 * w + 0.5 * result.params.mean(0))
+
+
+def test_the_personalised_model_solves_the_personal_problem_from_the_global_model() -> None:
+    """θ̂(w): K steps of θ ← θ − η_in (∇f(θ) + λ(θ − w)) from θ = w (eq. 7), on a full batch here."""
+    from personal_cases import gradient, setup
+
+    strategy = PFedMe(lam=2.0, inner_steps=3, inner_lr=0.05)
+    engine = setup(strategy, "vectorised")
+    w = engine.model.initial_params() + 0.01
+    scores = engine.personal_scores(w, strategy.personalization(torch.tensor([0, 1])), 2)
+    thetas = []
+    for k in range(2):
+        theta = w.clone()
+        for _ in range(3):
+            theta = theta - 0.05 * (gradient(engine.model, theta, k) + 2.0 * (theta - w))
+        thetas.append(theta)
+    expected = engine.own_scores(torch.stack(thetas), torch.tensor([0, 1]))
+    torch.testing.assert_close(scores.loss, expected.loss, atol=1e-6, rtol=1e-5)

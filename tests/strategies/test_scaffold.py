@@ -67,7 +67,7 @@ def test_clients_keep_their_variates_in_the_engine() -> None:
         torch.zeros(2, x.numel()), torch.zeros(x.numel()), x, result.params, result.steps, result.lr
     )
     torch.testing.assert_close(result.state_delta[KEY], expected)
-    stored = engine.client_state.read(KEY, torch.tensor([0, 1, 2]), 1, torch.zeros(3, x.numel()))
+    stored = engine.state_rows(KEY, torch.tensor([0, 1, 2]), 1, torch.zeros(3, x.numel()))
     torch.testing.assert_close(stored, torch.stack([expected[0], torch.zeros(x.numel()), expected[1]]))
     new = strategy.aggregate(0, x, result)
     plan = strategy.configure(1, torch.tensor([0, 1]), new)
@@ -92,7 +92,7 @@ def test_a_client_that_takes_no_step_keeps_its_variate() -> None:
     c = strategy.state_dict()["c"]
     expected = scaffold_client_variates(first[:1], c, new, result.params[:1], result.steps[:1], result.lr[:1])
     torch.testing.assert_close(result.state_delta[KEY], torch.cat([expected - first[:1], torch.zeros_like(first[1:])]))
-    stored = engine.client_state.read(KEY, clients, 2, torch.zeros(2, x.numel()))
+    stored = engine.state_rows(KEY, clients, 2, torch.zeros(2, x.numel()))
     torch.testing.assert_close(stored, torch.cat([expected, first[1:]]))
 
 

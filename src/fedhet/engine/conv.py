@@ -42,13 +42,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import gather_rows, local_batches
 from fedhet.engine.dense import _map
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.objective import Aligned, ParameterTerm
-from fedhet.engine.plan import LocalPlan
-from fedhet.engine.step import Cohort, aligned, leaf_direction, term_gradient
+from fedhet.engine.request import Trained, TrainRequest
+from fedhet.engine.step import aligned, leaf_direction, term_gradient
 from fedhet.models.fedmgda import ChannelDropout
 from fedhet.models.zoo import ConvClassifier, Flatten, ToImage
 from fedhet.seeding import derive_seed
@@ -79,11 +78,23 @@ class Sink:
     times the parameter terms' gradient Σ_j ∇T_j(w) at the step's starting weights (None without terms).
     Layers hand each gradient over after their last use of the weights it changes."""
 
-    def __init__(self, params: Tensor, grad: Tensor | None = None, extra: Tensor | None = None) -> None:
+    def __init__(
+        self,
+        params: Tensor,
+        grad: Tensor | None = None,
+        extra: Tensor | None = None,
+        frozen: Callable[[slice], bool] | None = None,
+    ) -> None:
         self.params, self.grad, self.extra = params, grad, extra
+        self.frozen = frozen  # an SGD step leaves the parameters at the slices it says are frozen
+
+    def _skip(self, where: slice) -> bool:
+        return self.grad is None and self.frozen is not None and self.frozen(where)
 
     def rows(self, where: slice, value: Tensor) -> None:
         """The gradient (n, …) of one parameter of every client."""
+        if self._skip(where):
+            return
         value = value.reshape(len(value), -1)
         if self.grad is not None:
             self.grad[:, where].copy_(value)
@@ -95,6 +106,8 @@ class Sink:
 
     def row(self, i: int, where: slice, value: Tensor) -> None:
         """The gradient of one parameter of client i."""
+        if self._skip(where):
+            return
         if self.grad is not None:
             self.grad[i, where].copy_(value.reshape(-1))
             return
@@ -105,6 +118,8 @@ class Sink:
 
     def outer_row(self, i: int, where: slice, shape: tuple[int, int], d_t: Tensor, a: Tensor) -> None:
         """Client i's Linear weight gradient d_t (out, b) · a (b, in), in place."""
+        if self._skip(where):
+            return
         if self.grad is not None:
             torch.mm(d_t, a, out=self.grad[i, where].view(shape))
             return
@@ -116,6 +131,8 @@ class Sink:
     def outer(self, where: slice, shape: tuple[int, int], d_t: Tensor, a: Tensor) -> None:
         """A Linear weight's gradient d_tᵀ-style batched product d_t (n, out, b) · a (n, b, in), in place."""
         n = len(a)
+        if self._skip(where):
+            return
         if self.grad is not None:
             self.grad[:, where].view(n, *shape).baddbmm_(d_t, a, beta=0.0)
             return
@@ -642,12 +659,13 @@ def sgd_step_(
     lr: Tensor,
     extra: Tensor | None = None,
     masks: Sequence[Tensor | None] | None = None,
+    frozen: Callable[[slice], bool] | None = None,
 ) -> Tensor:
     """One plain SGD step in place, w ← w − η_k Σ_j ∇T_j(w) − η_k ∇ℓ_k(w) (`extra`: η_k Σ_j ∇T_j(w) (c, P) at the
     weights before the step, or None), each layer's weights updated as soon as the backward pass is done with
-    them (no gradient buffer: half the memory traffic of the large layers). Returns the losses ℓ_k(w) before
-    the step (c,)."""
-    return _step(spec, params, x, y, wt, Sink(params, None, extra), masks, rate=lr)
+    them (no gradient buffer: half the memory traffic of the large layers), except the parameters `frozen` says
+    are frozen. Returns the losses ℓ_k(w) before the step (c,)."""
+    return _step(spec, params, x, y, wt, Sink(params, None, extra, frozen), masks, rate=lr)
 
 
 def batched_loss_grad(
@@ -702,37 +720,28 @@ def default_chunk(spec: ConvSpec, clients: int, workers: int, batch: int) -> int
     return max(1, min(share, CHUNK_BYTES // (4 * spec.size + step_bytes(spec, batch))))
 
 
-def train_conv(
-    model: FlatModel,
-    spec: ConvSpec,
-    data: ClientData,
-    w0: Tensor,
-    plan: LocalPlan,
-    cohort: Cohort,
-    seed: int,
-    round_: int,
-    chunk_size: int = 0,
-    workers: int = 0,
-) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """Run `plan`'s local steps, d ← ∇F_k(w; ξ) + Σ_j ∇T_j(w), w ← optimiser(w, d) (`fedhet.engine.step`), for
-    its clients, each with its own number of steps and learning rate. Returns (params (m, P), mean loss over
+def train_conv(request: TrainRequest, spec: ConvSpec) -> Trained:
+    """Run the request's local steps, d ← ∇F_k(w; ξ) + Σ_j ∇T_j(w), w ← optimiser(w, d) (`fedhet.engine.step`),
+    for its clients, each with its own number of steps and learning rate. Returns (params (m, P), mean loss over
     the steps taken (m,), nan for 0, the cohort's optimiser state after the steps).
 
     Plain SGD runs fused (`sgd_step_`: the terms' gradient at the step's starting weights, then each layer
     updated during the backward pass); other optimisers get the gradient in a buffer and step the flat
-    weights. Objectives that need autograd (`Cohort.autograd_only`) are not for this backend.
+    weights. Objectives that need autograd (`Cohort.autograd_only`) are not for this backend. Frozen parameters
+    (``request.frozen``) are skipped by the fused step and kept by the optimiser's.
 
     Clients run in order of decreasing steps (those still training at step t are a prefix of their chunk);
-    chunks of `chunk_size` clients (default `default_chunk`) run all their steps on `workers` threads
-    (default: torch's intra-op thread count) of one core each; elsewhere than on a CPU, one chunk at a time."""
-    del model  # the spec holds what the backend needs of it (the same signature as the dense backend)
+    chunks of ``request.chunk_size`` clients (default `default_chunk`) run all their steps on ``request.workers``
+    threads (default: torch's intra-op thread count) of one core each; elsewhere than on a CPU, one chunk at a
+    time."""
+    data, plan, cohort, seed, round_ = request.data, request.plan, request.cohort, request.seed, request.round_
     if cohort.autograd_only:
         raise ValueError("the conv backend cannot run data terms or local rules (they need autograd)")
-    m, dev = len(plan.clients), w0.device
+    m, dev = request.size, request.anchor.device
     losses = torch.full((m,), float("nan"), device=dev)
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
     if m == 0 or int(plan.steps.max()) == 0:
-        return w0.unsqueeze(0).repeat(m, 1), losses, opt_state
+        return request.start(), losses, opt_state
     order = torch.argsort(plan.steps, descending=True, stable=True)
     steps = plan.steps[order]
     index, weight = local_batches(data.offsets, plan.clients[order], steps, plan.batch_size, seed, round_, plan.stream)
@@ -740,20 +749,20 @@ def train_conv(
     drawn = [dropout_masks(spec, plan.batch_size, seed, round_, t, plan.stream) for t in range(int(steps[0]))]
     masks = [[mk.to(dev) if mk is not None else None for mk in step] for step in drawn]
     lr = plan.lr[order].to(dev)
-    workers = 1 if dev.type != "cpu" else workers or torch.get_num_threads()
-    chunk = chunk_size if chunk_size > 0 else default_chunk(spec, m, workers, plan.batch_size)
-    work = torch.empty(m, len(w0), device=dev)  # the clients' weights in training order
+    workers = 1 if dev.type != "cpu" else request.workers or torch.get_num_threads()
+    chunk = request.chunk_size if request.chunk_size > 0 else default_chunk(spec, m, workers, plan.batch_size)
+    work = torch.empty(m, len(request.anchor), device=dev)  # the clients' weights in training order
     totals = torch.zeros(m, device=dev)
     remaining = steps.tolist()
     dev_order = order.to(dev)
+    skip = request.is_frozen if request.frozen is not None else None
 
     def run(lo: int) -> None:
         hi = min(lo + chunk, m)
         ids = dev_order[lo:hi]
-        w = work[lo:hi]
-        w.copy_(w0.expand(hi - lo, -1))
+        w = request.start_into(work[lo:hi], ids)
         mine = cohort.rows(ids)
-        terms = aligned(mine.parameter_terms, w0, lambda v: v, lambda v: v)
+        terms = aligned(mine.parameter_terms, request.anchor, lambda v: v, lambda v: v)
         state = {k: v[ids] for k, v in opt_state.items()}  # copies: the chunk's own optimiser state
         grad = None if cohort.optimizer.plain else torch.empty_like(w)
         for t in range(remaining[lo]):
@@ -766,10 +775,10 @@ def train_conv(
                 extra = term_gradient(w[:k], now)  # at the weights before the step (may be a term's own tensor)
                 if extra is not None:
                     extra = extra * rate.view(k, 1)
-                loss = sgd_step_(spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], rate, extra, masks[t])
+                loss = sgd_step_(spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], rate, extra, masks[t], skip)
             else:
                 loss = loss_grad_into(spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], grad[:k], masks[t])
-                _optimizer_step(cohort, w[:k], leaf_direction(grad[:k], w[:k], now), state, rate)
+                _optimizer_step(request, w[:k], leaf_direction(grad[:k], w[:k], now), state, rate)
             totals[lo : lo + k] += loss
         for name, v in state.items():
             opt_state[name][ids] = v
@@ -790,13 +799,16 @@ def _head(terms: list[tuple[ParameterTerm, Aligned]], k: int) -> list[tuple[Para
     return [(t, Aligned(a.start, a.server, {n: v[:k] for n, v in a.client.items()})) for t, a in terms]
 
 
-def _optimizer_step(cohort: Cohort, w: Tensor, d: Tensor, state: dict[str, Tensor], rate: Tensor) -> None:
+def _optimizer_step(request: TrainRequest, w: Tensor, d: Tensor, state: dict[str, Tensor], rate: Tensor) -> None:
     """The client optimiser's step on the flat weights w (k, P) of a chunk's first k clients, in place, with
-    their rows of the chunk's optimiser `state` ("count" states (c,) broadcast as (k, 1))."""
+    their rows of the chunk's optimiser `state` ("count" states (c,) broadcast as (k, 1)); frozen coordinates keep
+    their weights and state."""
     k = len(w)
-    kinds = cohort.optimizer.state_kinds()
+    optimizer = request.cohort.optimizer
+    kinds = optimizer.state_kinds()
     now = {n: v[:k] if kinds[n] == "param" else v[:k].view(k, 1) for n, v in state.items()}
-    new, after = cohort.optimizer.step(w, d, now, rate.view(k, 1))
-    w.copy_(new)
+    new, after = optimizer.step(w, d, now, rate.view(k, 1))
+    w.copy_(request.keep_frozen(new, w))
     for n, v in after.items():
-        state[n][:k] = v.reshape(state[n][:k].shape)
+        kept = request.keep_frozen(v, now[n]) if kinds[n] == "param" else v
+        state[n][:k] = kept.reshape(state[n][:k].shape)

@@ -45,6 +45,7 @@ from fedhet.engine.batches import local_batches
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.objective import Aligned, ParameterTerm
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.request import Trained, TrainRequest
 from fedhet.engine.step import Cohort, aligned, leaf_direction, term_gradient
 from fedhet.engine.threads import torch_threads
 from fedhet.seeding import derive_seed
@@ -123,52 +124,43 @@ def default_chunk(model: FlatModel, clients: int, workers: int) -> int:
     return max(1, min(max(share, -(-MIN_CHUNK_BYTES // weights)), CHUNK_BYTES // weights, BLOCK))
 
 
-def train_dense(
-    model: FlatModel,
-    layers: list[DenseLayer],
-    data: ClientData,
-    w0: Tensor,
-    plan: LocalPlan,
-    cohort: Cohort,
-    seed: int,
-    round_: int,
-    chunk_size: int = 0,
-    workers: int = 0,
-) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """Run `plan` with hand-derived gradients (see the module docstring). Returns (params (m, P), loss (m,), the
+def train_dense(request: TrainRequest, layers: list[DenseLayer]) -> Trained:
+    """Run `request` with hand-derived gradients (see the module docstring). Returns (params (m, P), loss (m,), the
     cohort's optimiser state after the steps).
 
-    On the CPU, chunks run on `workers` threads (default: torch's intra-op thread count), each op on one
+    On the CPU, chunks run on ``request.workers`` threads (default: torch's intra-op thread count), each op on one
     core: chunks are independent, and small ops gain more from running side by side than from splitting each
-    one. Elsewhere (CUDA) everything runs on the device of `w0` and `data`, chunks one after another."""
-    m, dev = len(plan.clients), w0.device
+    one. Elsewhere (CUDA) everything runs on the device of the request's tensors, chunks one after another."""
+    model, data, plan, cohort = request.model, request.data, request.plan, request.cohort
+    m, dev = request.size, request.anchor.device
     losses = torch.full((m,), float("nan"), device=dev)
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
     if m == 0 or int(plan.steps.max()) == 0:
-        return w0.unsqueeze(0).repeat(m, 1), losses, opt_state
+        return request.start(), losses, opt_state
     order = torch.argsort(plan.steps, descending=True, stable=True)
     in_place = bool((order == torch.arange(m)).all())  # chunks are then slices (views) of the result
     params = torch.empty(m, model.size, device=dev)
     x_all = data.x.reshape(len(data.x), -1)
-    masks = _dropout_masks(layers, plan, seed, round_, dev)
-    workers = 1 if dev.type != "cpu" else workers or torch.get_num_threads()
-    chunk = chunk_size if chunk_size > 0 else default_chunk(model, m, workers)
+    masks = _dropout_masks(layers, plan, request.seed, request.round_, dev)
+    workers = 1 if dev.type != "cpu" else request.workers or torch.get_num_threads()
+    chunk = request.chunk_size if request.chunk_size > 0 else default_chunk(model, m, workers)
     block = max(chunk * workers, BLOCK)  # every worker gets chunks of each block
     fold_lr = cohort.optimizer.plain
     for start in range(0, m, block):
         ids = order[start : start + block]
-        batches = _Batches(data, plan, ids, layers[-1].shape[0], seed, round_, fold_lr)
+        batches = _Batches(data, plan, ids, layers[-1].shape[0], request.seed, request.round_, fold_lr)
         target = params[start : start + block] if in_place else None
 
         def run(lo: int, ids: Tensor = ids, batches: _Batches = batches, target: Tensor | None = target) -> None:
             part = slice(lo, lo + chunk)
-            work = target[part] if target is not None else torch.empty(len(ids[part]), model.size, device=dev)
-            state = {k: v[ids[part]] for k, v in opt_state.items()}  # copies: the chunk's own optimiser state
-            _train_chunk(layers, work, w0, x_all, plan, cohort.rows(ids[part]), state, ids[part], batches, part, masks)
+            mine = ids[part]
+            work = target[part] if target is not None else torch.empty(len(mine), model.size, device=dev)
+            state = {k: v[mine] for k, v in opt_state.items()}  # copies: the chunk's own optimiser state
+            _Chunk(layers, request, work, x_all, mine, state, batches, part, masks).train()
             if target is None:
-                params[ids[part]] = work
+                params[mine] = work
             for k, v in state.items():
-                opt_state[k][ids[part]] = v
+                opt_state[k][mine] = v
 
         _map(run, range(0, len(ids), chunk), workers)
         losses[ids] = batches.losses()
@@ -330,8 +322,9 @@ class _GramFirstLayer:
     def __init__(
         self, x_all: Tensor, index: Tensor, layer: DenseLayer, w0: Tensor, starts: Tensor, samples: int
     ) -> None:
-        """`index` (T, c, b): the steps' rows of `x_all`; `starts` (c,): where each client's samples begin there;
-        `samples`: work on each client's first `samples` rows from its start (0: on the steps' rows)."""
+        """`index` (T, c, b): the steps' rows of `x_all`; `w0` the layer's start: the flat model (P,) shared by the
+        chunk, or each client's (c, P); `starts` (c,): where each client's samples begin in `x_all`; `samples`:
+        work on each client's first `samples` rows from its start (0: on the steps' rows)."""
         steps, c, b = index.shape
         self.b = b
         self.by_sample = samples > 0
@@ -341,13 +334,19 @@ class _GramFirstLayer:
         else:  # X: the steps' rows in order, so that step t's are rows t·b … (t+1)·b − 1
             rows = index.permute(1, 0, 2).reshape(c, steps * b)
         self.x = x_all[rows]  # (c, R, d)
-        self.w0 = weight = w0[layer.weight].view(layer.shape)
-        bias = w0[layer.bias] if layer.bias is not None else None
-        flat = self.x.reshape(-1, self.x.shape[2])
-        z0 = torch.addmm(bias, flat, weight.T) if bias is not None else flat @ weight.T
-        self.z0 = z0.view(c, -1, layer.shape[0])
+        if w0.dim() == 1:  # X W_0ᵀ + b_0 with one W_0: one matrix product for the chunk
+            self.w0 = weight = w0[layer.weight].view(layer.shape)
+            bias = w0[layer.bias] if layer.bias is not None else None
+            flat = self.x.reshape(-1, self.x.shape[2])
+            z0 = torch.addmm(bias, flat, weight.T) if bias is not None else flat @ weight.T
+            self.z0 = z0.view(c, -1, layer.shape[0])
+        else:  # each client's own W_0
+            self.w0 = weight = w0[:, layer.weight].view(c, *layer.shape)
+            self.z0 = torch.bmm(self.x, weight.mT)
+            if layer.bias is not None:
+                self.z0.add_(w0[:, layer.bias].unsqueeze(1))
         self.gram = torch.bmm(self.x, self.x.mT)  # (c, R, R)
-        if bias is not None:
+        if layer.bias is not None:
             self.gram.add_(1.0)
         self.grads = torch.zeros_like(self.z0)  # D: rows never recorded (or of clients that stopped) stay zero
 
@@ -379,8 +378,9 @@ class _GramFirstLayer:
         """W_T = W_0 − DᵀX into the chunk's weights (not written before), b_T = b_0 − 1ᵀD (the bias holds b_0).
         Client by client, so that each one's weights are written once and updated while in cache: the chunk's
         weights do not fit, and reading and writing them once more each made two-thread rounds 8–18% slower."""
-        for value, g, x in zip(weights.weight.value, self.grads.mT, self.x, strict=True):
-            torch.addmm(self.w0, g, x, alpha=-1.0, out=value)
+        shared = self.w0.dim() == 2
+        for i, (value, g, x) in enumerate(zip(weights.weight.value, self.grads.mT, self.x, strict=True)):
+            torch.addmm(self.w0 if shared else self.w0[i], g, x, alpha=-1.0, out=value)
         if weights.bias is not None:
             weights.bias.value.add_(self.grads.sum(1, keepdim=True), alpha=-1.0)
 
@@ -395,71 +395,112 @@ def use_gram_first_layer(layer: DenseLayer, rows: int, plain: bool, terms: bool)
     return plain and not terms and rows <= GRAM_MAX_ROWS and rows * (n_in + n_out) <= 2 * n_in * n_out
 
 
-def _train_chunk(
-    layers: list[DenseLayer],
-    work: Tensor,
-    w0: Tensor,
-    x_all: Tensor,
-    plan: LocalPlan,
-    cohort: Cohort,
-    state: dict[str, Tensor],
-    ids: Tensor,
-    batches: _Batches,
-    part: slice,
-    masks: list[list[Tensor | None]] | None,
-) -> None:
-    """All local steps of one chunk of clients (sorted by decreasing steps, `part` of `batches`) from `w0`: writes
-    the clients' models into `work`, updates the optimiser `state` of the chunk in place and keeps the logits in
-    `batches`."""
-    c = len(ids)
-    optimizer = cohort.optimizer
-    kinds = optimizer.state_kinds()
-    whole = _chunk_weights(layers, work, cohort, state, w0, kinds)
-    counts = {k: v for k, v in state.items() if kinds[k] == "count"}  # (c,): the same for every leaf
-    rate = plan.lr[ids].view(c, 1, 1).to(work.device)
-    b = plan.batch_size
-    ones = torch.ones(c, 1, b, device=work.device)
-    x_buffer = torch.empty(c * b, x_all.shape[1], dtype=x_all.dtype, device=work.device)  # the step's inputs
-    remaining = batches.steps[part].tolist()
-    first_terms = any(leaf.terms for leaf in whole[0].leaves())
-    samples = int(batches.sizes[part].max())
-    if not 0 < samples < remaining[0] * b:
-        samples = 0  # the Gram path works on the steps' rows, unless the steps see fewer samples (several epochs)
-    gram = (
-        _GramFirstLayer(x_all, batches.index[: remaining[0], part], layers[0], w0, batches.starts[part], samples)
-        if remaining[0] > 0
-        and use_gram_first_layer(layers[0], samples or remaining[0] * b, optimizer.plain, first_terms)
-        else None
-    )
-    # the weights start as the received model, written just before use so that they start in cache; the Gram
-    # path writes its layer's weights itself, at the end
-    skip = layers[0].weight if gram is not None else slice(0, 0)
-    for keep in (slice(0, skip.start), slice(skip.stop, len(w0))):
-        work[:, keep].copy_(w0[keep].expand(c, -1))
-    n, net = c, whole
-    steps = zip(
-        batches.index[:, part],
-        batches.scale[:, part],
-        batches.minus_target[:, part],
-        batches.logits[:, part],
-        strict=True,
-    )
-    for t, step in enumerate(steps):
-        if t >= remaining[0]:
-            break  # the block's other clients take more steps than this chunk's
-        if remaining[n - 1] <= t:  # clients are sorted by decreasing steps: those still training are a prefix
-            while remaining[n - 1] <= t:
-                n -= 1
-            net = [w.head(n) for w in whole]
-        rows, scale_t, target_t, logits_t = step if n == c else (s[:n] for s in step)
-        mask = masks[t] if masks is not None else [None] * len(layers)
-        a = (
-            torch.index_select(x_all, 0, rows.view(-1), out=x_buffer[: n * b]).view(n, b, -1)  # (n, b, d)
-            if gram is None
-            else x_buffer[:0]  # not needed: the first layer's outputs come from the Gram matrices
+class _Chunk:
+    """All local steps of one chunk of clients (sorted by decreasing steps: `part` of `batches`) from their start
+    points: the clients' models end in `work`, the chunk's optimiser `state` is updated in place and the logits
+    are kept in `batches` (for the losses).
+
+    Each step is a forward pass (`forward`: the layers' inputs and activations, the logits), the loss gradient at
+    the logits, and a backward pass (`backward`) that updates each layer once the gradient below it is known:
+    with plain SGD the data gradient is fused into the products (`_sgd_update`), other optimisers step from the
+    gradient (`_optimizer_update`); the first layer may run from its inputs' Gram matrices (`_GramFirstLayer`)."""
+
+    def __init__(
+        self,
+        layers: list[DenseLayer],
+        request: TrainRequest,
+        work: Tensor,
+        x_all: Tensor,
+        ids: Tensor,
+        state: dict[str, Tensor],
+        batches: _Batches,
+        part: slice,
+        masks: list[list[Tensor | None]] | None,
+    ) -> None:
+        c, dev = len(ids), work.device
+        cohort = request.cohort.rows(ids)
+        self.layers, self.request, self.work, self.x_all = layers, request, work, x_all
+        self.batches, self.part, self.masks = batches, part, masks
+        self.optimizer = cohort.optimizer
+        kinds = self.optimizer.state_kinds()
+        self.whole = _chunk_weights(layers, work, cohort, state, request.anchor, kinds)
+        self.counts = {k: v for k, v in state.items() if kinds[k] == "count"}  # (c,): the same for every leaf
+        self.frozen = [
+            [request.is_frozen(where) for where in (la.weight, la.bias) if where is not None] for la in layers
+        ]
+        self.rate = request.plan.lr[ids].view(c, 1, 1).to(dev)
+        self.b = request.plan.batch_size
+        self.ones = torch.ones(c, 1, self.b, device=dev)
+        self.x_buffer = torch.empty(c * self.b, x_all.shape[1], dtype=x_all.dtype, device=dev)  # a step's inputs
+        self.remaining = batches.steps[part].tolist()
+        starts = request.starts[ids] if request.starts is not None else None
+        self.gram = self._gram(starts, ids)
+        self._start_weights(starts)
+
+    def _gram(self, starts: Tensor | None, ids: Tensor) -> _GramFirstLayer | None:
+        """The Gram path for the first layer where it pays (`use_gram_first_layer`) and the layer trains."""
+        first, b, part = self.layers[0], self.b, self.part
+        steps = self.remaining[0]
+        if steps == 0 or any(self.frozen[0]):
+            return None
+        terms = any(leaf.terms for leaf in self.whole[0].leaves())
+        samples = int(self.batches.sizes[part].max())
+        if not 0 < samples < steps * b:
+            samples = 0  # the Gram path works on the steps' rows, unless the steps see fewer samples (epochs)
+        if not use_gram_first_layer(first, samples or steps * b, self.optimizer.plain, terms):
+            return None
+        w0 = starts if starts is not None else self.request.anchor
+        index, where = self.batches.index[:steps, part], self.batches.starts[part]
+        return _GramFirstLayer(self.x_all, index, first, w0, where, samples)
+
+    def _start_weights(self, starts: Tensor | None) -> None:
+        """The weights start as the clients' start points, written just before use so that they start in cache;
+        the Gram path writes its layer's weights itself, at the end."""
+        skip = self.layers[0].weight if self.gram is not None else slice(0, 0)
+        c = len(self.work)
+        for keep in (slice(0, skip.start), slice(skip.stop, self.work.shape[1])):
+            source = starts[:, keep] if starts is not None else self.request.anchor[keep].expand(c, -1)
+            self.work[:, keep].copy_(source)
+
+    def train(self) -> None:
+        batches, part = self.batches, self.part
+        c, n, net = len(self.work), len(self.work), self.whole
+        remaining = self.remaining
+        steps = zip(
+            batches.index[:, part],
+            batches.scale[:, part],
+            batches.minus_target[:, part],
+            batches.logits[:, part],
+            strict=True,
         )
-        inputs, acts = [a], []  # each layer's input, and its activation before dropout
-        for i, (w, la, m) in enumerate(zip(net, layers, mask, strict=True)):
+        for t, step in enumerate(steps):
+            if t >= remaining[0]:
+                break  # the block's other clients take more steps than this chunk's
+            if remaining[n - 1] <= t:  # clients are sorted by decreasing steps: those still training are a prefix
+                while remaining[n - 1] <= t:
+                    n -= 1
+                net = [w.head(n) for w in self.whole]
+            rows, scale_t, target_t, logits_t = step if n == c else (s[:n] for s in step)
+            mask: list[Tensor | None] = self.masks[t] if self.masks is not None else [None] * len(self.layers)
+            z, inputs, acts = self.forward(net, t, n, rows, logits_t, mask)
+            grad = torch.addcmul(target_t, _softmax(z), scale_t)  # (softmax − onehot) wt/Σwt, × η for plain SGD
+            self.backward(net, t, n, grad, inputs, acts, mask)
+        if self.gram is not None:
+            self.gram.apply(self.whole[0])
+
+    def forward(
+        self, net: list[_Weights], t: int, n: int, rows: Tensor, logits_t: Tensor, mask: list[Tensor | None]
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Step t's logits z of the first n clients (written into `logits_t`), each layer's input (after dropout)
+        and each hidden layer's activation (before dropout)."""
+        b, gram = self.b, self.gram
+        a = (
+            torch.index_select(self.x_all, 0, rows.view(-1), out=self.x_buffer[: n * b]).view(n, b, -1)  # (n, b, d)
+            if gram is None
+            else self.x_buffer[:0]  # not needed: the first layer's outputs come from the Gram matrices
+        )
+        inputs, acts = [a], list[Tensor]()
+        for i, (w, la, m) in enumerate(zip(net, self.layers, mask, strict=True)):
             out = logits_t if la.activation is None else None
             bias = w.bias.value if w.bias is not None else None
             if i == 0 and gram is not None:
@@ -471,48 +512,75 @@ def _train_chunk(
             else:
                 z = torch.bmm(a, w.weight_t, out=out)
             if la.activation is None:
-                break
+                return z, inputs, acts
             a = _FORWARD[la.activation](z)
             acts.append(a)
             inputs.append(a * m if m is not None else a)
             a = inputs[-1]
-        grad = torch.addcmul(target_t, _softmax(z), scale_t)  # (softmax − onehot) wt/Σwt, times η for plain SGD
-        step_counts = {k: v[:n].view(n, 1, 1) for k, v in counts.items()}
+        raise AssertionError("the last dense layer has no activation")  # `dense_layers` guarantees it
+
+    def backward(
+        self,
+        net: list[_Weights],
+        t: int,
+        n: int,
+        grad: Tensor,
+        inputs: list[Tensor],
+        acts: list[Tensor],
+        mask: list[Tensor | None],
+    ) -> None:
+        """Step t's backward pass from the loss gradient at the logits, updating each layer of the first n clients
+        (with its weights before the update for the gradient below it)."""
+        step_counts = {k: v[:n].view(n, 1, 1) for k, v in self.counts.items()}
         new_counts: dict[str, Tensor] = {}
-        for i in range(len(layers) - 1, -1, -1):
+        for i in range(len(self.layers) - 1, -1, -1):
             w = net[i]
             back = torch.bmm(grad, w.weight.value) if i > 0 else None  # with W_i before its update
-            if i == 0 and gram is not None:
-                gram.record(t, grad)
-            elif optimizer.plain:  # w ← w − η Σ_j ∇T_j(w) − η ∇F(w), the data part fused into the products
-                for leaf in w.leaves():
-                    extra = term_gradient(leaf.value, leaf.terms)  # at w before its update
-                    if extra is not None:
-                        leaf.value.addcmul_(rate[:n], extra, value=-1.0)
-                w.weight.value.baddbmm_(grad.mT, inputs[i], alpha=-1.0)
-                if w.bias is not None:
-                    w.bias.value.baddbmm_(ones[:n], grad, alpha=-1.0)
+            if i == 0 and self.gram is not None:
+                self.gram.record(t, grad)
+            elif self.optimizer.plain:
+                self._sgd_update(w, grad, inputs[i], n, self.frozen[i])
             else:
-                data_grads = [torch.bmm(grad.mT, inputs[i])]
-                if w.bias is not None:
-                    data_grads.append(torch.bmm(ones[:n], grad))
-                for leaf, g in zip(w.leaves(), data_grads, strict=True):
-                    d = leaf_direction(g, leaf.value, leaf.terms)
-                    new, after = optimizer.step(leaf.value, d, {**leaf.state, **step_counts}, rate[:n])
-                    leaf.value.copy_(new)
-                    for k, v in leaf.state.items():
-                        v.copy_(after[k])
-                    new_counts = {k: after[k] for k in counts}
+                new_counts = self._optimizer_update(w, grad, inputs[i], n, step_counts, self.frozen[i]) or new_counts
             if back is None:
                 break
-            below, dropped = layers[i - 1], mask[i - 1]
+            below, dropped = self.layers[i - 1], mask[i - 1]
             if dropped is not None:
                 back.mul_(dropped)
             grad = _BACKWARD[below.activation or ""](back, acts[i - 1])
         for k, v in new_counts.items():
-            counts[k][:n] = v.view(n)
-    if gram is not None:
-        gram.apply(whole[0])
+            self.counts[k][:n] = v.view(n)
+
+    def _sgd_update(self, w: _Weights, grad: Tensor, a: Tensor, n: int, frozen: list[bool]) -> None:
+        """w ← w − η Σ_j ∇T_j(w) − η ∇F(w) for each trained leaf, the data part fused into the products."""
+        for leaf, still in zip(w.leaves(), frozen, strict=True):
+            extra = None if still else term_gradient(leaf.value, leaf.terms)  # at w before its update
+            if extra is not None:
+                leaf.value.addcmul_(self.rate[:n], extra, value=-1.0)
+        if not frozen[0]:
+            w.weight.value.baddbmm_(grad.mT, a, alpha=-1.0)
+        if w.bias is not None and not frozen[1]:
+            w.bias.value.baddbmm_(self.ones[:n], grad, alpha=-1.0)
+
+    def _optimizer_update(
+        self, w: _Weights, grad: Tensor, a: Tensor, n: int, counts: dict[str, Tensor], frozen: list[bool]
+    ) -> dict[str, Tensor]:
+        """The client optimiser's step on each trained leaf from its data gradient; the new counts (empty when
+        every leaf is frozen)."""
+        data_grads = [torch.bmm(grad.mT, a)]
+        if w.bias is not None:
+            data_grads.append(torch.bmm(self.ones[:n], grad))
+        new_counts: dict[str, Tensor] = {}
+        for leaf, g, still in zip(w.leaves(), data_grads, frozen, strict=True):
+            if still:
+                continue
+            d = leaf_direction(g, leaf.value, leaf.terms)
+            new, after = self.optimizer.step(leaf.value, d, {**leaf.state, **counts}, self.rate[:n])
+            leaf.value.copy_(new)
+            for k, v in leaf.state.items():
+                v.copy_(after[k])
+            new_counts = {k: after[k] for k in counts}
+        return new_counts
 
 
 def _dropout_masks(

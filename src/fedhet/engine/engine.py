@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -13,10 +14,12 @@ from fedhet.engine.conv import conv_is_faster, conv_layers
 from fedhet.engine.dense import dense_layers
 from fedhet.engine.evaluate import ClientScores, sampled_losses, score_clients, score_own_models, scores_of_some
 from fedhet.engine.functional import FlatModel
-from fedhet.engine.local import Backend, gradient_statistics, train_cohort
+from fedhet.engine.local import RULE_STATE, Backend, gradient_statistics, train_cohort
 from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.numerics import exact_float32
-from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
+from fedhet.engine.personal import parameter_mask
+from fedhet.engine.plan import PHASES, LocalPlan, LocalResult, LocalSettings
+from fedhet.engine.request import TrainRequest
 from fedhet.engine.state import ClientStore
 from fedhet.engine.step import Cohort, fresh_cohort
 from fedhet.engine.vmap_probe import probe_vmap
@@ -145,26 +148,101 @@ class Engine:
         self.last_backend: str | None = None  # what trained the last cohort (objectives may rule out a backend)
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
-        """Local training of the plan's cohort from `global_params`, with the clients' stored state."""
-        cohort = self.cohort(plan, global_params, round_)
-        backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
-        self.last_backend = backend
-        with exact_float32(self.device):
-            params, losses, opt_state = train_cohort(
-                self.model,
-                self.data.train,
-                global_params,
-                plan,
-                cohort,
-                backend=backend,
-                seed=self.seed,
-                round_=round_,
-                chunk_size=self.chunk_size,
-                placed=self.placed("train"),
-            )
+        """Local training of the plan's cohort from `global_params` (or the clients' personal models, with
+        ``plan.personal``), with the clients' stored state; their new state and personal parts are stored."""
+        cohort, starts, (params, losses, state) = self._run(global_params, plan, round_)
+        self.last_backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
         result = LocalResult(plan.clients, params, losses, plan.steps, plan.lr)
-        result.state_delta = self.keep_state(plan, cohort, global_params, result, opt_state, round_)
+        anchor = starts if starts is not None else global_params
+        result.state_delta = self.keep_state(plan, cohort, anchor, result, state, round_)
+        if plan.personal is not None:
+            self._keep_personal(plan, global_params, result, state, round_)
+        self.client_state.prune(self._keep_from(round_))
         return result
+
+    def personal_scores(
+        self, global_params: Tensor, plan: LocalPlan, round_: int, split: Literal["train", "test"] = "test"
+    ) -> ClientScores:
+        """Loss and accuracy of each of the plan's clients' own model on its own `split` data: its personal model
+        (with ``plan.personal``; the global model's shared part) or the global model, after the plan's steps on
+        its training data (none: as it is). Nothing is stored: evaluation leaves every client as it was."""
+        if bool((plan.steps > 0).any()):
+            _, _, (params, _, _) = self._run(global_params, plan, round_)
+        else:
+            starts = self.personal_starts(global_params, plan, round_)
+            params = starts if starts is not None else global_params.unsqueeze(0).expand(len(plan.clients), -1)
+        return self.own_scores(params, plan.clients, split)
+
+    def personal_starts(self, global_params: Tensor, plan: LocalPlan, round_: int) -> Tensor | None:
+        """(m, P) the plan's clients' start points under ``plan.personal`` (None without it): the global model on
+        the shared coordinates, each client's stored rows on the personal ones (the model's initial values where
+        it has none), mixed with the global model by α where the spec has a ``mix``."""
+        personal = plan.personal
+        if personal is None:
+            return None
+        m, version = len(plan.clients), _version(round_, plan.phase)
+        mask = personal.mask(self.model)
+        read = self.client_state.read
+        fresh = self.model.initial_params() if personal.fresh == "initial" else global_params
+        rows = read(personal.key, plan.clients, version, fresh[mask].expand(m, -1).clone())
+        starts = global_params.unsqueeze(0).repeat(m, 1)
+        if personal.mix is None:
+            starts[:, mask] = rows
+        else:
+            alpha = read(personal.mix, plan.clients, version, torch.full((m,), personal.mix_initial)).view(m, 1)
+            starts[:, mask] = alpha * rows + (1 - alpha) * starts[:, mask]
+        return starts
+
+    def _run(
+        self, global_params: Tensor, plan: LocalPlan, round_: int
+    ) -> tuple[Cohort, Tensor | None, tuple[Tensor, Tensor, dict[str, Tensor]]]:
+        """The plan's local steps (nothing stored, and `last_backend` left as it is: evaluation does not train the
+        run's cohorts): the cohort with its state as read, the start points, and the backend's (params, losses,
+        state after the steps)."""
+        cohort = self.cohort(plan, global_params, round_)
+        starts = self.personal_starts(global_params, plan, round_)
+        backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
+        frozen = parameter_mask(self.model, plan.frozen, "local.frozen") if plan.frozen else None
+        request = TrainRequest(
+            self.model,
+            self.data.train,
+            global_params,
+            plan,
+            cohort,
+            self.seed,
+            round_,
+            self.chunk_size,
+            starts=starts,
+            frozen=frozen,
+        )
+        with exact_float32(self.device):
+            trained = train_cohort(request, backend, placed=self.placed("train"))
+        return cohort, starts, trained
+
+    def _keep_personal(
+        self, plan: LocalPlan, global_params: Tensor, result: LocalResult, state: dict[str, Tensor], round_: int
+    ) -> None:
+        """Store the personal part of the clients that trained (unless every personal parameter was frozen) and
+        send back the shared part only (the received model on the personal coordinates)."""
+        personal = plan.personal
+        assert personal is not None
+        mask = personal.mask(self.model)
+        trained = result.steps > 0
+        frozen = parameter_mask(self.model, plan.frozen, "local.frozen") if plan.frozen else None
+        if bool(trained.any()) and (frozen is None or not bool(frozen[mask].all())):
+            rows = result.params[trained][:, mask]
+            version = _version(round_, plan.phase)
+            self.client_state.write(personal.key, plan.clients[trained], rows, version, self._keep_from(round_))
+        result.params[:, mask] = global_params[mask]
+
+    def state_rows(self, key: str, clients: Tensor, round_: int, default: Tensor) -> Tensor:
+        """The stored rows `key` of `clients` as round `round_` reads them (written by earlier rounds), into
+        `default` (m, ...) where a client has none."""
+        return self.client_state.read(key, clients, _version(round_, 0), default)
+
+    def _keep_from(self, round_: int) -> int:
+        """The oldest version of the clients' state a read may still ask for (`state_history` rounds back)."""
+        return _version(round_ + 1 - self.state_history, 0)
 
     def _probe(self, backend: BackendChoice) -> None:
         """Find out once whether vmap can batch the model (`probe_vmap`), warning when it cannot or is slow."""
@@ -198,49 +276,59 @@ class Engine:
 
     def cohort(self, plan: LocalPlan, global_params: Tensor, round_: int) -> Cohort:
         """The plan's objective with the cohort's stored state (a term's initial state for clients never seen;
-        the optimiser's stored state when it is persistent, else fresh)."""
+        the optimiser's stored state when it is persistent, else fresh; the rule's state)."""
         cohort = fresh_cohort(plan, global_params)
-        read = self.client_state.read
+        read, version, key = self.client_state.read, _version(round_, plan.phase), _namespace(plan)
         for inputs in cohort.terms:
-            key = inputs.term.state_key
-            inputs.client = {name: read(key(name), plan.clients, round_, rows) for name, rows in inputs.client.items()}
+            term_key = inputs.term.state_key
+            inputs.client = {n: read(key(term_key(n)), plan.clients, version, v) for n, v in inputs.client.items()}
         if plan.optimizer.persistent:
             opt_key = plan.optimizer.state_key
-            cohort.opt_state = {k: read(opt_key(k), plan.clients, round_, v) for k, v in cohort.opt_state.items()}
+            cohort.opt_state = {k: read(key(opt_key(k)), plan.clients, version, v) for k, v in cohort.opt_state.items()}
+        if plan.rule is not None:
+            rule_key = plan.rule.state_key
+            cohort.rule_state = {
+                k: read(key(rule_key(k)), plan.clients, version, v) for k, v in cohort.rule_state.items()
+            }
         return cohort
 
     def keep_state(
         self,
         plan: LocalPlan,
         cohort: Cohort,
-        global_params: Tensor,
+        start: Tensor,
         result: LocalResult,
-        opt_state: dict[str, Tensor],
+        state: dict[str, Tensor],
         round_: int,
     ) -> dict[str, Tensor]:
-        """Store the clients' new state rows (clients that took no step keep theirs); return the change of the
-        rows the terms report to the server."""
+        """Store the clients' new state rows (clients that took no step keep theirs) after their steps from `start`
+        (P,) or (m, P); return the change of the rows the terms report to the server. `state` is the backend's
+        (the optimiser's state, the rule's under ``"rule/<name>"``)."""
         trained = result.steps > 0
         everyone = bool(trained.all())  # then no (m, P) copies for the rows that trained
         clients = plan.clients if everyone else plan.clients[trained]
-        keep_from = round_ + 1 - self.state_history
+        version, keep_from, key = _version(round_, plan.phase), self._keep_from(round_), _namespace(plan)
         deltas: dict[str, Tensor] = {}
+
+        def write(name: str, rows: Tensor) -> None:
+            self.client_state.write(key(name), clients, rows if everyone else rows[trained], version, keep_from)
+
         for inputs in cohort.terms:
             term = inputs.term
             for name in term.client_state:
                 old = inputs.client[name]
-                new = term.update_state(name, old, global_params, result.params, result.steps, result.lr)
+                new = term.update_state(name, old, start, result.params, result.steps, result.lr)
                 if not everyone:
                     new = torch.where(_rows(trained, new), new, old)
-                rows = new if everyone else new[trained]
-                self.client_state.write(term.state_key(name), clients, rows, round_, keep_from)
+                write(term.state_key(name), new)
                 if term.reports_state:
-                    deltas[term.state_key(name)] = _difference(new, old)
+                    deltas[key(term.state_key(name))] = _difference(new, old)
         if plan.optimizer.persistent:
-            for name, state in opt_state.items():
-                rows = state if everyone else state[trained]
-                self.client_state.write(plan.optimizer.state_key(name), clients, rows, round_, keep_from)
-        self.client_state.prune(keep_from)
+            for name in plan.optimizer.state_kinds():
+                write(plan.optimizer.state_key(name), state[name])
+        if plan.rule is not None:
+            for name in plan.rule.state_kinds():
+                write(plan.rule.state_key(name), state[RULE_STATE + name])
         return deltas
 
     def placed(self, split: Literal["train", "test"]) -> ClientData | None:
@@ -308,6 +396,20 @@ def label_counts(data: FederatedData) -> Tensor:
     counts = torch.zeros(data.num_clients, data.num_classes)
     counts.index_put_((data.train.owner, data.train.y), torch.ones(len(data.train.y)), accumulate=True)
     return counts
+
+
+def _version(round_: int, phase: int) -> int:
+    """The `ClientStore` version of what a plan of `phase` in round `round_` reads before and writes."""
+    return round_ * PHASES + phase
+
+
+def _namespace(plan: LocalPlan) -> Callable[[str], str]:
+    """State keys of a plan: a personal plan keeps its terms', optimiser's and rule's state apart from the global
+    training's (Ditto's personal steps do not share the momentum of its global ones)."""
+    if plan.personal is None:
+        return lambda key: key
+    prefix = plan.personal.key
+    return lambda key: f"{prefix}/{key}"
 
 
 def _difference(new: Tensor, old: Tensor) -> Tensor:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-if TYPE_CHECKING:
-    from fedhet.engine.vmap_probe import VmapProbe
+
+@dataclass(frozen=True)
+class VmapProbe:
+    """What vmap made of a model (`fedhet.engine.vmap_probe.probe_vmap`): an error (it cannot run it), or a slow
+    per-sample fallback for an operation it has no batching rule for (it runs, with the same numbers, but no faster
+    than a loop)."""
+
+    failure: str | None = None
+    slow: str | None = None
 
 
 class FlatModel:
@@ -23,6 +30,8 @@ class FlatModel:
         self.shapes = [p.shape for _, p in named]
         self.numels = [p.numel() for _, p in named]
         self.size = sum(self.numels)
+        ends = torch.tensor(self.numels).cumsum(0).tolist() if self.numels else []
+        self.slices = {n: slice(end - k, end) for n, k, end in zip(self.names, self.numels, ends, strict=True)}
         dropout = nn.modules.dropout._DropoutNd  # Dropout, Dropout1d/2d/3d, AlphaDropout, ...
         self.has_dropout = any(isinstance(m, dropout) and m.p > 0 for m in module.modules())
         with torch.no_grad():

@@ -9,7 +9,7 @@ with ``randomness="same"``), and drawn on the CPU on any device (`_masks_from_th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -25,14 +25,14 @@ from fedhet.engine.conv import conv_layers, train_conv
 from fedhet.engine.dense import dense_layers, train_dense
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.objective import Aligned, DataTerm, ModelView, ParameterTerm
-from fedhet.engine.plan import LocalPlan
+from fedhet.engine.request import Trained, TrainRequest
 from fedhet.engine.step import Cohort, aligned, leaf_direction
 from fedhet.errors import ConfigError
 from fedhet.seeding import derive_seed
 
 Backend = Literal["sequential", "vectorised", "dense", "conv"]
 Tree = dict[str, Tensor]
-Trained = tuple[Tensor, Tensor, dict[str, Tensor]]  # params (m, P), mean loss (m,), optimiser state
+RULE_STATE = "rule/"  # a rule's state in a backend's returned state dictionary, beside the optimiser's
 
 
 def _seed_dropout(model: FlatModel, seed: int, round_: int, t: int, stream: str) -> None:
@@ -75,39 +75,41 @@ def _masks_from_the_cpu(model: FlatModel, device: torch.device) -> Iterator[None
             del m.forward
 
 
-def train_sequential(
-    model: FlatModel, data: ClientData, w0: Tensor, plan: LocalPlan, cohort: Cohort, seed: int, round_: int
-) -> Trained:
+def train_sequential(request: TrainRequest) -> Trained:
     """Clients one after another with plain autograd on one module whose parameters are views of a flat
     buffer (no model copies). The same step as `make_step`; objectives that need more than the module's loss
     (data terms, rules) run `make_step` client by client."""
+    model, data, plan, cohort = request.model, request.data, request.plan, request.cohort
     if cohort.autograd_only:
-        return _train_functional(model, data, w0, plan, cohort, seed, round_)
-    index, weight = local_batches(data.offsets, plan.clients, plan.steps, plan.batch_size, seed, round_, plan.stream)
+        return _train_functional(request)
+    index, weight = local_batches(
+        data.offsets, plan.clients, plan.steps, plan.batch_size, request.seed, request.round_, plan.stream
+    )
     w, g = model.bound_buffers()
-    m = len(plan.clients)
-    params = w0.unsqueeze(0).repeat(m, 1)
-    losses = torch.full((m,), float("nan"))
+    params = request.start()
+    losses = torch.full((request.size,), float("nan"))
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
-    for i in range(m):
+    kinds = cohort.optimizer.state_kinds()
+    for i in range(request.size):
         tau = int(plan.steps[i])
         if tau == 0:
             continue
-        terms = aligned(cohort.parameter_terms, w0, lambda v: v, lambda v, i=i: v[i])  # type: ignore[misc]
+        terms = aligned(cohort.parameter_terms, request.anchor, lambda v: v, lambda v, i=i: v[i])  # type: ignore[misc]
         state = {k: v[i] for k, v in opt_state.items()}
         lr = plan.lr[i]
         total = torch.zeros(())
         with torch.no_grad():
-            w.copy_(w0)
+            w.copy_(params[i])
         for t in range(tau):
-            _seed_dropout(model, seed, round_, t, plan.stream)
+            _seed_dropout(model, request.seed, request.round_, t, plan.stream)
             rows = index[i, t]
             g.zero_()
             loss = model.module_batch_loss(data.x[rows], data.y[rows], weight[i, t])
             loss.backward()
             with torch.no_grad():
-                new, state = cohort.optimizer.step(w, leaf_direction(g, w, terms), state, lr)
-                w.copy_(new)
+                new, after = cohort.optimizer.step(w, leaf_direction(g, w, terms), state, lr)
+                w.copy_(request.keep_frozen(new, w))
+                state = {k: request.keep_frozen(v, state[k]) if kinds[k] == "param" else v for k, v in after.items()}
             total = total + loss.detach()
         params[i] = w
         losses[i] = total / tau
@@ -116,13 +118,17 @@ def train_sequential(
     return params, losses, opt_state
 
 
-def make_step(model: FlatModel, cohort: Cohort) -> Callable[..., tuple[Tree, dict[str, Any], Tensor]]:
+def make_step(
+    model: FlatModel, cohort: Cohort, frozen: frozenset[str] = frozenset()
+) -> Callable[..., tuple[Tree, dict[str, Any], dict[str, Any], Tensor]]:
     """One client's local step on parameter dictionaries (vmap it for a cohort; dictionaries are cheaper under
     vmap than one flat vector: no split and cat per step).
 
-    ``step(w, start, x, y, wt, lr, server, client, opt) -> (w, opt, loss)``: `server` and `client` hold each
-    term's tensors as dictionaries (in the order of ``cohort.terms``), `opt` the optimiser's state (dictionaries
-    for "param" states, one number for "count" states); x, y, wt carry a rule's mini-batches on dim 0."""
+    ``step(w, start, x, y, wt, lr, server, client, opt, rule) -> (w, opt, rule, loss)``: `server` and `client` hold
+    each term's tensors as dictionaries (in the order of ``cohort.terms``), `opt` the optimiser's state
+    (dictionaries for "param" states, one number for "count" states) and `rule` the rule's state (dictionaries for
+    "param" states, numbers for "scalar" ones); x, y, wt carry a rule's mini-batches on dim 0. The parameters named
+    in `frozen` keep their values and their optimiser state."""
     terms = [t.term for t in cohort.terms]
     optimizer, rule = cohort.optimizer, cohort.rule
     kinds = optimizer.state_kinds()
@@ -140,7 +146,8 @@ def make_step(model: FlatModel, cohort: Cohort) -> Callable[..., tuple[Tree, dic
         server: list[dict[str, Tree]],
         client: list[dict[str, Tree]],
         opt: dict[str, Any],
-    ) -> tuple[Tree, dict[str, Any], Tensor]:
+        rule_state: dict[str, Any],
+    ) -> tuple[Tree, dict[str, Any], dict[str, Any], Tensor]:
         def objective(v: Tree, xb: Tensor, yb: Tensor, wb: Tensor) -> tuple[Tensor, Tensor]:
             logits = forward(v, xb)
             loss = (F.cross_entropy(logits, yb, reduction="none") * wb).sum() / wb.sum().clamp_min(1.0)
@@ -172,18 +179,21 @@ def make_step(model: FlatModel, cohort: Cohort) -> Callable[..., tuple[Tree, dic
                 g, value = gradient(v, x[i], y[i], wt[i])
                 return direction(v, g), value
 
-            d, loss = rule.direction(grad_fn, w)
+            d, loss, rule_state = rule.step(grad_fn, w, rule_state, lr)
         params = [k for k, kind in kinds.items() if kind == "param"]
         counts = {k: opt[k] for k, kind in kinds.items() if kind == "count"}
         new_w: Tree = {}
         new_opt: dict[str, Any] = {k: {} for k in params}
         for n in w:
             state = {**{k: opt[k][n] for k in params}, **counts}
-            new_w[n], after = optimizer.step(w[n], d[n], state, lr)
+            if n in frozen:
+                new_w[n], after = w[n], state
+            else:
+                new_w[n], after = optimizer.step(w[n], d[n], state, lr)
             for k in params:
                 new_opt[k][n] = after[k]
             new_opt.update({k: after[k] for k in counts})  # the same new count from every leaf
-        return new_w, new_opt, loss
+        return new_w, new_opt, rule_state, loss
 
     return step
 
@@ -199,88 +209,112 @@ def _flat(tree: Tree, m: int) -> Tensor:
     return torch.cat([t.reshape(m, -1) for t in tree.values()], dim=1)
 
 
-def _trees(model: FlatModel, cohort: Cohort) -> tuple[list[dict[str, Tree]], list[dict[str, Tree]], dict[str, Any]]:
-    """The cohort's tensors as parameter dictionaries: each term's server tensors and client rows, and the
-    optimiser state ("count" states stay vectors)."""
+def _state_trees(model: FlatModel, state: dict[str, Tensor], kinds: Mapping[str, str]) -> dict[str, Any]:
+    """Flat per-client state as parameter dictionaries for its "param" entries (the others stay vectors)."""
+    return {k: _tree(model, v) if kinds[k] == "param" else v for k, v in state.items()}
+
+
+def _trees(
+    model: FlatModel, cohort: Cohort
+) -> tuple[list[dict[str, Tree]], list[dict[str, Tree]], dict[str, Any], dict[str, Any]]:
+    """The cohort's tensors as parameter dictionaries: each term's server tensors and client rows, the optimiser
+    state and the rule's state ("count" and "scalar" states stay vectors)."""
     server = [{k: _tree(model, v) for k, v in t.server.items()} for t in cohort.terms]
     client = [{k: _tree(model, v) for k, v in t.client.items()} for t in cohort.terms]
-    kinds = cohort.optimizer.state_kinds()
-    opt = {k: _tree(model, v) if kinds[k] == "param" else v for k, v in cohort.opt_state.items()}
-    return server, client, opt
+    opt = _state_trees(model, cohort.opt_state, cohort.optimizer.state_kinds())
+    rule = _state_trees(model, cohort.rule_state, cohort.rule.state_kinds()) if cohort.rule is not None else {}
+    return server, client, opt, rule
 
 
-def _flat_state(opt: dict[str, Any], m: int) -> dict[str, Tensor]:
-    return {k: _flat(v, m) if isinstance(v, dict) else v for k, v in opt.items()}
+def _flat_state(state: dict[str, Any], m: int) -> dict[str, Tensor]:
+    return {k: _flat(v, m) if isinstance(v, dict) else v for k, v in state.items()}
 
 
-def _train_functional(
-    model: FlatModel, data: ClientData, w0: Tensor, plan: LocalPlan, cohort: Cohort, seed: int, round_: int
-) -> Trained:
+def _frozen_names(request: TrainRequest) -> frozenset[str]:
+    """The parameters `request` freezes, by name."""
+    return frozenset(n for n, where in request.model.slices.items() if request.is_frozen(where))
+
+
+def _with_rule_state(opt_state: dict[str, Tensor], rule_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The state a backend returns: the optimiser's, and the rule's under ``"rule/<name>"``."""
+    return {**opt_state, **{f"{RULE_STATE}{k}": v for k, v in rule_state.items()}}
+
+
+def _train_functional(request: TrainRequest) -> Trained:
     """`make_step` client by client, without vmap (for models vmap cannot run, with data terms or rules)."""
-    step = make_step(model, cohort)
+    model, data, plan, cohort = request.model, request.data, request.plan, request.cohort
+    seed, round_ = request.seed, request.round_
+    step = make_step(model, cohort, _frozen_names(request))
     per_step = cohort.rule.batches_per_step if cohort.rule is not None else 1
     index, weight = local_batches(
         data.offsets, plan.clients, plan.steps * per_step, plan.batch_size, seed, round_, plan.stream
     )
-    m = len(plan.clients)
-    params = w0.unsqueeze(0).repeat(m, 1)
+    m = request.size
+    params = request.start()
     losses = torch.full((m,), float("nan"))
-    start = _tree(model, w0)
-    server, client, opt = _trees(model, cohort)
+    start = _tree(model, request.anchor)
+    server, client, opt, rule = _trees(model, cohort)
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
+    rule_state = {k: v.clone() for k, v in cohort.rule_state.items()}
+    one = lambda tree, i: tree_map(lambda v: v[i], tree)  # noqa: E731
     for i in range(m):
         tau = int(plan.steps[i])
         if tau == 0:
             continue
-        w = _tree(model, w0.clone())
-        mine, state = tree_map(lambda v, i=i: v[i], client), tree_map(lambda v, i=i: v[i], opt)
+        w = _tree(model, params[i].clone())
+        mine, state, carried = one(client, i), one(opt, i), one(rule, i)
         total = torch.zeros(())
         for t in range(tau):
             _seed_dropout(model, seed, round_, t, plan.stream)
             at = t if cohort.rule is None else slice(t * per_step, (t + 1) * per_step)
             rows = index[i, at]
-            w, state, loss = step(
-                w, start, gather_rows(data.x, rows), data.y[rows], weight[i, at], plan.lr[i], server, mine, state
+            w, state, carried, loss = step(
+                w,
+                start,
+                gather_rows(data.x, rows),
+                data.y[rows],
+                weight[i, at],
+                plan.lr[i],
+                server,
+                mine,
+                state,
+                carried,
             )
-            w, state, total = (
-                tree_map(torch.Tensor.detach, w),
-                tree_map(torch.Tensor.detach, state),
-                total + loss.detach(),
-            )
+            w, state, carried = tree_map(torch.Tensor.detach, (w, state, carried))
+            total = total + loss.detach()
         params[i] = _flat(tree_map(lambda v: v.unsqueeze(0), w), 1)[0]
         losses[i] = total / tau
-        for k, v in _flat_state(tree_map(lambda v: v.unsqueeze(0), state), 1).items():
-            opt_state[k][i] = v[0]
-    return params, losses, opt_state
+        for into, new in ((opt_state, state), (rule_state, carried)):
+            for k, v in _flat_state(tree_map(lambda v: v.unsqueeze(0), new), 1).items():
+                into[k][i] = v[0]
+    return params, losses, _with_rule_state(opt_state, rule_state)
 
 
-def train_vectorised(
-    model: FlatModel,
-    data: ClientData,
-    w0: Tensor,
-    plan: LocalPlan,
-    cohort: Cohort,
-    seed: int,
-    round_: int,
-    chunk_size: int = 0,
-) -> Trained:
+def train_vectorised(request: TrainRequest) -> Trained:
     """Many clients at once: `vmap` of `make_step` over stacked parameters, in chunks of `chunk_size` clients.
 
-    Runs on the device of `w0` and `data` (the plan's client ids and step counts stay on the CPU)."""
-    m, dev = len(plan.clients), w0.device
-    chunk = chunk_size if chunk_size > 0 else max(m, 1)
-    params = w0.unsqueeze(0).repeat(m, 1)
+    Runs on the device of the request's tensors and data (the plan's client ids and step counts stay on the CPU)."""
+    model, data, plan, cohort = request.model, request.data, request.plan, request.cohort
+    seed, round_ = request.seed, request.round_
+    m, dev = request.size, request.anchor.device
+    chunk = request.chunk_size if request.chunk_size > 0 else max(m, 1)
+    params = request.start()
     losses = torch.full((m,), float("nan"), device=dev)
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
+    rule_state = {k: v.clone() for k, v in cohort.rule_state.items()}
     per_step = cohort.rule.batches_per_step if cohort.rule is not None else 1
     randomness = "same" if model.has_dropout else "error"
-    vstep = vmap(make_step(model, cohort), in_dims=(0, None, 0, 0, 0, 0, None, 0, 0), randomness=randomness)
-    start = _tree(model, w0)
+    vstep = vmap(
+        make_step(model, cohort, _frozen_names(request)),
+        in_dims=(0, None, 0, 0, 0, 0, None, 0, 0, 0),
+        randomness=randomness,
+    )
+    start = _tree(model, request.anchor)
     for lo in range(0, m, chunk):
         sel = slice(lo, min(lo + chunk, m))
         steps, lr = plan.steps[sel], plan.lr[sel].to(dev)
         size = len(steps)
-        server, client, opt = _trees(model, cohort.rows(sel))
+        server, client, opt, carried = _trees(model, cohort.rows(sel))
         index, weight = local_batches(
             data.offsets, plan.clients[sel], steps * per_step, plan.batch_size, seed, round_, plan.stream
         )
@@ -292,15 +326,15 @@ def train_vectorised(
             active = steps > t
             if bool(active.all()):
                 rows = index[:, at]
-                w, opt, loss = vstep(
-                    w, start, gather_rows(data.x, rows), data.y[rows], weight[:, at], lr, server, client, opt
+                w, opt, carried, loss = vstep(
+                    w, start, gather_rows(data.x, rows), data.y[rows], weight[:, at], lr, server, client, opt, carried
                 )
                 total = total + loss
             else:
                 ids = torch.nonzero(active).flatten().to(dev)
                 rows = index[ids, at]
                 pick = lambda v, ids=ids: v[ids]  # noqa: E731
-                new_w, new_opt, loss = vstep(
+                new_w, new_opt, new_carried, loss = vstep(
                     tree_map(pick, w),
                     start,
                     gather_rows(data.x, rows),
@@ -310,16 +344,18 @@ def train_vectorised(
                     server,
                     tree_map(pick, client),
                     tree_map(pick, opt),
+                    tree_map(pick, carried),
                 )
                 put = lambda full, new, ids=ids: full.index_put((ids,), new)  # noqa: E731
-                w, opt = tree_map(put, w, new_w), tree_map(put, opt, new_opt)
+                w, opt, carried = tree_map(put, (w, opt, carried), (new_w, new_opt, new_carried))
                 total[ids] += loss
         params[sel] = _flat(w, size)
-        for k, v in _flat_state(opt, size).items():
-            opt_state[k][sel] = v
+        for into, new in ((opt_state, opt), (rule_state, carried)):
+            for k, v in _flat_state(new, size).items():
+                into[k][sel] = v
         tau = steps.to(dev)
         losses[sel] = torch.where(tau > 0, total / tau.clamp_min(1), torch.nan)
-    return params, losses, opt_state
+    return params, losses, _with_rule_state(opt_state, rule_state)
 
 
 def gradient_statistics(
@@ -370,43 +406,31 @@ def gradient_statistics(
     return means, variances
 
 
-def train_cohort(
-    model: FlatModel,
-    data: ClientData,
-    w0: Tensor,
-    plan: LocalPlan,
-    cohort: Cohort,
-    *,
-    backend: Backend,
-    seed: int,
-    round_: int,
-    chunk_size: int = 0,
-    placed: ClientData | None = None,
-) -> Trained:
-    """Run `plan` on `backend`; the results come back on the CPU.
+def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | None = None) -> Trained:
+    """Run `request` on `backend`; the results come back on the CPU (a rule's state under ``"rule/<name>"`` in
+    the state dictionary, beside the optimiser's).
 
-    With `placed` (`data` on an accelerator) the training runs there: the same mini-batches and update, the
+    With `placed` (the data on an accelerator) the training runs there: the same mini-batches and update, the
     local models come back to the CPU."""
+    model = request.model
     model.module.train()
-    run_data, run_w0, run_plan, run_cohort = data, w0, plan, cohort
-    if placed is not None and placed.x.device != w0.device:
+    cpu = request.anchor.device
+    run = request
+    if placed is not None and placed.x.device != cpu:
         if backend == "sequential":
             raise ConfigError("backend 'sequential' runs on the CPU only: use 'auto', 'dense' or 'vectorised'")
-        device = placed.x.device
-        run_data, run_w0, run_cohort = placed, w0.to(device), cohort.to(device)
-        run_plan = plan
+        run = request.on(placed, placed.x.device)
     layers = dense_layers(model) if backend == "dense" else None
     spec = conv_layers(model) if backend == "conv" else None
     if layers is not None:
-        out = train_dense(model, layers, run_data, run_w0, run_plan, run_cohort, seed, round_, chunk_size)
+        out = train_dense(run, layers)
     elif spec is not None:
-        out = train_conv(model, spec, run_data, run_w0, run_plan, run_cohort, seed, round_, chunk_size)
+        out = train_conv(run, spec)
     elif backend == "sequential":
-        out = train_sequential(model, data, w0, plan, cohort, seed, round_)
+        out = train_sequential(request)
     else:
-        with _masks_from_the_cpu(model, run_w0.device):
-            out = train_vectorised(model, run_data, run_w0, run_plan, run_cohort, seed, round_, chunk_size)
+        with _masks_from_the_cpu(model, run.anchor.device):
+            out = train_vectorised(run)
     model.module.eval()
     params, losses, state = out
-    cpu = w0.device
     return params.detach().to(cpu), losses.detach().to(cpu), {k: v.detach().to(cpu) for k, v in state.items()}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from pydantic import Field
@@ -128,24 +128,3 @@ class WeightDecay(ParameterTerm):
 
     def gradient(self, w: Tensor, at: Aligned) -> Tensor:
         return self.lam * w
-
-
-def split_terms(terms: tuple[LocalTerm, ...]) -> tuple[list[ParameterTerm], list[DataTerm]]:
-    """The parameter-space and data-space terms of an objective (a term of neither kind is a programming error)."""
-    params: list[ParameterTerm] = []
-    data: list[DataTerm] = []
-    for term in terms:
-        if isinstance(term, ParameterTerm):
-            params.append(term)
-        elif isinstance(term, DataTerm):
-            data.append(term)
-        else:
-            raise TypeError(f"local term '{term.name}' must subclass ParameterTerm or DataTerm")
-    return params, data
-
-
-def term_fields(term: LocalTerm) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """The term's scalar parameters and its tensor fields, apart (for messages and checkpoints)."""
-    values = dict(term.__dict__)
-    tensors = {k: v for k, v in values.items() if isinstance(v, Tensor)}
-    return {k: v for k, v in values.items() if k not in tensors}, tensors

@@ -9,7 +9,10 @@ from torch import Tensor
 
 from fedhet.engine.objective import LocalTerm, WeightDecay
 from fedhet.engine.optimizers import SGD, ClientOptimizer
+from fedhet.engine.personal import Personal
 from fedhet.engine.rules import LocalRule
+
+PHASES = 8  # trainings of one round that may build on each other (`LocalPlan.phase`)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,12 @@ class LocalPlan:
 
     A ``rule`` (`fedhet.engine.rules`) replaces the plain gradient d by its own estimate from several mini-batches
     (Per-FedAvg, pFedMe). ``stream`` names the random stream of mini-batches (e.g. "finetune").
+
+    With ``personal`` (`fedhet.engine.personal.Personal`) each client starts from its own model (its stored
+    personal part, the received model elsewhere), keeps the personal part after its steps and returns only the
+    shared part. ``frozen`` names parameters the steps leave as they start (patterns as ``personal.parts``:
+    FedRep trains its head, then its body). ``phase`` orders several trainings of one round that read what an
+    earlier one stored (a later phase sees the rows an earlier phase of the same round wrote).
     """
 
     clients: Tensor  # (m,) int64 client ids
@@ -71,6 +80,9 @@ class LocalPlan:
     optimizer: ClientOptimizer = field(default_factory=SGD)
     rule: LocalRule | None = None
     stream: str = "train"
+    personal: Personal | None = None
+    frozen: tuple[str, ...] = ()
+    phase: int = 0
 
     def __post_init__(self) -> None:
         m = len(self.clients)
@@ -81,7 +93,10 @@ class LocalPlan:
         names = [t.name for t in self.terms]
         if len(set(names)) != len(names):
             raise ValueError(f"a local term appears twice in the plan: {names}")
+        if not 0 <= self.phase < PHASES:
+            raise ValueError(f"a plan's phase must be in 0..{PHASES - 1}")
         self.terms = tuple(self.terms)
+        self.frozen = tuple(self.frozen)
 
     @staticmethod
     def uniform(
@@ -95,6 +110,9 @@ class LocalPlan:
         rule: LocalRule | None = None,
         stream: str = "train",
         weight_decay: float = 0.0,
+        personal: Personal | None = None,
+        frozen: tuple[str, ...] = (),
+        phase: int = 0,
     ) -> LocalPlan:
         """The same number of steps and learning rate for every client (``weight_decay`` adds that term)."""
         m = len(clients)
@@ -108,6 +126,9 @@ class LocalPlan:
             optimizer=optimizer or SGD(),
             rule=rule,
             stream=stream,
+            personal=personal,
+            frozen=frozen,
+            phase=phase,
         )
 
     def with_terms(self, *terms: LocalTerm) -> LocalPlan:

@@ -45,6 +45,13 @@ class EngineProtocol(Protocol):
         """Loss and accuracy of client i's own model params[i] on its own `split` data."""
         ...
 
+    def personal_scores(
+        self, global_params: Tensor, plan: LocalPlan, round_: int, split: Split = "test"
+    ) -> ClientScores:
+        """Loss and accuracy of each of the plan's clients' personalised model (its stored personal part with
+        ``plan.personal``, then the plan's steps) on its own `split` data; nothing is stored."""
+        ...
+
     def gradient_statistics(self, params: Tensor, clients: Tensor, samples: int, round_: int) -> tuple[Tensor, Tensor]:
         """Mean and per-coordinate variance (m, P) of `samples` per-sample gradients of each client at `params`."""
         ...

@@ -2,15 +2,15 @@
 
 A backend computes the data gradient g in its own way (autograd, vmap, hand-derived matrix products) on its own
 slices of the parameters ("leaves": the flat vector, a parameter dictionary's tensors, a layer's weight); the
-parameter terms and the optimiser are coordinate-wise, so `leaf_direction` and `leaf_step` apply them to any
-leaf, given the `Aligned` tensors of that leaf. `Cohort` carries what the backends need besides model and data:
+parameter terms and the optimiser are coordinate-wise, so `leaf_direction` and the optimiser's `step` apply them to
+any leaf, given the `Aligned` tensors of that leaf. `Cohort` carries what the backends need besides model and data:
 the objective and the cohort's state rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -35,12 +35,14 @@ class TermInputs:
 @dataclass
 class Cohort:
     """The objective of a round's cohort and its state: the terms with their tensors, the optimiser with the
-    cohort's optimiser state (``"param"`` states (m, P), ``"count"`` states (m,)), and the rule, if any."""
+    cohort's optimiser state (``"param"`` states (m, P), ``"count"`` states (m,)), and the rule, if any, with its
+    state (``"param"`` (m, P), ``"scalar"`` (m,))."""
 
     terms: list[TermInputs]
     optimizer: ClientOptimizer
     rule: LocalRule | None
     opt_state: dict[str, Tensor]
+    rule_state: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def parameter_terms(self) -> list[TermInputs]:
@@ -61,6 +63,7 @@ class Cohort:
             self,
             terms=[TermInputs(t.term, t.server, {k: v[sel] for k, v in t.client.items()}) for t in self.terms],
             opt_state={k: v[sel] for k, v in self.opt_state.items()},
+            rule_state={k: v[sel] for k, v in self.rule_state.items()},
         )
 
     def to(self, device: torch.device) -> Cohort:
@@ -75,6 +78,7 @@ class Cohort:
                 for t in self.terms
             ],
             opt_state={k: v.to(device) for k, v in self.opt_state.items()},
+            rule_state={k: v.to(device) for k, v in self.rule_state.items()},
         )
 
 
@@ -106,13 +110,6 @@ def term_gradient(w: Tensor, terms: list[tuple[ParameterTerm, Aligned]]) -> Tens
     return total
 
 
-def leaf_step(
-    optimizer: ClientOptimizer, w: Tensor, d: Tensor, state: dict[str, Tensor], lr: Tensor
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The optimiser's step on one leaf (state: this leaf's slices, and the counts before the step)."""
-    return optimizer.step(w, d, state, lr)
-
-
 def fresh_state(optimizer: ClientOptimizer, m: int, size: int) -> dict[str, Tensor]:
     """The optimiser state of `m` clients starting a round afresh (zeros)."""
     return {name: torch.zeros((m, size) if kind == "param" else (m,)) for name, kind in optimizer.state_kinds().items()}
@@ -129,4 +126,14 @@ def fresh_cohort(plan: LocalPlan, start: Tensor) -> Cohort:
         )
         for term in plan.terms
     ]
-    return Cohort(terms, plan.optimizer, plan.rule, fresh_state(plan.optimizer, m, len(start)))
+    rule_state = initial_rule_state(plan.rule, start, m) if plan.rule is not None else {}
+    return Cohort(terms, plan.optimizer, plan.rule, fresh_state(plan.optimizer, m, len(start)), rule_state)
+
+
+def initial_rule_state(rule: LocalRule, start: Tensor, m: int) -> dict[str, Tensor]:
+    """A rule's state for `m` clients seen for the first time: (m, P) "param" rows, (m,) "scalar" values."""
+    out = {}
+    for name, kind in rule.state_kinds().items():
+        first = rule.initial_state(name, start)
+        out[name] = first.expand(m, -1).clone() if kind == "param" else first.reshape(()).expand(m).clone()
+    return out

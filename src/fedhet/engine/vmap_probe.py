@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -11,16 +10,7 @@ from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
 from fedhet.data.dataset import ClientData
-from fedhet.engine.functional import FlatModel
-
-
-@dataclass(frozen=True)
-class VmapProbe:
-    """What vmap made of the model: an error (it cannot run it), or a slow per-sample fallback for an operation it
-    has no batching rule for (it runs, with the same numbers, but no faster than a loop)."""
-
-    failure: str | None = None
-    slow: str | None = None
+from fedhet.engine.functional import FlatModel, VmapProbe
 
 
 def probe_vmap(model: FlatModel, data: ClientData) -> VmapProbe:

@@ -44,6 +44,7 @@ class Experiment:
     strategy: Strategy
     availability: Availability
     metrics: list[Metric]
+    requirements: ClientRequirements | None = None  # ρ_k, computed on first use (MaxFL, appeal metrics)
 
     def resolved_config(self) -> dict[str, Any]:
         """The config with every component's parameters filled in (written to ``config.yaml``)."""
@@ -154,7 +155,7 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     availability.always_in(parts.attack.opted_in())
     for plugin in parts.metrics:
         plugin.setup(engine, config.seed)
-    return Experiment(config, data, engine, strategy, availability, parts.metrics)
+    return Experiment(config, data, engine, strategy, availability, parts.metrics, requirements)
 
 
 def build(config: RunConfig) -> Experiment:

@@ -70,6 +70,27 @@ class LocalConfig(BaseModel):
     )
 
 
+class PersonalEvalConfig(BaseModel):
+    """Personalised evaluation: each client's own model scored on its own test data, beside the global model."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    enabled: bool | None = Field(
+        None,
+        description="score personalised models (default: when the algorithm has them, or finetune_steps > 0)",
+    )
+    finetune_steps: Count = Field(
+        0,
+        ge=0,
+        le=MAX_STEPS,
+        description="local SGD steps each client takes from its personalised (or the global) model before scoring",
+    )
+    lr: float | None = Field(None, gt=0, description="learning rate of the fine-tuning steps (default: local.lr)")
+    every: Count = Field(1, ge=1, description="every n-th evaluated round (and always the last)")
+    appeal: bool = Field(
+        True, description="also personal_appeal: the share of clients whose model beats their requirement ρ_k"
+    )
+
+
 class RunConfig(BaseModel):
     """Everything that defines a run. Components are a name or a mapping ``{name: ..., <params>}``."""
 
@@ -102,6 +123,10 @@ class RunConfig(BaseModel):
     )
     rounds: Count = Field(20, ge=1, le=MAX_ROUNDS, description="communication rounds")
     local: LocalConfig = Field(default_factory=LocalConfig, description="every client's default local training")
+    personal_eval: PersonalEvalConfig = Field(
+        default_factory=PersonalEvalConfig,
+        description="personalised evaluation: each client's own model (Ditto, FedRep, ... or fine-tuned)",
+    )
     eval_every: Count = Field(1, ge=1, description="evaluate every n rounds (and always after the last)")
     eval_clients: Count = Field(
         0,
@@ -144,12 +169,15 @@ class RunConfig(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_unused_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """config.yaml (and the run's identity) as before `track` and `eval_clients` existed, when unused."""
+        """config.yaml (and the run's identity) as before `track`, `eval_clients` and `personal_eval` existed, when
+        unused."""
         data: dict[str, Any] = handler(self)
         if not data.get("track"):
             data.pop("track", None)
         if not data.get("eval_clients"):
             data.pop("eval_clients", None)
+        if data.get("personal_eval") == PersonalEvalConfig().model_dump():
+            data.pop("personal_eval", None)
         return data
 
     @model_validator(mode="after")

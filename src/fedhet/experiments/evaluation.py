@@ -1,18 +1,25 @@
 """Per-round evaluation of the global model on every client (seen and unseen), or on a seeded sample of them
-(``eval_clients``)."""
+(``eval_clients``), and of each client's personalised model (``personal_eval``)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedhet.engine.evaluate import ClientScores
+from fedhet.engine.evaluate import ClientScores, scores_of_some
+from fedhet.engine.plan import LocalPlan, LocalSettings
 from fedhet.engine.protocol import EngineProtocol
+from fedhet.experiments.config import PersonalEvalConfig
+from fedhet.methods.maxfl.requirements import ClientRequirements, gm_appeal
 from fedhet.metrics.clients import distribution, pooled
 from fedhet.seeding import numpy_rng
+from fedhet.strategies.base import Strategy
 
 EVAL_STREAM = "eval-clients"
+PERSONAL_STREAM = "personal-eval"  # the mini-batches of fine-tuning before personalised scores
 
 
 def evaluation_sample(num_clients: int, count: int, seed: int, round_: int) -> Tensor | None:
@@ -67,3 +74,50 @@ def spread_scores(scores: ClientScores, clients: Tensor) -> ClientScores:
     source = clients[torch.arange(k) % len(clients)]
     source[clients] = clients
     return ClientScores(scores.loss[source], scores.accuracy[source], scores.count[source])
+
+
+def personal_plan(
+    strategy: Strategy, settings: PersonalEvalConfig, local: LocalSettings, clients: Tensor
+) -> LocalPlan | None:
+    """The plan that makes `clients`' personalised models, or None when the run does not score them: the
+    strategy's own (`Strategy.personalization`: a stored personal part, steps from the global model), or the
+    global model; with ``finetune_steps``, that many plain SGD steps from there instead of the strategy's own."""
+    plan = strategy.personalization(clients)
+    wanted = settings.enabled if settings.enabled is not None else plan is not None or settings.finetune_steps > 0
+    if not wanted:
+        return None
+    if plan is None:
+        plan = LocalPlan.uniform(clients, 0, local.lr, local.batch_size)
+    if settings.finetune_steps:
+        lr = settings.lr if settings.lr is not None else local.lr
+        tuned = LocalPlan.uniform(clients, settings.finetune_steps, lr, local.batch_size, stream=PERSONAL_STREAM)
+        plan = replace(tuned, personal=plan.personal)
+    return plan
+
+
+def evaluate_personal(
+    engine: EngineProtocol,
+    params: Tensor,
+    plan: LocalPlan,
+    round_: int,
+    requirements: ClientRequirements | None = None,
+) -> tuple[dict[str, float], dict[str, Tensor]]:
+    """Round metrics and per-client columns of the personalised models `plan` makes from the global model `params`
+    (after round `round_`), each scored on its client's own test data: ``personal_test_accuracy`` (mean, std,
+    worst and best 10%), ``personal_test_loss`` and, with `requirements`, ``personal_appeal`` (the share of clients
+    whose personalised model's loss is below their requirement ρ_k, MaxFL's appeal); the same for unseen clients
+    (``unseen_`` prefix); NaN in the columns for clients not in the plan."""
+    data = engine.data
+    scores = scores_of_some(engine.personal_scores(params, plan, round_, "test"), plan.clients, data.test.sizes)
+    scored = ~torch.isnan(scores.loss)
+    rho = requirements.rho if requirements is not None else None
+    seen, unseen = data.seen & scored, ~data.seen & scored
+    metrics = distribution(scores.accuracy[seen], "personal_test_accuracy")  # the spread over seen clients
+    for prefix, group in (("", seen), ("unseen_", unseen)):
+        if bool(group.any()):
+            metrics[f"{prefix}personal_test_accuracy"] = float(scores.accuracy[group].double().mean())
+            metrics[f"{prefix}personal_test_loss"] = float(scores.loss[group].double().mean())
+            if rho is not None:
+                metrics[f"{prefix}personal_appeal"] = gm_appeal(scores.loss[group], rho[group])
+    columns = {"personal_test_accuracy": scores.accuracy, "personal_test_loss": scores.loss}
+    return metrics, columns

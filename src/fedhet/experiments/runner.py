@@ -22,7 +22,13 @@ from fedhet.experiments.build import Experiment, build, resolved_config
 from fedhet.experiments.callbacks import Callback, write_csv
 from fedhet.experiments.checkpoint import CheckpointError
 from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
-from fedhet.experiments.evaluation import evaluate_global, evaluation_sample, spread_scores
+from fedhet.experiments.evaluation import (
+    evaluate_global,
+    evaluate_personal,
+    evaluation_sample,
+    personal_plan,
+    spread_scores,
+)
 from fedhet.experiments.participation import ParticipationWriter
 from fedhet.experiments.runfolder import (
     CHECKPOINT,
@@ -35,6 +41,7 @@ from fedhet.experiments.runfolder import (
 )
 from fedhet.experiments.tracking import with_trackers
 from fedhet.metrics.base import RoundView, needs_all_clients
+from fedhet.strategies.base import Train
 
 __all__ = [
     "CHECKPOINT",
@@ -271,6 +278,29 @@ def _evaluation_sample(state: RunState) -> Tensor | None:
     return evaluation_sample(exp.data.num_clients, cfg.eval_clients, cfg.seed, state.round)
 
 
+def _trainer(state: RunState, round_: int) -> Train:
+    """Runs a plan of round `round_` on the engine from the round's global model, through the run's attack."""
+    exp, params = state.experiment, state.params
+    attack = exp.strategy.ctx.attack
+    return lambda plan: exp.engine.train(params, attack.corrupt_plan(plan, round_), round_)
+
+
+def _personal_evaluation(state: RunState, params: Tensor, sample: Tensor | None) -> dict[str, float]:
+    """The personalised models' metrics after this round when the run scores them and it is due (every
+    ``personal_eval.every``-th evaluation, and the last); their per-client columns join clients.csv."""
+    exp, cfg = state.experiment, state.config
+    settings = cfg.personal_eval
+    due = state.round == cfg.rounds or (state.round // cfg.eval_every) % settings.every == 0
+    clients = sample if sample is not None else torch.arange(exp.data.num_clients)
+    plan = personal_plan(exp.strategy, settings, exp.engine.local, clients) if due else None
+    if plan is None:
+        return {}
+    requirements = exp.requirements if settings.appeal else None
+    metrics, columns = evaluate_personal(exp.engine, params, plan, state.round, requirements)
+    state.client_columns.update(columns)
+    return metrics
+
+
 def _check_divergence(state: RunState, losses: Tensor) -> None:
     """Stop with a clear message when a local loss is NaN/too large or the model is not finite."""
     cfg = state.config
@@ -301,9 +331,8 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             result: LocalResult | None = None
             state.local_training_s = 0.0
             if len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
-                plan = attack.corrupt_plan(exp.strategy.configure(t, clients, state.params), t)
                 training = time.perf_counter()
-                result = exp.engine.train(state.params, plan, t)
+                result = exp.strategy.local_training(t, clients, state.params, _trainer(state, t))
                 state.local_training_s = time.perf_counter() - training
                 if result.dropped is not None and bool(result.dropped.any()):
                     # clients lost mid-round (a Flower node failed): the round goes on with the others (strategies
@@ -327,6 +356,7 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
                 )
                 if sample is not None and needs_all_clients(exp.metrics):  # only with `score_sample_only`
                     test, train = spread_scores(test, sample), spread_scores(train, sample)
+                personal = _personal_evaluation(state, evaluated, sample)
                 metrics = {
                     "round": float(state.round),
                     **metrics,
@@ -334,6 +364,7 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
                     "participants": float(len(clients)),
                     "available": float(available.sum()),
                     **exp.strategy.round_metrics(),
+                    **personal,
                 }
                 view = RoundView(
                     state.round,

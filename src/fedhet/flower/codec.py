@@ -22,6 +22,7 @@ from torch import Tensor
 from fedhet.engine.evaluate import ClientScores
 from fedhet.engine.objective import TERMS
 from fedhet.engine.optimizers import OPTIMIZERS
+from fedhet.engine.personal import Personal
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.rules import RULES
 from fedhet.registry import Component, Registry
@@ -64,6 +65,12 @@ def encode_plan(plan: LocalPlan, rows: Tensor | slice = slice(None)) -> Payload:
         "lr": to_numpy(plan.lr[rows]),
     }
     config: Config = {"batch_size": plan.batch_size, "stream": plan.stream, "terms": len(plan.terms)}
+    if plan.personal is not None:
+        config["personal"] = json.dumps(dataclasses.asdict(plan.personal))
+    if plan.frozen:
+        config["frozen"] = json.dumps(list(plan.frozen))
+    if plan.phase:
+        config["phase"] = plan.phase
     for i, term in enumerate(plan.terms):
         _encode_component(term, f"term{i}", arrays, config)
     _encode_component(plan.optimizer, "optimizer", arrays, config)
@@ -83,7 +90,18 @@ def decode_plan(arrays: Arrays, config: Config) -> LocalPlan:
         optimizer=_decode_component(OPTIMIZERS, "optimizer", arrays, config),
         rule=_decode_component(RULES, "rule", arrays, config) if "rule" in config else None,
         stream=str(config["stream"]),
+        personal=_decode_personal(str(config["personal"])) if "personal" in config else None,
+        frozen=tuple(str(name) for name in json.loads(str(config.get("frozen", "[]")))),
+        phase=int(config.get("phase", 0)),
     )
+
+
+def _decode_personal(text: str) -> Personal:
+    """A `Personal` spec from its JSON (its fields only; the tuple of parts back from a list)."""
+    fields = json.loads(text)
+    if not isinstance(fields, dict) or not set(fields) <= {f.name for f in dataclasses.fields(Personal)}:
+        raise ValueError("a plan's personal part is not a personal-model spec")
+    return Personal(**{**fields, "parts": tuple(str(p) for p in fields.get("parts", ("*",)))})
 
 
 def encode_result(result: LocalResult) -> Arrays:

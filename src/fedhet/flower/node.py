@@ -178,6 +178,8 @@ class NodeWorker:
         if op == "train":
             result = engine.train(params, decode_plan(arrays, config), round_)
             return encode_result(result), {}
+        if op == "personal_scores":
+            return encode_scores(engine.personal_scores(params, decode_plan(arrays, config), round_, split)), {}
         if op == "scores":  # the global model on both splits of every client here
             out: Arrays = {"clients": to_numpy(self.clients)}
             for name in ("test", "train"):

@@ -324,6 +324,25 @@ class RemoteEngine:
             loss[rows], acc[rows] = scores.loss, scores.accuracy
         return ClientScores(loss, acc, getattr(self.data, split).sizes[clients])
 
+    def personal_scores(
+        self, global_params: Tensor, plan: LocalPlan, round_: int, split: Split = "test"
+    ) -> ClientScores:
+        """Each node builds its clients' personalised models where their personal parts live and scores them:
+        only the scores travel."""
+        m = len(plan.clients)
+        loss, acc = torch.full((m,), float("nan")), torch.full((m,), float("nan"))
+        config: Config = {"round": round_, "split": split}
+        per_node: dict[int, Arrays] = {}
+        groups = self._groups(plan.clients)
+        for node, rows in groups.items():
+            arrays, scalars = encode_plan(plan, rows)
+            config.update(scalars)
+            per_node[node] = {**arrays, "params": to_numpy(global_params)}
+        for node, reply in self._call("personal_scores", per_node, config).items():
+            scores = decode_scores(reply)
+            loss[groups[node]], acc[groups[node]] = scores.loss, scores.accuracy
+        return ClientScores(loss, acc, getattr(self.data, split).sizes[plan.clients])
+
     def gradient_statistics(self, params: Tensor, clients: Tensor, samples: int, round_: int) -> tuple[Tensor, Tensor]:
         p = self.model.size
         mean, var = torch.full((len(clients), p), float("nan")), torch.full((len(clients), p), float("nan"))

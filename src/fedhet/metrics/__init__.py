@@ -20,4 +20,10 @@ METRICS: dict[str, str] = {
     "available": "number of clients online this round",
     "unseen_test_accuracy": "as test_accuracy, over the unseen (held-out) clients",
     "unseen_test_loss": "as test_loss, over the unseen (held-out) clients",
+    "personal_test_accuracy": "mean over clients of their personalised model's accuracy on their own test data "
+    "(personal_eval; _std, _worst10, _best10 as for test_accuracy)",
+    "personal_test_loss": "mean over clients of their personalised model's test loss",
+    "personal_appeal": "share of clients whose personalised model's test loss is below their requirement ρ_k "
+    "(the loss of a model trained on their data alone)",
+    "unseen_personal_test_accuracy": "as personal_test_accuracy, over the unseen clients (after the same steps)",
 }

@@ -4,10 +4,15 @@ A round, driven by `fedhet.experiments.runner`:
 
 1. ``select``     — which available clients take part (default: m uniformly without replacement);
 2. ``configure``  — a `LocalPlan` for them (steps, learning rates, the local objective's terms, the optimiser);
-3. the engine trains the cohort and returns a `LocalResult`;
+3. the engine trains the cohort and returns a `LocalResult` (``local_training``: one plan by default; a
+   personalised method may train its clients' personal models too, or in phases);
 4. ``aggregate``  — the new global model from the local ones, usually ``self.server_step(w, d)`` with the
    strategy's aggregate direction d, so that any strategy composes with any server optimiser
    (`fedhet.strategies.server`).
+
+A method with personal models says how a client's personalised model is made (``personalization``: its stored
+personal part, or steps from the global model), and runs that ask for it score those models
+(`fedhet.experiments.evaluation.evaluate_personal`).
 
 A strategy sees the clients only through `EngineProtocol` (the native engine or Flower's remote one). It keeps its
 state (control variates, estimates) in private attributes and exposes it through ``state_dict``/``load_state_dict``
@@ -17,6 +22,7 @@ needs are kept per client id, so that the round can go on with fewer clients if 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,7 +37,9 @@ from fedhet.registry import Component, Registry, spec_of
 from fedhet.seeding import numpy_rng
 from fedhet.strategies.server import SERVER_OPTIMIZERS, ServerOptimizer, ServerSGD
 
-__all__ = ["STRATEGIES", "LocalSettings", "ServerContext", "Strategy", "weighted_update"]
+__all__ = ["STRATEGIES", "LocalSettings", "ServerContext", "Strategy", "Train", "weighted_update"]
+
+Train = Callable[[LocalPlan], LocalResult]  # runs a plan on the engine from the round's global model
 
 
 @dataclass
@@ -102,9 +110,21 @@ class Strategy(Component):
         optimiser and objective terms) for every client."""
         return self.ctx.local.plan(clients, self.ctx.train_sizes[clients])
 
+    def local_training(self, round_: int, clients: Tensor, global_params: Tensor, train: Train) -> LocalResult:
+        """The round's local training; `train` runs a plan on the engine (from `global_params`, with the run's
+        attack). Default: the `configure` plan, once. The result is what ``aggregate`` gets."""
+        return train(self.configure(round_, clients, global_params))
+
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         """The next global model."""
         raise NotImplementedError
+
+    def personalization(self, clients: Tensor) -> LocalPlan | None:
+        """How `clients`' personalised models are made from the global model, for personalised evaluation: a plan
+        that the engine runs without storing anything (its personal part, and steps from there: fine-tuning, a
+        rule). None: the method has no personal model (the global model is each client's, unless the run
+        fine-tunes it: ``personal_eval.finetune_steps``)."""
+        return None
 
     def parts(self) -> list[Strategy]:
         """This strategy and the strategies it wraps (a run sets each of them up with what it asks for)."""

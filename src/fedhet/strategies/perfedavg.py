@@ -2,8 +2,9 @@
 
 The local step is `PerFedAvgRule` (first-order or Hessian-free), a local rule the engine runs for any model.
 The server averages the local models uniformly, w ← (1/|S|) Σ_k w_k (Algorithm 1; ``weighting: samples`` weighs
-them by size). The global model is what is evaluated; its personalised version is one step of size α from it,
-which the fine-tuning metrics (``ft_*``) measure with the plain local step.
+them by size). A client's personalised model is one step of SGD of size α from the global model on a mini-batch of
+its training data, w − α ∇f(w; D) (§3: what each user adapts to), scored by personalised evaluation
+(``personal_eval``).
 """
 
 from __future__ import annotations
@@ -66,3 +67,7 @@ class PerFedAvg(FedAvg):
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         plan = super().configure(round_, clients, global_params)
         return replace(plan, rule=PerFedAvgRule(alpha=self.alpha, hessian_free=self.hessian_free, delta=self.delta))
+
+    def personalization(self, clients: Tensor) -> LocalPlan:
+        """One SGD step of size α from the global model (the personalised model w − α ∇f(w; D))."""
+        return LocalPlan.uniform(clients, 1, self.alpha, self.ctx.local.batch_size, stream="personal-eval")

@@ -3,6 +3,9 @@
 Clients run `PFedMeRule`, a local rule (K inner steps on the personal problem, then a step of the local
 model towards the personal one); the server takes w ← (1 − β) w + β · (1/|S|) Σ_k w_k, i.e. FedAvg's uniform
 step with server learning rate β (``server_lr``, default 1 as in the paper's experiments with β = 1 or 2).
+
+A client's personalised model is θ̂(w) (eq. 7), the personal problem solved from the global model on a mini-batch
+of its training data: one step of `PFedMeRule` with learning rate 1/λ, w − (1/λ)·λ(w − θ̂) = θ̂.
 """
 
 from __future__ import annotations
@@ -57,6 +60,14 @@ class PFedMe(FedAvg):
     inner_steps: int = Field(5, ge=1, description="K: gradient steps on the personal problem")
     inner_lr: float = Field(0.01, gt=0, description="personal learning rate of the inner steps")
 
+    @property
+    def rule(self) -> PFedMeRule:
+        return PFedMeRule(lam=self.lam, inner_steps=self.inner_steps, inner_lr=self.inner_lr)
+
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
-        plan = super().configure(round_, clients, global_params)
-        return replace(plan, rule=PFedMeRule(lam=self.lam, inner_steps=self.inner_steps, inner_lr=self.inner_lr))
+        return replace(super().configure(round_, clients, global_params), rule=self.rule)
+
+    def personalization(self, clients: Tensor) -> LocalPlan:
+        """θ̂(w): the personal problem (eq. 7) solved from the global model on one mini-batch."""
+        batch = self.ctx.local.batch_size
+        return LocalPlan.uniform(clients, 1, 1 / self.lam, batch, rule=self.rule, stream="personal-eval")

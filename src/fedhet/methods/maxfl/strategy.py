@@ -4,7 +4,7 @@ Clients weigh their update by q_k = σ(F_k(w) − ρ_k)(1 − σ(F_k(w) − ρ_k
 line 8 is the ``weight: sigmoid`` switch), computed at the received model on the full local training set,
 and the server takes w ← w − η_g / (Σ_k q_k + ε) · Σ_k q_k Δ_k (eq. 6) with Δ_k = w − w_k (line 11's sign).
 Clients are stateless. With ``finetune_steps > 0`` the loss is measured after that many local steps from
-w (MaxFL + fine-tuning, §3).
+w (MaxFL + fine-tuning, §3), and those tuned models are the clients' personalised models (``personal_eval``).
 """
 
 from __future__ import annotations
@@ -50,12 +50,18 @@ class MaxFL(Strategy, UsesRequirements):
         if self.finetune_steps == 0:
             losses = self.ctx.client_losses(global_params, clients)
         else:
-            local = self.ctx.local
-            plan = LocalPlan.uniform(clients, self.finetune_steps, local.lr, local.batch_size, stream="maxfl-ft")
-            tuned = self.ctx.engine.train(global_params, plan, round_).params
-            honest = self.ctx.engine.own_scores(tuned, clients, "train").loss
+            plan = self.finetuning(clients, "maxfl-ft")
+            honest = self.ctx.engine.personal_scores(global_params, plan, round_, "train").loss
             losses = self.ctx.attack.report_losses(clients, honest)
         return maxfl_weights(losses, rho, self.weight)
+
+    def finetuning(self, clients: Tensor, stream: str) -> LocalPlan:
+        """``finetune_steps`` local SGD steps from the global model (MaxFL + fine-tuning, §3)."""
+        local = self.ctx.local
+        return LocalPlan.uniform(clients, self.finetune_steps, local.lr, local.batch_size, stream=stream)
+
+    def personalization(self, clients: Tensor) -> LocalPlan | None:
+        return self.finetuning(clients, "personal-eval") if self.finetune_steps else None
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         self._q = by_client(self.client_weights(round_, clients, global_params), clients, self.ctx.num_clients)

@@ -1,0 +1,60 @@
+"""Ditto: FedAvg for the global model, personal models pulled towards it (Li et al. 2021, Algorithm 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.runner import run
+from fedhet.strategies.ditto import Ditto
+from personal_cases import STEPS, TOL, personal_models, run_round, setup, sgd, weighted
+
+
+@pytest.mark.parametrize("backend", ["dense", "vectorised", "sequential"])
+def test_two_rounds_match_the_hand_computed_updates(backend: str) -> None:
+    lam = 0.5
+    strategy = Ditto(lam=lam)
+    engine = setup(strategy, backend)
+    model = engine.model
+    w0 = model.initial_params()
+    v = [w0, w0]  # a client's first personal model is the model's initialisation
+    w = w0
+    for t in range(2):
+        expected_w = weighted([sgd(model, w, k, STEPS) for k in range(2)])
+        anchor = w
+        v = [sgd(model, v[k], k, STEPS, extra=lambda u, a=anchor: lam * (u - a)) for k in range(2)]
+        _, w = run_round(strategy, engine, w, t)
+        torch.testing.assert_close(w, expected_w, **TOL)
+        torch.testing.assert_close(personal_models(strategy, engine, w, t + 1), torch.stack(v), **TOL)
+
+
+def _config(algorithm: object) -> dict[str, object]:
+    return {
+        "algorithm": algorithm,
+        "model": "logistic",
+        "num_clients": 6,
+        "clients_per_round": 3,
+        "rounds": 3,
+        "local": {"steps": 3, "lr": 0.05, "batch_size": 8},
+        "personal_eval": {"appeal": False},
+        "seed": 2,
+    }
+
+
+def _column(folder: Path, name: str) -> list[float]:
+    lines = (folder / "clients.csv").read_text().splitlines()
+    at = lines[0].split(",").index(name)
+    return [float(line.split(",")[at]) for line in lines[1:]]
+
+
+def test_ditto_without_its_pull_is_local_training_alone(tmp_path: Path) -> None:
+    ditto = run(parse_config(_config({"name": "ditto", "lam": 0.0})), tmp_path / "ditto")
+    alone = run(parse_config(_config("local_only")), tmp_path / "alone")
+    for key in ("personal_test_accuracy", "personal_test_loss"):
+        assert ditto.final[key] == pytest.approx(alone.final[key], rel=1e-6)
+        assert _column(tmp_path / "ditto", key) == pytest.approx(_column(tmp_path / "alone", key), rel=1e-6)
+    pulled = run(parse_config(_config({"name": "ditto", "lam": 1.0})), tmp_path / "pulled")
+    assert pulled.final["personal_test_loss"] != pytest.approx(alone.final["personal_test_loss"], rel=1e-4)
