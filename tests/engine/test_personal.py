@@ -237,3 +237,48 @@ def test_the_dense_gram_path_starts_each_client_from_its_own_point(
     got = train_dense(request, layers)
     assert used and all(u == forced for u in used)
     torch.testing.assert_close(got[0], train_sequential(request)[0], **TOL)
+
+
+@pytest.mark.parametrize("samples", [[9, 3, 14, 2], [2, 3, 1, 2]])  # the second: fewer samples than T·b (by sample)
+@pytest.mark.parametrize("with_starts", [False, True])
+def test_affine_terms_fold_into_the_dense_gram_path(
+    monkeypatch: pytest.MonkeyPatch, samples: list[int], with_starts: bool
+) -> None:
+    """Weight decay and a proximal term (gradients λw − κA) in closed form on the Gram path, the other layers'
+    steps fused: the autograd backends' numbers."""
+    from fedhet.engine import dense
+    from fedhet.engine.objective import WeightDecay
+
+    model, data = _mlp(), tiny_data(samples, dim=5, classes=3).train
+    anchor = model.initial_params() + 0.05
+    starts = _starts(model, 4) if with_starts else None
+    plan = _plan(terms=(Proximal(mu=0.7), WeightDecay(lam=0.2)))
+    used: list[bool] = []
+    monkeypatch.setattr(dense, "use_gram_first_layer", lambda *a: used.append(True) or True)
+    request = TrainRequest(model, data, anchor, plan, cohort(plan, anchor), 3, 2, starts=starts)
+    layers = dense_layers(model)
+    assert layers is not None
+    got = train_dense(request, layers)
+    assert used
+    reference = train_sequential(request)
+    assert float((reference[0] - request.start()).abs().max()) > 1e-2
+    torch.testing.assert_close(got[0], reference[0], **TOL)
+    torch.testing.assert_close(got[1], reference[1], equal_nan=True, **TOL)
+
+
+@pytest.mark.parametrize("parts", [("head",), ("body",), ("*",), ("*.bias",)])
+def test_personal_scores_of_dense_models_equal_each_own_model_scored(parts: tuple[str, ...]) -> None:
+    """The dense scorer runs shared layers as one product for every client: the same scores as each client's
+    whole model scored on its own (`own_scores`)."""
+    engine = _engine()
+    personal = Personal("p", parts)
+    w = engine.model.initial_params() + 0.1
+    clients = torch.tensor([4, 0, 2, 3])
+    engine.train(w, LocalPlan.uniform(clients[:3], 3, 0.2, 4, personal=personal), 0)  # client 3 has no rows
+    plan = LocalPlan.uniform(clients, 0, 0.1, 4, personal=personal)
+    got = engine.personal_scores(w, plan, 1)
+    starts = engine.personal_starts(w, plan, 1)
+    assert starts is not None
+    expected = engine.own_scores(starts, clients)
+    torch.testing.assert_close(got.loss, expected.loss, **TOL)
+    torch.testing.assert_close(got.accuracy, expected.accuracy)

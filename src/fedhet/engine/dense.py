@@ -46,7 +46,7 @@ from fedhet.engine.functional import FlatModel
 from fedhet.engine.objective import Aligned, ParameterTerm
 from fedhet.engine.plan import LocalPlan
 from fedhet.engine.request import Trained, TrainRequest
-from fedhet.engine.step import Cohort, aligned, leaf_direction, term_gradient
+from fedhet.engine.step import Cohort, affine_part, aligned, leaf_direction, term_gradient
 from fedhet.engine.threads import torch_threads
 from fedhet.seeding import derive_seed
 
@@ -222,11 +222,16 @@ class _Leaf:
     value: Tensor  # (c, out, in) or (c, 1, out)
     terms: list[tuple[ParameterTerm, Aligned]]
     state: dict[str, Tensor]  # "param" states, shaped like `value`
+    anchor: Tensor  # (1, out, in) or (1, 1, out): the received model's values
 
     def head(self, n: int) -> _Leaf:
         """The first n clients' views."""
         terms = [(t, Aligned(a.start, a.server, {k: v[:n] for k, v in a.client.items()})) for t, a in self.terms]
-        return _Leaf(self.value[:n], terms, {k: v[:n] for k, v in self.state.items()})
+        return _Leaf(self.value[:n], terms, {k: v[:n] for k, v in self.state.items()}, self.anchor)
+
+    def general_terms(self) -> list[tuple[ParameterTerm, Aligned]]:
+        """The terms that are not affine (`ParameterTerm.affine`): their gradients are computed as they are."""
+        return [(t, a) for t, a in self.terms if t.affine() is None]
 
 
 @dataclass
@@ -267,6 +272,7 @@ def _chunk_weights(
                     rows(flat),
                     aligned(cohort.parameter_terms, one(w0), one, rows),
                     {k: rows(v) for k, v in state.items() if kinds[k] == "param"},
+                    one(w0),
                 )
             )
         weight, bias = leaves
@@ -303,7 +309,7 @@ GRAM_MAX_ROWS = 512  # a chunk's T·b above this keeps the first layer's weights
 
 
 class _GramFirstLayer:
-    """The first layer under plain SGD without parameter terms, from its inputs alone.
+    """The first layer under plain SGD, from its inputs alone.
 
     With w ← w − Gᵀx per step (G: the step's η-scaled gradient at the layer's outputs, x its inputs), after t
     steps W_t = W_0 − Σ_{s<t} G_sᵀ x_s and b_t = b_0 − Σ_{s<t} 1ᵀG_s, so the layer's outputs at step t are
@@ -317,14 +323,27 @@ class _GramFirstLayer:
     every client's (out, in) weights, which made this layer memory-bound with small batches. The rows are the
     steps' T·b rows in order, or, where a client's steps see its samples more than once (several epochs: fewer
     samples n than T·b rows), its n samples, each once (`by_sample`). Exact up to float rounding; used where R is
-    small next to the layer (`use_gram_first_layer`)."""
+    small next to the layer (`use_gram_first_layer`).
+
+    Affine terms (`ParameterTerm.affine`: weight decay, FedProx's proximal term; their gradient is λw − κA, A the
+    received model) fold in: each step is w ← ρw + ηκA − Gᵀx with ρ = 1 − ηλ, so W_t = ρ^t W_0 + c_t A −
+    Σ_{s<t} ρ^{t−1−s} G_sᵀ x_s with c_t = ηκ(1 + ρ + … + ρ^{t−1}): the outputs are ρ^t (X W_0ᵀ + b_0) + c_t (X Aᵀ + a)
+    minus the Gram part, with D decayed by ρ before each step's G joins it."""
 
     def __init__(
-        self, x_all: Tensor, index: Tensor, layer: DenseLayer, w0: Tensor, starts: Tensor, samples: int
+        self,
+        x_all: Tensor,
+        index: Tensor,
+        layer: DenseLayer,
+        w0: Tensor,
+        starts: Tensor,
+        samples: int,
+        affine: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> None:
         """`index` (T, c, b): the steps' rows of `x_all`; `w0` the layer's start: the flat model (P,) shared by the
         chunk, or each client's (c, P); `starts` (c,): where each client's samples begin in `x_all`; `samples`:
-        work on each client's first `samples` rows from its start (0: on the steps' rows)."""
+        work on each client's first `samples` rows from its start (0: on the steps' rows); `affine`: the affine
+        terms' ρ = 1 − ηλ and ηκ per client (c, 1, 1), and the received model A (P,)."""
         steps, c, b = index.shape
         self.b = b
         self.by_sample = samples > 0
@@ -335,11 +354,8 @@ class _GramFirstLayer:
             rows = index.permute(1, 0, 2).reshape(c, steps * b)
         self.x = x_all[rows]  # (c, R, d)
         if w0.dim() == 1:  # X W_0ᵀ + b_0 with one W_0: one matrix product for the chunk
-            self.w0 = weight = w0[layer.weight].view(layer.shape)
-            bias = w0[layer.bias] if layer.bias is not None else None
-            flat = self.x.reshape(-1, self.x.shape[2])
-            z0 = torch.addmm(bias, flat, weight.T) if bias is not None else flat @ weight.T
-            self.z0 = z0.view(c, -1, layer.shape[0])
+            self.w0 = w0[layer.weight].view(layer.shape)
+            self.z0 = self._outputs_of(w0, layer, c)
         else:  # each client's own W_0
             self.w0 = weight = w0[:, layer.weight].view(c, *layer.shape)
             self.z0 = torch.bmm(self.x, weight.mT)
@@ -349,48 +365,87 @@ class _GramFirstLayer:
         if layer.bias is not None:
             self.gram.add_(1.0)
         self.grads = torch.zeros_like(self.z0)  # D: rows never recorded (or of clients that stopped) stay zero
+        self.affine = affine
+        if affine is not None:
+            decay, pull, anchor = affine
+            self.anchor = anchor[layer.weight].view(layer.shape)
+            self.anchor_bias = anchor[layer.bias] if layer.bias is not None else None
+            pulled = bool((pull != 0).any())
+            same = w0.dim() == 1 and w0.data_ptr() == anchor.data_ptr()  # every client starts at A: X Aᵀ = X W_0ᵀ
+            self.za = (self.z0 if same else self._outputs_of(anchor, layer, c)) if pulled else None  # X Aᵀ + a
+            self.scale = torch.ones_like(decay)  # ρ^t, per client
+            self.shift = torch.zeros_like(decay)  # c_t, per client
+
+    def _outputs_of(self, flat: Tensor, layer: DenseLayer, c: int) -> Tensor:
+        """X Wᵀ + b (c, R, out) for one flat model's first layer W, b: one matrix product for the chunk."""
+        weight = flat[layer.weight].view(layer.shape)
+        bias = flat[layer.bias] if layer.bias is not None else None
+        x = self.x.reshape(-1, self.x.shape[2])
+        return (torch.addmm(bias, x, weight.T) if bias is not None else x @ weight.T).view(c, -1, layer.shape[0])
+
+    def _rows(self, z: Tensor, t: int, n: int) -> Tensor:
+        """Rows of a (c, R, ·) tensor for step t's inputs of the first n clients (n, b, ·), a view where it can."""
+        if self.by_sample:
+            return z[:n].gather(1, self.pos[t, :n].unsqueeze(2).expand(-1, -1, z.shape[2]))
+        return z[:n, t * self.b : (t + 1) * self.b]
 
     def outputs(self, t: int, n: int) -> Tensor:
         """Z_t of the first n clients (n, b, out)."""
-        if self.by_sample:
-            pos = self.pos[t, :n].unsqueeze(2)
-            z0 = self.z0[:n].gather(1, pos.expand(-1, -1, self.z0.shape[2]))
-            if t == 0:
-                return z0
-            gram = self.gram[:n].gather(1, pos.expand(-1, -1, self.gram.shape[2]))
-            return z0.baddbmm_(gram, self.grads[:n], alpha=-1.0)
-        rows = slice(t * self.b, (t + 1) * self.b)
+        base = self._rows(self.z0, t, n)
+        if self.affine is not None:
+            base = base * self.scale[:n]
+            if self.za is not None:
+                base.addcmul_(self._rows(self.za, t, n), self.shift[:n])
         if t == 0:
-            return self.z0[:n, rows]
-        return torch.baddbmm(
-            self.z0[:n, rows], self.gram[:n, rows, : t * self.b], self.grads[:n, : t * self.b], alpha=-1.0
-        )
+            return base
+        if self.by_sample:
+            gram = self._rows(self.gram, t, n)
+            return torch.baddbmm(base, gram, self.grads[:n], alpha=-1.0)
+        rows = slice(t * self.b, (t + 1) * self.b)
+        return torch.baddbmm(base, self.gram[:n, rows, : t * self.b], self.grads[:n, : t * self.b], alpha=-1.0)
 
     def record(self, t: int, grad: Tensor) -> None:
         """Step t's G (n, b, out) for the first n clients."""
         n = len(grad)
+        if self.affine is not None:
+            decay, pull, _ = self.affine
+            self.grads[:n].mul_(decay[:n])
+            self.shift[:n] = self.shift[:n] * decay[:n] + pull[:n]
+            self.scale[:n] *= decay[:n]
         if self.by_sample:
             self.grads[:n].scatter_add_(1, self.pos[t, :n].unsqueeze(2).expand_as(grad), grad)
         else:
             self.grads[:n, t * self.b : (t + 1) * self.b] = grad
 
     def apply(self, weights: _Weights) -> None:
-        """W_T = W_0 − DᵀX into the chunk's weights (not written before), b_T = b_0 − 1ᵀD (the bias holds b_0).
-        Client by client, so that each one's weights are written once and updated while in cache: the chunk's
-        weights do not fit, and reading and writing them once more each made two-thread rounds 8–18% slower."""
+        """W_T = W_0 − DᵀX into the chunk's weights (not written before), b_T = b_0 − 1ᵀD (the bias holds b_0);
+        with affine terms ρ^T W_0 + c_T A − DᵀX and ρ^T b_0 + c_T a − 1ᵀD. Client by client, so that each one's
+        weights are written once and updated while in cache: the chunk's weights do not fit, and reading and
+        writing them once more each made two-thread rounds 8–18% slower."""
         shared = self.w0.dim() == 2
         for i, (value, g, x) in enumerate(zip(weights.weight.value, self.grads.mT, self.x, strict=True)):
-            torch.addmm(self.w0 if shared else self.w0[i], g, x, alpha=-1.0, out=value)
-        if weights.bias is not None:
-            weights.bias.value.add_(self.grads.sum(1, keepdim=True), alpha=-1.0)
+            start = self.w0 if shared else self.w0[i]
+            if self.affine is None:
+                torch.addmm(start, g, x, alpha=-1.0, out=value)
+                continue
+            torch.addmm(start, g, x, beta=float(self.scale[i]), alpha=-1.0, out=value)
+            if self.za is not None:
+                value.add_(self.anchor, alpha=float(self.shift[i]))
+        bias = weights.bias
+        if bias is not None:
+            if self.affine is not None:
+                bias.value.mul_(self.scale)
+                if self.za is not None and self.anchor_bias is not None:
+                    bias.value.addcmul_(self.shift, self.anchor_bias.view(1, 1, -1))
+            bias.value.add_(self.grads.sum(1, keepdim=True), alpha=-1.0)
 
 
 def use_gram_first_layer(layer: DenseLayer, rows: int, plain: bool, terms: bool) -> bool:
     """Whether `_GramFirstLayer` runs a chunk on `rows` input rows R (T·b, or the samples where fewer): plain SGD,
-    no parameter terms, and R·(in + out) ≤ 2·in·out. The Gram path adds about R²·(in + out/2) multiply-adds (the
-    Gram matrices and their use) to the per-step path's 2·T·b·in·out, so this bounds its work at about twice
-    theirs; its products are large and run near the machine's matmul rate, the per-step ones are skinny and
-    memory-bound."""
+    no parameter terms but affine ones (`terms`: some other term), and R·(in + out) ≤ 2·in·out. The Gram path adds
+    about R²·(in + out/2) multiply-adds (the Gram matrices and their use) to the per-step path's 2·T·b·in·out, so
+    this bounds its work at about twice theirs; its products are large and run near the machine's matmul rate, the
+    per-step ones are skinny and memory-bound."""
     n_out, n_in = layer.shape
     return plain and not terms and rows <= GRAM_MAX_ROWS and rows * (n_in + n_out) <= 2 * n_in * n_out
 
@@ -429,6 +484,12 @@ class _Chunk:
             [request.is_frozen(where) for where in (la.weight, la.bias) if where is not None] for la in layers
         ]
         self.rate = request.plan.lr[ids].view(c, 1, 1).to(dev)
+        # the affine terms (`ParameterTerm.affine`, the same on every leaf): w ← ρw + ηκA with ρ = 1 − ηλ
+        first = self.whole[0].weight.terms
+        lam, kappa, _ = affine_part(first)
+        self.decay = 1 - self.rate * lam if lam else None
+        self.pull = self.rate * kappa if kappa else None
+        self.general = any(t.affine() is None for t, _ in first)  # terms whose gradient is computed as it is
         self.b = request.plan.batch_size
         self.ones = torch.ones(c, 1, self.b, device=dev)
         self.x_buffer = torch.empty(c * self.b, x_all.shape[1], dtype=x_all.dtype, device=dev)  # a step's inputs
@@ -443,15 +504,19 @@ class _Chunk:
         steps = self.remaining[0]
         if steps == 0 or any(self.frozen[0]):
             return None
-        terms = any(leaf.terms for leaf in self.whole[0].leaves())
         samples = int(self.batches.sizes[part].max())
         if not 0 < samples < steps * b:
             samples = 0  # the Gram path works on the steps' rows, unless the steps see fewer samples (epochs)
-        if not use_gram_first_layer(first, samples or steps * b, self.optimizer.plain, terms):
+        if not use_gram_first_layer(first, samples or steps * b, self.optimizer.plain, self.general):
             return None
         w0 = starts if starts is not None else self.request.anchor
         index, where = self.batches.index[:steps, part], self.batches.starts[part]
-        return _GramFirstLayer(self.x_all, index, first, w0, where, samples)
+        affine = None
+        if self.decay is not None or self.pull is not None:
+            ones = torch.ones_like(self.rate)
+            pull = self.pull if self.pull is not None else torch.zeros_like(self.rate)
+            affine = (self.decay if self.decay is not None else ones, pull, self.request.anchor)
+        return _GramFirstLayer(self.x_all, index, first, w0, where, samples, affine)
 
     def _start_weights(self, starts: Tensor | None) -> None:
         """The weights start as the clients' start points, written just before use so that they start in cache;
@@ -552,9 +617,16 @@ class _Chunk:
             self.counts[k][:n] = v.view(n)
 
     def _sgd_update(self, w: _Weights, grad: Tensor, a: Tensor, n: int, frozen: list[bool]) -> None:
-        """w ← w − η Σ_j ∇T_j(w) − η ∇F(w) for each trained leaf, the data part fused into the products."""
+        """w ← w − η Σ_j ∇T_j(w) − η ∇F(w) for each trained leaf, the data part fused into the products and the
+        affine terms' part into two in-place passes, w ← ρw + ηκA."""
         for leaf, still in zip(w.leaves(), frozen, strict=True):
-            extra = None if still else term_gradient(leaf.value, leaf.terms)  # at w before its update
+            if still:
+                continue
+            extra = term_gradient(leaf.value, leaf.general_terms()) if self.general else None  # at w before
+            if self.decay is not None:
+                leaf.value.mul_(self.decay[:n])
+            if self.pull is not None:
+                leaf.value.addcmul_(self.pull[:n], leaf.anchor)
             if extra is not None:
                 leaf.value.addcmul_(self.rate[:n], extra, value=-1.0)
         if not frozen[0]:

@@ -12,12 +12,19 @@ from torch import Tensor
 from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine.conv import conv_is_faster, conv_layers
 from fedhet.engine.dense import dense_layers
-from fedhet.engine.evaluate import ClientScores, sampled_losses, score_clients, score_own_models, scores_of_some
+from fedhet.engine.evaluate import (
+    ClientScores,
+    sampled_losses,
+    score_clients,
+    score_own_models,
+    score_split_dense,
+    scores_of_some,
+)
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import RULE_STATE, Backend, gradient_statistics, train_cohort
 from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.numerics import exact_float32
-from fedhet.engine.personal import parameter_mask
+from fedhet.engine.personal import gather, parameter_mask, scatter_, spans
 from fedhet.engine.plan import PHASES, LocalPlan, LocalResult, LocalSettings
 from fedhet.engine.request import TrainRequest
 from fedhet.engine.state import ClientStore
@@ -33,6 +40,7 @@ BackendChoice = Literal["auto", "sequential", "vectorised", "dense", "conv"]
 # vmapped convolution is large enough to use both cores); with one thread the loop is 1.2x faster. The FedAvg
 # MNIST CNN (582k parameters) is within 10% either way, so larger models stay sequential.
 VECTORISE_MAX_PARAMS = 100_000
+PERSONAL_BLOCK = 64  # clients whose personal models are put together and scored at once
 VECTORISE_MIN_COHORT = 10
 
 
@@ -168,30 +176,50 @@ class Engine:
         its training data (none: as it is). Nothing is stored: evaluation leaves every client as it was."""
         if bool((plan.steps > 0).any()):
             _, _, (params, _, _) = self._run(global_params, plan, round_)
-        else:
-            starts = self.personal_starts(global_params, plan, round_)
-            params = starts if starts is not None else global_params.unsqueeze(0).expand(len(plan.clients), -1)
-        return self.own_scores(params, plan.clients, split)
+            return self.own_scores(params, plan.clients, split)
+        if plan.personal is None:  # every client's model is the global one
+            return self.scores(global_params, split, plan.clients).select(plan.clients)
+        layers = dense_layers(self.model)
+        data = self.placed(split) or getattr(self.data, split)
+        parts = []  # a block of clients at a time: no (m, P) copy of every personal model
+        for block in torch.split(torch.arange(len(plan.clients)), PERSONAL_BLOCK):
+            some = plan.rows(block)
+            if layers is None:
+                starts = self.personal_starts(global_params, some, round_)
+                assert starts is not None
+                parts.append(self.own_scores(starts, some.clients, split))
+                continue
+            rows = self.personal_rows(global_params, some, round_).to(data.x.device)
+            mine = plan.personal.mask(self.model)
+            with exact_float32(self.device):
+                parts.append(score_split_dense(layers, global_params.to(data.x.device), rows, mine, data, some.clients))
+        return ClientScores.concat(parts)
 
     def personal_starts(self, global_params: Tensor, plan: LocalPlan, round_: int) -> Tensor | None:
         """(m, P) the plan's clients' start points under ``plan.personal`` (None without it): the global model on
-        the shared coordinates, each client's stored rows on the personal ones (the model's initial values where
-        it has none), mixed with the global model by α where the spec has a ``mix``."""
-        personal = plan.personal
-        if personal is None:
+        the shared coordinates, each client's personal part (`personal_rows`) on the others."""
+        if plan.personal is None:
             return None
+        parts = spans(plan.personal.mask(self.model))
+        rows = self.personal_rows(global_params, plan, round_)
+        if parts == [slice(0, self.model.size)]:
+            return rows  # the whole model is personal
+        return scatter_(global_params.unsqueeze(0).repeat(len(plan.clients), 1), parts, rows)
+
+    def personal_rows(self, global_params: Tensor, plan: LocalPlan, round_: int) -> Tensor:
+        """(m, |personal|) each of the plan's clients' personal part: its stored rows (the model's initial values, or
+        the global model's, where it has none), mixed with the global model by α where the spec has a ``mix``."""
+        personal = plan.personal
+        assert personal is not None
         m, version = len(plan.clients), _version(round_, plan.phase)
         mask = personal.mask(self.model)
-        read = self.client_state.read
         fresh = self.model.initial_params() if personal.fresh == "initial" else global_params
-        rows = read(personal.key, plan.clients, version, fresh[mask].expand(m, -1).clone())
-        starts = global_params.unsqueeze(0).repeat(m, 1)
-        if personal.mix is None:
-            starts[:, mask] = rows
-        else:
-            alpha = read(personal.mix, plan.clients, version, torch.full((m,), personal.mix_initial)).view(m, 1)
-            starts[:, mask] = alpha * rows + (1 - alpha) * starts[:, mask]
-        return starts
+        rows = self.client_state.stacked(personal.key, plan.clients, version, fresh[mask])
+        if personal.mix is not None:
+            alpha = torch.full((m,), personal.mix_initial)
+            alpha = self.client_state.read(personal.mix, plan.clients, version, alpha).view(m, 1)
+            rows = rows.mul_(alpha).add_(global_params[mask] * (1 - alpha))
+        return rows
 
     def _run(
         self, global_params: Tensor, plan: LocalPlan, round_: int
@@ -227,13 +255,15 @@ class Engine:
         personal = plan.personal
         assert personal is not None
         mask = personal.mask(self.model)
+        parts = spans(mask)
         trained = result.steps > 0
         frozen = parameter_mask(self.model, plan.frozen, "local.frozen") if plan.frozen else None
         if bool(trained.any()) and (frozen is None or not bool(frozen[mask].all())):
-            rows = result.params[trained][:, mask]
+            rows = gather(result.params if bool(trained.all()) else result.params[trained], parts)
             version = _version(round_, plan.phase)
             self.client_state.write(personal.key, plan.clients[trained], rows, version, self._keep_from(round_))
-        result.params[:, mask] = global_params[mask]
+        for part in parts:
+            result.params[:, part] = global_params[part]
 
     def state_rows(self, key: str, clients: Tensor, round_: int, default: Tensor) -> Tensor:
         """The stored rows `key` of `clients` as round `round_` reads them (written by earlier rounds), into

@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.func import vmap
 
 from fedhet.data.dataset import ClientData
+from fedhet.engine.dense import DenseLayer
 from fedhet.engine.functional import FlatModel
 from fedhet.seeding import numpy_rng
 
@@ -21,6 +22,15 @@ class ClientScores:
     loss: Tensor
     accuracy: Tensor
     count: Tensor
+
+    def select(self, clients: Tensor) -> ClientScores:
+        """The scores of `clients`, in that order."""
+        return ClientScores(self.loss[clients], self.accuracy[clients], self.count[clients])
+
+    @staticmethod
+    def concat(parts: list[ClientScores]) -> ClientScores:
+        """Scores of consecutive groups of clients, one after the other."""
+        return ClientScores(*(torch.cat([getattr(p, f) for p in parts]) for f in ("loss", "accuracy", "count")))
 
 
 @torch.no_grad()
@@ -79,10 +89,7 @@ def score_own_models(
         width = int(data.sizes[ids].max()) if len(ids) else 0
         if width == 0:
             continue
-        pos = torch.arange(width)
-        start = data.offsets[ids].unsqueeze(1)
-        valid = pos.unsqueeze(0) < data.sizes[ids].unsqueeze(1)
-        rows = torch.where(valid, start + pos, start)
+        rows, valid = padded_rows(data, ids)
         w = params[lo : lo + chunk_size].to(dev)
         l_, a_ = vone(w, data.x[rows], data.y[rows], valid.float().to(dev))
         loss[lo : lo + chunk_size], acc[lo : lo + chunk_size] = l_, a_
@@ -109,3 +116,54 @@ def sampled_losses(
     group = torch.as_tensor(np.concatenate(owner), dtype=torch.long)
     sums = torch.zeros(len(clients), dtype=torch.float64).index_add_(0, group, per_sample)
     return (sums / torch.bincount(group, minlength=len(clients)).double()).float()
+
+
+def padded_rows(data: ClientData, clients: Tensor) -> tuple[Tensor, Tensor]:
+    """Row indices (m, width) of each client's samples, padded to the largest by repeating its first row, and
+    the mask of real rows (m, width)."""
+    width = int(data.sizes[clients].max()) if len(clients) else 0
+    pos = torch.arange(width)
+    start = data.offsets[clients].unsqueeze(1)
+    valid = pos.unsqueeze(0) < data.sizes[clients].unsqueeze(1)
+    return torch.where(valid, start + pos, start), valid
+
+
+@torch.no_grad()
+def score_split_dense(
+    layers: list[DenseLayer], shared: Tensor, own: Tensor, mine: Tensor, data: ClientData, clients: Tensor
+) -> ClientScores:
+    """Loss and accuracy of each client's model on its own data, for a dense network whose parameters are the
+    shared model's (`shared` (P,)) except where `mine` (P,) marks them personal: `own` (m, |mine|) holds each
+    client's values there, in the model's order. A layer whose parameters are all shared runs as one matrix product
+    over every client's samples, as the global model's evaluation does; a personal one as one product per client.
+    So a personal head costs little more than the global model's evaluation; a whole personal model costs one
+    (samples × in) · (in × out) product per client and layer."""
+    rows, valid = padded_rows(data, clients)
+    m, width = rows.shape
+    if width == 0:
+        return ClientScores(torch.zeros(m), torch.zeros(m), data.sizes[clients])
+    at = torch.cumsum(mine.long(), 0) - 1  # a personal coordinate's column in `own`
+
+    def part(where: slice, shape: tuple[int, ...]) -> tuple[Tensor, bool]:
+        if bool(mine[where].all()):
+            first = int(at[where.start])
+            return own[:, first : first + where.stop - where.start].reshape(m, *shape), True
+        return shared[where].view(shape), False
+
+    a = data.x[rows.reshape(-1)].reshape(m, width, -1)
+    for i, la in enumerate(layers):
+        weight, personal = part(la.weight, la.shape)
+        z = torch.bmm(a, weight.mT) if personal else (a.reshape(m * width, -1) @ weight.T).view(m, width, -1)
+        if la.bias is not None:
+            bias, personal = part(la.bias, (la.shape[0],))
+            z.add_(bias.unsqueeze(1) if personal else bias)
+        if la.activation is not None and i < len(layers) - 1:
+            z = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[la.activation](z)
+        a = z
+    y = data.y[rows]
+    nll = torch.logsumexp(a, 2) - a.gather(2, y.unsqueeze(2)).squeeze(2)
+    wt = valid.to(a.dtype)
+    denom = wt.sum(1).clamp_min(1)
+    loss = (nll * wt).sum(1) / denom
+    accuracy = ((a.argmax(2) == y).to(a.dtype) * wt).sum(1) / denom
+    return ClientScores(loss.cpu(), accuracy.cpu(), data.sizes[clients])

@@ -94,6 +94,12 @@ class ParameterTerm(LocalTerm):
         """∂T/∂w on a slice `w` of the parameters (any shape; leading client dimension when batched)."""
         raise NotImplementedError
 
+    def affine(self) -> tuple[float, float] | None:
+        """(λ, κ) when the gradient is λ·w − κ·w_global on every coordinate (weight decay: (λ, 0); proximal:
+        (μ, μ)), so that a backend may fold the term into its steps in closed form (the dense backend's first
+        layer runs from its inputs' Gram matrices then); None for any other term."""
+        return None
+
 
 class DataTerm(LocalTerm):
     """An extra loss on the model's outputs, differentiated by autograd."""
@@ -117,6 +123,9 @@ class Proximal(ParameterTerm):
     def gradient(self, w: Tensor, at: Aligned) -> Tensor:
         return self.mu * (w - at.start)
 
+    def affine(self) -> tuple[float, float]:
+        return self.mu, self.mu
+
 
 @TERMS.register
 class WeightDecay(ParameterTerm):
@@ -128,3 +137,6 @@ class WeightDecay(ParameterTerm):
 
     def gradient(self, w: Tensor, at: Aligned) -> Tensor:
         return self.lam * w
+
+    def affine(self) -> tuple[float, float]:
+        return self.lam, 0.0

@@ -81,3 +81,27 @@ def parameter_mask(model: FlatModel, patterns: Sequence[str], what: str) -> Tens
     for name in parameter_names(model, patterns, what):
         mask[model.slices[name]] = True
     return mask
+
+
+def spans(mask: Tensor) -> list[slice]:
+    """The contiguous runs of True in a (P,) mask, as slices (a personal part is a few whole parameters)."""
+    edges = torch.diff(mask.int(), prepend=torch.zeros(1, dtype=torch.int), append=torch.zeros(1, dtype=torch.int))
+    begins, ends = torch.nonzero(edges == 1).flatten().tolist(), torch.nonzero(edges == -1).flatten().tolist()
+    return [slice(b, e) for b, e in zip(begins, ends, strict=True)]
+
+
+def gather(rows: Tensor, parts: list[slice]) -> Tensor:
+    """rows[:, mask] for the mask whose runs are `parts` (a view when it is one run)."""
+    if len(parts) == 1:
+        return rows[:, parts[0]]
+    return torch.cat([rows[:, part] for part in parts], dim=1)
+
+
+def scatter_(out: Tensor, parts: list[slice], values: Tensor) -> Tensor:
+    """out[:, mask] = values (m, |mask|) for the mask whose runs are `parts`; returns `out`."""
+    at = 0
+    for part in parts:
+        width = part.stop - part.start
+        out[:, part] = values[:, at : at + width]
+        at += width
+    return out

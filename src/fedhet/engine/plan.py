@@ -131,6 +131,10 @@ class LocalPlan:
             phase=phase,
         )
 
+    def rows(self, keep: Tensor) -> LocalPlan:
+        """The plan of the clients `keep` selects (indices into ``clients``)."""
+        return replace(self, clients=self.clients[keep], steps=self.steps[keep], lr=self.lr[keep])
+
     def with_terms(self, *terms: LocalTerm) -> LocalPlan:
         """The plan with `terms` added to the objective."""
         return replace(self, terms=(*self.terms, *terms))

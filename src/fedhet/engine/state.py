@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+import torch
 from torch import Tensor
 
 
@@ -26,12 +27,24 @@ class ClientStore:
     def read(self, key: str, clients: Tensor, round_: int, default: Tensor) -> Tensor:
         """(m, ...) rows of `clients` as they were before round `round_`, written into `default` (m, ...) in place
         (the caller's fresh tensor: its row i stays for a client never written) and returned."""
-        table = self._rows.get(key, {})
-        for i, k in enumerate(clients.tolist()):
-            earlier = [row for r, row in table.get(int(k), []) if r < round_]
-            if earlier:
-                default[i] = earlier[-1]
+        for i, row in enumerate(self.latest(key, clients, round_)):
+            if row is not None:
+                default[i] = row
         return default
+
+    def stacked(self, key: str, clients: Tensor, round_: int, fresh: Tensor) -> Tensor:
+        """(m, ...) rows of `clients` as they were before round `round_`, `fresh` (one row) for a client never
+        written: one new tensor, each row copied once."""
+        return torch.stack([fresh if row is None else row for row in self.latest(key, clients, round_)])
+
+    def latest(self, key: str, clients: Tensor, round_: int) -> list[Tensor | None]:
+        """Each client's last row written before round `round_` (None: none), the store's own tensors."""
+        table = self._rows.get(key, {})
+        out: list[Tensor | None] = []
+        for k in clients.tolist():
+            earlier = [row for r, row in table.get(int(k), []) if r < round_]
+            out.append(earlier[-1] if earlier else None)
+        return out
 
     def write(self, key: str, clients: Tensor, rows: Tensor, round_: int, keep_from: int | None = None) -> None:
         """Store `rows` as written in round `round_`, replacing any row from that round or later. With

@@ -110,6 +110,21 @@ def term_gradient(w: Tensor, terms: list[tuple[ParameterTerm, Aligned]]) -> Tens
     return total
 
 
+def affine_part(
+    terms: list[tuple[ParameterTerm, Aligned]],
+) -> tuple[float, float, list[tuple[ParameterTerm, Aligned]]]:
+    """The affine terms of a leaf summed, Σ_j ∇T_j = λ·w − κ·w_global (`ParameterTerm.affine`), and the others."""
+    lam = kappa = 0.0
+    rest = []
+    for term, at in terms:
+        form = term.affine()
+        if form is None:
+            rest.append((term, at))
+        else:
+            lam, kappa = lam + form[0], kappa + form[1]
+    return lam, kappa, rest
+
+
 def fresh_state(optimizer: ClientOptimizer, m: int, size: int) -> dict[str, Tensor]:
     """The optimiser state of `m` clients starting a round afresh (zeros)."""
     return {name: torch.zeros((m, size) if kind == "param" else (m,)) for name, kind in optimizer.state_kinds().items()}
