@@ -177,10 +177,12 @@ def test_a_second_node_lost_while_the_survivors_are_reconfigured(tmp_path: Path)
         assert all(value == value for value in map(float, row.values())), row
 
 
-def test_a_restarted_server_resumes_without_losing_rounds(tmp_path: Path) -> None:
-    """SCAFFOLD's c_i live on the nodes, versioned by round: a server that dies after the nodes trained round 3
-    but before its checkpoint (every 2 rounds) resumes from round 2 and ends exactly as an uninterrupted run."""
-    config = small_config("scaffold", rounds=4, checkpoint_every=2)
+@pytest.mark.parametrize("algorithm", ["scaffold", "fedrep"])
+def test_a_restarted_server_resumes_without_losing_rounds(tmp_path: Path, algorithm: str) -> None:
+    """SCAFFOLD's c_i and FedRep's personal heads (written in two phases a round) live on the nodes, versioned by
+    round: a server that dies after the nodes trained round 3 but before its checkpoint (every 2 rounds) resumes
+    from round 2 and ends exactly as an uninterrupted run."""
+    config = small_config(algorithm, rounds=4, checkpoint_every=2, model={"name": "mlp", "hidden": [8]})
     straight = run(config, tmp_path / "straight", builder=remote_builder(nodes(config, 2), Settings()))
     transport = nodes(config, 2)
 
