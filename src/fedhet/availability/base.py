@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from torch import Tensor
@@ -41,6 +42,11 @@ class Availability(Component):
     def observe(self, round_: int, engine: EngineProtocol, params: Tensor) -> None:
         """Told the global model after round `round_` (0-based); processes whose availability depends on
         the model (MaxFL's appeal-driven opt-in/out) update themselves here."""
+
+    def saved_arrays(self) -> dict[str, np.ndarray]:
+        """Per-client arrays that describe the process (its true parameters), saved in the run folder's
+        ``availability.npz`` beside the strategy's participation log; default: none."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -128,6 +128,10 @@ class MarkovChains(Availability):
         """The chain (cluster) of each client (K,)."""
         return self._member.copy()
 
+    def saved_arrays(self) -> dict[str, np.ndarray]:
+        """Each client's π, λ and chain."""
+        return {"pi": self.client_pi, "lambda": self.client_lambda, "chain": self.member}
+
     def available(self, round_: int) -> Tensor:
         if round_ < self._round:  # asked for the past: replay from the start (same streams, same states)
             self._state, self._round = None, -1
@@ -226,6 +230,11 @@ class ClientClasses(MarkovChains):
                 corr, _ = np.array_split(rng.permutation(half), 2)
                 correlated[corr] = split
         return group, more, correlated
+
+    def saved_arrays(self) -> dict[str, np.ndarray]:
+        """Each client's π, λ and chain, and its class: data group, more available?, correlated?"""
+        group, more, correlated = self.classes()
+        return {**super().saved_arrays(), "group": group, "more_available": more, "correlated": correlated}
 
     def chains(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         k = self._num_clients

@@ -25,11 +25,11 @@ from fedhet.engine.plan import LocalSettings
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.experiments.config import RunConfig
 from fedhet.experiments.preflight import check_run
-from fedhet.methods.maxfl.requirements import ClientRequirements, UsesRequirements
 from fedhet.metrics.base import Metric
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
 from fedhet.registry import Component, spec_of
+from fedhet.requirements import ClientRequirements, UsesRequirements
 from fedhet.seeding import derive_seed
 from fedhet.strategies.base import ServerContext, Strategy
 

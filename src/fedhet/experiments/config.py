@@ -21,8 +21,9 @@ from pydantic import (
 from fedhet.config_keys import COMPONENT_KEYS
 from fedhet.data.labels import LabelNoise
 from fedhet.errors import ConfigError
-from fedhet.methods.maxfl.requirements import RequirementsConfig
+from fedhet.experiments.trackers import validate_track
 from fedhet.registry import format_validation_error
+from fedhet.requirements import RequirementsConfig
 
 ComponentSpec = str | dict[str, Any]
 
@@ -137,8 +138,6 @@ class RunConfig(BaseModel):
     @field_validator("track")
     @classmethod
     def _track(cls, value: list[ComponentSpec]) -> list[ComponentSpec]:
-        from fedhet.experiments.tracking import validate_track
-
         validate_track(value)  # raises a one-line ConfigError (not caught by pydantic)
         return value
 

@@ -34,7 +34,8 @@ from fedhet.experiments.config import parse_config
 from fedhet.experiments.evaluation import evaluate_global, evaluation_sample
 from fedhet.experiments.executor import Executor, Outcome, Post, Task
 from fedhet.experiments.recipes import Recipe, dataset_available, deep_merge
-from fedhet.experiments.runner import RunState, run
+from fedhet.experiments.runner import run
+from fedhet.experiments.state import RunState
 from fedhet.memory_usage import memory_mb, reset_peak
 from fedhet.metrics.base import needs_all_clients
 

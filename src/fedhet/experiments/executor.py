@@ -33,7 +33,7 @@ from fedhet.errors import ConfigError, DivergenceError, FedhetError
 from fedhet.experiments.callbacks import Callback
 
 if TYPE_CHECKING:
-    from fedhet.experiments.runner import RunState
+    from fedhet.experiments.state import RunState
 
 DONE = ("finished", "stopped early")  # statuses of a run that ended normally
 RAY_HINT = "pip install 'fedhet[ray]'"

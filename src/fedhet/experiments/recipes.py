@@ -16,7 +16,7 @@ from typing import Any
 from fedhet.errors import ConfigError
 from fedhet.experiments.executor import Executor, Outcome, Task, raise_failures, write_index
 from fedhet.experiments.naming import safe_name
-from fedhet.experiments.runner import RunState
+from fedhet.experiments.state import RunState
 from fedhet.experiments.sweep import mean_std
 from fedhet.registry import closest
 from fedhet.report.tables import markdown_table

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,11 @@ from torch import Tensor
 from fedhet.engine.plan import LocalResult
 from fedhet.errors import DivergenceError, FedhetError
 from fedhet.experiments.build import Experiment, build, resolved_config
-from fedhet.experiments.callbacks import Callback, write_csv
+from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.checkpoint import CheckpointError
 from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
 from fedhet.experiments.evaluation import evaluate_global, evaluation_sample, spread_scores
+from fedhet.experiments.metrics_log import write_csv
 from fedhet.experiments.participation import ParticipationWriter
 from fedhet.experiments.runfolder import (
     CHECKPOINT,
@@ -33,6 +33,7 @@ from fedhet.experiments.runfolder import (
     RunFolder,
     identity,
 )
+from fedhet.experiments.state import RunState
 from fedhet.experiments.tracking import with_trackers
 from fedhet.metrics.base import RoundView, needs_all_clients
 
@@ -48,32 +49,6 @@ __all__ = [
     "run_or_resume",
     "same_run",
 ]
-
-
-@dataclass
-class RunState:
-    """The state of a run between rounds; `round` counts completed rounds."""
-
-    experiment: Experiment
-    params: Tensor
-    round: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
-    wall_time_s: float = 0.0
-    local_training_s: float = 0.0  # the last round's local training (the engine's `train`), seconds
-    status: str = "running"
-    out: Path | None = None
-    client_columns: dict[str, Tensor] = field(default_factory=dict)
-    folder: RunFolder | None = field(default=None, repr=False)  # the open, locked run folder (with `out`)
-    already_finished: bool = False  # resumed a run that had run all its rounds: nothing was run or rewritten
-    score_sample_only: bool = False  # `run`'s argument: ``--estimate`` times sampled evaluations
-
-    @property
-    def config(self) -> RunConfig:
-        return self.experiment.config
-
-    @property
-    def final(self) -> dict[str, float]:
-        return self.history[-1] if self.history else {}
 
 
 def run(

@@ -22,7 +22,7 @@ from typing import Any
 
 from fedhet.experiments.executor import Executor
 from fedhet.experiments.recipes import Recipe, register_recipe
-from fedhet.experiments.runner import RunState
+from fedhet.experiments.state import RunState
 
 LOCAL_LR = 0.05
 PAPER: dict[str, Any] = {

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from fedhet.availability.base import AVAILABILITY, Availability
 from fedhet.engine.protocol import EngineProtocol
-from fedhet.methods.maxfl.requirements import UsesRequirements
+from fedhet.requirements import UsesRequirements
 
 
 @AVAILABILITY.register
