@@ -25,7 +25,7 @@ from fedhet.engine.plan import LocalSettings
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.experiments.config import RunConfig
 from fedhet.experiments.preflight import check_run
-from fedhet.metrics.base import Metric
+from fedhet.metrics.base import Metric, check_columns
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
 from fedhet.registry import Component, spec_of
@@ -81,10 +81,10 @@ class Components:
 
 
 def components(config: RunConfig) -> Components:
-    """Validate every component of `config` (errors name the key, e.g. ``partition.alpha``), after importing
-    the config's plugins."""
+    """Validate every component of `config` (errors name the key, e.g. ``partition.alpha``; a metric plugin's
+    column that another writes is refused), after importing the config's plugins."""
     load_plugins(config.imports)
-    return Components(
+    parts = Components(
         algorithm=STRATEGIES.build(config.spec("algorithm"), where="algorithm"),
         dataset=DATASETS.build(config.spec("dataset"), where="dataset"),
         partition=PARTITIONERS.build(config.spec("partition"), where="partition"),
@@ -95,6 +95,8 @@ def components(config: RunConfig) -> Components:
         optimizer=OPTIMIZERS.build(config.local.optimizer, where="local.optimizer"),
         terms=[TERMS.build(spec, where=f"local.terms[{i}]") for i, spec in enumerate(config.local.terms)],
     )
+    check_columns(parts.metrics)
+    return parts
 
 
 def federated_data(config: RunConfig, parts: Components) -> FederatedData:

@@ -35,7 +35,7 @@ from fedhet.experiments.runfolder import (
 )
 from fedhet.experiments.state import RunState
 from fedhet.experiments.tracking import with_trackers
-from fedhet.metrics.base import RoundView, needs_all_clients
+from fedhet.metrics.base import RoundView, compute_checked, needs_all_clients
 
 __all__ = [
     "CHECKPOINT",
@@ -322,7 +322,7 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
                     final=state.round == cfg.rounds,
                 )
                 for plugin in exp.metrics:
-                    extra, columns = plugin.compute(view)
+                    extra, columns = compute_checked(plugin, view, metrics)
                     metrics.update(extra)
                     state.client_columns.update(columns)
                 state.history.append(metrics)

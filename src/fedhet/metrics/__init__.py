@@ -1,4 +1,5 @@
-"""Metric names written to ``metrics.csv`` (a row per evaluated round), in one place.
+"""The built-in columns of ``metrics.csv`` (a row per evaluated round) and ``clients.csv``, in one place (metric
+plugins declare their own, `fedhet.metrics.base.Metric.columns`).
 
 Client-level numbers are averaged over clients with equal weight (the papers' "average user accuracy");
 ``*_pooled`` variants weight clients by their number of samples. Unless prefixed with ``unseen_``, metrics
@@ -20,4 +21,16 @@ METRICS: dict[str, str] = {
     "available": "number of clients online this round",
     "unseen_test_accuracy": "as test_accuracy, over the unseen (held-out) clients",
     "unseen_test_loss": "as test_loss, over the unseen (held-out) clients",
+    "evaluated": "number of seen clients evaluated this round (with eval_clients)",
+}
+
+CLIENT_COLUMNS: dict[str, str] = {
+    "client": "the client's id",
+    "seen": "1 for a client that trains, 0 for an unseen (held-out) one",
+    "train_samples": "the client's training samples",
+    "test_samples": "the client's test samples",
+    "test_accuracy": "the global model's accuracy on the client's test data",
+    "test_loss": "the global model's loss on the client's test data",
+    "train_accuracy": "the global model's accuracy on the client's training data",
+    "train_loss": "the global model's loss on the client's training data",
 }

@@ -73,7 +73,14 @@ class Contribution(Metric):
     _labels: Tensor | None = PrivateAttr(None)
     _corrupted: Tensor | None = PrivateAttr(None)
 
+    def columns(self) -> tuple[str, ...]:
+        return ("contribution_round_mean",)
+
+    def client_columns(self) -> tuple[str, ...]:
+        return ("contribution", "contribution_median", "contribution_last", "contribution_nopt")
+
     def setup(self, engine: EngineProtocol, seed: int) -> None:
+        super().setup(engine, seed)
         self._rounds, self._scores, self._nopt = [], [], []
         self._labels = label_counts(engine)
         corrupted = engine.data.info.get("corrupted")

@@ -59,6 +59,16 @@ class Appeal(Metric, UsesRequirements):
     finetune_steps: int = Field(5, ge=0)
     finetune_every: Literal["final", "every"] = "final"
 
+    def columns(self) -> tuple[str, ...]:
+        plain = [
+            f"{group}{m}" for group in ("", "unseen_") for m in ("gm_appeal", "gm_appeal_train", "preferred_accuracy")
+        ]
+        tuned = [f"ft_{c}" for c in (*plain, "test_accuracy", "unseen_test_accuracy")]
+        return (*plain, *tuned)
+
+    def client_columns(self) -> tuple[str, ...]:
+        return ("rho", "appealing", "local_test_accuracy", "label_flipped")
+
     def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
         req = self.requirements.value
         data = view.engine.data
