@@ -39,6 +39,12 @@ class Component(BaseModel):
             for key, value in data.items()
         }
 
+    def derived(self) -> dict[str, Any]:
+        """The values of parameters that the config left for the run to work out, as the run set them (q-FFL's
+        L = 1/η_l when ``lipschitz`` is unset), once the component is set up: written under ``derived`` in the run
+        folder's config.yaml, so that it records every value a run used. Default: none."""
+        return {}
+
 
 C = TypeVar("C", bound=Component)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,6 +84,18 @@ class ClientRequirements:
     def rho(self) -> Tensor:
         """ρ_k of every client (K,)."""
         return self.value.rho
+
+    def derived(self) -> dict[str, Any]:
+        """The solo training's learning rate and batch size where the settings leave them to the run's."""
+        cfg, local = self.settings, self.engine.local
+        if cfg.file is not None or cfg.constant is not None:
+            return {}
+        out: dict[str, Any] = {}
+        if cfg.lr is None:
+            out["lr"] = local.lr
+        if cfg.batch_size is None:
+            out["batch_size"] = local.batch_size
+        return out
 
 
 class UsesRequirements(BaseModel):

@@ -214,6 +214,9 @@ class ClientClasses(MarkovChains):
         "more available client weakly correlated, λ = (N(0, ε²) + ε)/2)",
     )
 
+    def derived(self) -> dict[str, Any]:
+        return {"layout_seed": self.seed} if self.layout_seed is None else {}
+
     def classes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(data group, more available?, correlated?) of each client."""
         k = self.num_clients

@@ -23,7 +23,7 @@ from fedhet.engine.objective import TERMS, LocalTerm
 from fedhet.engine.optimizers import OPTIMIZERS, ClientOptimizer
 from fedhet.engine.plan import LocalSettings
 from fedhet.engine.protocol import EngineProtocol
-from fedhet.experiments.config import RunConfig
+from fedhet.experiments.config import RunConfig, dump_yaml
 from fedhet.experiments.preflight import check_run
 from fedhet.metrics.base import Metric, check_columns
 from fedhet.models.base import ModelSpec
@@ -44,10 +44,24 @@ class Experiment:
     strategy: Strategy
     availability: Availability
     metrics: list[Metric]
+    requirements: ClientRequirements | None = None  # when a component uses them
 
     def resolved_config(self) -> dict[str, Any]:
-        """The config with every component's parameters filled in (written to ``config.yaml``)."""
+        """The config with every component's parameters filled in (what identifies the run)."""
         return resolved_config(self.config)
+
+    def derived(self) -> dict[str, Any]:
+        """What the run's components worked out where the config left it to them (`Component.derived`), by key."""
+        found: dict[str, Any] = {"algorithm": self.strategy.derived(), "availability": self.availability.derived()}
+        found["metrics"] = [plugin.derived() for plugin in self.metrics]
+        found["requirements"] = self.requirements.derived() if self.requirements is not None else {}
+        return {key: value for key, value in found.items() if any(value)}
+
+    def config_text(self) -> str:
+        """``config.yaml``: the resolved config and, under ``derived``, the values the run worked out (not read
+        back: a run of this file derives them again)."""
+        derived = self.derived()
+        return dump_yaml({**self.resolved_config(), **({"derived": derived} if derived else {})})
 
 
 def resolved_config(config: RunConfig) -> dict[str, Any]:
@@ -145,9 +159,11 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     """Set the strategy, attack, availability and metrics up on `engine` (local, or a remote proxy)."""
     strategy = parts.algorithm
     requirements = ClientRequirements(engine, config.requirements)  # computed only if a component asks for ρ
+    used = False
     for component in [*strategy.parts(), parts.availability, parts.attack, *parts.metrics]:
         if isinstance(component, UsesRequirements):
             component.use_requirements(requirements)
+            used = True
     parts.attack.setup(data.num_clients, config.seed, eligible=data.seen)  # unseen clients never train
     local = local_settings(config, parts)
     strategy.setup(ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack))
@@ -156,7 +172,7 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     availability.always_in(parts.attack.opted_in())
     for plugin in parts.metrics:
         plugin.setup(engine, config.seed)
-    return Experiment(config, data, engine, strategy, availability, parts.metrics)
+    return Experiment(config, data, engine, strategy, availability, parts.metrics, requirements if used else None)
 
 
 def build(config: RunConfig) -> Experiment:

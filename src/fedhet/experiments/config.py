@@ -133,6 +133,12 @@ class RunConfig(BaseModel):
         default_factory=list,
         description="experiment trackers, e.g. [tensorboard, {name: mlflow, uri: ...}, {name: wandb, project: p}]",
     )
+    derived: dict[str, Any] = Field(
+        default_factory=dict,
+        exclude=True,
+        description="written by fedhet into a run folder's config.yaml: the values a run worked out where the "
+        "config left them to it (q-FFL's L = 1/local.lr, ...); ignored when read",
+    )
 
     @field_validator(*COMPONENT_KEYS, mode="before")
     @classmethod

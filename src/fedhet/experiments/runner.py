@@ -20,7 +20,7 @@ from fedhet.errors import DivergenceError, FedhetError
 from fedhet.experiments.build import Experiment, build, resolved_config
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.checkpoint import CheckpointError
-from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
+from fedhet.experiments.config import RunConfig, load_yaml, parse_config
 from fedhet.experiments.evaluation import evaluate_global, evaluation_sample, spread_scores
 from fedhet.experiments.metrics_log import write_csv
 from fedhet.experiments.participation import ParticipationWriter
@@ -72,7 +72,7 @@ def run(
     state = RunState(experiment, experiment.engine.initial_params(), out=out, score_sample_only=score_sample_only)
     if out is None:
         return _loop(state, callbacks or [])
-    with RunFolder.create(out, dump_yaml(experiment.resolved_config()), overwrite) as folder:
+    with RunFolder.create(out, experiment.config_text(), overwrite) as folder:
         state.folder = folder
         return _loop(state, callbacks or [])
 
@@ -102,7 +102,7 @@ def resume(
         if saved is not None and state.history and saved.get("last_row", {}).get("round") == state.final["round"]:
             state.history[-1] = dict(saved["last_row"])  # the same row, with its columns in their original order
         if rounds is not None:
-            folder.write_config(dump_yaml(experiment.resolved_config()))
+            folder.write_config(experiment.config_text())
         elif saved is not None and state.round == state.config.rounds and _finished(folder.path):
             state.status, state.already_finished = "finished", True
             return state

@@ -378,6 +378,10 @@ class NodeAvailability(Availability):
         assert self._inner is not None
         return self._inner.saved_arrays()
 
+    def derived(self) -> dict[str, Any]:
+        assert self._inner is not None
+        return self._inner.derived()
+
     def state_dict(self) -> dict[str, Any]:
         assert self._inner is not None
         return self._inner.state_dict()
