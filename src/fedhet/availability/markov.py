@@ -33,8 +33,8 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.availability.base import AVAILABILITY, Availability
+from fedhet.data.partition import block_groups
 from fedhet.errors import ConfigError
-from fedhet.layout import block_groups
 from fedhet.seeding import numpy_rng
 
 ArrayLike = float | list[float]

@@ -556,7 +556,7 @@ def reproduce(
     ] = None,
 ) -> None:
     """Rerun a paper's experiment: every method over several seeds, a markdown table and figures."""
-    from fedhet.experiments.recipes import run_recipe
+    from fedhet.experiments.reproduce import run_recipe
     from fedhet.recipes import get_recipe
 
     if seeds is not None and seeds < 1:

@@ -1,4 +1,5 @@
-"""Recipes: a paper's experiment as several methods × seeds, summarised as a markdown table and figures.
+"""Reproducing a paper's experiment (`fedhet reproduce`): the `Recipe` type (the definitions live in `fedhet.recipes`)
+and the runner that turns one into runs, a markdown table and figures.
 
 `fedhet reproduce NAME` describes every (method, seed) run first, runs them through an `Executor` (serially, in
 worker processes or on Ray) into ``OUT/<method>/seed<k>/`` (a normal run folder, so `fedhet compare` works on
