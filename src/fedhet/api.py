@@ -41,7 +41,7 @@ def _from_python(key: str, value: Any) -> Any:
         return spec_of(value)
     if key == "dataset":
         from fedhet.data.dataset import Dataset
-        from fedhet.data.memory import hold
+        from fedhet.data.in_memory import hold
         from fedhet.datasets import from_arrays
 
         if isinstance(value, tuple) and len(value) in (2, 3):

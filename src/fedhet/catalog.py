@@ -12,7 +12,7 @@ from fedhet.data import (
     embedded,
     huggingface,
     images,
-    memory,
+    in_memory,
     partition,
     real,
     shakespeare_text,

@@ -10,10 +10,11 @@ COMPONENT_KEYS = ("algorithm", "dataset", "partition", "model", "availability", 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested mappings as dotted keys (``{"local": {"lr": 0.1}}`` → ``{"local.lr": 0.1}``); lists stay values.
-    The ``track`` key is left out: trackers are not part of what a run computes."""
+    The ``track`` and ``derived`` keys are left out: trackers are not part of what a run computes, and derived
+    values follow from the others."""
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        if not prefix and key == "track":
+        if not prefix and key in ("track", "derived"):
             continue
         if isinstance(value, dict) and value:
             flat.update(flatten(value, f"{prefix}{key}."))

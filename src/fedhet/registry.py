@@ -10,19 +10,40 @@ import difflib
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 from fedhet.errors import ConfigError
 
 
 class Component(BaseModel):
-    """Base of every configurable component: its fields are its parameters (unknown keys are errors)."""
+    """Base of every configurable component: its fields are its parameters (unknown keys are errors).
+
+    A parameter that is itself a component (a strategy's server optimiser, FedGSNR's base strategy) given as a
+    mapping without a ``name`` completes its default (`with_defaults`).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _complete_nested_components(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {
+            key: with_defaults(value, cls.model_fields[key]) if key in cls.model_fields else value
+            for key, value in data.items()
+        }
+
+    def derived(self) -> dict[str, Any]:
+        """The values of parameters that the config left for the run to work out, as the run set them (q-FFL's
+        L = 1/η_l when ``lipschitz`` is unset), once the component is set up: written under ``derived`` in the run
+        folder's config.yaml, so that it records every value a run used. Default: none."""
+        return {}
 
 
 C = TypeVar("C", bound=Component)
@@ -108,6 +129,31 @@ class Registry(Generic[C]):
             return cls(**params)
         except ValidationError as err:
             raise ConfigError(format_validation_error(err, where, cls)) from None
+
+
+def with_defaults(value: Any, default: Any) -> Any:
+    """A mapping of parameters without a ``name`` completed by the `default` component it overrides, else `value`
+    as it is: over FedAdam's default server optimiser, ``{tau: 0.01}`` is Adam with τ = 0.01 and its other defaults.
+
+    `default` is a component, a ``{name: ..., **params}`` mapping, or a name; or a pydantic field, whose default is
+    taken when it is a component (or, for a field that takes a name or a mapping, a name or such a mapping).
+    """
+    if not isinstance(value, Mapping) or "name" in value:
+        return value
+    if isinstance(default, FieldInfo):
+        takes_specs = str in get_args(default.annotation) and any(
+            getattr(a, "__origin__", a) is dict for a in get_args(default.annotation)
+        )
+        default = default.get_default(call_default_factory=True)
+        if not (isinstance(default, Component) or takes_specs):
+            return value
+    if isinstance(default, Component):
+        return {**spec_of(default), **value}
+    if isinstance(default, str):
+        return {"name": default, **value}
+    if isinstance(default, Mapping) and "name" in default:
+        return {**default, **value}
+    return value
 
 
 def spec_of(component: Component) -> dict[str, Any]:

@@ -29,3 +29,26 @@ def torch_gen(seed: int, purpose: str, *keys: int) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(derive_seed(seed, purpose, *keys))
     return gen
+
+
+class SeededStreams:
+    """Mixin of components that draw random numbers from the run's seed (availability processes, metric plugins).
+
+    ``self.rng(purpose, *keys)`` (NumPy) and ``self.torch_rng(purpose, *keys)`` (a CPU torch generator) give the
+    stream (seed, purpose, keys): name the purpose after your component (e.g. ``"my-availability"``) so that its
+    draws are independent of every other stream, and pass the round (and client) as keys, so that the draws do not
+    depend on the order of calls and a resumed run draws the same numbers.
+    """
+
+    @property
+    def seed(self) -> int:
+        """The run's seed."""
+        raise NotImplementedError
+
+    def rng(self, purpose: str, *keys: int) -> np.random.Generator:
+        """A NumPy generator for (run seed, `purpose`, `keys`)."""
+        return numpy_rng(self.seed, purpose, *keys)
+
+    def torch_rng(self, purpose: str, *keys: int) -> torch.Generator:
+        """A CPU torch generator for (run seed, `purpose`, `keys`)."""
+        return torch_gen(self.seed, purpose, *keys)

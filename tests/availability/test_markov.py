@@ -15,8 +15,8 @@ from fedhet.availability.markov import (
     transition_probabilities,
 )
 from fedhet.catalog import AVAILABILITY
+from fedhet.data.partition import block_groups
 from fedhet.errors import ConfigError
-from fedhet.layout import block_groups
 
 
 def trajectory(process: Markov | MarkovClusters | ClientClasses, rounds: int) -> np.ndarray:

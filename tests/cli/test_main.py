@@ -66,6 +66,58 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert len(out.strip().splitlines()) == 1, out
 
 
+def test_a_partial_override_of_a_strategys_server_optimiser_keeps_its_defaults(tmp_path: Path) -> None:
+    """--set algorithm.server_optimizer.tau=0.01 on fedadam: Adam with τ = 0.01 and FedAdam's other defaults."""
+    import yaml
+
+    out = tmp_path / "r"
+    code, text = invoke(
+        "run",
+        "--algorithm",
+        "fedadam",
+        "--set",
+        "algorithm.server_optimizer.tau=0.01",
+        *FAST,
+        "--quiet",
+        "--out",
+        str(out),
+    )
+    assert code == 0, text
+    algorithm = yaml.safe_load((out / "config.yaml").read_text())["algorithm"]
+    assert algorithm["server_lr"] == 0.01
+    assert algorithm["server_optimizer"] == {
+        "name": "adam",
+        "beta1": 0.9,
+        "beta2": 0.99,
+        "tau": 0.01,
+        "bias_correction": False,
+    }
+
+
+def test_a_metric_plugin_that_names_a_built_in_column_is_refused_in_one_line(tmp_path: Path) -> None:
+    plugin = tmp_path / "my_metric.py"
+    plugin.write_text(
+        "from typing import ClassVar\n"
+        "from fedhet.metrics.base import METRIC_PLUGINS, Metric\n\n"
+        "@METRIC_PLUGINS.register\n"
+        "class Minus(Metric):\n"
+        "    name: ClassVar[str] = 'cli_minus_one'\n"
+        "    def columns(self):\n"
+        "        return ('test_accuracy',)\n"
+        "    def compute(self, view):\n"
+        "        return {'test_accuracy': -1.0}, {}\n"
+    )
+    code, text = invoke(
+        "run", "--import", str(plugin), "--set", "metrics=[cli_minus_one]", *FAST, "--out", str(tmp_path / "r")
+    )
+    assert code == 2
+    assert text.strip().splitlines() == [
+        "error: metrics[0] ('cli_minus_one') writes the metrics.csv column 'test_accuracy', which fedhet writes "
+        "itself; give the plugin's column another name"
+    ]
+    assert not (tmp_path / "r").exists()
+
+
 def test_corrupt_dataset_file(tmp_path: Path) -> None:
     folder = tmp_path / "mnist"
     folder.mkdir()

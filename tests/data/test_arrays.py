@@ -10,7 +10,7 @@ import torch
 
 from fedhet.catalog import DATASETS
 from fedhet.data.arrays import check_labels, standardise, to_dataset
-from fedhet.data.memory import InMemory, hold
+from fedhet.data.in_memory import InMemory, hold
 from fedhet.datasets import from_arrays, load
 from fedhet.errors import DataError
 

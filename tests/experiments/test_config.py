@@ -9,7 +9,7 @@ import torch
 
 from fedhet.errors import ConfigError
 from fedhet.experiments.build import components
-from fedhet.experiments.config import apply_override, load_yaml, parse_config, set_component
+from fedhet.experiments.config import load_yaml, parse_config
 
 
 def test_defaults_are_valid() -> None:
@@ -43,29 +43,6 @@ def test_component_errors_name_the_component_key() -> None:
         components(parse_config({"algorithm": {"name": "fedprox", "mux": 1}}))
     with pytest.raises(ConfigError, match=r"invalid value for 'algorithm.mu'"):
         components(parse_config({"algorithm": {"name": "fedprox", "mu": -1}}))
-
-
-def test_overrides_parse_yaml_values_and_expand_components() -> None:
-    raw: dict = {"algorithm": "fedprox"}
-    apply_override(raw, "algorithm.mu=0.5")
-    apply_override(raw, "local.lr=0.2")
-    apply_override(raw, "partition.alpha=0.1")
-    apply_override(raw, "model.hidden=[8, 4]")
-    cfg = parse_config(raw)
-    assert cfg.spec("algorithm") == {"name": "fedprox", "mu": 0.5}
-    assert cfg.local.lr == 0.2
-    assert cfg.spec("partition") == {"name": "dirichlet", "alpha": 0.1}
-    assert cfg.spec("model") == {"name": "mlp", "hidden": [8, 4]}
-    with pytest.raises(ConfigError, match="key=value"):
-        apply_override(raw, "local.lr")
-
-
-def test_set_component_keeps_params_only_for_the_same_name() -> None:
-    raw: dict = {"algorithm": {"name": "fedprox", "mu": 0.5}}
-    set_component(raw, "algorithm", "fedprox")
-    assert raw["algorithm"] == {"name": "fedprox", "mu": 0.5}
-    set_component(raw, "algorithm", "fedavg")
-    assert raw["algorithm"] == "fedavg"
 
 
 def test_yaml_errors(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from fedhet.experiments.estimate import (
     plan_recipe,
 )
 from fedhet.experiments.evaluation import evaluate_global
-from fedhet.experiments.recipes import RECIPES, deep_merge
+from fedhet.experiments.reproduce import RECIPES, deep_merge
 from fedhet.recipes import get_recipe
 
 SMALL: dict[str, Any] = {"local": {"batch_size": 8, "steps": 2}, "data_dir": "no-such-folder", "eval_clients": 1}

@@ -78,6 +78,14 @@ def test_finished_folders_are_reused_and_a_result_function_sees_the_run(tmp_path
     assert len(first[0].result) == 6 and isinstance(first[0].result[0], float)
 
 
+def test_a_finished_folder_whose_config_records_derived_values_is_reused(tmp_path: Path) -> None:
+    """config.yaml's `derived` section (q-FFL's L here) is not part of the config a sweep compares."""
+    task = Task({**TINY, "algorithm": "qffl", "rounds": 1}, tmp_path / "qffl", "qffl")
+    assert Executor(1).run([task])[0].ok and "derived:" in (tmp_path / "qffl" / "config.yaml").read_text()
+    assert reuse(task) is not None
+    assert reuse(Task({**task.config, "algorithm": {"name": "qffl", "q": 2.0}}, task.out, "q2")) is None
+
+
 def test_errors_are_recorded_and_raised_as_one_line(tmp_path: Path) -> None:
     bad = Task({**TINY, "partition": {"name": "dirichlet", "alpha": 0.5, "min_size": 1000}}, tmp_path / "bad", "bad")
     outcomes = Executor(1).run([*tasks(tmp_path, (0.05,)), bad])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedhet.experiments.callbacks import MetricsLog, write_csv
+from fedhet.experiments.metrics_log import MetricsLog, write_csv
 from fedhet.experiments.runfolder import (
     LOCK,
     RunFolder,

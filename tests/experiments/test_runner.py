@@ -392,3 +392,43 @@ def test_summary_names_the_backend_that_trained(tmp_path: Path, algorithm: str, 
     # Per-FedAvg's local rule needs autograd: `auto` trains it vectorised although the MLP has a dense backend
     run(parse_config(small(algorithm=algorithm, rounds=2)), tmp_path / "r")
     assert json.loads((tmp_path / "r/summary.json").read_text())["backend"] == backend
+
+
+def test_config_yaml_records_the_values_the_run_derived(tmp_path: Path) -> None:
+    """q-FFL's L = 1/local.lr (unset lipschitz) is written under `derived`; the file still reads back as the same
+    config (a resume, a rerun of it), and a run that derives nothing has no such section."""
+    from fedhet.experiments.config import load_yaml
+    from fedhet.experiments.runfolder import identity
+
+    out = tmp_path / "qffl"
+    state = run(parse_config(small(algorithm="qffl", rounds=2)), out)
+    written = load_yaml(out / "config.yaml")
+    assert written["derived"] == {"algorithm": {"lipschitz": pytest.approx(1 / 0.1)}}
+    assert "lipschitz" in written["algorithm"] and written["algorithm"]["lipschitz"] is None
+    again = parse_config(written)
+    assert identity(state.experiment.resolved_config()) == identity(run(again).experiment.resolved_config())
+    resumed = resume(out, rounds=3)
+    assert resumed.round == 3 and load_yaml(out / "config.yaml")["derived"] == written["derived"]
+    run(parse_config(small(algorithm={"name": "qffl", "lipschitz": 1.0}, rounds=1)), tmp_path / "given")
+    assert "derived" not in load_yaml(tmp_path / "given" / "config.yaml")
+    run(parse_config(small(rounds=1)), tmp_path / "fedavg")
+    assert "derived" not in load_yaml(tmp_path / "fedavg" / "config.yaml")
+
+
+def test_derived_values_of_wrapped_strategies_metrics_and_requirements(tmp_path: Path) -> None:
+    from fedhet.experiments.config import load_yaml
+
+    config = small(
+        algorithm={"name": "gsnr", "base": "qffl", "batch": 4},
+        metrics=["contribution"],
+        availability={"name": "appeal", "mandatory_rounds": 1},
+        requirements={"steps": 2},
+        rounds=1,
+    )
+    run(parse_config(config), tmp_path / "r")
+    derived = load_yaml(tmp_path / "r" / "config.yaml")["derived"]
+    assert derived == {
+        "algorithm": {"samples": 8, "base": {"lipschitz": pytest.approx(10.0)}},
+        "metrics": [{"samples": 8, "batch": 8}],
+        "requirements": {"lr": 0.1, "batch_size": 8},
+    }

@@ -12,7 +12,7 @@ import torch
 from fedhet.engine.threads import torch_threads
 from fedhet.experiments.build import components
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.recipes import deep_merge
+from fedhet.experiments.reproduce import deep_merge
 from fedhet.experiments.runner import run
 from fedhet.methods.cafed.availability_aware import AvailabilityAware
 from fedhet.methods.cafed.strategy import CAFed

@@ -19,7 +19,7 @@ from matplotlib.collections import PathCollection, PolyCollection
 import fedhet.report.plots
 from fedhet.engine.threads import torch_threads
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.recipes import deep_merge, run_recipe
+from fedhet.experiments.reproduce import deep_merge, run_recipe
 from fedhet.experiments.runner import resume
 from fedhet.recipes import get_recipe
 from fedhet.recipes.fedmgda import log_loss_curves

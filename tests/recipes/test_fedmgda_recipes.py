@@ -13,7 +13,7 @@ import torch
 
 from fedhet.engine.threads import torch_threads
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.recipes import run_recipe
+from fedhet.experiments.reproduce import run_recipe
 from fedhet.experiments.runner import run
 from fedhet.recipes import get_recipe
 from fedhet.recipes.fedmgda import ALONE, accuracy_violins, log_loss_curves

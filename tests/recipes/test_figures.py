@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhet.experiments.recipes import RECIPES, _figures
+from fedhet.experiments.reproduce import RECIPES, _figures
 from fedhet.recipes import cafed, fedgsnr
 from fedhet.report.labels import metric_info
 from figure_checks import ROUND, caption, check_figure, kept_figures, legend_texts, marked

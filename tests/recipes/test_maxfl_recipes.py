@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.recipes import deep_merge, run_recipe
+from fedhet.experiments.reproduce import deep_merge, run_recipe
 from fedhet.experiments.runner import run
 from fedhet.recipes import get_recipe
 from fedhet.recipes.maxfl import EMBEDDED, METHODS, PAPER
@@ -103,7 +103,7 @@ def test_maxfl_appeals_to_more_clients_than_every_baseline_when_opt_out_starts()
 
 def test_every_maxfl_recipe_builds_on_the_paper_data_and_the_embedded_fallback() -> None:
     from fedhet.experiments.build import components
-    from fedhet.experiments.recipes import RECIPES
+    from fedhet.experiments.reproduce import RECIPES
 
     names = [name for name in RECIPES if name.startswith("maxfl-") and name != "maxfl-mean-estimation"]
     assert {"maxfl-table1-emnist", "maxfl-unseen-sent140", "maxfl-participation"} <= set(names)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from torch import Tensor
@@ -11,22 +12,34 @@ from torch import Tensor
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.errors import ConfigError
 from fedhet.registry import Component, Registry
-from fedhet.seeding import torch_gen
+from fedhet.seeding import SeededStreams
 
 
-class Availability(Component):
+class Availability(Component, SeededStreams):
     """A process over rounds that says which clients are online.
 
     ``available(round_)`` is called once per round, in order; stateful processes (Markov chains) keep their
-    state in private attributes and expose it through ``state_dict`` for exact resumption.
+    state in private attributes and expose it through ``state_dict`` for exact resumption. After `setup`,
+    `num_clients` and `seed` are the run's, and ``self.rng(purpose, round_)`` draws from the run's seed.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=False)
-    _num_clients: int = PrivateAttr(0)
-    _seed: int = PrivateAttr(0)
+    _num_clients: int | None = PrivateAttr(None)
+    _seed: int | None = PrivateAttr(None)
 
     def setup(self, num_clients: int, seed: int) -> None:
+        """Called once before the first round (an override calls ``super().setup(num_clients, seed)`` first)."""
         self._num_clients, self._seed = num_clients, seed
+
+    @property
+    def num_clients(self) -> int:
+        """K: the run's clients, seen and unseen."""
+        return _set_up(self._num_clients, self, "num_clients")
+
+    @property
+    def seed(self) -> int:
+        """The run's seed."""
+        return _set_up(self._seed, self, "seed")
 
     def available(self, round_: int) -> Tensor:
         """A (K,) bool mask of the clients online in `round_`."""
@@ -42,11 +55,25 @@ class Availability(Component):
         """Told the global model after round `round_` (0-based); processes whose availability depends on
         the model (MaxFL's appeal-driven opt-in/out) update themselves here."""
 
+    def saved_arrays(self) -> dict[str, np.ndarray]:
+        """Per-client arrays that describe the process (its true parameters), saved in the run folder's
+        ``availability.npz`` beside the strategy's participation log; default: none."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
+
+
+def _set_up(value: int | None, component: Component, what: str) -> int:
+    if value is None:
+        raise RuntimeError(
+            f"{component.name or type(component).__name__}: {what} is known once the run has set it up (an override "
+            "of setup() must call super().setup() first)"
+        )
+    return value
 
 
 AVAILABILITY: Registry[Availability] = Registry("availability")
@@ -60,7 +87,7 @@ class Always(Availability):
     description: ClassVar[str] = "every client is available in every round"
 
     def available(self, round_: int) -> Tensor:
-        return torch.ones(self._num_clients, dtype=torch.bool)
+        return torch.ones(self.num_clients, dtype=torch.bool)
 
 
 @AVAILABILITY.register
@@ -87,11 +114,11 @@ class Bernoulli(Availability):
             )
 
     def _probabilities(self) -> Tensor:
-        p = torch.as_tensor(self.p, dtype=torch.float64).expand(self._num_clients)
-        if len(p) != self._num_clients or bool(((p < 0) | (p > 1)).any()):
-            raise ValueError(f"availability.p needs {self._num_clients} probabilities in [0, 1]")
+        p = torch.as_tensor(self.p, dtype=torch.float64).expand(self.num_clients)
+        if len(p) != self.num_clients or bool(((p < 0) | (p > 1)).any()):
+            raise ValueError(f"availability.p needs {self.num_clients} probabilities in [0, 1]")
         return p
 
     def available(self, round_: int) -> Tensor:
-        u = torch.rand(self._num_clients, generator=torch_gen(self._seed, "availability", round_), dtype=torch.float64)
+        u = torch.rand(self.num_clients, generator=self.torch_rng("availability", round_), dtype=torch.float64)
         return u < self._probabilities()

@@ -33,8 +33,8 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.availability.base import AVAILABILITY, Availability
+from fedhet.data.partition import block_groups
 from fedhet.errors import ConfigError
-from fedhet.layout import block_groups
 from fedhet.seeding import numpy_rng
 
 ArrayLike = float | list[float]
@@ -128,12 +128,16 @@ class MarkovChains(Availability):
         """The chain (cluster) of each client (K,)."""
         return self._member.copy()
 
+    def saved_arrays(self) -> dict[str, np.ndarray]:
+        """Each client's π, λ and chain."""
+        return {"pi": self.client_pi, "lambda": self.client_lambda, "chain": self.member}
+
     def available(self, round_: int) -> Tensor:
         if round_ < self._round:  # asked for the past: replay from the start (same streams, same states)
             self._state, self._round = None, -1
         while self._round < round_:
             self._round += 1
-            u = numpy_rng(self._seed, "availability", self._round).random(len(self._chain_pi))
+            u = self.rng("availability", self._round).random(len(self._chain_pi))
             self._state = step_chains(self._state, self._chain_pi, self._chain_lam, u)
         assert self._state is not None
         return torch.as_tensor(self._state[self._member], dtype=torch.bool)
@@ -156,7 +160,7 @@ class Markov(MarkovChains):
     lam: ArrayLike = Field(0.0, description="second eigenvalue λ_k of each chain (one value or one per client)")
 
     def chains(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        k = self._num_clients
+        k = self.num_clients
         return _per_item(self.pi, k, "availability.pi"), _per_item(self.lam, k, "availability.lam"), np.arange(k)
 
 
@@ -175,7 +179,7 @@ class MarkovClusters(MarkovChains):
     assignment: list[int] = Field(default_factory=list, description="cluster of each client (default: blocks)")
 
     def chains(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        k, c = self._num_clients, self.clusters
+        k, c = self.num_clients, self.clusters
         member = np.asarray(self.assignment, dtype=np.int64) if self.assignment else block_groups(k, c)
         if len(member) and (member.min() < 0 or member.max() >= c):
             raise ConfigError(f"availability.assignment: cluster ids must lie in 0..{c - 1}")
@@ -210,10 +214,13 @@ class ClientClasses(MarkovChains):
         "more available client weakly correlated, λ = (N(0, ε²) + ε)/2)",
     )
 
+    def derived(self) -> dict[str, Any]:
+        return {"layout_seed": self.seed} if self.layout_seed is None else {}
+
     def classes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(data group, more available?, correlated?) of each client."""
-        k = self._num_clients
-        seed = self._seed if self.layout_seed is None else self.layout_seed
+        k = self.num_clients
+        seed = self.seed if self.layout_seed is None else self.layout_seed
         rng = numpy_rng(seed, "cafed-classes")
         group = block_groups(k, self.groups)
         more = np.zeros(k, dtype=bool)
@@ -227,9 +234,14 @@ class ClientClasses(MarkovChains):
                 correlated[corr] = split
         return group, more, correlated
 
+    def saved_arrays(self) -> dict[str, np.ndarray]:
+        """Each client's π, λ and chain, and its class: data group, more available?, correlated?"""
+        group, more, correlated = self.classes()
+        return {**super().saved_arrays(), "group": group, "more_available": more, "correlated": correlated}
+
     def chains(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        k = self._num_clients
-        seed = self._seed if self.layout_seed is None else self.layout_seed
+        k = self.num_clients
+        seed = self.seed if self.layout_seed is None else self.layout_seed
         _, more, correlated = self.classes()
         pi = np.where(more, 0.5 + self.g, 0.5 - self.g)
         weak = numpy_rng(seed, "cafed-weak-lambda").normal(0.0, self.eps, k)

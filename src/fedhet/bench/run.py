@@ -41,7 +41,7 @@ from fedhet.data.dataset import FederatedData
 from fedhet.engine.engine import resolve_backend
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.threads import torch_threads
-from fedhet.memory_usage import memory_mb, reset_peak
+from fedhet.process_memory import memory_mb, reset_peak
 
 BIG_COHORT = 1000  # from this many clients a workload is timed once, without warm-up
 COMPARATORS: dict[str, Callable[[Workload, FederatedData], System]] = {

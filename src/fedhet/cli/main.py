@@ -6,7 +6,6 @@ import errno
 import signal
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -203,11 +202,6 @@ def run(
 ) -> None:
     """Run one experiment and write its run folder (one fedhet process per folder; Ctrl-C or SIGTERM stops it
     cleanly and --resume continues it)."""
-    from fedhet.experiments.config import apply_override, load_yaml, parse_config, set_component
-    from fedhet.experiments.runfolder import prepare_new
-    from fedhet.experiments.runner import resume as resume_run
-    from fedhet.experiments.runner import run as start_run
-
     callbacks = [] if quiet else [_progress()]
     if engine not in ("native", "flower"):
         raise FedhetError(f"--engine '{engine}' is not one of: native, flower")
@@ -215,75 +209,80 @@ def run(
         raise FedhetError("--estimate times the native engine: leave out --engine flower")
     if resume is not None:
         given = locals()
-        extra = [name for name in _RUN_FLAGS if given[name] not in (None, False, [])]
-        if extra:
-            flags = " and ".join(
-                "the config file" if n == "config" else "--" + n.rstrip("_").replace("_", "-") for n in extra
-            )
-            raise FedhetError(
-                f"--resume continues the run as configured in '{resume}': leave out {flags} (of its settings only "
-                "--rounds may change), or start a new run with --out"
-            )
+        _refuse_run_flags(resume, [name for name in _RUN_FLAGS if given[name] not in (None, False, [])])
     if engine == "flower":
         from fedhet.flower import require_flwr
 
         require_flwr()
     if resume is not None:
-        if track:
-            from fedhet.experiments.tracking import trackers_for
-
-            callbacks += trackers_for(list(track), resume)
-        with _resume_hint(resume):
-            if engine == "flower":
-                if rounds is not None:
-                    raise FedhetError("--rounds with --resume is not supported with --engine flower")
-                state = _simulate(None, resume, nodes, callbacks)
-            else:
-                state = resume_run(resume, callbacks, rounds=rounds)
-        if state.already_finished:
-            console.print(f"'{resume}' is already finished ({state.round} rounds); nothing to resume", highlight=False)
-            return
-        _report(state, quiet)
+        _resume(resume, rounds, engine, nodes, track or [], callbacks, quiet)
         return
-    raw: dict[str, Any] = load_yaml(config) if config is not None else {}
-    for key, value in (
-        ("algorithm", algorithm),
-        ("dataset", dataset),
-        ("model", model),
-        ("partition", partition),
-    ):
-        if value is not None:
-            set_component(raw, key, value)
-    for key, flag in (("rounds", rounds), ("seed", seed), ("backend", backend), ("data_dir", data_dir)):
-        if flag is not None:
-            raw[key] = str(flag) if isinstance(flag, Path) else flag
-    if download:
-        raw["download"] = True
-    if imports:
-        raw["imports"] = [*raw.get("imports", []), *imports]
-    for assignment in set_ or []:
-        apply_override(raw, assignment)
-    for name in track or []:
-        listed = raw.setdefault("track", [])
-        if name not in [t if isinstance(t, str) else t.get("name") for t in listed]:
-            listed.append(name)
+    from fedhet.experiments.assembly import assemble, default_run_folder
+    from fedhet.experiments.config import parse_config
+
+    raw = assemble(
+        config,
+        components={"algorithm": algorithm, "dataset": dataset, "model": model, "partition": partition},
+        values={"rounds": rounds, "seed": seed, "backend": backend, "data_dir": data_dir, "download": download or None},
+        imports=imports or [],
+        overrides=set_ or [],
+        track=track or [],
+    )
     cfg = parse_config(raw)
     if estimate:
         from fedhet.experiments.estimate import estimate_run
 
         _print_estimates([estimate_run(raw)], "this run")
         return
-    if out is None:
-        out = (
-            Path("runs")
-            / f"{cfg.spec('algorithm')['name']}_{cfg.spec('dataset')['name']}_seed{cfg.seed}_{int(time.time())}"
+    _start(cfg, out or default_run_folder(cfg), overwrite, engine, nodes, callbacks, quiet)
+
+
+def _refuse_run_flags(resume: Path, given: list[str]) -> None:
+    """--resume takes no flag that changes the run but --rounds."""
+    if given:
+        flags = " and ".join(
+            "the config file" if n == "config" else "--" + n.rstrip("_").replace("_", "-") for n in given
         )
+        raise FedhetError(
+            f"--resume continues the run as configured in '{resume}': leave out {flags} (of its settings only "
+            "--rounds may change), or start a new run with --out"
+        )
+
+
+def _start(cfg: Any, out: Path, overwrite: bool, engine: str, nodes: int, callbacks: list[Any], quiet: bool) -> None:
+    """Run `cfg` into the new run folder `out` on the native engine or in Flower's simulation."""
+    from fedhet.experiments.runfolder import prepare_new
+    from fedhet.experiments.runner import run as start_run
+
     with _resume_hint(out):
         if engine == "flower":
             prepare_new(out, overwrite)
             state = _simulate(cfg, out, nodes, callbacks)
         else:
             state = start_run(cfg, out, callbacks, overwrite=overwrite)
+    _report(state, quiet)
+
+
+def _resume(
+    out: Path, rounds: int | None, engine: str, nodes: int, track: list[str], callbacks: list[Any], quiet: bool
+) -> None:
+    """Continue the run in `out` (up to `rounds`), with the trackers of `track` added."""
+    from fedhet.experiments.runner import resume as resume_run
+
+    if track:
+        from fedhet.experiments.tracking import trackers_for
+
+        callbacks = [*callbacks, *trackers_for(list(track), out)]
+    with _resume_hint(out):
+        if engine == "flower":
+            if rounds is not None:
+                raise FedhetError("--rounds with --resume is not supported with --engine flower")
+            state = _simulate(None, out, nodes, callbacks)
+        else:
+            state = resume_run(out, callbacks, rounds=rounds)
+    if state.already_finished:
+        console.print(f"'{out}' is already finished ({state.round} rounds); nothing to resume", highlight=False)
+        return
     _report(state, quiet)
 
 
@@ -482,14 +481,10 @@ def sweep(
 ) -> None:
     """Run a grid of configs over several seeds: one run folder per point and seed, a summary (mean ± std over
     seeds) and the best point."""
-    from fedhet.experiments.config import apply_override, load_yaml
+    from fedhet.experiments.assembly import assemble
     from fedhet.experiments.sweep import make_sweep, run_sweep
 
-    raw: dict[str, Any] = load_yaml(config) if config is not None else {}
-    if imports:
-        raw["imports"] = [*raw.get("imports", []), *imports]
-    for assignment in set_ or []:
-        apply_override(raw, assignment)
+    raw = assemble(config, imports=imports or [], overrides=set_ or [])
     spec = make_sweep(raw, grid or [], seeds, metric, mode, show or [])
     out = out or Path("runs") / f"sweep-{config.stem if config is not None else 'default'}"
     try:
@@ -561,7 +556,7 @@ def reproduce(
     ] = None,
 ) -> None:
     """Rerun a paper's experiment: every method over several seeds, a markdown table and figures."""
-    from fedhet.experiments.recipes import run_recipe
+    from fedhet.experiments.reproduce import run_recipe
     from fedhet.recipes import get_recipe
 
     if seeds is not None and seeds < 1:

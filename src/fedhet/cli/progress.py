@@ -18,7 +18,7 @@ from rich.progress import (
 
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.executor import Monitor, Outcome, Task
-from fedhet.experiments.runner import RunState
+from fedhet.experiments.state import RunState
 
 
 class ProgressBar(Callback):

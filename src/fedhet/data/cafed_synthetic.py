@@ -21,9 +21,9 @@ from pydantic import Field
 
 from fedhet.data.dataset import Dataset
 from fedhet.data.labels import LabelNoise, label_map
+from fedhet.data.partition import block_groups
 from fedhet.data.sources import DATASETS, DatasetSource
 from fedhet.errors import ConfigError
-from fedhet.layout import block_groups
 from fedhet.seeding import numpy_rng
 
 

@@ -23,13 +23,14 @@ from fedhet.engine.objective import TERMS, LocalTerm
 from fedhet.engine.optimizers import OPTIMIZERS, ClientOptimizer
 from fedhet.engine.plan import LocalSettings
 from fedhet.engine.protocol import EngineProtocol
-from fedhet.experiments.config import RunConfig
+from fedhet.experiments.config import RunConfig, dump_yaml
+from fedhet.experiments.evaluation import scores_personal
 from fedhet.experiments.preflight import check_run
-from fedhet.methods.maxfl.requirements import ClientRequirements, UsesRequirements
-from fedhet.metrics.base import Metric
+from fedhet.metrics.base import Metric, check_columns
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
 from fedhet.registry import Component, spec_of
+from fedhet.requirements import ClientRequirements, UsesRequirements
 from fedhet.seeding import derive_seed
 from fedhet.strategies.base import ServerContext, Strategy
 
@@ -44,11 +45,24 @@ class Experiment:
     strategy: Strategy
     availability: Availability
     metrics: list[Metric]
-    requirements: ClientRequirements | None = None  # ρ_k, computed on first use (MaxFL, appeal metrics)
+    requirements: ClientRequirements | None = None  # when a component or personalised appeal uses them
 
     def resolved_config(self) -> dict[str, Any]:
-        """The config with every component's parameters filled in (written to ``config.yaml``)."""
+        """The config with every component's parameters filled in (what identifies the run)."""
         return resolved_config(self.config)
+
+    def derived(self) -> dict[str, Any]:
+        """What the run's components worked out where the config left it to them (`Component.derived`), by key."""
+        found: dict[str, Any] = {"algorithm": self.strategy.derived(), "availability": self.availability.derived()}
+        found["metrics"] = [plugin.derived() for plugin in self.metrics]
+        found["requirements"] = self.requirements.derived() if self.requirements is not None else {}
+        return {key: value for key, value in found.items() if any(value)}
+
+    def config_text(self) -> str:
+        """``config.yaml``: the resolved config and, under ``derived``, the values the run worked out (not read
+        back: a run of this file derives them again)."""
+        derived = self.derived()
+        return dump_yaml({**self.resolved_config(), **({"derived": derived} if derived else {})})
 
 
 def resolved_config(config: RunConfig) -> dict[str, Any]:
@@ -82,10 +96,10 @@ class Components:
 
 
 def components(config: RunConfig) -> Components:
-    """Validate every component of `config` (errors name the key, e.g. ``partition.alpha``), after importing
-    the config's plugins."""
+    """Validate every component of `config` (errors name the key, e.g. ``partition.alpha``; a metric plugin's
+    column that another writes is refused), after importing the config's plugins."""
     load_plugins(config.imports)
-    return Components(
+    parts = Components(
         algorithm=STRATEGIES.build(config.spec("algorithm"), where="algorithm"),
         dataset=DATASETS.build(config.spec("dataset"), where="dataset"),
         partition=PARTITIONERS.build(config.spec("partition"), where="partition"),
@@ -96,6 +110,8 @@ def components(config: RunConfig) -> Components:
         optimizer=OPTIMIZERS.build(config.local.optimizer, where="local.optimizer"),
         terms=[TERMS.build(spec, where=f"local.terms[{i}]") for i, spec in enumerate(config.local.terms)],
     )
+    check_columns(parts.metrics)
+    return parts
 
 
 def federated_data(config: RunConfig, parts: Components) -> FederatedData:
@@ -144,9 +160,11 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     """Set the strategy, attack, availability and metrics up on `engine` (local, or a remote proxy)."""
     strategy = parts.algorithm
     requirements = ClientRequirements(engine, config.requirements)  # computed only if a component asks for ρ
+    used = False
     for component in [*strategy.parts(), parts.availability, parts.attack, *parts.metrics]:
         if isinstance(component, UsesRequirements):
             component.use_requirements(requirements)
+            used = True
     parts.attack.setup(data.num_clients, config.seed, eligible=data.seen)  # unseen clients never train
     local = local_settings(config, parts)
     strategy.setup(ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack))
@@ -155,7 +173,8 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     availability.always_in(parts.attack.opted_in())
     for plugin in parts.metrics:
         plugin.setup(engine, config.seed)
-    return Experiment(config, data, engine, strategy, availability, parts.metrics, requirements)
+    used = used or (config.personal_eval.appeal and scores_personal(strategy, config.personal_eval))
+    return Experiment(config, data, engine, strategy, availability, parts.metrics, requirements if used else None)
 
 
 def build(config: RunConfig) -> Experiment:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
-import math
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedhet.atomic import append_bytes, write_bytes
-
 if TYPE_CHECKING:
-    from fedhet.experiments.runner import RunState
+    from fedhet.experiments.state import RunState
 
 
 class Callback:
@@ -40,100 +33,3 @@ class EarlyStopping(Callback):
             return False
         value = metrics[self.metric]
         return value >= self.target if self.mode == "max" else value <= self.target
-
-
-class MetricsLog:
-    """``metrics.csv``: one row per evaluated round, columns in first-seen order (a row without a column leaves
-    it empty).
-
-    A row is appended (I/O proportional to the row, not to the rounds so far); a row with a new column rewrites
-    the file atomically with the wider header. The log knows its length and SHA-256, which the checkpoint records,
-    so that a resume can check the file and cut it back to the checkpoint's round (`restore`).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.columns: list[str] = []
-        self.rows: list[dict[str, float]] = []
-        self.size = 0
-        self._hash = hashlib.sha256()
-
-    def start(self) -> None:
-        """Begin an empty log (a new run)."""
-        self.columns, self.rows = [], []
-        self._rewrite()
-
-    def append(self, row: dict[str, float]) -> None:
-        self.rows.append(row)
-        if any(c not in self.columns for c in row):
-            self.columns.extend(c for c in row if c not in self.columns)
-            self._rewrite()
-            return
-        data = _csv_text(self.columns, [row], header=False).encode()
-        append_bytes(self.path, data)
-        self.size += len(data)
-        self._hash.update(data)
-
-    def sha256(self) -> str:
-        return self._hash.copy().hexdigest()
-
-    def restore(self, columns: list[str], count: int, sha256: str) -> list[dict[str, float]]:
-        """Bring the file back to what it held when the checkpoint was written (its `columns`, first `count` rows,
-        hashing to `sha256`) and return those rows; raises ValueError when the file does not hold them.
-
-        Rows past `count` (written after the checkpoint, perhaps half) are cut off; a header widened after the
-        checkpoint (a new column) is narrowed back, so that the resumed run writes what an uninterrupted one does.
-        """
-        data = self.path.read_bytes() if self.path.is_file() else b""
-        lines = data.split(b"\r\n")
-        if columns and len(lines) < count + 2:
-            raise ValueError(f"it holds fewer rows than the checkpoint's {count}")
-        try:
-            text = b"".join(line + b"\r\n" for line in lines[: count + 1]).decode() if columns else ""
-            reader = csv.DictReader(io.StringIO(text, newline=""))
-            rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in reader]
-        except (UnicodeDecodeError, ValueError, TypeError, csv.Error):
-            raise ValueError("it was changed since the checkpoint") from None
-        canonical = _csv_text(columns, rows, header=bool(columns)).encode()
-        if hashlib.sha256(canonical).hexdigest() != sha256:
-            raise ValueError("it was changed since the checkpoint")
-        if data[: len(canonical)] == canonical:
-            if len(data) > len(canonical):
-                with self.path.open("r+b") as f:
-                    f.truncate(len(canonical))
-        else:
-            write_bytes(self.path, canonical)
-        self.columns, self.rows = list(columns), rows
-        self.size, self._hash = len(canonical), hashlib.sha256(canonical)
-        return list(rows)
-
-    def _rewrite(self) -> None:
-        data = _csv_text(self.columns, self.rows, header=bool(self.columns)).encode()
-        write_bytes(self.path, data)
-        self.size, self._hash = len(data), hashlib.sha256(data)
-
-
-def _csv_text(columns: list[str], rows: list[dict[str, float]], header: bool) -> str:
-    buffer = io.StringIO(newline="")
-    writer = csv.DictWriter(buffer, fieldnames=columns, restval="")
-    if header:
-        writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _fmt(v) for k, v in row.items()})
-    return buffer.getvalue()
-
-
-def write_csv(path: Path, rows: list[dict[str, float]]) -> None:
-    """Write `rows` (all columns of all rows, in first-seen order) atomically."""
-    columns: list[str] = []
-    for row in rows:
-        columns.extend(c for c in row if c not in columns)
-    write_bytes(path, _csv_text(columns, rows, header=True).encode())
-
-
-def _fmt(value: float) -> str:
-    """Integers without a decimal point (below 1e15), other floats exactly (``repr`` reads back bit for bit)."""
-    value = float(value)
-    if value.is_integer() and abs(value) < 1e15 and math.copysign(1.0, value) > 0:
-        return str(int(value))
-    return repr(value)

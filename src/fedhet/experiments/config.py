@@ -13,6 +13,7 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -21,8 +22,9 @@ from pydantic import (
 from fedhet.config_keys import COMPONENT_KEYS
 from fedhet.data.labels import LabelNoise
 from fedhet.errors import ConfigError
-from fedhet.methods.maxfl.requirements import RequirementsConfig
-from fedhet.registry import format_validation_error
+from fedhet.experiments.trackers import validate_track
+from fedhet.registry import format_validation_error, with_defaults
+from fedhet.requirements import RequirementsConfig
 
 ComponentSpec = str | dict[str, Any]
 
@@ -68,6 +70,11 @@ class LocalConfig(BaseModel):
     terms: list[ComponentSpec] = Field(
         default_factory=list, description="extra terms of every client's objective, e.g. [{name: proximal, mu: 0.1}]"
     )
+
+    @field_validator("optimizer", mode="before")
+    @classmethod
+    def _optimizer(cls, value: Any) -> Any:
+        return with_defaults(value, cls.model_fields["optimizer"].default)
 
 
 class PersonalEvalConfig(BaseModel):
@@ -151,19 +158,23 @@ class RunConfig(BaseModel):
         default_factory=list,
         description="experiment trackers, e.g. [tensorboard, {name: mlflow, uri: ...}, {name: wandb, project: p}]",
     )
+    derived: dict[str, Any] = Field(
+        default_factory=dict,
+        exclude=True,
+        description="written by fedhet into a run folder's config.yaml: the values a run worked out where the "
+        "config left them to it (q-FFL's L = 1/local.lr, ...); ignored when read",
+    )
 
     @field_validator(*COMPONENT_KEYS, mode="before")
     @classmethod
-    def _spec(cls, value: Any) -> Any:
+    def _spec(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str | dict):
-            return value
+            return with_defaults(value, cls.model_fields[str(info.field_name)].default)
         raise ValueError("must be a name or a mapping with a 'name' key")
 
     @field_validator("track")
     @classmethod
     def _track(cls, value: list[ComponentSpec]) -> list[ComponentSpec]:
-        from fedhet.experiments.tracking import validate_track
-
         validate_track(value)  # raises a one-line ConfigError (not caught by pydantic)
         return value
 
@@ -291,47 +302,6 @@ def _expanded_size(value: Any, seen: dict[int, int]) -> int:
             break
     seen[id(value)] = total
     return total
-
-
-def apply_override(raw: dict[str, Any], assignment: str) -> None:
-    """Apply one ``dotted.key=value`` (value parsed as YAML) to the raw config mapping in place."""
-    if "=" not in assignment:
-        raise ConfigError(f"--set '{assignment}' must look like key=value, e.g. local.lr=0.1")
-    key, text = assignment.split("=", 1)
-    try:
-        value = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError):
-        value = text
-    set_key(raw, key, value, f"--set '{assignment}'")
-
-
-def set_key(raw: dict[str, Any], key: str, value: Any, where: str) -> None:
-    """Set the ``dotted.key`` of the raw config mapping to `value` in place (a component given by name becomes a
-    mapping when one of its parameters is set); `where` names the source in error messages."""
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ConfigError(f"{where}: empty key")
-    node = raw
-    for depth, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if isinstance(child, str) and depth == 0 and part in COMPONENT_KEYS:
-            child = {"name": child}
-        elif child is None:
-            default = RunConfig.model_fields[part].default if part in COMPONENT_KEYS else {}
-            child = {"name": default} if isinstance(default, str) else dict(default or {})
-        elif not isinstance(child, dict):
-            raise ConfigError(f"{where}: '{part}' is not a section")
-        node[part] = child
-        node = child
-    node[parts[-1]] = value
-
-
-def set_component(raw: dict[str, Any], key: str, name: str) -> None:
-    """Choose component `name` for `key` (a flag such as --algorithm), keeping params only if it is unchanged."""
-    current = raw.get(key)
-    if isinstance(current, dict) and current.get("name") == name:
-        return
-    raw[key] = name
 
 
 def dump_yaml(data: dict[str, Any]) -> str:

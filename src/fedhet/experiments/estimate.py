@@ -26,17 +26,18 @@ from typing import Any, TypeVar
 import torch
 
 from fedhet.catalog import DATASETS
-from fedhet.data.memory import hold
+from fedhet.data.in_memory import hold
 from fedhet.engine.engine import resolve_device
 from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.evaluation import evaluate_global, evaluation_sample
 from fedhet.experiments.executor import Executor, Outcome, Post, Task
-from fedhet.experiments.recipes import Recipe, dataset_available, deep_merge
-from fedhet.experiments.runner import RunState, run
-from fedhet.memory_usage import memory_mb, reset_peak
+from fedhet.experiments.reproduce import Recipe, dataset_available, deep_merge
+from fedhet.experiments.runner import run
+from fedhet.experiments.state import RunState
 from fedhet.metrics.base import needs_all_clients
+from fedhet.process_memory import memory_mb, reset_peak
 
 STAND_IN_NOTE = "stand-in data: random tensors of the real shapes"
 T = TypeVar("T")

@@ -13,8 +13,8 @@ from fedhet.engine.evaluate import ClientScores, scores_of_some
 from fedhet.engine.plan import LocalPlan, LocalSettings
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.experiments.config import PersonalEvalConfig
-from fedhet.methods.maxfl.requirements import ClientRequirements, gm_appeal
 from fedhet.metrics.clients import distribution, pooled
+from fedhet.requirements import ClientRequirements
 from fedhet.seeding import numpy_rng
 from fedhet.strategies.base import Strategy
 
@@ -76,16 +76,23 @@ def spread_scores(scores: ClientScores, clients: Tensor) -> ClientScores:
     return ClientScores(scores.loss[source], scores.accuracy[source], scores.count[source])
 
 
+def scores_personal(strategy: Strategy, settings: PersonalEvalConfig) -> bool:
+    """Whether a run scores its clients' personalised models: as ``personal_eval.enabled`` says, else when the
+    strategy has personalised models or the run fine-tunes before scoring."""
+    if settings.enabled is not None:
+        return settings.enabled
+    return settings.finetune_steps > 0 or strategy.personalization(torch.zeros(0, dtype=torch.long)) is not None
+
+
 def personal_plan(
     strategy: Strategy, settings: PersonalEvalConfig, local: LocalSettings, clients: Tensor
 ) -> LocalPlan | None:
     """The plan that makes `clients`' personalised models, or None when the run does not score them: the
     strategy's own (`Strategy.personalization`: a stored personal part, steps from the global model), or the
     global model; with ``finetune_steps``, that many plain SGD steps from there instead of the strategy's own."""
-    plan = strategy.personalization(clients)
-    wanted = settings.enabled if settings.enabled is not None else plan is not None or settings.finetune_steps > 0
-    if not wanted:
+    if not scores_personal(strategy, settings):
         return None
+    plan = strategy.personalization(clients)
     if plan is None:
         plan = LocalPlan.uniform(clients, 0, local.lr, local.batch_size)
     if settings.finetune_steps:
@@ -118,6 +125,7 @@ def evaluate_personal(
             metrics[f"{prefix}personal_test_accuracy"] = float(scores.accuracy[group].double().mean())
             metrics[f"{prefix}personal_test_loss"] = float(scores.loss[group].double().mean())
             if rho is not None:
-                metrics[f"{prefix}personal_appeal"] = gm_appeal(scores.loss[group], rho[group])
+                appealing = scores.loss[group] < rho[group]  # MaxFL's appeal (eq. 1): loss below the requirement
+                metrics[f"{prefix}personal_appeal"] = float(appealing.double().mean())
     columns = {"personal_test_accuracy": scores.accuracy, "personal_test_loss": scores.loss}
     return metrics, columns

@@ -33,7 +33,7 @@ from fedhet.errors import ConfigError, DivergenceError, FedhetError
 from fedhet.experiments.callbacks import Callback
 
 if TYPE_CHECKING:
-    from fedhet.experiments.runner import RunState
+    from fedhet.experiments.state import RunState
 
 DONE = ("finished", "stopped early")  # statuses of a run that ended normally
 RAY_HINT = "pip install 'fedhet[ray]'"
@@ -192,14 +192,15 @@ def _restore_client_columns(state: RunState) -> None:
 def reuse(task: Task) -> Outcome | None:
     """The outcome of `task` read from its folder when the folder holds a finished run of this very config."""
     from fedhet.experiments.build import resolved_config
-    from fedhet.experiments.config import dump_yaml, parse_config
+    from fedhet.experiments.config import dump_yaml, load_yaml, parse_config
 
     summary, config, metrics = (task.out / name for name in ("summary.json", "config.yaml", "metrics.csv"))
     if not (summary.is_file() and config.is_file() and metrics.is_file()):
         return None
     try:
         status = json.loads(summary.read_text()).get("status")
-        same = config.read_text() == dump_yaml(resolved_config(parse_config(task.config)))
+        written = {k: v for k, v in load_yaml(config).items() if k != "derived"}  # derived: not part of the config
+        same = dump_yaml(written) == dump_yaml(resolved_config(parse_config(task.config)))
     except (ValueError, OSError, FedhetError):
         return None
     if status not in DONE or not same:

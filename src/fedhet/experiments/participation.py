@@ -1,9 +1,9 @@
 """``availability.npz``: who was available, selected and weighted in each round of a run (every run folder gets it
 when its strategy logs participation).
 
-The per round × client arrays the server saw and decided (active, selected, applied weights, π̂, λ̂, α; from the
-strategy's ``participation_log``) and the availability process's true π, λ and client classes, for CA-Fed's
-Figs. 1 and 2.
+The per round × client arrays the server saw and decided (`Strategy.participation_log`: for CA-Fed's strategies
+active, selected, applied weights, π̂, λ̂, α) and the availability process's own per-client arrays
+(`Availability.saved_arrays`: for Markov chains the true π, λ and client classes), for CA-Fed's Figs. 1 and 2.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedhet.atomic import write_bytes
-from fedhet.availability.markov import ClientClasses, MarkovChains
 from fedhet.experiments.callbacks import Callback
 
 if TYPE_CHECKING:
-    from fedhet.experiments.runner import RunState
+    from fedhet.experiments.state import RunState
 
 PARTICIPATION_FILE = "availability.npz"
 
@@ -35,14 +34,7 @@ class ParticipationWriter(Callback):
 def participation_arrays(state: RunState) -> dict[str, np.ndarray]:
     """The arrays of ``availability.npz`` for a run (empty when its strategy logs no participation)."""
     exp = state.experiment
-    log = getattr(exp.strategy, "participation_log", None)
-    out: dict[str, np.ndarray] = dict(log()) if callable(log) else {}
-    process = exp.availability
-    if isinstance(process, MarkovChains):
-        out["pi"], out["lambda"], out["chain"] = process.client_pi, process.client_lambda, process.member
-    if isinstance(process, ClientClasses):
-        out["group"], out["more_available"], out["correlated"] = process.classes()
-    return out
+    return {**exp.strategy.participation_log(), **exp.availability.saved_arrays()}
 
 
 def write_participation(state: RunState, path: Path) -> Path:

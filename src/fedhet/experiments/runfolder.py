@@ -23,9 +23,9 @@ from typing import IO, Any
 
 from fedhet.atomic import TEMP_SUFFIX, _replace, is_temp_of, write_bytes, write_text
 from fedhet.errors import ConfigError, FedhetError
-from fedhet.experiments.callbacks import MetricsLog
 from fedhet.experiments.checkpoint import CheckpointError, dump_view, loads
 from fedhet.experiments.config import dump_yaml, load_yaml, parse_config
+from fedhet.experiments.metrics_log import MetricsLog
 
 CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT = (
     "config.yaml",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,9 @@ from torch import Tensor
 from fedhet.engine.plan import LocalResult
 from fedhet.errors import DivergenceError, FedhetError
 from fedhet.experiments.build import Experiment, build, resolved_config
-from fedhet.experiments.callbacks import Callback, write_csv
+from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.checkpoint import CheckpointError
-from fedhet.experiments.config import RunConfig, dump_yaml, load_yaml, parse_config
+from fedhet.experiments.config import RunConfig, load_yaml, parse_config
 from fedhet.experiments.evaluation import (
     evaluate_global,
     evaluate_personal,
@@ -29,6 +28,7 @@ from fedhet.experiments.evaluation import (
     personal_plan,
     spread_scores,
 )
+from fedhet.experiments.metrics_log import write_csv
 from fedhet.experiments.participation import ParticipationWriter
 from fedhet.experiments.runfolder import (
     CHECKPOINT,
@@ -39,8 +39,9 @@ from fedhet.experiments.runfolder import (
     RunFolder,
     identity,
 )
+from fedhet.experiments.state import RunState
 from fedhet.experiments.tracking import with_trackers
-from fedhet.metrics.base import RoundView, needs_all_clients
+from fedhet.metrics.base import RoundView, compute_checked, needs_all_clients
 from fedhet.strategies.base import Train
 
 __all__ = [
@@ -55,32 +56,6 @@ __all__ = [
     "run_or_resume",
     "same_run",
 ]
-
-
-@dataclass
-class RunState:
-    """The state of a run between rounds; `round` counts completed rounds."""
-
-    experiment: Experiment
-    params: Tensor
-    round: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
-    wall_time_s: float = 0.0
-    local_training_s: float = 0.0  # the last round's local training (the engine's `train`), seconds
-    status: str = "running"
-    out: Path | None = None
-    client_columns: dict[str, Tensor] = field(default_factory=dict)
-    folder: RunFolder | None = field(default=None, repr=False)  # the open, locked run folder (with `out`)
-    already_finished: bool = False  # resumed a run that had run all its rounds: nothing was run or rewritten
-    score_sample_only: bool = False  # `run`'s argument: ``--estimate`` times sampled evaluations
-
-    @property
-    def config(self) -> RunConfig:
-        return self.experiment.config
-
-    @property
-    def final(self) -> dict[str, float]:
-        return self.history[-1] if self.history else {}
 
 
 def run(
@@ -104,7 +79,7 @@ def run(
     state = RunState(experiment, experiment.engine.initial_params(), out=out, score_sample_only=score_sample_only)
     if out is None:
         return _loop(state, callbacks or [])
-    with RunFolder.create(out, dump_yaml(experiment.resolved_config()), overwrite) as folder:
+    with RunFolder.create(out, experiment.config_text(), overwrite) as folder:
         state.folder = folder
         return _loop(state, callbacks or [])
 
@@ -134,7 +109,7 @@ def resume(
         if saved is not None and state.history and saved.get("last_row", {}).get("round") == state.final["round"]:
             state.history[-1] = dict(saved["last_row"])  # the same row, with its columns in their original order
         if rounds is not None:
-            folder.write_config(dump_yaml(experiment.resolved_config()))
+            folder.write_config(experiment.config_text())
         elif saved is not None and state.round == state.config.rounds and _finished(folder.path):
             state.status, state.already_finished = "finished", True
             return state
@@ -378,7 +353,7 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
                     final=state.round == cfg.rounds,
                 )
                 for plugin in exp.metrics:
-                    extra, columns = plugin.compute(view)
+                    extra, columns = compute_checked(plugin, view, metrics)
                     metrics.update(extra)
                     state.client_columns.update(columns)
                 state.history.append(metrics)

@@ -25,8 +25,9 @@ import numpy as np
 import yaml
 
 from fedhet.errors import ConfigError
+from fedhet.experiments.assembly import set_key
 from fedhet.experiments.build import components
-from fedhet.experiments.config import parse_config, set_key
+from fedhet.experiments.config import parse_config
 from fedhet.experiments.executor import DONE, Executor, Outcome, Task, write_index, write_text
 from fedhet.experiments.naming import MAX_LENGTH, safe_name
 from fedhet.registry import closest

@@ -11,39 +11,31 @@ Each tracker keeps what it needs to continue the same record after a resume in `
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
-
-from pydantic import Field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedhet.config_keys import flatten
 from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
-from fedhet.registry import Component, Registry
+from fedhet.experiments.trackers import (
+    STATE_FILE,
+    TRACKERS,
+    MLflowSpec,
+    TensorBoardSpec,
+    TrackerSpec,
+    WandbSpec,
+    Where,
+    read_state,
+    validate_track,
+)
 
 if TYPE_CHECKING:
     from fedhet.experiments.config import RunConfig
-    from fedhet.experiments.runner import RunState
-
-STATE_FILE = "tracking.json"
+    from fedhet.experiments.state import RunState
 FINAL_STATUSES = ("finished", "stopped early", "diverged")
-
-
-@dataclass(frozen=True)
-class Where:
-    """Where a tracker writes for one run: the run folder, the folder of shared stores (the sweep's folder for a
-    sweep, else the run folder), the sweep's name (a group of runs) and the run's display name."""
-
-    out: Path
-    root: Path
-    group: str | None
-    name: str
 
 
 class Tracker(Callback):
@@ -109,46 +101,7 @@ class Tracker(Callback):
         raise NotImplementedError
 
 
-class TrackerSpec(Component):
-    """A tracker's settings (a component of the ``track`` list); `make` gives the callback of one run."""
-
-    module: ClassVar[str] = ""  # the import the tracker needs
-    extra: ClassVar[str] = ""  # the fedhet extra that installs it
-
-    def require(self) -> None:
-        """Raise a one-line ConfigError naming the extra when the tracker's library is not installed."""
-        if importlib.util.find_spec(self.module) is None:
-            raise ConfigError(
-                f"the {self.name} tracker needs the '{self.module}' package: pip install 'fedhet[{self.extra}]'"
-            )
-
-    def make(self, where: Where) -> Tracker:
-        raise NotImplementedError
-
-    def hint(self, out: Path) -> str:
-        """Where the records of the run in `out` are, and how to look at them."""
-        raise NotImplementedError
-
-
-TRACKERS: Registry[TrackerSpec] = Registry("tracker")
-
-
 # ----------------------------------------------------------------------------------------------------- TensorBoard
-
-
-@TRACKERS.register
-class TensorBoardSpec(TrackerSpec):
-    name: ClassVar[str] = "tensorboard"
-    description: ClassVar[str] = "event files in <run folder>/tensorboard: per-round scalars, config as hparams"
-    module: ClassVar[str] = "tensorboard"
-    extra: ClassVar[str] = "tensorboard"
-    dir: str = Field("tensorboard", description="folder of the event files, relative to the run folder")
-
-    def make(self, where: Where) -> Tracker:
-        return TensorBoardTracker(where, self.dir)
-
-    def hint(self, out: Path) -> str:
-        return f"tensorboard --logdir {out / self.dir}"
 
 
 class TensorBoardTracker(Tracker):
@@ -157,9 +110,9 @@ class TensorBoardTracker(Tracker):
 
     key = "tensorboard"
 
-    def __init__(self, where: Where, subdir: str) -> None:
+    def __init__(self, where: Where, spec: TensorBoardSpec) -> None:
         super().__init__(where)
-        self.log_dir = where.out / subdir
+        self.log_dir = where.out / spec.dir
         self.writer: Any = None
 
     def open(self, state: RunState, resumed: bool) -> None:
@@ -195,32 +148,6 @@ def hparam_values(state: RunState) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------- MLflow
 
 
-@TRACKERS.register
-class MLflowSpec(TrackerSpec):
-    name: ClassVar[str] = "mlflow"
-    description: ClassVar[str] = "an MLflow run: config as params, per-round metrics (default store: mlflow.db)"
-    module: ClassVar[str] = "mlflow"
-    extra: ClassVar[str] = "mlflow"
-    uri: str | None = Field(
-        None,
-        description="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<run or sweep folder>/mlflow.db)",
-    )
-    experiment: str | None = Field(None, description="MLflow experiment (default: the sweep's name, else 'fedhet')")
-
-    def tracking_uri(self, root: Path) -> str:
-        return self.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root.resolve() / 'mlflow.db'}"
-
-    def experiment_name(self, group: str | None) -> str:
-        return self.experiment or group or "fedhet"
-
-    def make(self, where: Where) -> Tracker:
-        return MLflowTracker(where, self.tracking_uri(where.root), self.experiment_name(where.group))
-
-    def hint(self, out: Path) -> str:
-        uri = read_state(out).get("mlflow", {}).get("uri") or self.tracking_uri(out)
-        return f"mlflow ui --backend-store-uri {uri}"
-
-
 def mlflow_client(uri: str) -> Any:
     """An MlflowClient on `uri`, with MLflow's INFO lines (database set-up) kept off the console."""
     import logging
@@ -252,9 +179,9 @@ class MLflowTracker(Tracker):
     key = "mlflow"
     MAX_PARAMS = 100  # per log_batch call (MLflow's limit)
 
-    def __init__(self, where: Where, uri: str, experiment: str) -> None:
+    def __init__(self, where: Where, spec: MLflowSpec) -> None:
         super().__init__(where)
-        self.uri, self.experiment = uri, experiment
+        self.uri, self.experiment = spec.tracking_uri(where.root), spec.experiment_name(where.group)
         self.client: Any = None
         self.run_id = ""
 
@@ -304,29 +231,6 @@ def param_text(value: Any) -> str:
 # ------------------------------------------------------------------------------------------------ Weights & Biases
 
 
-@TRACKERS.register
-class WandbSpec(TrackerSpec):
-    name: ClassVar[str] = "wandb"
-    description: ClassVar[str] = "a Weights & Biases run (offline by default: no account needed; wandb sync uploads)"
-    module: ClassVar[str] = "wandb"
-    extra: ClassVar[str] = "wandb"
-    project: str = Field("fedhet", description="W&B project")
-    entity: str | None = Field(None, description="W&B entity (team or user); default: yours")
-    mode: Literal["offline", "online", "disabled"] | None = Field(
-        None, description="offline (default, or $WANDB_MODE when set), online or disabled"
-    )
-    tags: list[str] = Field(default_factory=list, description="W&B tags of the run")
-
-    def make(self, where: Where) -> Tracker:
-        mode = self.mode or os.environ.get("WANDB_MODE") or "offline"
-        return WandbTracker(where, self.project, self.entity, mode, self.tags)
-
-    def hint(self, out: Path) -> str:
-        if (self.mode or os.environ.get("WANDB_MODE") or "offline") == "offline":
-            return f"offline run in {out / 'wandb'}; upload it with: wandb sync {out / 'wandb'}/offline-run-*"
-        return f"project '{self.project}' on W&B"
-
-
 class WandbTracker(Tracker):
     """One W&B run per fedhet run (group = the sweep), under ``<run folder>/wandb``; history at step = round, the
     resolved config as the run's config, final metrics and status in its summary. A resume reopens the same run id
@@ -334,9 +238,9 @@ class WandbTracker(Tracker):
 
     key = "wandb"
 
-    def __init__(self, where: Where, project: str, entity: str | None, mode: str, tags: list[str]) -> None:
+    def __init__(self, where: Where, spec: WandbSpec) -> None:
         super().__init__(where)
-        self.project, self.entity, self.mode, self.tags = project, entity, mode, tags
+        self.project, self.entity, self.mode, self.tags = spec.project, spec.entity, spec.wandb_mode(), spec.tags
         self.run: Any = None
 
     def open(self, state: RunState, resumed: bool) -> None:
@@ -371,18 +275,17 @@ class WandbTracker(Tracker):
 # ---------------------------------------------------------------------------------------------------------- factory
 
 
+def make_tracker(spec: TrackerSpec, where: Where) -> Tracker:
+    """The callback that logs one run (in `where`) to the tracker `spec` describes."""
+    for tracker in (TensorBoardTracker, MLflowTracker, WandbTracker):
+        if tracker.key == spec.name:
+            return tracker(where, spec)  # type: ignore[arg-type]
+    raise ValueError(f"no tracker callback for '{spec.name}'")
+
+
 def tracker_specs(config: RunConfig) -> list[TrackerSpec]:
     """The validated ``track`` entries of `config` (one-line errors such as ``track[1].uri``)."""
     return validate_track(config.track)
-
-
-def validate_track(track: list[str | dict[str, Any]]) -> list[TrackerSpec]:
-    specs = [TRACKERS.build(spec, where=f"track[{i}]") for i, spec in enumerate(track)]
-    names = [s.name for s in specs]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ConfigError(f"track lists {', '.join(twice)} more than once; keep one entry per tracker")
-    return specs
 
 
 def tracking_callbacks(
@@ -415,7 +318,7 @@ def trackers_for(
     for spec in specs:
         spec.require()
     where = Where(out=out, root=root or out, group=group, name=name or run_name(out, root))
-    return [spec.make(where) for spec in specs]
+    return [make_tracker(spec, where) for spec in specs]
 
 
 def run_name(out: Path, root: Path | None) -> str:
@@ -451,15 +354,3 @@ def with_trackers(callbacks: list[Callback], config: RunConfig, out: Path) -> li
     present = {cb.key for cb in callbacks if isinstance(cb, Tracker)}
     wanted = [spec for spec in config.track if TRACKERS.build(spec).name not in present] if config.track else []
     return [*callbacks, *trackers_for(wanted, out)] if wanted else callbacks
-
-
-# ---------------------------------------------------------------------------------------------------------- helpers
-
-
-def read_state(out: Path) -> dict[str, Any]:
-    """``tracking.json`` of run folder `out` (empty when absent)."""
-    path = out / STATE_FILE
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
-    return data if isinstance(data, dict) else {}

@@ -37,7 +37,8 @@ from fedhet.errors import ConfigError  # noqa: E402
 from fedhet.experiments.callbacks import Callback  # noqa: E402
 from fedhet.experiments.checkpoint import load_state, save_state  # noqa: E402
 from fedhet.experiments.config import RunConfig, load_yaml, parse_config  # noqa: E402
-from fedhet.experiments.runner import CHECKPOINT, CONFIG, SUMMARY, RunState, resume, run, same_run  # noqa: E402
+from fedhet.experiments.runner import CHECKPOINT, CONFIG, SUMMARY, resume, run, same_run  # noqa: E402
+from fedhet.experiments.state import RunState  # noqa: E402
 from fedhet.flower.codec import Arrays, Config, Payload  # noqa: E402
 from fedhet.flower.node import (  # noqa: E402
     NodeWorker,

@@ -393,6 +393,14 @@ class NodeAvailability(Availability):
         assert self._inner is not None
         self._inner.observe(round_, engine, params)
 
+    def saved_arrays(self) -> dict[str, np.ndarray]:
+        assert self._inner is not None
+        return self._inner.saved_arrays()
+
+    def derived(self) -> dict[str, Any]:
+        assert self._inner is not None
+        return self._inner.derived()
+
     def state_dict(self) -> dict[str, Any]:
         assert self._inner is not None
         return self._inner.state_dict()

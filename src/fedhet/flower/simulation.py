@@ -9,7 +9,7 @@ from pathlib import Path
 from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import RunConfig
-from fedhet.experiments.runner import RunState
+from fedhet.experiments.state import RunState
 from fedhet.flower import require_flwr
 from fedhet.flower.remote import Settings
 

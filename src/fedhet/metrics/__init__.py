@@ -1,4 +1,5 @@
-"""Metric names written to ``metrics.csv`` (a row per evaluated round), in one place.
+"""The built-in columns of ``metrics.csv`` (a row per evaluated round) and ``clients.csv``, in one place (metric
+plugins declare their own, `fedhet.metrics.base.Metric.columns`).
 
 Client-level numbers are averaged over clients with equal weight (the papers' "average user accuracy");
 ``*_pooled`` variants weight clients by their number of samples. Unless prefixed with ``unseen_``, metrics
@@ -20,10 +21,29 @@ METRICS: dict[str, str] = {
     "available": "number of clients online this round",
     "unseen_test_accuracy": "as test_accuracy, over the unseen (held-out) clients",
     "unseen_test_loss": "as test_loss, over the unseen (held-out) clients",
+    "evaluated": "number of seen clients evaluated this round (with eval_clients)",
     "personal_test_accuracy": "mean over clients of their personalised model's accuracy on their own test data "
-    "(personal_eval; _std, _worst10, _best10 as for test_accuracy)",
+    "(personal_eval)",
+    "personal_test_accuracy_std": "standard deviation of the personalised models' test accuracy",
+    "personal_test_accuracy_worst10": "mean personalised test accuracy of the worst 10% of clients",
+    "personal_test_accuracy_best10": "mean personalised test accuracy of the best 10% of clients",
     "personal_test_loss": "mean over clients of their personalised model's test loss",
     "personal_appeal": "share of clients whose personalised model's test loss is below their requirement ρ_k "
     "(the loss of a model trained on their data alone)",
     "unseen_personal_test_accuracy": "as personal_test_accuracy, over the unseen clients (after the same steps)",
+    "unseen_personal_test_loss": "as personal_test_loss, over the unseen clients",
+    "unseen_personal_appeal": "as personal_appeal, over the unseen clients",
+}
+
+CLIENT_COLUMNS: dict[str, str] = {
+    "client": "the client's id",
+    "seen": "1 for a client that trains, 0 for an unseen (held-out) one",
+    "train_samples": "the client's training samples",
+    "test_samples": "the client's test samples",
+    "test_accuracy": "the global model's accuracy on the client's test data",
+    "test_loss": "the global model's loss on the client's test data",
+    "train_accuracy": "the global model's accuracy on the client's training data",
+    "train_loss": "the global model's loss on the client's training data",
+    "personal_test_accuracy": "the client's personalised model's accuracy on its test data (personal_eval)",
+    "personal_test_loss": "the client's personalised model's loss on its test data (personal_eval)",
 }

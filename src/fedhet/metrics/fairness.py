@@ -43,6 +43,9 @@ class ImprovedUsers(Metric):
     _num: float = PrivateAttr(0.0)
     _den: float = PrivateAttr(0.0)
 
+    def columns(self) -> tuple[str, ...]:
+        return ("improved_users", "improved_users_ewm")
+
     def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
         if view.result is None or len(view.result.clients) == 0:
             share = float("nan")
@@ -72,6 +75,9 @@ class AccuracyPercentiles(Metric):
     description: ClassVar[str] = "low/high percentiles of per-client test accuracy (FedMGDA+ 'Worst/Best 5%')"
     low: float = Field(5.0, ge=0, le=100)
     high: float = Field(95.0, ge=0, le=100)
+
+    def columns(self) -> tuple[str, ...]:
+        return (f"test_accuracy_p{self.low:g}", f"test_accuracy_p{self.high:g}")
 
     def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
         acc = view.test.accuracy[view.engine.data.seen].double().numpy()

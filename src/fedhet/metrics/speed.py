@@ -46,7 +46,11 @@ class TargetAccuracy(Metric):
     _reached: float = PrivateAttr(float("nan"))
     _best: float = PrivateAttr(float("nan"))
 
+    def columns(self) -> tuple[str, ...]:
+        return ("rounds_to_target", "best_test_accuracy")
+
     def setup(self, engine: EngineProtocol, seed: int) -> None:
+        super().setup(engine, seed)
         self._reached, self._best = float("nan"), float("nan")
 
     def accuracy(self, view: RoundView) -> float:

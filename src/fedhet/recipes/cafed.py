@@ -42,7 +42,7 @@ import numpy as np
 from fedhet.errors import FedhetError
 from fedhet.experiments.executor import Executor, Task, raise_failures
 from fedhet.experiments.naming import safe_name
-from fedhet.experiments.recipes import Recipe, deep_merge, mean_std, register_recipe
+from fedhet.experiments.reproduce import Recipe, deep_merge, mean_std, register_recipe
 from fedhet.experiments.sweep import Point, Sweep, SweepResult, finish_sweep, prepare_sweep
 
 AVAILABILITY: dict[str, Any] = {"name": "cafed_classes", "g": 0.4, "nu": 0.9, "eps": 1e-2}

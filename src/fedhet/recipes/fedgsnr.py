@@ -28,8 +28,8 @@ from torch import Tensor
 
 from fedhet.experiments.executor import Executor, Task, raise_failures
 from fedhet.experiments.naming import safe_name
-from fedhet.experiments.recipes import Recipe, dataset_available, deep_merge, mean_std, register_recipe
-from fedhet.experiments.runner import RunState
+from fedhet.experiments.reproduce import Recipe, dataset_available, deep_merge, mean_std, register_recipe
+from fedhet.experiments.state import RunState
 from fedhet.methods.fedgsnr.contribution import Contribution, contribution_scores, label_counts, plot_contribution
 from fedhet.metrics.speed import speedup
 from fedhet.report.tables import markdown_table

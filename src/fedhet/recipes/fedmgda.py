@@ -50,8 +50,9 @@ import numpy as np
 import torch
 
 from fedhet.experiments.executor import Outcome
-from fedhet.experiments.recipes import Recipe, deep_merge, mean_curves, register_recipe
-from fedhet.experiments.runner import CLIENTS, RunState
+from fedhet.experiments.reproduce import Recipe, deep_merge, mean_curves, register_recipe
+from fedhet.experiments.runner import CLIENTS
+from fedhet.experiments.state import RunState
 from fedhet.methods.fedmgda.strategy import beta_for_decay
 
 CIFAR: dict[str, Any] = {

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedhet.experiments.recipes import Recipe, deep_merge, register_recipe
+from fedhet.experiments.reproduce import Recipe, deep_merge, register_recipe
 from fedhet.recipes.fedmgda import (
     DIGITS,
     FEDAVG,

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.experiments.executor import Executor
-from fedhet.experiments.recipes import Recipe, register_recipe
-from fedhet.experiments.runner import RunState
+from fedhet.experiments.reproduce import Recipe, register_recipe
+from fedhet.experiments.state import RunState
 
 LOCAL_LR = 0.05
 PAPER: dict[str, Any] = {
@@ -257,9 +257,13 @@ def _curve_table(curve: Any) -> str:
 
 def _mean_estimation(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None, executor: Executor) -> str:
     del embedded, executor  # an analytic study: no dataset, no runs
+    from fedhet.methods.maxfl.mean_estimation import (
+        plot_two_client_curve,
+        three_client_appeal,
+        three_client_curve,
+        two_client_curve,
+    )
     from fedhet.report.tables import markdown_table
-    from fedhet.studies.mean_estimation import three_client_appeal, three_client_curve, two_client_curve
-    from fedhet.studies.plots import plot_two_client_curve
 
     runs, points = (2000, 11) if quick else (10_000, 21)
     curve = two_client_curve(points=points, runs=runs, seed=seeds[0])

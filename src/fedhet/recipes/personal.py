@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedhet.experiments.recipes import Recipe, register_recipe
+from fedhet.experiments.reproduce import Recipe, register_recipe
 
 CIFAR: dict[str, Any] = {
     "dataset": "cifar10",

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from pydantic import ConfigDict, Field, PrivateAttr, field_serializer, field_validator
 from torch import Tensor
@@ -142,6 +143,11 @@ class Strategy(Component):
 
     def round_metrics(self) -> dict[str, float]:
         """Extra per-round numbers to log (e.g. the sum of MaxFL's weights)."""
+        return {}
+
+    def participation_log(self) -> dict[str, np.ndarray]:
+        """Per round × client arrays of what the server saw and decided (who was active, selected, the weights
+        applied), saved in the run folder's ``availability.npz``; default: none (CA-Fed's strategies log them)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:

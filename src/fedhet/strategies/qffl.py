@@ -22,7 +22,7 @@ attack is applied to the total, as in that code. Losses are floored at 1e-10 (as
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, PrivateAttr
@@ -70,6 +70,9 @@ class QFFL(Strategy):
     def lipschitz_constant(self) -> float:
         """L: the configured value, or 1/η_l (the run's local learning rate) when none is given (Li et al.)."""
         return self.lipschitz if self.lipschitz is not None else 1.0 / self.ctx.local.lr
+
+    def derived(self) -> dict[str, Any]:
+        return {"lipschitz": self.lipschitz_constant} if self.lipschitz is None else {}
 
     def reported_losses(self, clients: Tensor, global_params: Tensor) -> Tensor:
         """F_k(w_t) as the clients report it (after any loss attack)."""

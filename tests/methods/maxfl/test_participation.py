@@ -8,11 +8,11 @@ from conftest import linear_model, tiny_data
 from fedhet.attacks.base import MaliciousClients, NoAttack
 from fedhet.engine.engine import Engine
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.recipes import deep_merge
+from fedhet.experiments.reproduce import deep_merge
 from fedhet.experiments.runner import run
 from fedhet.methods.maxfl.participation import AppealParticipation
-from fedhet.methods.maxfl.requirements import ClientRequirements, Requirements, RequirementsConfig
 from fedhet.recipes.maxfl import EMBEDDED, METHODS, PAPER
+from fedhet.requirements import ClientRequirements, Requirements, RequirementsConfig
 
 
 def pool_after(attack: MaliciousClients | NoAttack) -> list[bool]:

@@ -75,6 +75,10 @@ class AlphaAccuracy(Metric):
     description: ClassVar[str] = "alpha-weighted accuracy and its max, time average and second-half std"
     weighting: Literal["samples", "uniform"] = Field("samples", description="α_k ∝ train samples, or uniform")
 
+    def columns(self) -> tuple[str, ...]:
+        accuracy = ("alpha_test_accuracy", "alpha_test_loss", "alpha_train_loss")
+        return (*accuracy, "max_accuracy", "time_avg_accuracy", "second_half_std")
+
     def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
         data = view.engine.data
         alpha = data.train.sizes.double().numpy() if self.weighting == "samples" else np.ones(data.num_clients)

@@ -112,6 +112,9 @@ class CAFed(AvailabilityAware):
         self._losses = LossTracker(ctx.num_clients, self.beta, floor)
         self._global = ctx.engine.initial_params()  # the runner starts from the same model
 
+    def derived(self) -> dict[str, Any]:
+        return {"loss_batch": self.ctx.local.batch_size} if self.loss_batch is None else {}
+
     @property
     def losses(self) -> LossTracker:
         if self._losses is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -71,9 +71,21 @@ class Contribution(Metric):
     _scores: list[Tensor] = PrivateAttr(default_factory=list)
     _nopt: list[Tensor] = PrivateAttr(default_factory=list)
     _labels: Tensor | None = PrivateAttr(None)
+    _local_batch: int = PrivateAttr(0)
     _corrupted: Tensor | None = PrivateAttr(None)
 
+    def derived(self) -> dict[str, Any]:
+        return {key: self._local_batch for key in ("samples", "batch") if not getattr(self, key)}
+
+    def columns(self) -> tuple[str, ...]:
+        return ("contribution_round_mean",)
+
+    def client_columns(self) -> tuple[str, ...]:
+        return ("contribution", "contribution_median", "contribution_last", "contribution_nopt")
+
     def setup(self, engine: EngineProtocol, seed: int) -> None:
+        super().setup(engine, seed)
+        self._local_batch = engine.local.batch_size
         self._rounds, self._scores, self._nopt = [], [], []
         self._labels = label_counts(engine)
         corrupted = engine.data.info.get("corrupted")

@@ -257,6 +257,12 @@ class GSNR(Strategy):
     def parts(self) -> list[Strategy]:
         return [self, *self.inner.parts()]
 
+    def derived(self) -> dict[str, Any]:
+        batch = self.ctx.local.batch_size
+        out: dict[str, Any] = {key: batch for key in ("samples", "batch") if not getattr(self, key)}
+        base = self.inner.derived()
+        return {**out, "base": base} if base else out
+
     def select(self, round_: int, available: Tensor) -> Tensor:
         return self.inner.select(round_, available)
 

@@ -11,8 +11,18 @@ from torch import Tensor
 from fedhet.engine.evaluate import ClientScores
 from fedhet.engine.plan import LocalPlan
 from fedhet.engine.protocol import EngineProtocol
-from fedhet.methods.maxfl.requirements import UsesRequirements, gm_appeal, preferred_accuracy
 from fedhet.metrics.base import METRIC_PLUGINS, Metric, RoundView
+from fedhet.requirements import UsesRequirements
+
+
+def gm_appeal(losses: Tensor, rho: Tensor) -> float:
+    """GM-Appeal (MaxFL eq. 1): the share of clients with loss strictly below their requirement."""
+    return float((losses < rho).double().mean()) if len(losses) else float("nan")
+
+
+def preferred_accuracy(global_acc: Tensor, local_acc: Tensor, appealing: Tensor) -> float:
+    """Preferred-model accuracy: the global model's accuracy where it appeals, else the local model's."""
+    return float(torch.where(appealing, global_acc, local_acc).double().mean()) if len(global_acc) else float("nan")
 
 
 def _group_metrics(
@@ -48,6 +58,16 @@ class Appeal(Metric, UsesRequirements):
     description: ClassVar[str] = "GM-appeal and preferred-model accuracy, seen/unseen, with and without tuning"
     finetune_steps: int = Field(5, ge=0)
     finetune_every: Literal["final", "every"] = "final"
+
+    def columns(self) -> tuple[str, ...]:
+        plain = [
+            f"{group}{m}" for group in ("", "unseen_") for m in ("gm_appeal", "gm_appeal_train", "preferred_accuracy")
+        ]
+        tuned = [f"ft_{c}" for c in (*plain, "test_accuracy", "unseen_test_accuracy")]
+        return (*plain, *tuned)
+
+    def client_columns(self) -> tuple[str, ...]:
+        return ("rho", "appealing", "local_test_accuracy", "label_flipped")
 
     def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
         req = self.requirements.value

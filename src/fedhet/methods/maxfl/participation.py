@@ -23,7 +23,7 @@ from torch import Tensor
 
 from fedhet.availability.base import AVAILABILITY, Availability
 from fedhet.engine.protocol import EngineProtocol
-from fedhet.methods.maxfl.requirements import UsesRequirements
+from fedhet.requirements import UsesRequirements
 
 
 @AVAILABILITY.register
@@ -38,7 +38,7 @@ class AppealParticipation(Availability, UsesRequirements):
 
     def available(self, round_: int) -> Tensor:
         if round_ < self.mandatory_rounds or self._pool is None:
-            return torch.ones(self._num_clients, dtype=torch.bool)
+            return torch.ones(self.num_clients, dtype=torch.bool)
         return self._pool.clone()
 
     def observe(self, round_: int, engine: EngineProtocol, params: Tensor) -> None:

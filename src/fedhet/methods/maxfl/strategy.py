@@ -16,7 +16,7 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.methods.maxfl.requirements import UsesRequirements
+from fedhet.requirements import UsesRequirements
 from fedhet.strategies.base import STRATEGIES, Strategy, by_client, weighted_update
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fedhet.experiments.executor import Executor, Task
 from fedhet.experiments.naming import safe_name
-from fedhet.experiments.recipes import Recipe, deep_merge, mean_std, run_recipe
+from fedhet.experiments.reproduce import Recipe, deep_merge, mean_std, run_recipe
 
 BASE = {
     "dataset": "digits",

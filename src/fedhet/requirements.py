@@ -1,17 +1,19 @@
-"""Client requirements ρ_k (MaxFL §3): the loss a client asks of the global model.
+"""Client requirements ρ_k (MaxFL §3): the loss a client asks of the global model (the config's ``requirements``).
 
 By default ρ_k = F_k(ŵ_k), the training loss of a local model ŵ_k trained alone from the initial global model
 for τ_l SGD steps with the run's batch size and learning rate (MaxFL App. D.1: τ_l = 100). ρ may instead be a
 constant, or read from a file (one value per client, in client order). Computed once per run (on first use), for
 seen and unseen clients, and shared by every component of the run that asks for it: a component that needs ρ
 (the MaxFL and MW-Fed strategies, appeal-driven participation, the appeal metrics, or a plugin) subclasses
-`UsesRequirements`, and the run hands it the run's `ClientRequirements` when it is set up.
+`UsesRequirements`, and the run hands it the run's `ClientRequirements` when it is set up. A run-level service
+like the engine, so it lives below the components that use it and the experiments that configure it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,6 +85,18 @@ class ClientRequirements:
         """ρ_k of every client (K,)."""
         return self.value.rho
 
+    def derived(self) -> dict[str, Any]:
+        """The solo training's learning rate and batch size where the settings leave them to the run's."""
+        cfg, local = self.settings, self.engine.local
+        if cfg.file is not None or cfg.constant is not None:
+            return {}
+        out: dict[str, Any] = {}
+        if cfg.lr is None:
+            out["lr"] = local.lr
+        if cfg.batch_size is None:
+            out["batch_size"] = local.batch_size
+        return out
+
 
 class UsesRequirements(BaseModel):
     """Mixin of components that need the clients' requirements (the run calls `use_requirements` at set-up)."""
@@ -97,13 +111,3 @@ class UsesRequirements(BaseModel):
         if self._requirements is None:
             raise RuntimeError(f"{type(self).__name__} needs the run's client requirements: call use_requirements()")
         return self._requirements
-
-
-def gm_appeal(losses: Tensor, rho: Tensor) -> float:
-    """GM-Appeal (MaxFL eq. 1): the share of clients with loss strictly below their requirement."""
-    return float((losses < rho).double().mean()) if len(losses) else float("nan")
-
-
-def preferred_accuracy(global_acc: Tensor, local_acc: Tensor, appealing: Tensor) -> float:
-    """Preferred-model accuracy: the global model's accuracy where it appeals, else the local model's."""
-    return float(torch.where(appealing, global_acc, local_acc).double().mean()) if len(global_acc) else float("nan")

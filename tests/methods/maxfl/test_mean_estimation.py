@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedhet.seeding import numpy_rng
-from fedhet.studies.mean_estimation import (
+from fedhet.methods.maxfl.mean_estimation import (
     CURVATURE_BOUND,
     MAXFL_LOWER_BOUND,
     expected_appeal,
@@ -16,6 +15,7 @@ from fedhet.studies.mean_estimation import (
     maxfl_objective,
     two_client_curve,
 )
+from fedhet.seeding import numpy_rng
 
 
 def test_appeal_is_strict_and_by_hand() -> None:
@@ -83,7 +83,7 @@ def test_fedavg_appeal_falls_toward_zero_while_maxfl_stays_bounded_away() -> Non
 
 
 def test_three_clients_two_close_one_far_maxfl_keeps_the_close_pair() -> None:
-    from fedhet.studies.mean_estimation import three_client_curve
+    from fedhet.methods.maxfl.mean_estimation import three_client_curve
 
     curve = three_client_curve(points=2, runs=2000, seed=1, max_gamma_g2=16.0)
     assert np.allclose(curve.fedavg, curve.maxfl_relu)

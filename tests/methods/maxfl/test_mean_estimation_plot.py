@@ -9,8 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from fedhet.studies.mean_estimation import AppealCurve
-from fedhet.studies.plots import plot_two_client_curve
+from fedhet.methods.maxfl.mean_estimation import AppealCurve, plot_two_client_curve
 from figure_checks import caption, check_figure, kept_figures, marked
 
 

@@ -1,4 +1,5 @@
-"""Recipes: a paper's experiment as several methods × seeds, summarised as a markdown table and figures.
+"""Reproducing a paper's experiment (`fedhet reproduce`): the `Recipe` type (the definitions live in `fedhet.recipes`)
+and the runner that turns one into runs, a markdown table and figures.
 
 `fedhet reproduce NAME` describes every (method, seed) run first, runs them through an `Executor` (serially, in
 worker processes or on Ray) into ``OUT/<method>/seed<k>/`` (a normal run folder, so `fedhet compare` works on
@@ -16,7 +17,7 @@ from typing import Any
 from fedhet.errors import ConfigError
 from fedhet.experiments.executor import Executor, Outcome, Task, raise_failures, write_index
 from fedhet.experiments.naming import safe_name
-from fedhet.experiments.runner import RunState
+from fedhet.experiments.state import RunState
 from fedhet.experiments.sweep import mean_std
 from fedhet.registry import closest
 from fedhet.report.tables import markdown_table

@@ -1,0 +1,38 @@
+"""`RunState`: a run between two rounds, as the round loop keeps it and callbacks, trackers and writers see it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import Tensor
+
+from fedhet.experiments.build import Experiment
+from fedhet.experiments.config import RunConfig
+from fedhet.experiments.runfolder import RunFolder
+
+
+@dataclass
+class RunState:
+    """The state of a run between rounds; `round` counts completed rounds."""
+
+    experiment: Experiment
+    params: Tensor
+    round: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    local_training_s: float = 0.0  # the last round's local training (the engine's `train`), seconds
+    status: str = "running"
+    out: Path | None = None
+    client_columns: dict[str, Tensor] = field(default_factory=dict)
+    folder: RunFolder | None = field(default=None, repr=False)  # the open, locked run folder (with `out`)
+    already_finished: bool = False  # resumed a run that had run all its rounds: nothing was run or rewritten
+    score_sample_only: bool = False  # `run`'s argument: ``--estimate`` times sampled evaluations
+
+    @property
+    def config(self) -> RunConfig:
+        return self.experiment.config
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.history[-1] if self.history else {}
