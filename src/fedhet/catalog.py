@@ -34,7 +34,9 @@ from fedhet.strategies import (
     afl,
     apfl,
     ditto,
+    fedasync,
     fedavg,
+    fedbuff,
     fednova,
     fedopt,
     fedper,
@@ -51,6 +53,7 @@ from fedhet.strategies import (
 )
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.server import SERVER_OPTIMIZERS
+from fedhet.systems.base import SYSTEMS
 
 __all__ = [
     "ATTACKS",
@@ -63,5 +66,6 @@ __all__ = [
     "RULES",
     "SERVER_OPTIMIZERS",
     "STRATEGIES",
+    "SYSTEMS",
     "TERMS",
 ]

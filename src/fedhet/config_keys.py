@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-COMPONENT_KEYS = ("algorithm", "dataset", "partition", "model", "availability", "attack")
+COMPONENT_KEYS = ("algorithm", "dataset", "partition", "model", "availability", "attack", "system")
 """Config keys that name a component (a string or a mapping with ``name``)."""
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -432,3 +433,27 @@ def test_derived_values_of_wrapped_strategies_metrics_and_requirements(tmp_path:
         "metrics": [{"samples": 8, "batch": 8}],
         "requirements": {"lr": 0.1, "batch_size": 8},
     }
+
+
+def test_a_run_without_a_system_model_keeps_no_clock_and_writes_what_it_wrote(tmp_path: Path) -> None:
+    state = run(parse_config(small(rounds=2)), tmp_path / "r")
+    assert state.clock is None and "time_s" not in state.final
+    text = (tmp_path / "r/config.yaml").read_text()
+    assert "system:" not in text and "deadline:" not in text
+
+
+@pytest.mark.parametrize("policy", ["drop", "partial", "overselect"])
+def test_a_deadline_shortens_rounds_and_a_resumed_timed_run_is_byte_identical(tmp_path: Path, policy: str) -> None:
+    timed = small(system={"name": "lognormal", "compute_sigma": 1.5}, rounds=6)
+    waiting = run(parse_config(timed))
+    assert waiting.final["late_clients"] == 0.0 and waiting.final["time_s"] > 0
+    cfg = parse_config({**timed, "deadline": {"seconds": 0.6, "policy": policy}})
+    run(cfg, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "cut", callbacks=[Interrupt(at=3)])
+    resume(tmp_path / "cut")
+    assert (tmp_path / "cut/metrics.csv").read_text() == (tmp_path / "full/metrics.csv").read_text()
+    rows = list(csv.DictReader((tmp_path / "full/metrics.csv").open()))
+    assert float(rows[-1]["time_s"]) < waiting.final["time_s"]  # the deadline shortened the rounds
+    if policy != "partial":
+        assert sum(float(r["late_clients"]) for r in rows) > 0

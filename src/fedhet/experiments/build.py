@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +10,7 @@ import torch
 
 from fedhet.attacks.base import Attack
 from fedhet.availability.base import Availability
-from fedhet.catalog import ATTACKS, AVAILABILITY, DATASETS, METRIC_PLUGINS, MODELS, PARTITIONERS, STRATEGIES
+from fedhet.catalog import ATTACKS, AVAILABILITY, DATASETS, METRIC_PLUGINS, MODELS, PARTITIONERS, STRATEGIES, SYSTEMS
 from fedhet.config_keys import COMPONENT_KEYS
 from fedhet.data.dataset import FederatedData
 from fedhet.data.federate import federate
@@ -33,6 +33,7 @@ from fedhet.registry import Component, spec_of
 from fedhet.requirements import ClientRequirements, UsesRequirements
 from fedhet.seeding import derive_seed
 from fedhet.strategies.base import ServerContext, Strategy
+from fedhet.systems.base import Constant, NoSystem, SystemModel
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Experiment:
     availability: Availability
     metrics: list[Metric]
     requirements: ClientRequirements | None = None  # when a component or personalised appeal uses them
+    system: SystemModel = field(default_factory=NoSystem)  # the clients' speeds (`none`: no simulated clock)
 
     def resolved_config(self) -> dict[str, Any]:
         """The config with every component's parameters filled in (what identifies the run)."""
@@ -71,6 +73,8 @@ def resolved_config(config: RunConfig) -> dict[str, Any]:
     parts = components(config)
     for key, component in parts.items():
         raw[key] = spec_of(component)
+    if not parts.system.simulates_time:
+        raw.pop("system")  # as before system models existed
     raw["metrics"] = [spec_of(m) for m in parts.metrics]
     raw["local"]["optimizer"] = spec_of(parts.optimizer)
     raw["local"]["terms"] = [spec_of(t) for t in parts.terms]
@@ -87,6 +91,7 @@ class Components:
     model: ModelSpec
     availability: Availability
     attack: Attack
+    system: SystemModel
     metrics: list[Metric]
     optimizer: ClientOptimizer
     terms: list[LocalTerm]
@@ -106,6 +111,7 @@ def components(config: RunConfig) -> Components:
         model=MODELS.build(config.spec("model"), where="model"),
         availability=AVAILABILITY.build(config.spec("availability"), where="availability"),
         attack=ATTACKS.build(config.spec("attack"), where="attack"),
+        system=SYSTEMS.build(config.spec("system"), where="system"),
         metrics=[METRIC_PLUGINS.build(spec, where=f"metrics[{i}]") for i, spec in enumerate(config.metrics)],
         optimizer=OPTIMIZERS.build(config.local.optimizer, where="local.optimizer"),
         terms=[TERMS.build(spec, where=f"local.terms[{i}]") for i, spec in enumerate(config.local.terms)],
@@ -174,7 +180,12 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     for plugin in parts.metrics:
         plugin.setup(engine, config.seed)
     used = used or (config.personal_eval.appeal and scores_personal(strategy, config.personal_eval))
-    return Experiment(config, data, engine, strategy, availability, parts.metrics, requirements if used else None)
+    # an asynchronous strategy needs a clock: without a system model every client runs at the constant one's speed
+    system = parts.system if parts.system.simulates_time or not strategy.asynchronous else Constant()
+    system.setup(data.num_clients, config.seed)
+    return Experiment(
+        config, data, engine, strategy, availability, parts.metrics, requirements if used else None, system
+    )
 
 
 def build(config: RunConfig) -> Experiment:

@@ -25,6 +25,7 @@ from fedhet.errors import ConfigError
 from fedhet.experiments.trackers import validate_track
 from fedhet.registry import format_validation_error, with_defaults
 from fedhet.requirements import RequirementsConfig
+from fedhet.systems.clock import Deadline
 
 ComponentSpec = str | dict[str, Any]
 
@@ -115,6 +116,12 @@ class RunConfig(BaseModel):
     model: ComponentSpec = Field("mlp", description="the model (fedhet list models; {name: torch, target: ...})")
     availability: ComponentSpec = Field("always", description="who is online each round (fedhet list availability)")
     attack: ComponentSpec = Field("none", description="malicious clients (fedhet list attacks)")
+    system: ComponentSpec = Field(
+        "none", description="each client's compute speed and network (fedhet list systems): rounds take time"
+    )
+    deadline: Deadline = Field(
+        default_factory=Deadline, description="a synchronous round's deadline on the simulated clock (with a system)"
+    )
     metrics: list[ComponentSpec] = Field(default_factory=list, description="metric plugins, e.g. [appeal]")
     num_clients: Count = Field(20, ge=1, le=MAX_CLIENTS, description="clients that train (seen clients)")
     unseen_clients: Count = Field(0, ge=0, le=MAX_CLIENTS, description="held-out clients that are only evaluated")
@@ -180,8 +187,8 @@ class RunConfig(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_unused_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """config.yaml (and the run's identity) as before `track`, `eval_clients` and `personal_eval` existed, when
-        unused."""
+        """config.yaml (and the run's identity) as before `track`, `eval_clients`, `personal_eval`, `system` and
+        `deadline` existed, when unused."""
         data: dict[str, Any] = handler(self)
         if not data.get("track"):
             data.pop("track", None)
@@ -189,6 +196,10 @@ class RunConfig(BaseModel):
             data.pop("eval_clients", None)
         if data.get("personal_eval") == PersonalEvalConfig().model_dump():
             data.pop("personal_eval", None)
+        if data.get("system") in ("none", {"name": "none"}):
+            data.pop("system", None)
+        if data.get("deadline") == Deadline().model_dump():
+            data.pop("deadline", None)
         return data
 
     @model_validator(mode="after")

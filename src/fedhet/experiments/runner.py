@@ -7,16 +7,19 @@ The run folder's files, lock and checks are `fedhet.experiments.runfolder`'s; th
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fedhet.engine.plan import LocalResult
+from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import DivergenceError, FedhetError
+from fedhet.experiments.asynchronous import AsyncRunner
 from fedhet.experiments.build import Experiment, build, resolved_config
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.checkpoint import CheckpointError
@@ -42,7 +45,9 @@ from fedhet.experiments.runfolder import (
 from fedhet.experiments.state import RunState
 from fedhet.experiments.tracking import with_trackers
 from fedhet.metrics.base import RoundView, compute_checked, needs_all_clients
+from fedhet.strategies.asynchronous import AsynchronousStrategy
 from fedhet.strategies.base import Train
+from fedhet.systems.clock import RoundClock
 
 __all__ = [
     "CHECKPOINT",
@@ -76,7 +81,7 @@ def run(
     its own work is done (and timed) as in a real run, on made-up values.
     """
     experiment = builder(config)
-    state = RunState(experiment, experiment.engine.initial_params(), out=out, score_sample_only=score_sample_only)
+    state = RunState.start(experiment, out=out, score_sample_only=score_sample_only)
     if out is None:
         return _loop(state, callbacks or [])
     with RunFolder.create(out, experiment.config_text(), overwrite) as folder:
@@ -101,7 +106,7 @@ def resume(
         if rounds is not None:
             raw = {**raw, "rounds": rounds}
         experiment = builder(parse_config(raw))
-        state = RunState(experiment, experiment.engine.initial_params(), out=out, folder=folder)
+        state = RunState.start(experiment, out=out, folder=folder)
         saved = folder.read_checkpoint()
         if saved is not None:
             _restore(state, saved)
@@ -163,6 +168,8 @@ def _checkpoint(state: RunState) -> dict[str, Any]:
         "availability": exp.availability.state_dict(),
         "engine": exp.engine.state_dict(),
         "metrics": [plugin.state_dict() for plugin in exp.metrics],
+        **({"clock": state.clock.state_dict(), "system": exp.system.state_dict()} if state.clock is not None else {}),
+        **({"asynchronous": state.pending.state_dict()} if state.pending is not None else {}),
     }
 
 
@@ -208,6 +215,15 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
         reason = str(err).splitlines()[0][:100] if str(err) else type(err).__name__
         raise CheckpointError(f"{what} does not fit this run ({reason}); {restart}") from None
     state.params, state.round, state.wall_time_s, state.client_columns = params, round_, wall_time, columns
+    try:
+        if state.clock is not None:
+            state.clock.load_state_dict(saved["clock"])
+            exp.system.load_state_dict(saved["system"])
+        if state.pending is not None:
+            state.pending.load_state_dict(saved["asynchronous"])
+    except Exception as err:
+        reason = str(err).splitlines()[0][:100] if str(err) else type(err).__name__
+        raise CheckpointError(f"{what} does not fit this run's clock ({reason}); {restart}") from None
 
 
 def _persist(state: RunState, metrics: dict[str, float] | None) -> None:
@@ -253,11 +269,48 @@ def _evaluation_sample(state: RunState) -> Tensor | None:
     return evaluation_sample(exp.data.num_clients, cfg.eval_clients, cfg.seed, state.round)
 
 
-def _trainer(state: RunState, round_: int) -> Train:
-    """Runs a plan of round `round_` on the engine from the round's global model, through the run's attack."""
+def _trainer(state: RunState, round_: int, clock: RoundClock | None = None) -> Train:
+    """Runs a plan of round `round_` on the engine from the round's global model, through the run's attack and,
+    with a system model, the round's clock (which may cut the plan's steps or leave clients out: `dropped`)."""
     exp, params = state.experiment, state.params
     attack = exp.strategy.ctx.attack
-    return lambda plan: exp.engine.train(params, attack.corrupt_plan(plan, round_), round_)
+    model = exp.engine.model
+
+    def train(plan: LocalPlan) -> LocalResult:
+        plan = attack.corrupt_plan(plan, round_)
+        if clock is not None:
+            personal = int(plan.personal.mask(model).sum()) if plan.personal is not None else 0
+            plan = clock.schedule(plan, model.size, personal)
+        result = exp.engine.train(params, plan, round_)
+        if clock is not None:
+            late = clock.left_out[clock.rows(plan)]
+            result.dropped = late if result.dropped is None else result.dropped | late
+        return result
+
+    return train
+
+
+def _select(state: RunState, round_: int, available: Tensor) -> Tensor:
+    """The strategy's cohort; with a deadline that over-selects, ⌈(1 + r)·m⌉ clients instead of m."""
+    exp, deadline = state.experiment, state.config.deadline
+    ctx = exp.strategy.ctx
+    if state.clock is None or deadline.seconds is None or deadline.policy != "overselect":
+        return exp.strategy.select(round_, available)
+    m = ctx.clients_per_round
+    ctx.clients_per_round = math.ceil((1 + deadline.overselect) * m)
+    try:
+        return exp.strategy.select(round_, available)
+    finally:
+        ctx.clients_per_round = m
+
+
+def _round_clock(state: RunState, round_: int, clients: Tensor) -> RoundClock | None:
+    """The clock of round `round_`'s cohort (None without a system model)."""
+    if state.clock is None:
+        return None
+    exp, cfg = state.experiment, state.config
+    keep = cfg.clients_per_round if cfg.deadline.policy == "overselect" and cfg.deadline.seconds else None
+    return RoundClock(exp.system.profiles(round_), clients, exp.data.train.sizes, cfg.deadline, keep)
 
 
 def _personal_evaluation(state: RunState, params: Tensor, sample: Tensor | None) -> dict[str, float]:
@@ -288,75 +341,140 @@ def _check_divergence(state: RunState, losses: Tensor) -> None:
         )
 
 
+@dataclass
+class RoundOutcome:
+    """What a round did, for its row of metrics.csv: the model before it, the cohort's training, how many clients
+    were online and took part, and columns of the round's own (the clock's, an asynchronous round's staleness)."""
+
+    previous: Tensor
+    result: LocalResult | None
+    participants: int
+    available: int
+    columns: dict[str, float] = field(default_factory=dict)
+
+
+def _synchronous_round(state: RunState) -> RoundOutcome:
+    """Select, train (with a system model: on the round's clock, under its deadline), aggregate."""
+    exp = state.experiment
+    t = state.round
+    available = exp.availability.available(t) & exp.data.seen
+    attack = exp.strategy.ctx.attack
+    clients = attack.cohort(_select(state, t, available), available, t)
+    previous = state.params
+    result: LocalResult | None = None
+    state.local_training_s = 0.0
+    clock = _round_clock(state, t, clients)
+    if len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
+        training = time.perf_counter()
+        result = exp.strategy.local_training(t, clients, state.params, _trainer(state, t, clock))
+        state.local_training_s = time.perf_counter() - training
+        if result.dropped is not None and bool(result.dropped.any()):
+            # clients lost mid-round (a Flower node failed, or late for the deadline): the round goes on with the
+            # others (strategies keep their per-cohort values by client id, so aggregate reads the survivors')
+            result = result.rows(~result.dropped)
+            clients = result.clients
+        result = attack.corrupt_updates(result, state.params, t)
+        if len(result.clients):
+            state.params = exp.strategy.aggregate(t, state.params, result).detach()
+    columns: dict[str, float] = {}
+    if state.clock is not None and clock is not None:
+        state.clock.advance(clock.duration(), *clock.traffic())
+        columns = {**state.clock.columns(), "late_clients": float(clock.left_out.sum())}
+    return RoundOutcome(previous, result, len(clients), int(available.sum()), columns)
+
+
+def _asynchronous_round(state: RunState) -> RoundOutcome:
+    """The events up to the server's next model version (`fedhet.experiments.asynchronous`)."""
+    exp = state.experiment
+    assert state.clock is not None and state.pending is not None
+    strategy = exp.strategy
+    assert isinstance(strategy, AsynchronousStrategy)
+    t = state.round
+    available = exp.availability.available(t)
+    runner = AsyncRunner(
+        strategy,
+        exp.engine,
+        exp.system.profiles,
+        exp.data.seen,
+        exp.data.train.sizes,
+        state.config.seed,
+        state.pending,
+        state.clock,
+    )
+    previous = state.params
+    training = time.perf_counter()
+    state.params, step = runner.step(t, state.params, available)
+    state.local_training_s = time.perf_counter() - training
+    staleness = step.staleness
+    columns = {
+        **state.clock.columns(),
+        "staleness": float(staleness.mean()) if len(staleness) else float("nan"),
+        "in_flight": float(len(state.pending.flights)),
+    }
+    participants = len(step.result.clients) if step.result is not None else 0
+    return RoundOutcome(previous, step.result, participants, int((available & exp.data.seen).sum()), columns)
+
+
+def _evaluate(state: RunState, outcome: RoundOutcome, local_loss: float) -> dict[str, float] | None:
+    """The round's row of metrics.csv when it is evaluated (every ``eval_every`` rounds, and the last)."""
+    exp, cfg = state.experiment, state.config
+    if not (state.round % cfg.eval_every == 0 or state.round == cfg.rounds):
+        return None
+    evaluated = exp.strategy.evaluation_params(state.params)
+    sample = _evaluation_sample(state) if state.round < cfg.rounds else None
+    metrics, state.client_columns, test, train = evaluate_global(
+        exp.engine, evaluated, sample, count=cfg.eval_clients > 0
+    )
+    if sample is not None and needs_all_clients(exp.metrics):  # only with `score_sample_only`
+        test, train = spread_scores(test, sample), spread_scores(train, sample)
+    personal = _personal_evaluation(state, evaluated, sample)
+    metrics = {
+        "round": float(state.round),
+        **metrics,
+        "local_loss": local_loss,
+        "participants": float(outcome.participants),
+        "available": float(outcome.available),
+        **exp.strategy.round_metrics(),
+        **personal,
+        **outcome.columns,
+    }
+    view = RoundView(
+        state.round,
+        exp.engine,
+        evaluated,
+        outcome.previous,
+        outcome.result,
+        test,
+        train,
+        state.history,
+        final=state.round == cfg.rounds,
+    )
+    for plugin in exp.metrics:
+        extra, columns = compute_checked(plugin, view, metrics)
+        metrics.update(extra)
+        state.client_columns.update(columns)
+    state.history.append(metrics)
+    return metrics
+
+
 def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
     exp, cfg = state.experiment, state.config
     if state.folder is not None:
         callbacks = [ParticipationWriter(), *with_trackers(callbacks, cfg, state.folder.path)]
     for cb in callbacks:
         cb.on_run_start(state)
-    seen = exp.data.seen
     started = time.perf_counter() - state.wall_time_s
+    one_round = _asynchronous_round if state.pending is not None else _synchronous_round
     try:
         while state.round < cfg.rounds:
-            t = state.round
-            available = exp.availability.available(t) & seen
-            attack = exp.strategy.ctx.attack
-            clients = attack.cohort(exp.strategy.select(t, available), available, t)
-            previous = state.params
-            result: LocalResult | None = None
-            state.local_training_s = 0.0
-            if len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
-                training = time.perf_counter()
-                result = exp.strategy.local_training(t, clients, state.params, _trainer(state, t))
-                state.local_training_s = time.perf_counter() - training
-                if result.dropped is not None and bool(result.dropped.any()):
-                    # clients lost mid-round (a Flower node failed): the round goes on with the others (strategies
-                    # keep their per-cohort values by client id, so aggregate reads those of the survivors)
-                    result = result.rows(~result.dropped)
-                    clients = result.clients
-                result = attack.corrupt_updates(result, state.params, t)
-                if len(result.clients):
-                    state.params = exp.strategy.aggregate(t, state.params, result).detach()
+            outcome = one_round(state)
+            result = outcome.result
             losses = result.train_loss[result.steps > 0] if result is not None else torch.zeros(0)
             local_loss = float(losses.double().mean()) if len(losses) else float("nan")
             _check_divergence(state, losses)
-            exp.availability.observe(t, exp.engine, state.params)
-            state.round = t + 1
-            metrics: dict[str, float] | None = None
-            if state.round % cfg.eval_every == 0 or state.round == cfg.rounds:
-                evaluated = exp.strategy.evaluation_params(state.params)
-                sample = _evaluation_sample(state) if state.round < cfg.rounds else None
-                metrics, state.client_columns, test, train = evaluate_global(
-                    exp.engine, evaluated, sample, count=cfg.eval_clients > 0
-                )
-                if sample is not None and needs_all_clients(exp.metrics):  # only with `score_sample_only`
-                    test, train = spread_scores(test, sample), spread_scores(train, sample)
-                personal = _personal_evaluation(state, evaluated, sample)
-                metrics = {
-                    "round": float(state.round),
-                    **metrics,
-                    "local_loss": local_loss,
-                    "participants": float(len(clients)),
-                    "available": float(available.sum()),
-                    **exp.strategy.round_metrics(),
-                    **personal,
-                }
-                view = RoundView(
-                    state.round,
-                    exp.engine,
-                    evaluated,
-                    previous,
-                    result,
-                    test,
-                    train,
-                    state.history,
-                    final=state.round == cfg.rounds,
-                )
-                for plugin in exp.metrics:
-                    extra, columns = compute_checked(plugin, view, metrics)
-                    metrics.update(extra)
-                    state.client_columns.update(columns)
-                state.history.append(metrics)
+            exp.availability.observe(state.round, exp.engine, state.params)
+            state.round += 1
+            metrics = _evaluate(state, outcome, local_loss)
             state.wall_time_s = time.perf_counter() - started
             if state.folder is not None:
                 _persist(state, metrics)

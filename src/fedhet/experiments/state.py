@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torch import Tensor
 
+from fedhet.experiments.asynchronous import AsyncQueue
 from fedhet.experiments.build import Experiment
 from fedhet.experiments.config import RunConfig
 from fedhet.experiments.runfolder import RunFolder
+from fedhet.systems.clock import SimulatedTime
 
 
 @dataclass
@@ -28,6 +31,17 @@ class RunState:
     folder: RunFolder | None = field(default=None, repr=False)  # the open, locked run folder (with `out`)
     already_finished: bool = False  # resumed a run that had run all its rounds: nothing was run or rewritten
     score_sample_only: bool = False  # `run`'s argument: ``--estimate`` times sampled evaluations
+    clock: SimulatedTime | None = None  # the simulated clock of a run with a system model (None: rounds only)
+    pending: AsyncQueue | None = None  # an asynchronous run's clients in flight and buffer (None: synchronous)
+
+    @staticmethod
+    def start(experiment: Experiment, **fields: Any) -> RunState:
+        """A run at its start: a clock where the experiment simulates time, a queue where it is asynchronous."""
+        asynchronous = experiment.strategy.asynchronous
+        timed = experiment.system.simulates_time or asynchronous
+        clock = SimulatedTime() if timed else None
+        pending = AsyncQueue() if asynchronous else None
+        return RunState(experiment, experiment.engine.initial_params(), clock=clock, pending=pending, **fields)
 
     @property
     def config(self) -> RunConfig:

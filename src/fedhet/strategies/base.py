@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -70,6 +70,7 @@ class Strategy(Component):
     """Base class of every algorithm; subclasses set ``name``/``description`` and override hooks."""
 
     model_config = ConfigDict(extra="forbid", frozen=False, arbitrary_types_allowed=True)
+    asynchronous: ClassVar[bool] = False  # an `AsynchronousStrategy`: updates arrive one by one, no rounds
     server_lr: float = Field(1.0, gt=0, description="global (server) learning rate η_g")
     server_optimizer: ServerOptimizer = Field(
         default_factory=ServerSGD, description="sgd, momentum (FedAvgM), adagrad, adam or yogi (FedOpt)"

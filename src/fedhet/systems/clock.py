@@ -1,0 +1,170 @@
+"""The simulated clock of a run with a system model: what a round's plans cost each client, and deadlines.
+
+A client's round is download + compute + upload (`Profiles.durations`):
+
+* download: what the server sends for the plan, 4 bytes per float: the shared part of the model (a personal part
+  stays on the client, `fedhet.engine.personal`) and the terms' server tensors (SCAFFOLD's c);
+* compute: the samples of its local steps (steps × min(batch, its samples)) times its seconds per sample;
+* upload: the shared part of its model and the state rows its terms report (SCAFFOLD's Δc_i).
+
+A round of several plans (Ditto's two, FedRep's two phases) charges each client once for what it receives and
+sends (the largest plan's) and for the compute of all its plans. A synchronous round lasts until its last client
+has sent its update, unless a `Deadline` is set (seconds after the round starts):
+
+* ``drop``: clients that cannot finish by then are left out (they do no work); the round lasts the deadline when
+  anyone is left out (the server waits for them until then), else until the last update;
+* ``partial``: each client takes the steps that fit before the deadline (FedNova and FedGSNR weigh unequal steps;
+  a client that fits none is left out);
+* ``overselect``: the server selects ⌈(1 + r)·m⌉ clients and keeps the m that finish first (FedScale's and
+  Bonawitz et al.'s over-selection); the round lasts until the m-th.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from fedhet.engine.plan import LocalPlan
+from fedhet.systems.base import Profiles
+
+Policy = Literal["drop", "partial", "overselect"]
+FLOAT_BYTES = 4
+
+
+class Deadline(BaseModel):
+    """A synchronous round's deadline (the config's ``deadline``; none: every round waits for its last client)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    seconds: float | None = Field(None, gt=0, description="seconds after a round starts (none: wait for everyone)")
+    policy: Policy = Field("drop", description="drop the late clients, take their partial work, or over-select")
+    overselect: float = Field(0.3, ge=0, description="r: overselect selects ⌈(1 + r)·m⌉ clients, keeps the first m")
+
+
+def plan_bytes(plan: LocalPlan, size: int, personal: int) -> tuple[float, float]:
+    """Bytes a client of `plan` receives and sends: the shared part of a model of `size` parameters (`personal` of
+    them stay on the client) and the terms' server tensors down, the shared part and the reported state rows up."""
+    shared = size - personal
+    down = shared + sum(t.numel() for term in plan.terms for t in term.server_tensors().values())
+    up = shared + sum(size * len(term.client_state) for term in plan.terms if term.reports_state)
+    return float(FLOAT_BYTES * down), float(FLOAT_BYTES * up)
+
+
+@dataclass
+class RoundClock:
+    """What one synchronous round costs its clients so far, plan by plan (see the module docstring)."""
+
+    profiles: Profiles
+    clients: Tensor  # (m,) the round's cohort
+    sizes: Tensor  # (K,) each client's training samples
+    deadline: Deadline = field(default_factory=Deadline)
+    keep: int | None = None  # over-selection: the clients kept (the run's m)
+    down: Tensor = field(init=False)  # (m,) bytes received
+    up: Tensor = field(init=False)  # (m,) bytes sent
+    compute: Tensor = field(init=False)  # (m,) seconds of local steps
+    left_out: Tensor = field(init=False)  # (m,) bool: no update of theirs arrives in time
+
+    def __post_init__(self) -> None:
+        m = len(self.clients)
+        self.down, self.up, self.compute = (torch.zeros(m, dtype=torch.float64) for _ in range(3))
+        self.left_out = torch.zeros(m, dtype=torch.bool)
+        self.planned = False  # whether a plan was scheduled already (over-selection ranks by the first)
+
+    def rows(self, plan: LocalPlan) -> Tensor:
+        """The rows of the cohort that `plan`'s clients are."""
+        position = {int(k): i for i, k in enumerate(self.clients.tolist())}
+        return torch.as_tensor([position[int(k)] for k in plan.clients.tolist()], dtype=torch.long)
+
+    def schedule(self, plan: LocalPlan, size: int, personal: int) -> LocalPlan:
+        """Charge `plan` to its clients (rows of the cohort) and return it with the steps the deadline allows
+        (``partial``), or none for the clients it leaves out (``drop``; ``overselect``: all but the `keep` that the
+        round's first plan makes finish first)."""
+        rows = self.rows(plan)
+        down, up = plan_bytes(plan, size, personal)
+        self.down[rows] = torch.maximum(self.down[rows], torch.tensor(down, dtype=torch.float64))
+        self.up[rows] = torch.maximum(self.up[rows], torch.tensor(up, dtype=torch.float64))
+        batch = torch.minimum(self.sizes[plan.clients], torch.tensor(plan.batch_size)).double()
+        per_step = batch * self.profiles.sample_s[plan.clients].double()
+        steps = plan.steps.clone()
+        seconds = self.deadline.seconds
+        if seconds is not None and self.deadline.policy != "overselect":
+            comm = self._comm(rows)
+            room = seconds - comm - self.compute[rows]
+            fits = torch.floor(room / per_step.clamp_min(1e-300)).clamp(min=0).long()
+            if self.deadline.policy == "partial":
+                steps = torch.minimum(steps, fits)
+            else:
+                steps = torch.where(fits >= steps, steps, torch.zeros_like(steps))
+            late = (steps == 0) & (plan.steps > 0)
+            self.left_out[rows] |= late
+        if self.deadline.policy == "overselect" and self.keep is not None and not self.planned:
+            self.compute[rows] += steps.double() * per_step  # rank by this plan's finish times, keep the first
+            self.keep_first(self.keep)
+            self.compute[rows] -= steps.double() * per_step
+        self.planned = True
+        steps = torch.where(self.left_out[rows], torch.zeros_like(steps), steps)
+        self.compute[rows] += steps.double() * per_step
+        return LocalPlan(
+            plan.clients, steps, plan.lr, plan.batch_size, plan.terms, plan.optimizer, plan.rule, plan.stream,
+            plan.personal, plan.frozen, plan.phase,
+        )  # fmt: skip
+
+    def _comm(self, rows: Tensor | slice = slice(None)) -> Tensor:
+        lat = 2 * self.profiles.latency_s[self.clients[rows]].double()
+        return (
+            lat
+            + self.down[rows] / self.profiles.down_bps[self.clients[rows]]
+            + self.up[rows] / (self.profiles.up_bps[self.clients[rows]])
+        )
+
+    def finish_times(self) -> Tensor:
+        """(m,) seconds after the round's start at which each client's update arrives (inf: left out)."""
+        times = self._comm() + self.compute
+        return torch.where(self.left_out, torch.full_like(times, math.inf), times)
+
+    def keep_first(self, count: int) -> None:
+        """Over-selection: leave out all but the `count` clients whose updates arrive first (ties: lower row)."""
+        order = torch.argsort(self.finish_times(), stable=True)
+        self.left_out[order[count:]] = True
+
+    def duration(self) -> float:
+        """How long the round lasted: until its last update arrived, or its deadline where clients were left out
+        by it (``drop``, ``partial``)."""
+        times = self.finish_times()
+        arrived = times[~self.left_out]
+        last = float(arrived.max()) if len(arrived) else 0.0
+        seconds = self.deadline.seconds
+        if seconds is not None and self.deadline.policy != "overselect" and bool(self.left_out.any()):
+            return float(seconds)
+        return last
+
+    def traffic(self) -> tuple[float, float]:
+        """Bytes sent to the clients and received from those whose update arrived."""
+        return float(self.down.sum()), float(self.up[~self.left_out].sum())
+
+
+@dataclass
+class SimulatedTime:
+    """A run's simulated clock and its traffic so far (the columns ``time_s``, ``bytes_down``, ``bytes_up``)."""
+
+    seconds: float = 0.0
+    bytes_down: float = 0.0
+    bytes_up: float = 0.0
+
+    def advance(self, seconds: float, down: float, up: float) -> None:
+        self.seconds += seconds
+        self.bytes_down += down
+        self.bytes_up += up
+
+    def columns(self) -> dict[str, float]:
+        return {"time_s": self.seconds, "bytes_down": self.bytes_down, "bytes_up": self.bytes_up}
+
+    def state_dict(self) -> dict[str, float]:
+        return self.columns()
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.seconds, self.bytes_down, self.bytes_up = (float(state[k]) for k in ("time_s", "bytes_down", "bytes_up"))
