@@ -44,12 +44,15 @@ from fedhet.strategies import (
     fedrep,
     finetune,
     local_only,
+    mifa,
     moon,
     perfedavg,
     pfedme,
+    poc,
     qffl,
     robust,
     scaffold,
+    tifl,
 )
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.server import SERVER_OPTIMIZERS

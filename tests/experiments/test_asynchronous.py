@@ -58,7 +58,9 @@ def test_events_arrive_in_the_order_of_the_clock(monkeypatch: pytest.MonkeyPatch
     assert times == [100, 200, 200, 300, 400, 400, 500]
 
 
-def test_clients_sent_from_one_model_version_train_together(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_clients_in_flight_train_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain local SGD looks at the received model only as its start: the clients in flight train together, each
+    from the version it was sent, when the first of them is needed."""
     sizes: list[int] = []
     train = Engine.train
 
@@ -70,8 +72,11 @@ def test_clients_sent_from_one_model_version_train_together(monkeypatch: pytest.
     config = {**SMALL, "algorithm": {"name": "fedbuff", "concurrency": 12, "buffer_size": 4}, "num_clients": 16}
     state = run(parse_config({**config, "system": "lognormal", "rounds": 6}))
     assert sizes[0] == 12  # the first 12, all from version 0, in one call
-    assert max(sizes[1:]) > 1  # refills from one version train together too
-    assert sum(sizes) == state.pending.dispatched if state.pending is not None else False
+    assert max(sizes[1:]) > 1  # later ones, sent from several versions, together too
+    queue = state.pending
+    assert queue is not None
+    untrained = [f for f in queue.flights if f.seq not in queue.results]
+    assert sum(sizes) == queue.dispatched - len(untrained)  # every client trained once, none twice
 
 
 class Interrupt(Callback):
@@ -91,3 +96,23 @@ def test_a_resumed_asynchronous_run_is_byte_identical(tmp_path: Path, algorithm:
     resume(tmp_path / "cut")
     for name in ("metrics.csv", "clients.csv"):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
+
+
+def test_a_plan_that_looks_at_the_received_model_trains_by_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FedBuff with a proximal term (towards the model each client received): clients of one version only."""
+    starts_seen: list[bool] = []
+    train = Engine.train
+
+    def record(self: Engine, params: torch.Tensor, plan: Any, round_: int) -> Any:
+        starts_seen.append(plan.starts is not None)
+        return train(self, params, plan, round_)
+
+    monkeypatch.setattr(Engine, "train", record)
+    algorithm = {"name": "fedbuff", "concurrency": 12, "buffer_size": 4}
+    local = {**SMALL["local"], "terms": [{"name": "proximal", "mu": 0.1}]}
+    run(
+        parse_config(
+            {**SMALL, "algorithm": algorithm, "num_clients": 16, "rounds": 6, "system": "lognormal", "local": local}
+        )
+    )
+    assert starts_seen and not any(starts_seen)

@@ -388,6 +388,11 @@ def list_(
         console.print(table)
 
 
+XOption = Annotated[
+    str, typer.Option("--x", help="x-axis: round, or time (the simulated clock of runs with a system model)")
+]
+
+
 @app.command()
 @friendly
 def compare(
@@ -397,18 +402,31 @@ def compare(
     column: Annotated[
         list[str] | None, typer.Option(help="final metric to show as a column (repeatable; default: accuracy, loss)")
     ] = None,
+    x: XOption = "round",
+    target: Annotated[
+        float | None,
+        typer.Option(help="also show when --metric first reached this value: rounds- and time-to-accuracy"),
+    ] = None,
 ) -> None:
     """Final metrics of several runs side by side (and their curves with --plot); runs are named by what
     distinguishes them (algorithm, parameters that differ, seed)."""
     from fedhet.report.plots import plot_curves
     from fedhet.report.runs import read_runs
-    from fedhet.report.tables import DEFAULT_COLUMNS, compare_table
+    from fedhet.report.tables import DEFAULT_COLUMNS, compare_table, reach_columns
 
     records = read_runs(runs)
     table, _ = compare_table(records, tuple(column) if column else DEFAULT_COLUMNS, width=console.width)
     console.print(table)
+    if target is not None:
+        header, rows = reach_columns(records, metric, target)
+        reached = Table(title=f"when {metric} first reached {target:g}")
+        for i, name in enumerate(header):
+            reached.add_column(name, justify="left" if i == 0 else "right")
+        for row in rows:
+            reached.add_row(*row)
+        console.print(reached)
     if plot is not None:
-        console.print(f"figure: {plot_curves(records, metric, plot)}")
+        console.print(f"figure: {plot_curves(records, metric, plot, x=x)}")
 
 
 @app.command()
@@ -417,12 +435,14 @@ def plot(
     runs: Annotated[list[Path], typer.Argument(help="run folders")],
     metric: Annotated[str, typer.Option(help="metric to plot, e.g. test_accuracy")] = "test_accuracy",
     output: Annotated[Path, typer.Option("--output", "-o", help="image file to write")] = Path("plot.png"),
+    x: XOption = "round",
 ) -> None:
-    """Plot a metric against the round for one or more runs (named by what distinguishes them)."""
+    """Plot a metric against the round (or the simulated time) for one or more runs (named by what distinguishes
+    them)."""
     from fedhet.report.plots import plot_curves
     from fedhet.report.runs import read_runs
 
-    console.print(f"figure: {plot_curves(read_runs(runs), metric, output)}")
+    console.print(f"figure: {plot_curves(read_runs(runs), metric, output, x=x)}")
 
 
 WorkersOption = Annotated[

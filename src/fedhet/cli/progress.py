@@ -56,7 +56,10 @@ class ProgressBar(Callback):
 
     def _text(self, state: RunState) -> str:
         value = state.final.get(self.headline)
-        return f"{self.headline} {value:.4f}" if value is not None else ""
+        text = f"{self.headline} {value:.4f}" if value is not None else ""
+        if state.clock is not None:  # a run with a system model: where its simulated clock is
+            text += f"{', ' if text else ''}simulated {state.clock.seconds:,.1f} s"
+        return text
 
 
 class RunsProgress(Monitor):

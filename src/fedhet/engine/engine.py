@@ -228,7 +228,7 @@ class Engine:
         run's cohorts): the cohort with its state as read, the start points, and the backend's (params, losses,
         state after the steps)."""
         cohort = self.cohort(plan, global_params, round_)
-        starts = self.personal_starts(global_params, plan, round_)
+        starts = plan.starts if plan.starts is not None else self.personal_starts(global_params, plan, round_)
         backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
         frozen = parameter_mask(self.model, plan.frozen, "local.frozen") if plan.frozen else None
         request = TrainRequest(

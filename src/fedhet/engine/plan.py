@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from torch import Tensor
 
-from fedhet.engine.objective import LocalTerm, WeightDecay
+from fedhet.engine.objective import LocalTerm, ParameterTerm, WeightDecay
 from fedhet.engine.optimizers import SGD, ClientOptimizer
 from fedhet.engine.personal import Personal
 from fedhet.engine.rules import LocalRule
@@ -65,7 +65,9 @@ class LocalPlan:
     A ``rule`` (`fedhet.engine.rules`) replaces the plain gradient d by its own estimate from several mini-batches
     (Per-FedAvg, pFedMe). ``stream`` names the random stream of mini-batches (e.g. "finetune").
 
-    With ``personal`` (`fedhet.engine.personal.Personal`) each client starts from its own model (its stored
+    ``starts`` gives each client its own start point (an asynchronous server sent them different model versions;
+    `anchor_free` says when that is the same as training each from its own received model). With ``personal``
+    (`fedhet.engine.personal.Personal`) each client starts from its own model (its stored
     personal part, the received model elsewhere), keeps the personal part after its steps and returns only the
     shared part. ``frozen`` names parameters the steps leave as they start (patterns as ``personal.parts``:
     FedRep trains its head, then its body). ``phase`` orders several trainings of one round that read what an
@@ -83,6 +85,7 @@ class LocalPlan:
     personal: Personal | None = None
     frozen: tuple[str, ...] = ()
     phase: int = 0
+    starts: Tensor | None = None  # (m, P) each client's own start point (clients sent different models)
 
     def __post_init__(self) -> None:
         m = len(self.clients)
@@ -95,6 +98,10 @@ class LocalPlan:
             raise ValueError(f"a local term appears twice in the plan: {names}")
         if not 0 <= self.phase < PHASES:
             raise ValueError(f"a plan's phase must be in 0..{PHASES - 1}")
+        if self.starts is not None and (self.starts.dim() != 2 or len(self.starts) != m):
+            raise ValueError(f"a plan's start points must be ({m}, P)")
+        if self.starts is not None and self.personal is not None:
+            raise ValueError("a plan starts its clients from given points or from their personal parts, not both")
         self.terms = tuple(self.terms)
         self.frozen = tuple(self.frozen)
 
@@ -133,7 +140,21 @@ class LocalPlan:
 
     def rows(self, keep: Tensor) -> LocalPlan:
         """The plan of the clients `keep` selects (indices into ``clients``)."""
-        return replace(self, clients=self.clients[keep], steps=self.steps[keep], lr=self.lr[keep])
+        starts = self.starts[keep] if self.starts is not None else None
+        return replace(self, clients=self.clients[keep], steps=self.steps[keep], lr=self.lr[keep], starts=starts)
+
+    @property
+    def anchor_free(self) -> bool:
+        """Whether the steps never look at the received model except as their start (no data term, no rule, only
+        parameter terms whose gradient ignores it, such as weight decay): clients sent different models may then
+        train together from their own start points (``starts``)."""
+        if self.rule is not None:
+            return False
+        for term in self.terms:
+            form = term.affine() if isinstance(term, ParameterTerm) else None
+            if form is None or form[1] != 0 or term.client_state:
+                return False
+        return True
 
     def with_terms(self, *terms: LocalTerm) -> LocalPlan:
         """The plan with `terms` added to the objective."""

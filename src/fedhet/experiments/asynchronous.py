@@ -7,8 +7,11 @@ in order of dispatch), puts each in the buffer, and when the buffer holds K upda
 before the clock moves on (so clients that arrive together are replaced together, from the newest model), with
 clients drawn from those available and not in flight.
 
-Clients dispatched from the same model version train together, in one engine call, when the first of them is
-needed (it arrives) or when the version is about to be replaced: asynchrony does not mean one client at a time.
+Clients train together, in one engine call, when the first of them is needed (it is about to arrive): all the
+clients in flight that have not trained yet, each from the model version it was sent (`LocalPlan.starts`), when the
+local objective looks at the received model only as a start (`LocalPlan.anchor_free`: plain local SGD, FedBuff's
+and FedAsync's), else those sent from one version (trained, at the latest, when the version is replaced):
+asynchrony does not mean one client at a time.
 Every draw is seeded; the queue, its trained results and the buffer are part of the checkpoint, so a resumed run
 is byte-identical to an uninterrupted one.
 
@@ -19,14 +22,14 @@ Rounds are server versions: availability processes step once per version, evalua
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.plan import LocalResult
 from fedhet.seeding import numpy_rng
 from fedhet.strategies.asynchronous import AsynchronousStrategy
 from fedhet.systems.base import Profiles
@@ -78,7 +81,7 @@ class AsyncQueue:
                 [[f.finish, f.seq, f.client, f.version, f.steps, f.lr, f.down, f.up] for f in flights],
                 dtype=torch.float64,
             ).reshape(-1, 8),
-            "results": {int(seq): (params, float(loss)) for seq, (params, loss) in self.results.items()},
+            "results": {int(seq): (params.clone(), float(loss)) for seq, (params, loss) in self.results.items()},
             "buffer": [
                 {
                     "client": a.client,
@@ -172,7 +175,8 @@ class AsyncRunner:
         batch = torch.minimum(self.sizes[clients], torch.tensor(plan.batch_size))
         t_down, t_compute, t_up = profiles.durations(clients, plan.steps * batch, down, up)
         finish = self.clock.seconds + t_down + t_compute + t_up
-        queue.starts.setdefault(version, params.clone())
+        if version not in queue.starts:
+            queue.starts[version] = params.clone()
         self.clock.bytes_down += down * len(clients)
         for i, k in enumerate(clients.tolist()):
             flight = Flight(
@@ -185,32 +189,37 @@ class AsyncRunner:
 
     def train_version(self, version: int) -> None:
         """Train every client in flight from `version` that has not trained yet, in one engine call."""
-        queue = self.queue
-        todo = sorted(
-            (f for f in queue.flights if f.version == version and f.seq not in queue.results), key=lambda f: f.seq
+        self._train([f for f in self.queue.flights if f.version == version])
+
+    def train_for(self, flight: Flight) -> None:
+        """Train `flight` (about to arrive) with every other client in flight that has not trained yet and can train
+        with it: all of them when the plan looks at the received model only as a start (`LocalPlan.anchor_free`:
+        each starts from its own version), else those sent from the same version."""
+        plan = self.strategy.configure(flight.version, torch.tensor([flight.client]), self.queue.starts[flight.version])
+        self._train(
+            self.queue.flights if plan.anchor_free else [f for f in self.queue.flights if f.version == flight.version]
         )
+
+    def _train(self, flights: list[Flight]) -> None:
+        """The flights among `flights` not trained yet, in one engine call (each from its own version's model)."""
+        queue = self.queue
+        todo = sorted((f for f in flights if f.seq not in queue.results), key=lambda f: f.seq)
         if not todo:
             return
-        start = queue.starts[version]
+        versions = {f.version for f in todo}
+        first = queue.starts[todo[0].version]
         clients = torch.as_tensor([f.client for f in todo], dtype=torch.long)
-        plan = self.strategy.configure(version, clients, start)
-        plan = LocalPlan(
-            clients,
-            torch.as_tensor([f.steps for f in todo], dtype=torch.long),
-            torch.as_tensor([f.lr for f in todo], dtype=torch.float32),
-            plan.batch_size,
-            plan.terms,
-            plan.optimizer,
-            plan.rule,
-            plan.stream,
-            plan.personal,
-            plan.frozen,
-            plan.phase,
+        plan = replace(
+            self.strategy.configure(todo[0].version, clients, first),
+            steps=torch.as_tensor([f.steps for f in todo], dtype=torch.long),
+            lr=torch.as_tensor([f.lr for f in todo], dtype=torch.float32),
         )
-        result = self.engine.train(start, plan, queue.calls)
+        if len(versions) > 1:
+            plan = replace(plan, starts=torch.stack([queue.starts[f.version] for f in todo]))
+        result = self.engine.train(first, plan, queue.calls)
         queue.calls += 1
-        for i, flight in enumerate(todo):
-            queue.results[flight.seq] = (result.params[i].clone(), float(result.train_loss[i]))
+        for i, flight in enumerate(todo):  # rows of the call's result (saved apart in a checkpoint: `state_dict`)
+            queue.results[flight.seq] = (result.params[i], float(result.train_loss[i]))
 
     # -- one server version -------------------------------------------------------------------------------------
 
@@ -224,13 +233,14 @@ class AsyncRunner:
             if not queue.flights:
                 return params, Step(None, torch.zeros(0), available)  # nobody available: the model stays
             if queue.flights[0].seq not in queue.results:
-                self.train_version(queue.flights[0].version)
+                self.train_for(queue.flights[0])
             flight = heapq.heappop(queue.flights)
             self.clock.seconds = max(self.clock.seconds, flight.finish)
             local, loss = queue.results.pop(flight.seq)
             self.clock.bytes_up += flight.up
             queue.buffer.append(Arrived(flight.client, flight.version, local, loss, flight.steps, flight.lr))
-        self.train_version(version)  # the version is about to be replaced: its clients start from it now
+        if not self.strategy.configure(version, torch.zeros(0, dtype=torch.long), params).anchor_free:
+            self.train_version(version)  # the version is about to be replaced: its clients train from it now
         arrived, queue.buffer = queue.buffer[:K], queue.buffer[K:]
         result = LocalResult(
             torch.as_tensor([a.client for a in arrived], dtype=torch.long),

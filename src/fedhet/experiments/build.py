@@ -173,7 +173,10 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
             used = True
     parts.attack.setup(data.num_clients, config.seed, eligible=data.seen)  # unseen clients never train
     local = local_settings(config, parts)
-    strategy.setup(ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack))
+    # an asynchronous strategy needs a clock: without a system model every client runs at the constant one's speed
+    system = parts.system if parts.system.simulates_time or not strategy.asynchronous else Constant()
+    system.setup(data.num_clients, config.seed)
+    strategy.setup(ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack, system))
     availability = parts.availability
     availability.setup(data.num_clients, config.seed)
     availability.always_in(parts.attack.opted_in())

@@ -359,6 +359,7 @@ def _synchronous_round(state: RunState) -> RoundOutcome:
     t = state.round
     available = exp.availability.available(t) & exp.data.seen
     attack = exp.strategy.ctx.attack
+    exp.strategy.ctx.params = state.params
     clients = attack.cohort(_select(state, t, available), available, t)
     previous = state.params
     result: LocalResult | None = None

@@ -71,6 +71,8 @@ def encode_plan(plan: LocalPlan, rows: Tensor | slice = slice(None)) -> Payload:
         config["frozen"] = json.dumps(list(plan.frozen))
     if plan.phase:
         config["phase"] = plan.phase
+    if plan.starts is not None:
+        arrays["starts"] = to_numpy(plan.starts[rows])
     for i, term in enumerate(plan.terms):
         _encode_component(term, f"term{i}", arrays, config)
     _encode_component(plan.optimizer, "optimizer", arrays, config)
@@ -93,6 +95,7 @@ def decode_plan(arrays: Arrays, config: Config) -> LocalPlan:
         personal=_decode_personal(str(config["personal"])) if "personal" in config else None,
         frozen=tuple(str(name) for name in json.loads(str(config.get("frozen", "[]")))),
         phase=int(config.get("phase", 0)),
+        starts=to_torch(arrays["starts"]) if "starts" in arrays else None,
     )
 
 

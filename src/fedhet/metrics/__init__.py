@@ -33,6 +33,12 @@ METRICS: dict[str, str] = {
     "unseen_personal_test_accuracy": "as personal_test_accuracy, over the unseen clients (after the same steps)",
     "unseen_personal_test_loss": "as personal_test_loss, over the unseen clients",
     "unseen_personal_appeal": "as personal_appeal, over the unseen clients",
+    "time_s": "simulated seconds since the run started (with a system model)",
+    "bytes_down": "bytes sent to clients so far (with a system model)",
+    "bytes_up": "bytes received from clients so far (with a system model)",
+    "late_clients": "clients of the round left out by its deadline (with a system model)",
+    "staleness": "mean staleness t − τ of the updates of an asynchronous server step",
+    "in_flight": "clients training when an asynchronous server step was taken",
 }
 
 CLIENT_COLUMNS: dict[str, str] = {

@@ -1,6 +1,14 @@
 """The papers' experiments as recipes (`fedhet reproduce NAME`). Each module registers its recipes."""
 
 from fedhet.experiments.reproduce import RECIPES, get_recipe
-from fedhet.recipes import cafed, fedgsnr, fedmgda, fedmgda_leaf, maxfl, personal  # registers each paper's recipes
+from fedhet.recipes import (  # registers each paper's recipes
+    cafed,
+    fedgsnr,
+    fedmgda,
+    fedmgda_leaf,
+    maxfl,
+    personal,
+    time,
+)
 
 __all__ = ["RECIPES", "get_recipe"]

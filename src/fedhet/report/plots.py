@@ -25,6 +25,8 @@ from fedhet.report.labels import MetricInfo, metric_info
 from fedhet.report.runs import RunRecord, common_description, metric_names
 
 ROUND_LABEL = "communication round"
+TIME_LABEL = "simulated time (s)"
+X_AXES = {"round": "round", "time": "time_s"}  # `fedhet plot --x`: the column each choice reads
 WIDTH = 8.0  # inches: the axes and a legend column beside them
 
 
@@ -52,10 +54,25 @@ def add_caption(fig: Figure, caption: str) -> None:
         fig.text(0.01, 0.0, caption, ha="left", va="top", fontsize=7.5, wrap=True, color="0.25")
 
 
-def round_axis(ax: Axes) -> None:
-    """x is the communication round: labelled so, integer ticks."""
+def round_axis(ax: Axes, x: str = "round") -> None:
+    """x is the communication round (labelled so, integer ticks) or, with `x` "time", the simulated clock."""
+    if x == "time":
+        ax.set_xlabel(TIME_LABEL)
+        return
     ax.set_xlabel(ROUND_LABEL)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def x_column(x: str, records: list[RunRecord]) -> str:
+    """The metrics.csv column of x-axis `x`, refused in one line where no run has it (time needs a system model)."""
+    if x not in X_AXES:
+        raise ConfigError(f"--x {x}: choose one of {', '.join(X_AXES)}")
+    column = X_AXES[x]
+    if column != "round" and not any(column in row for rec in records for row in rec.rows):
+        raise ConfigError(
+            "--x time: no run has a simulated clock (time_s); run with a system model, e.g. --set system=lognormal"
+        )
+    return column
 
 
 def metric_axis(ax: Axes, info: MetricInfo) -> None:
@@ -154,20 +171,21 @@ def band_caption(seeds: int, info: MetricInfo) -> str:
     return f"Lines: mean over {seeds} seeds; bands: ± 1 standard deviation over seeds{range_text(info)}."
 
 
-def plot_curves(records: list[RunRecord], metric: str, out: Path, title: str | None = None) -> Path:
-    """One line per run: `metric` against the round, each run labelled by its ``label`` (`read_runs` sets it to what
-    distinguishes the run); saved as PNG (or any format matplotlib knows)."""
+def plot_curves(records: list[RunRecord], metric: str, out: Path, title: str | None = None, x: str = "round") -> Path:
+    """One line per run: `metric` against the round (or, `x` "time", the simulated clock), each run labelled by its
+    ``label`` (`read_runs` sets it to what distinguishes the run); saved as PNG (or any format matplotlib knows)."""
     available = metric_names(records)
     if metric not in available:
         raise ConfigError(f"no run has metric '{metric}'; available: {', '.join(available)}")
     info = metric_info(metric)
+    column = x_column(x, records)
     fig, ax = plt.subplots(figsize=(WIDTH, 4.0), dpi=120)
     series = {}
     for rec in records:
-        x, y = rec.curve(metric)
-        series[rec.label] = (x, np.asarray(y, dtype=float))
+        xs, y = rec.curve(metric, column)
+        series[rec.label] = (xs, np.asarray(y, dtype=float))
     draw_lines(ax, series)
-    round_axis(ax)
+    round_axis(ax, x)
     metric_axis(ax, info)
     ax.set_title(title or info.title)
     common = common_description(records)
@@ -186,10 +204,11 @@ def plot_mean_curves(
     title: str | None = None,
     context: str = "",
     yscale: str = "linear",
+    x: str = "round",
 ) -> Path:
     """Mean over seeds (line) and ± 1 std over seeds (band, clipped to the metric's range) of `metric` per method.
     The title names the quantity (`title` or the metric's); `context` (the recipe, the data) goes in the caption;
-    `yscale` "log" for losses spanning decades (FedMGDA+ Fig. 7)."""
+    `yscale` "log" for losses spanning decades (FedMGDA+ Fig. 7); `x` "time": `rounds` hold simulated seconds."""
     info = metric_info(metric)
     fig, ax = plt.subplots(figsize=(WIDTH, 4.0), dpi=120)
     series: dict[str, tuple[Sequence[float], np.ndarray]] = {}
@@ -198,9 +217,8 @@ def plot_mean_curves(
     for method, per_seed in curves.items():
         length = min(len(c) for c in per_seed)
         arr = np.asarray([c[:length] for c in per_seed], dtype=float)
-        x = rounds[method][:length]
         mean = arr.mean(0)
-        series[method] = (x, mean)
+        series[method] = (rounds[method][:length], mean)
         seeds = max(seeds, len(arr))
         if len(arr) > 1:
             std = arr.std(0, ddof=1)
@@ -209,7 +227,7 @@ def plot_mean_curves(
                 low = np.where(low > 0, low, np.nan)
             bands[method] = (low, clip(mean + std, info))
     draw_lines(ax, series, bands)
-    round_axis(ax)
+    round_axis(ax, x)
     metric_axis(ax, info)
     ax.set_yscale(yscale)
     if yscale == "log":

@@ -27,9 +27,20 @@ class RunRecord:
     def __post_init__(self) -> None:
         self.label = self.label or self.path.name
 
-    def curve(self, metric: str) -> tuple[list[float], list[float]]:
-        pairs = [(r["round"], r[metric]) for r in self.rows if metric in r]
+    def curve(self, metric: str, x: str = "round") -> tuple[list[float], list[float]]:
+        """`metric` against `x` ("round", or "time_s": the simulated clock of a run with a system model)."""
+        pairs = [(r[x], r[metric]) for r in self.rows if metric in r and x in r]
         return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def reaches(self, metric: str, target: float) -> dict[str, float]:
+        """The first evaluated round (and simulated time) at which `metric` reached `target` (≥; ≤ for losses),
+        NaN when it never did: rounds- and time-to-accuracy."""
+        lower = "loss" in metric
+        for row in self.rows:
+            value = row.get(metric)
+            if value is not None and (value <= target if lower else value >= target):
+                return {"round": row["round"], "time_s": row.get("time_s", float("nan"))}
+        return {"round": float("nan"), "time_s": float("nan")}
 
 
 def read_run(path: Path) -> RunRecord:

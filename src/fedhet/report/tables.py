@@ -93,3 +93,15 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def reach_columns(records: list[RunRecord], metric: str, target: float) -> tuple[list[str], list[list[str]]]:
+    """Per run: the first round and simulated time at which `metric` reached `target` (time-to-accuracy), "-" where
+    it never did or the run keeps no clock."""
+    header = ["run", f"rounds to {metric} {target:g}", f"time (s) to {metric} {target:g}"]
+    rows = []
+    for rec in records:
+        hit = rec.reaches(metric, target)
+        cells = [f"{hit[k]:.0f}" if k == "round" else f"{hit[k]:.1f}" for k in ("round", "time_s")]
+        rows.append([rec.label, *("-" if c == "nan" else c for c in cells)])
+    return header, rows

@@ -37,6 +37,7 @@ from fedhet.engine.protocol import EngineProtocol
 from fedhet.registry import Component, Registry, spec_of
 from fedhet.seeding import numpy_rng
 from fedhet.strategies.server import SERVER_OPTIMIZERS, ServerOptimizer, ServerSGD
+from fedhet.systems.base import NoSystem, SystemModel
 
 __all__ = ["STRATEGIES", "LocalSettings", "ServerContext", "Strategy", "Train", "weighted_update"]
 
@@ -52,6 +53,8 @@ class ServerContext:
     seed: int
     clients_per_round: int
     attack: Attack = field(default_factory=NoAttack)
+    system: SystemModel = field(default_factory=NoSystem)  # the clients' speeds (TiFL's tiers); none: no clock
+    params: Tensor | None = None  # the current global model, set by the runner before each round's `select`
 
     def client_losses(self, params: Tensor, clients: Tensor, split: Literal["train", "test"] = "train") -> Tensor:
         """The losses F_k(params) that `clients` report to the server (malicious ones may lie)."""

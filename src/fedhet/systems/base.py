@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -150,20 +150,26 @@ class LogNormal(SystemModel):
     latency_ms: float = Field(50.0, ge=0, description="latency per message, milliseconds")
     jitter: float = Field(0.0, ge=0, description="σ of a client's log compute time from round to round (0: fixed)")
 
-    def profiles(self, round_: int) -> Profiles:
-        k = self.num_clients
+    _drawn: Profiles | None = PrivateAttr(None)
+
+    def setup(self, num_clients: int, seed: int) -> None:
+        super().setup(num_clients, seed)
         gen = self.torch_rng("system-lognormal")  # drawn once per run (the same every round)
-        compute, down, up = (torch.randn(k, generator=gen, dtype=torch.float64) for _ in range(3))
-        sample_s = self.sample_ms / 1e3 * torch.exp(self.compute_sigma * compute)
-        if self.jitter:
-            noise = torch.randn(k, generator=self.torch_rng("system-jitter", round_), dtype=torch.float64)
-            sample_s = sample_s * torch.exp(self.jitter * noise)
-        return Profiles(
-            sample_s,
+        compute, down, up = (torch.randn(num_clients, generator=gen, dtype=torch.float64) for _ in range(3))
+        self._drawn = Profiles(
+            self.sample_ms / 1e3 * torch.exp(self.compute_sigma * compute),
             self.download_mbps * MEGABIT * torch.exp(self.network_sigma * down),
             self.upload_mbps * MEGABIT * torch.exp(self.network_sigma * up),
-            _filled(k, self.latency_ms / 1e3),
+            _filled(num_clients, self.latency_ms / 1e3),
         )
+
+    def profiles(self, round_: int) -> Profiles:
+        if self._drawn is None:
+            raise RuntimeError("system model 'lognormal' used before setup()")
+        if not self.jitter:
+            return self._drawn
+        noise = torch.randn(self.num_clients, generator=self.torch_rng("system-jitter", round_), dtype=torch.float64)
+        return replace(self._drawn, sample_s=self._drawn.sample_s * torch.exp(self.jitter * noise))
 
 
 TRACE_COLUMNS = ("sample_ms", "download_mbps", "upload_mbps", "latency_ms")

@@ -22,7 +22,7 @@ has sent its update, unless a `Deadline` is set (seconds after the round starts)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -108,10 +108,7 @@ class RoundClock:
         self.planned = True
         steps = torch.where(self.left_out[rows], torch.zeros_like(steps), steps)
         self.compute[rows] += steps.double() * per_step
-        return LocalPlan(
-            plan.clients, steps, plan.lr, plan.batch_size, plan.terms, plan.optimizer, plan.rule, plan.stream,
-            plan.personal, plan.frozen, plan.phase,
-        )  # fmt: skip
+        return replace(plan, steps=steps)
 
     def _comm(self, rows: Tensor | slice = slice(None)) -> Tensor:
         lat = 2 * self.profiles.latency_s[self.clients[rows]].double()
