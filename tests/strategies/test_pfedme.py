@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.strategies.pfedme import PFedMe, PFedMeRule
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def test_server_step_mixes_with_beta() -> None:
