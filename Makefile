@@ -41,10 +41,11 @@ $(BIN)/mkdocs: $(BIN)/fedhet
 docs: $(BIN)/mkdocs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# The full benchmark (the table of benchmarks/README.md), Flower included, so it runs from the Flower venv:
+# The full benchmark (the table of benchmarks/README.md) with the comparators of benchmarks/comparators (the naive
+# reference, pfl where installed, Flower), so it runs from the Flower venv:
 # runs/bench.json and its Markdown tables in runs/bench.md.
 bench: flower-venv
-	$(FLOWER_BIN)/fedhet bench --json runs/bench.json
+	$(FLOWER_BIN)/python benchmarks/full_bench.py --json runs/bench.json
 	$(FLOWER_BIN)/python -m fedhet.bench.report runs/bench.json > runs/bench.md
 
 bench-quick: install

@@ -62,7 +62,7 @@ def main() -> None:
         for s in systems:
             _run(s, r + 1, None)
     if args.after_flower:
-        from fedhet.bench.flower import flower_round_times
+        from comparators.flower import flower_round_times
 
         logreg = workloads["logreg"]
         flower_round_times(logreg, logreg.data(), 3)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.attacks.base import ATTACKS, MaliciousClients, NoAttack
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan, LocalResult
@@ -14,6 +13,7 @@ from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
 from fedhet.strategies.fedavg import FedAvg
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def attack(k: int = 5, seed: int = 0, **fields: object) -> MaliciousClients:

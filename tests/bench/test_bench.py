@@ -1,4 +1,5 @@
-"""`fedhet bench`: the naive reference, FLOP counts, rows and their ratios, targets, JSON and Markdown."""
+"""`fedhet bench`: the naive reference (benchmarks/comparators), FLOP counts, rows and their ratios, targets, JSON and
+Markdown."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import json
 import time
 from pathlib import Path
 
+import comparators
 import pytest
 import torch
+from comparators.naive import naive_round
 from typer.testing import CliRunner
 
 from fedhet.bench import run as bench_run
-from fedhet.bench.naive import naive_round
 from fedhet.bench.report import markdown_report
 from fedhet.bench.run import Row, Settings, bench_workload, round_flops, time_interleaved, workload_flops
 from fedhet.bench.systems import System
@@ -89,7 +91,8 @@ def test_interleaved_timing_and_budget() -> None:
 
 
 def test_bench_workload_rows_and_ratios() -> None:
-    rows = bench_workload(TINY, TINY.data(), Settings(warmup=1, min_reps=2, max_reps=2, flower=False), lambda _: None)
+    settings = Settings(warmup=1, min_reps=2, max_reps=2, systems=comparators.SYSTEMS)
+    rows = bench_workload(TINY, TINY.data(), settings, lambda _: None)
     names = [r.backend for r in rows]
     assert names == [
         "sequential",
@@ -123,7 +126,7 @@ def test_bench_workload_rows_and_ratios() -> None:
 
 def test_cnn_workloads_time_the_conv_backend() -> None:
     w = Workload("c", "", {"name": "lenet_cifar"}, (3, 32, 32), clients=2, samples=10, steps=2, batch=5)
-    settings = Settings(warmup=0, min_reps=1, max_reps=1, flower=False, comparators=("plain",))
+    settings = Settings(warmup=0, min_reps=1, max_reps=1, comparators=("plain",))
     rows = bench_workload(w, w.data(), settings, lambda _: None)
     assert [r.backend for r in rows][:3] == ["sequential", "vectorised", "conv"]
     assert "plain loop" in [r.backend for r in rows]
@@ -194,11 +197,12 @@ def test_targets_say_when_the_plain_loop_changed_speed() -> None:
 
 
 def test_json_markdown_and_flower_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench_run, "flower_available", lambda: False)
+    monkeypatch.setattr(comparators, "flower_available", lambda: False)
     said: list[str] = []
     out = tmp_path / "bench.json"
     threads = torch.get_num_threads()
-    bench_run.run_bench(quick=True, json_path=out, progress=said.append, custom=[TINY], threads=1)
+    skipped = comparators.frameworks(pfl=False, say=said.append)
+    bench_run.run_bench(quick=True, json_path=out, progress=said.append, custom=[TINY], threads=1, frameworks=skipped)
     assert torch.get_num_threads() == threads  # restored
     assert any("Flower is not installed" in line for line in said)
     payload = json.loads(out.read_text())
@@ -218,7 +222,6 @@ def test_cli_bench_and_unknown_workload(monkeypatch: pytest.MonkeyPatch) -> None
     runner = CliRunner()
     result = runner.invoke(app, ["bench", "--workload", "nope"], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and "unknown bench workload" in result.output
-    monkeypatch.setattr(bench_run, "flower_available", lambda: False)
     monkeypatch.setattr(bench_run, "workloads", lambda quick: [TINY])
     result = runner.invoke(app, ["bench", "--quick", "--workload", "tiny"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output

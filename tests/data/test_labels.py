@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conftest import tiny_data
 from fedhet.data.labels import LabelNoise, corrupt_labels, label_map
+from helpers.tiny import tiny_data
 
 
 def test_mappings() -> None:

@@ -7,7 +7,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import Shift, cohort
 from fedhet.catalog import MODELS
 from fedhet.engine import conv
 from fedhet.engine.conv import batched_loss_grad, conv_layers, dropout_masks, train_conv
@@ -21,7 +20,8 @@ from fedhet.engine.request import TrainRequest
 from fedhet.errors import ConfigError
 from fedhet.models.zoo import ConvClassifier, ToImage
 from fedhet.seeding import derive_seed
-from zoo_cnns import ZOO, image_data, image_federated, scaffold_rounds, zoo_model
+from helpers.tiny import Shift, cohort
+from helpers.zoo_cnns import ZOO, image_data, image_federated, scaffold_rounds, zoo_model
 
 TOL = {"atol": 1e-6, "rtol": 1e-5}
 

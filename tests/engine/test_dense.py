@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import Shift, cohort, linear_model, tiny_data
 from fedhet.catalog import MODELS
 from fedhet.engine.dense import dense_layers, train_dense
 from fedhet.engine.engine import Engine, resolve_backend
@@ -16,6 +15,7 @@ from fedhet.engine.objective import Proximal, WeightDecay
 from fedhet.engine.plan import LocalPlan
 from fedhet.engine.request import TrainRequest
 from fedhet.errors import ConfigError
+from helpers.tiny import Shift, cohort, linear_model, tiny_data
 
 TOL = {"atol": 1e-6, "rtol": 1e-5}
 

@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import Shift, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.numerics import exact_float32
@@ -14,7 +13,8 @@ from fedhet.engine.objective import Proximal
 from fedhet.engine.plan import LocalPlan
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
-from zoo_cnns import ZOO, scaffold_rounds, zoo_model
+from helpers.tiny import Shift, tiny_data
+from helpers.zoo_cnns import ZOO, scaffold_rounds, zoo_model
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on the CI machines)")
 

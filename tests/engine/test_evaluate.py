@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from conftest import linear_model, tiny_data
 from fedhet.engine.engine import Engine
+from helpers.tiny import linear_model, tiny_data
 
 
 def test_scores_match_a_loop_over_clients() -> None:

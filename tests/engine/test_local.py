@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import Shift, cohort, linear_model, tiny_data
 from fedhet.engine.batches import local_batches
 from fedhet.engine.engine import Engine, resolve_backend
 from fedhet.engine.functional import FlatModel
@@ -25,7 +24,8 @@ from fedhet.engine.local import (
 from fedhet.engine.objective import Proximal, WeightDecay
 from fedhet.engine.plan import LocalPlan
 from fedhet.engine.request import TrainRequest
-from zoo_cnns import image_data, zoo_model
+from helpers.tiny import Shift, cohort, linear_model, tiny_data
+from helpers.zoo_cnns import image_data, zoo_model
 
 
 def manual_grad(model: FlatModel, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

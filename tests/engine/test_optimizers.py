@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_data
 from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.optimizers import SGD, Adam, ClientOptimizer
 from fedhet.engine.plan import LocalPlan
+from helpers.tiny import tiny_data
 
 BACKENDS = ["sequential", "vectorised", "dense"]
 

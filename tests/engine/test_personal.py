@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import cohort, tiny_data
 from fedhet.engine.conv import conv_layers, train_conv
 from fedhet.engine.dense import dense_layers, train_dense
 from fedhet.engine.engine import Engine
@@ -22,7 +21,8 @@ from fedhet.engine.plan import LocalPlan
 from fedhet.engine.request import Trained, TrainRequest
 from fedhet.engine.rules import GradFn, LocalRule, Tree
 from fedhet.errors import ConfigError
-from zoo_cnns import image_data, image_federated, zoo_model
+from helpers.tiny import cohort, tiny_data
+from helpers.zoo_cnns import image_data, image_federated, zoo_model
 
 TOL = {"atol": 1e-6, "rtol": 1e-5}
 

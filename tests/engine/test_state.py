@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from conftest import linear_model, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.local import gradient_statistics
 from fedhet.engine.state import ClientStore
+from helpers.tiny import linear_model, tiny_data
 
 
 def test_store_reads_the_latest_row_written_before_the_round() -> None:

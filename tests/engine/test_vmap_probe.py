@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from conftest import tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.errors import ConfigError, FedhetWarning
+from helpers.tiny import tiny_data
 
 
 class FusedLSTM(nn.Module):

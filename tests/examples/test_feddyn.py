@@ -11,7 +11,6 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from conftest import make_context
 from fedhet.catalog import STRATEGIES
 from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine.engine import Engine
@@ -19,6 +18,7 @@ from fedhet.engine.functional import FlatModel
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import resume, run
 from fedhet.plugins import load_plugins
+from helpers.tiny import make_context
 
 PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "feddyn" / "feddyn.py"
 

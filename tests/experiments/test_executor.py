@@ -13,7 +13,7 @@ import torch
 from fedhet.errors import ConfigError, FedhetError
 from fedhet.experiments.executor import Executor, Monitor, Outcome, Task, raise_failures, reuse
 from fedhet.experiments.runner import RunState
-from sweep_helpers import TINY
+from helpers.sweeps import TINY
 
 
 class Recorder(Monitor):

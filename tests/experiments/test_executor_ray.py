@@ -22,7 +22,7 @@ import pytest
 
 from fedhet.experiments.executor import Executor
 from fedhet.experiments.sweep import make_sweep, run_sweep
-from sweep_helpers import TINY, Probe, assert_same_run_folders, log_lines
+from helpers.sweeps import TINY, Probe, assert_same_run_folders, log_lines
 
 if not os.environ.get("FEDHET_RAY_TESTS"):
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'fedhet[ray]'")

@@ -25,7 +25,7 @@ from fedhet.experiments.sweep import (
     run_sweep,
     summary_markdown,
 )
-from sweep_helpers import TINY, Probe, assert_same_run_folders, log_lines
+from helpers.sweeps import TINY, Probe, assert_same_run_folders, log_lines
 
 
 def test_grid_values_are_yaml() -> None:

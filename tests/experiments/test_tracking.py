@@ -32,7 +32,7 @@ from fedhet.experiments.tracking import (
     trackers_for,
     tracking_callbacks,
 )
-from tracking_worker import sweep_point
+from helpers.tracking_worker import sweep_point
 
 TINY: dict[str, Any] = {
     "dataset": "digits",

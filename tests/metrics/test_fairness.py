@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import linear_model
 from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine.engine import Engine
 from fedhet.engine.evaluate import ClientScores
@@ -18,6 +17,7 @@ from fedhet.experiments.runner import run
 from fedhet.metrics.base import RoundView
 from fedhet.metrics.clients import distribution
 from fedhet.metrics.fairness import AccuracyPercentiles, ImprovedUsers, improved_share
+from helpers.tiny import linear_model
 
 
 def two_label_engine() -> Engine:

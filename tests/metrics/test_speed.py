@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-from conftest import linear_model, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.evaluate import ClientScores
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
 from fedhet.metrics.base import RoundView
 from fedhet.metrics.speed import TargetAccuracy, rounds_to_target, speedup
+from helpers.tiny import linear_model, tiny_data
 
 
 def test_rounds_to_target_and_speedup() -> None:

@@ -1,4 +1,4 @@
-"""Every recipe figure, built from small synthetic run data, reads as the issue asks (tests/figure_checks.py): a title
+"""Every recipe figure, built from small synthetic run data, reads as the issue asks (tests/helpers/figures.py): a title
 naming its quantity, axes in words, legends beside the data, integer round ticks, explained bands, equal curves
 named."""
 
@@ -17,7 +17,7 @@ import torch
 from fedhet.experiments.reproduce import RECIPES, _figures
 from fedhet.recipes import cafed, fedgsnr
 from fedhet.report.labels import metric_info
-from figure_checks import ROUND, caption, check_figure, kept_figures, legend_texts, marked
+from helpers.figures import ROUND, caption, check_figure, kept_figures, legend_texts, marked
 
 FIGURE_RECIPES = sorted(name for name, factory in RECIPES.items() if factory().figures)
 

@@ -13,7 +13,7 @@ from fedhet.errors import ConfigError
 from fedhet.report.labels import metric_info
 from fedhet.report.plots import draw_lines, plot_curves, plot_mean_curves, same_as
 from fedhet.report.runs import RunRecord, run_labels
-from figure_checks import check_figure, kept_figures, legend_texts, marked
+from helpers.figures import check_figure, kept_figures, legend_texts, marked
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
-from conftest import linear_model, tiny_data
 from fedhet.attacks.base import MaliciousClients
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
@@ -14,6 +13,7 @@ from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
 from fedhet.strategies.afl import AFL, project_simplex
 from fedhet.strategies.base import LocalSettings, ServerContext
+from helpers.tiny import linear_model, tiny_data
 
 
 def test_projection_by_hand_and_against_scipy() -> None:

@@ -8,7 +8,7 @@ import torch
 from fedhet.errors import ConfigError
 from fedhet.strategies.apfl import APFL
 from fedhet.strategies.base import STRATEGIES
-from personal_cases import LR, STEPS, TOL, gradient, personal_models, run_round, setup, weighted
+from helpers.personal import LR, STEPS, TOL, gradient, personal_models, run_round, setup, weighted
 
 
 def _reference(model: object, w: torch.Tensor, v: torch.Tensor, alpha: float, k: int) -> tuple[torch.Tensor, ...]:

@@ -10,7 +10,7 @@ import torch
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
 from fedhet.strategies.ditto import Ditto
-from personal_cases import STEPS, TOL, personal_models, run_round, setup, sgd, weighted
+from helpers.personal import STEPS, TOL, personal_models, run_round, setup, sgd, weighted
 
 
 @pytest.mark.parametrize("backend", ["dense", "vectorised", "sequential"])

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.strategies.fedavg import FedAvg, fedavg_weights
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def fake_result(clients: list[int], params: torch.Tensor) -> LocalResult:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.strategies.fedavg import FedAvg
 from fedhet.strategies.fednova import FedNova, fednova_direction, fednova_norms
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def test_norms_sgd_and_proximal() -> None:

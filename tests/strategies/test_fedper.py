@@ -9,7 +9,7 @@ from fedhet.engine.personal import parameter_mask
 from fedhet.errors import ConfigError
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.fedper import FedPer, LGFedAvg
-from personal_cases import STEPS, TOL, personal_models, run_round, setup, sgd, weighted
+from helpers.personal import STEPS, TOL, personal_models, run_round, setup, sgd, weighted
 
 
 @pytest.mark.parametrize("backend", ["dense", "vectorised", "sequential"])

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.objective import Proximal
 from fedhet.engine.plan import LocalPlan
 from fedhet.strategies.fedavg import FedAvg
 from fedhet.strategies.fedprox import FedProx
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def test_plan_carries_mu() -> None:

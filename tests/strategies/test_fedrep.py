@@ -12,7 +12,7 @@ from fedhet.engine.personal import parameter_mask
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
 from fedhet.strategies.fedrep import FedRep
-from personal_cases import STEPS, TOL, personal_models, run_round, setup, sgd, weighted
+from helpers.personal import STEPS, TOL, personal_models, run_round, setup, sgd, weighted
 
 
 @pytest.mark.parametrize("backend", ["dense", "vectorised", "sequential"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedhet.strategies.local_only import LocalOnly
-from personal_cases import STEPS, TOL, personal_models, run_round, setup, sgd
+from helpers.personal import STEPS, TOL, personal_models, run_round, setup, sgd
 
 
 @pytest.mark.parametrize("backend", ["dense", "vectorised", "sequential"])

@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch.autograd.functional import hvp
 
-from conftest import linear_model, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.objective import WeightDecay
 from fedhet.engine.plan import LocalPlan
 from fedhet.errors import ConfigError
 from fedhet.strategies.perfedavg import PerFedAvgRule
 from fedhet.strategies.pfedme import PFedMeRule
+from helpers.tiny import linear_model, tiny_data
 
 
 def _full_batch_grad(engine: Engine, w: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.errors import ConfigError
 from fedhet.strategies.fedavg import FedAvg
 from fedhet.strategies.moon import Moon
+from helpers.tiny import make_context, tiny_data
 
 
 def model() -> FlatModel:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan
 from fedhet.errors import ConfigError
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.perfedavg import PerFedAvg, PerFedAvgRule
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def test_plan_carries_the_rule_and_the_round_averages_maml_models() -> None:
@@ -35,7 +35,7 @@ def test_config_is_validated() -> None:
 
 
 def test_the_personalised_model_is_one_step_of_size_alpha_from_the_global_model() -> None:
-    from personal_cases import BATCH, gradient, setup
+    from helpers.personal import BATCH, gradient, setup
 
     strategy = PerFedAvg(alpha=0.3)
     engine = setup(strategy, "sequential")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.strategies.pfedme import PFedMe, PFedMeRule
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def test_server_step_mixes_with_beta() -> None:
@@ -23,7 +23,7 @@ def test_server_step_mixes_with_beta() -> None:
 
 def test_the_personalised_model_solves_the_personal_problem_from_the_global_model() -> None:
     """θ̂(w): K steps of θ ← θ − η_in (∇f(θ) + λ(θ − w)) from θ = w (eq. 7), on a full batch here."""
-    from personal_cases import gradient, setup
+    from helpers.personal import gradient, setup
 
     strategy = PFedMe(lam=2.0, inner_steps=3, inner_lr=0.05)
     engine = setup(strategy, "vectorised")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.strategies.poc import PowerOfChoice, highest_losses
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def test_the_highest_losses_win_and_ties_go_to_the_lower_id() -> None:

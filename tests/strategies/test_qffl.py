@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from conftest import linear_model, tiny_data
 from fedhet.attacks.base import MaliciousClients
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.strategies.base import LocalSettings, ServerContext
 from fedhet.strategies.qffl import QFFL, qffl_objective, qffl_step
+from helpers.tiny import linear_model, tiny_data
 
 
 def test_step_by_hand() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.strategies.base import Strategy
 from fedhet.strategies.robust import CoordinateMedian, Krum, TrimmedMean, coordinate_median, krum_scores, trimmed_mean
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def test_krum_scores_by_hand() -> None:

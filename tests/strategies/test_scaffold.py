@@ -6,10 +6,10 @@ import dataclasses
 
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.strategies.scaffold import ControlVariates, Scaffold, scaffold_client_variates
+from helpers.tiny import linear_model, make_context, tiny_data
 
 KEY = "scaffold.c_i"  # where the clients' c_i are stored
 

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.catalog import STRATEGIES
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.errors import ConfigError
 from fedhet.strategies.server import SERVER_OPTIMIZERS
+from helpers.tiny import linear_model, make_context, tiny_data
 
 W0 = torch.tensor([1.0, -2.0])
 DIRECTIONS = [torch.tensor([2.0, 0.5]), torch.tensor([-1.0, 0.5])]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from conftest import linear_model, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalSettings
 from fedhet.strategies.base import ServerContext
 from fedhet.strategies.tifl import TiFL, speed_tiers
 from fedhet.systems.base import Trace
+from helpers.tiny import linear_model, tiny_data
 
 
 def test_tiers_cut_the_clients_by_speed() -> None:

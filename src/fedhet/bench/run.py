@@ -3,6 +3,10 @@
 Within a workload the systems take turns (round r of every system, then round r + 1), so that a change of the
 machine's speed during the run touches them all alike; each round is timed in two parts, local training and
 the rest (aggregation and evaluation of every client).
+
+The installed package times fedhet's backends against the plain and vmap loops and the machine's limit. The other
+comparators (a naive reference, pfl, Flower) are not installed: ``python benchmarks/full_bench.py`` in a source
+checkout passes them in (`run_bench`'s `systems` and `frameworks`).
 """
 
 from __future__ import annotations
@@ -24,17 +28,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedhet.bench.flower import flower_available, flower_round_times
-from fedhet.bench.pfl import pfl_available, pfl_round_times
-from fedhet.bench.systems import (
-    System,
-    build_module,
-    fedhet_backends,
-    fedhet_system,
-    naive_system,
-    plain_system,
-    vmap_system,
-)
+from fedhet.bench.systems import System, build_module, fedhet_backends, fedhet_system, plain_system, vmap_system
 from fedhet.bench.targets import check_targets
 from fedhet.bench.workloads import CORE, Workload, cohort_sweep, model_sweep
 from fedhet.data.dataset import FederatedData
@@ -44,11 +38,20 @@ from fedhet.engine.threads import torch_threads
 from fedhet.process_memory import memory_mb, reset_peak
 
 BIG_COHORT = 1000  # from this many clients a workload is timed once, without warm-up
-COMPARATORS: dict[str, Callable[[Workload, FederatedData], System]] = {
-    "plain": plain_system,
-    "vmap": vmap_system,
-    "naive": naive_system,
-}
+SystemFactory = Callable[[Workload, FederatedData], System]
+RoundTimes = tuple[list[float], list[float], list[float]]  # seconds of each round: whole, training, the rest
+COMPARATORS: dict[str, SystemFactory] = {"plain": plain_system, "vmap": vmap_system}
+
+
+@dataclass(frozen=True)
+class Framework:
+    """Another framework that runs its own loop of rounds (pfl, Flower: benchmarks/comparators), timed after the
+    interleaved systems: `round_times(w, data, rounds)` gives the seconds of its rounds after the first."""
+
+    key: str  # the workload's comparator tag, e.g. "flower"
+    name: str  # the row's name, e.g. "flower simulation"
+    note: str
+    round_times: Callable[[Workload, FederatedData, int], RoundTimes]
 
 
 @dataclass
@@ -209,16 +212,17 @@ def fresh_peak_mb(w: Workload, rounds: int = 2) -> float:
 @dataclass
 class Settings:
     """How long to measure: warm-up rounds, then interleaved rounds (as many as fit in `target_s` per workload,
-    between `min_reps` and `max_reps`), and the frameworks' rounds."""
+    between `min_reps` and `max_reps`), and the frameworks' rounds; which comparators: those of a workload's
+    that `comparators` names, among the interleaved `systems` and the `frameworks`."""
 
     warmup: int = 2
     min_reps: int = 9
     max_reps: int = 41
     target_s: float = 40.0
-    flower_rounds: int = 5
-    flower: bool = field(default_factory=flower_available)  # run the frameworks' comparators (when installed)
+    flower_rounds: int = 5  # rounds of each framework's own loop
     comparators: tuple[str, ...] = ("plain", "vmap", "naive", "pfl", "flower")
-    pfl: bool = field(default_factory=pfl_available)
+    systems: dict[str, SystemFactory] = field(default_factory=lambda: dict(COMPARATORS))
+    frameworks: tuple[Framework, ...] = ()
     fresh_memory: bool = True  # the cohort sweep's memory, each size in a fresh process
 
 
@@ -240,7 +244,8 @@ def bench_workload(w: Workload, data: FederatedData, settings: Settings, say: Ca
     big = w.clients >= BIG_COHORT
     backends = fedhet_backends(w)
     systems = [fedhet_system(w, data, b, BIG_COHORT if big and b == "vectorised" else 0) for b in backends]
-    systems += [COMPARATORS[c](w, data) for c in COMPARATORS if c in w.comparators and c in settings.comparators]
+    wanted = [c for c in settings.systems if c in w.comparators and c in settings.comparators]
+    systems += [settings.systems[c](w, data) for c in wanted]
     warmup, min_reps, max_reps = (0, 1, 1) if big else (settings.warmup, settings.min_reps, settings.max_reps)
     timings = time_interleaved(systems, warmup, min_reps, max_reps, settings.target_s)
     # the machine's rate, measured again after fedhet's systems: the faster of the two is the less disturbed (a
@@ -274,13 +279,11 @@ def bench_workload(w: Workload, data: FederatedData, settings: Settings, say: Ca
     fresh = fresh_peak_mb(w) if settings.fresh_memory and "clients" in w.tags else None
     rows.insert(len(backends), replace(chosen, backend=f"auto ({auto})", note="the backend `auto` picks"))
     rows[len(backends)].fresh_peak_mb = fresh
-    separate = []  # frameworks that run their own loop of rounds: timed one after the other
-    if "pfl" in w.comparators and "pfl" in settings.comparators and settings.pfl:
-        times = pfl_round_times(w, data, build_module(w), settings.flower_rounds)
-        separate.append(("pfl simulation", times, "pfl's SimulatedBackend in this process"))
-    if "flower" in w.comparators and "flower" in settings.comparators and settings.flower:
-        times = flower_round_times(w, data, settings.flower_rounds)
-        separate.append(("flower simulation", times, "Ray actors of 1 CPU; memory: actors not counted"))
+    separate = [  # frameworks that run their own loop of rounds: timed one after the other
+        (f.name, f.round_times(w, data, settings.flower_rounds), f.note)
+        for f in settings.frameworks
+        if f.key in w.comparators and f.key in settings.comparators
+    ]
     for name, (rounds, trains, rests), note in separate:
         median = _median(rounds)
         spread = (max(rounds) - min(rounds)) / median
@@ -383,22 +386,18 @@ def run_bench(
     json_path: Path | None = None,
     progress: Callable[[str], None] = print,
     only: tuple[str, ...] = (),
-    flower: bool = True,
     custom: list[Workload] | None = None,
     threads: int = 0,
-    pfl: bool = True,
+    systems: dict[str, SystemFactory] | None = None,
+    frameworks: tuple[Framework, ...] = (),
 ) -> list[Row]:
-    """All workloads (or `only` these, or `custom` ones); `quick` uses fewer repetitions, smaller sweeps and
-    Flower and pfl (when installed and not switched off) on logistic regression only. `threads` > 0 sets
-    torch's intra-op threads for everything timed in this process (fedhet's backends, the references, pfl, the
-    matmul limit; Flower's actors keep their own)."""
+    """All workloads (or `only` these, or `custom` ones); `quick` uses fewer repetitions, smaller sweeps and the
+    `frameworks` on logistic regression only. `systems`: the interleaved comparators (default: the plain and vmap
+    loops). `threads` > 0 sets torch's intra-op threads for everything timed in this process (fedhet's backends,
+    the references, pfl, the matmul limit; Flower's actors keep their own)."""
     settings = Settings(warmup=1, min_reps=3, max_reps=3, flower_rounds=3) if quick else Settings()
-    settings.flower = flower and flower_available()
-    settings.pfl = pfl and pfl_available()
-    if flower and not settings.flower:
-        progress("Flower is not installed: its comparator is skipped (pip install 'fedhet[flower]' to include it)")
-    if pfl and not settings.pfl:
-        progress("pfl is not installed: its comparator is skipped (pip install pfl to include it)")
+    settings.systems = dict(COMPARATORS) if systems is None else systems
+    settings.frameworks = frameworks
     everything = custom if custom is not None else workloads(quick and not only)
     chosen = [w for w in everything if not only or w.name in only]
     unknown = set(only) - {w.name for w in workloads(False)} - {w.name for w in everything}
@@ -414,7 +413,7 @@ def run_bench(
             progress(f"{w.name}: {w.description}")
             run_settings = settings
             if quick and w.name not in ("logreg", *only):
-                run_settings = replace(settings, comparators=("plain", "vmap", "naive"))  # frameworks on logreg only
+                run_settings = replace(settings, frameworks=())  # frameworks on logreg only
             rows += bench_workload(w, w.data(), run_settings, progress)
         used_threads = torch.get_num_threads()
     if json_path is not None:
@@ -426,8 +425,8 @@ def run_bench(
             "load_avg_start": load_start,
             "load_avg_end": _load(),
             "machine": {**machine(), "torch_threads": used_threads},
-            "flower": settings.flower,
-            "pfl": settings.pfl,
+            "flower": any(f.key == "flower" for f in frameworks),
+            "pfl": any(f.key == "pfl" for f in frameworks),
             "targets": [asdict(t) for t in check_targets(rows)],
             "rows": [r.as_dict() for r in rows],
         }

@@ -1,5 +1,6 @@
 """What the bench times: one FedAvg round of a workload, split into local training and the rest (aggregation
-and evaluation of every client), on each of fedhet's backends and on the references."""
+and evaluation of every client), on each of fedhet's backends and on the plain and vmap loops (the naive
+reference and the other frameworks are in the source checkout's benchmarks/comparators)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
 
-from fedhet.bench.naive import naive_finish, naive_train
 from fedhet.bench.plain import PlainLoop, VmapLoop
 from fedhet.bench.workloads import Workload
 from fedhet.catalog import MODELS
@@ -81,16 +80,3 @@ def plain_system(w: Workload, data: FederatedData) -> System:
 def vmap_system(w: Workload, data: FederatedData) -> System:
     loop = VmapLoop(build_module(w), data, w.clients, w.steps, w.lr, w.batch)
     return System("vmap loop", lambda _: loop.train(), loop.scores, "torch.func vmap(grad) over stacked weights")
-
-
-def naive_system(w: Workload, data: FederatedData) -> System:
-    model = build_module(w)
-    clients, everyone = torch.arange(w.clients), torch.arange(w.clients + w.eval_only)
-
-    def train(_: int) -> tuple[list[dict[str, Tensor]], list[int]]:
-        return naive_train(model, data, clients, w.steps, w.lr, w.batch)
-
-    def finish(trained: tuple[list[dict[str, Tensor]], list[int]]) -> None:
-        naive_finish(model, data, trained, everyone)
-
-    return System("naive reference", train, finish, "deepcopy, DataLoader and optimiser per client")

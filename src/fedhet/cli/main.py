@@ -617,16 +617,22 @@ def reproduce(
     console.print(f"results: [bold]{out}[/] (table.md, figures, one run folder per method and seed)")
 
 
+BENCH_COMPARATORS = (
+    "fedhet's backends against a plain PyTorch loop and a vmap loop; the naive reference, pfl and Flower "
+    "(pip install 'fedhet[flower]' pfl) are compared by python benchmarks/full_bench.py in a source checkout"
+)
+
+
 @app.command()
 @friendly
 def bench(
     quick: Annotated[bool, typer.Option(help="fewer repetitions and smaller sweeps (under two minutes)")] = False,
     json_file: Annotated[Path | None, typer.Option("--json", help="write every row to this JSON file")] = None,
     workload: Annotated[list[str] | None, typer.Option(help="only these workloads (repeatable)")] = None,
-    flower: Annotated[bool, typer.Option(help="include Flower's simulation when flwr is installed")] = True,
     threads: Annotated[int, typer.Option(help="torch threads for everything timed (0: torch's default)")] = 0,
 ) -> None:
-    """Time whole rounds on fedhet's backends, a naive reference, Flower (if installed) and the machine limit."""
+    """Time whole rounds on fedhet's backends against a plain PyTorch loop, a vmap loop and the machine limit (the
+    naive reference, pfl and Flower: python benchmarks/full_bench.py in a source checkout)."""
     from fedhet.bench.report import rows_table, targets_table
     from fedhet.bench.run import run_bench
     from fedhet.bench.targets import check_targets
@@ -638,7 +644,8 @@ def bench(
     def say(line: str) -> None:
         console.print(line, markup=False, highlight=False)
 
-    rows = run_bench(quick=quick, json_path=json_file, progress=say, only=only, flower=flower, threads=threads)
+    say(BENCH_COMPARATORS)
+    rows = run_bench(quick=quick, json_path=json_file, progress=say, only=only, threads=threads)
     console.print(rows_table(rows))
     console.print(targets_table(check_targets(rows)))
 

@@ -5,16 +5,15 @@ A Flower 1.42 SuperNode that finds no message at the SuperLink sleeps 3 s before
 (``time.sleep(3)`` in ``flwr.supernode.start_client_internal``), waits for its ClientApp's reply in steps of 0.5 s,
 and retries a message's objects that the SuperLink does not hold yet after 1 s, then 2, 4 … It asks right after
 pushing a reply, before the server has aggregated and sent the next message, so every exchange of a round waited
-about 3 s whatever its work: a MaxFL round of milliseconds took 13.8 s on a loopback deployment against 0.33 s in
-Flower's simulation runtime (docs/flower.md).
+about 3 s whatever its work, many times a round of milliseconds in Flower's simulation runtime (docs/flower.md has
+the measurements).
 
 This runs Flower's own ``flower-supernode`` (same arguments, same behaviour) with shorter waits (`Backoff`): its
 polls of the SuperLink start `FIRST_WAIT_S` after the node's last message and grow by `GROWTH` up to ``--poll-max``
 (default `MAX_WAIT_S`, Flower's 3 s), its waits for the reply last `FIRST_WAIT_S`, and its retries for missing
-objects start there. A server that answers within milliseconds is heard within milliseconds (a demo round: 3.2 s),
-and an idle node soon asks no more often than Flower's. Every poll is a request the SuperLink answers in Python, so a
-short fixed interval would slow it for everyone (3 nodes polling every 0.2 s made a round's message pushes 2–4×
-slower than polling every second). The waits are internals of the flwr release the ``flower`` extra pins, so this
+objects start there. A server that answers within milliseconds is heard within milliseconds, and an idle node soon
+asks no more often than Flower's. Every poll is a request the SuperLink answers in Python, so a short fixed interval
+would slow it for everyone (docs/flower.md, "Polls that keep up with the round"). The waits are internals of the flwr release the ``flower`` extra pins, so this
 checks that release, like fedhet's worker.
 
 ``--in-process`` also makes the node run its ClientApp tasks itself (`fedhet.flower.inprocess`) instead of leaving

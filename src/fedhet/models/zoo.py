@@ -327,8 +327,8 @@ class LoopLSTM(nn.Module):
     initialised the same way. So a flat parameter vector (or state dict) means the same in both. `nn.LSTM`'s
     fused kernel has no vmap batching rule (vmap falls back to a per-client loop with a warning), while every
     operation of the written-out loop is batched natively over clients; outside vmap (the `sequential` backend,
-    evaluation) the fused kernel is 3.3× faster per training step on a CPU (docs/performance.md), so it is used
-    there, on the same parameters.
+    evaluation) the fused kernel is faster per training step on a CPU (docs/performance.md, "The Shakespeare
+    LSTM"), so it is used there, on the same parameters.
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int) -> None:
@@ -407,8 +407,7 @@ class CharLSTM(ModelSpec):
     By default the LSTM is `LoopLSTM`: written out step by step under `torch.func.vmap`, which then batches it
     over clients natively, and torch's fused kernel elsewhere. ``fused=True`` uses `torch.nn.LSTM` always, with
     the same parameter vector and results; under vmap its kernel runs once per client (a batching-rule fallback
-    PyTorch warns about), which measured slower on CPU (1.6 s against 1.3 s per `vmap(grad)` step for 10 clients
-    × 10 sequences of 80 characters).
+    PyTorch warns about), which is slower on a CPU (docs/performance.md, "The Shakespeare LSTM").
     """
 
     name: ClassVar[str] = "char_lstm"

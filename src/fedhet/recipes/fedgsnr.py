@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -632,61 +633,32 @@ def plot_summary_contribution(summary: RunSummary, out: Path, title: str) -> Pat
     return plot_contribution(summary.contribution, summary.label_counts, summary.corrupted, out, title)
 
 
-def _custom(study: Callable[..., str]) -> Callable[[Path, bool, tuple[int, ...], bool | None, Executor], str]:
+def study_recipe(name: str, description: str, study: Callable[..., str]) -> Recipe:
+    """A recipe that is one of the studies above over the paper's seeds (the study makes its runs and table)."""
+
     def go(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | None, executor: Executor) -> str:
         return study(out, quick, seeds, embedded=embedded, executor=executor)
 
-    return go
+    return Recipe(name=name, description=description, base={}, methods={}, columns={}, seeds=SEEDS, custom=go)
 
 
-@register_recipe
-def table1() -> Recipe:
-    return Recipe(
-        name="fedgsnr-table1",
-        description="FedGSNR Tables 1 and 3: rounds to target, speedup and best accuracy per partition and base",
-        base={},
-        methods={},
-        columns={},
-        seeds=SEEDS,
-        custom=_custom(table1_study),
-    )
-
-
-@register_recipe
-def table2() -> Recipe:
-    return Recipe(
-        name="fedgsnr-table2",
-        description="FedGSNR Table 2: NonBalance with 100 clients, rounds to target for 10/20/100% active clients",
-        base={},
-        methods={},
-        columns={},
-        seeds=SEEDS,
-        custom=_custom(table2_study),
-    )
-
-
-@register_recipe
-def fig5() -> Recipe:
-    return Recipe(
-        name="fedgsnr-fig5",
-        description="FedGSNR Fig. 5: CIFAR-100/VGG-16 Pareto, accuracy of each base with and without FedGSNR, GSNR "
-        "per client",
-        base={},
-        methods={},
-        columns={},
-        seeds=SEEDS,
-        custom=_custom(fig5_study),
-    )
-
-
-@register_recipe
-def figures() -> Recipe:
-    return Recipe(
-        name="fedgsnr-figures",
-        description="FedGSNR figures: step-allocation entropy, GSNR per client and partition, label-flip detection",
-        base={},
-        methods={},
-        columns={},
-        seeds=SEEDS,
-        custom=_custom(figures_study),
-    )
+STUDIES: dict[str, tuple[str, Callable[..., str]]] = {
+    "fedgsnr-table1": (
+        "FedGSNR Tables 1 and 3: rounds to target, speedup and best accuracy per partition and base",
+        table1_study,
+    ),
+    "fedgsnr-table2": (
+        "FedGSNR Table 2: NonBalance with 100 clients, rounds to target for 10/20/100% active clients",
+        table2_study,
+    ),
+    "fedgsnr-fig5": (
+        "FedGSNR Fig. 5: CIFAR-100/VGG-16 Pareto, accuracy of each base with and without FedGSNR, GSNR per client",
+        fig5_study,
+    ),
+    "fedgsnr-figures": (
+        "FedGSNR figures: step-allocation entropy, GSNR per client and partition, label-flip detection",
+        figures_study,
+    ),
+}
+for _name, (_description, _study) in STUDIES.items():
+    register_recipe(partial(study_recipe, _name, _description, _study))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.methods.cafed.adafed import AdaFed, normalised_over
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def test_normalised_over_active_by_hand() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.methods.cafed.f3ast import F3AST, top_k_active
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def test_top_k_active_by_hand() -> None:

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.methods.cafed.availability_aware import biased_importance, greedy_exclusion, proxy_error, tv_distance
 from fedhet.methods.cafed.strategy import CAFed, cafed_weights, one_batch_losses
 from fedhet.seeding import numpy_rng
+from helpers.tiny import linear_model, make_context, tiny_data
 
 # α = (1/2, 1/4, 1/4), π = (1, 1/2, 1/2): q = α/π = (1/2, 1/2, 1/2) and p = π ⊙~ q = α.
 ALPHA = np.array([0.5, 0.25, 0.25])

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.availability.markov import Markov
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.methods.cafed.availability_aware import biased_importance, target_importance, unbiased_weights
 from fedhet.methods.cafed.unbiased import Unbiased
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def test_unbiased_weights_give_p_equal_alpha() -> None:

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.catalog import STRATEGIES
 from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine.engine import Engine
@@ -32,6 +31,7 @@ from fedhet.methods.fedgsnr.strategy import (
     redistribute_steps,
 )
 from fedhet.strategies.fedavg import FedAvg
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 @pytest.fixture(autouse=True)

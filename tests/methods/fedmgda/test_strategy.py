@@ -8,7 +8,6 @@ import warnings
 import pytest
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.errors import ConfigError
@@ -27,6 +26,7 @@ from fedhet.methods.fedmgda.strategy import (
 )
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.fedavg import FedAvg
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def result_from_updates(clients: list[int], w: torch.Tensor, updates: torch.Tensor) -> LocalResult:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fedhet.methods.maxfl.mean_estimation import AppealCurve, plot_two_client_curve
-from figure_checks import caption, check_figure, kept_figures, marked
+from helpers.figures import caption, check_figure, kept_figures, marked
 
 
 @pytest.fixture(autouse=True)

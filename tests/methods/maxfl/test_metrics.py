@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import linear_model, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.errors import ConfigError
 from fedhet.methods.maxfl.metrics import gm_appeal, preferred_accuracy
 from fedhet.methods.maxfl.participation import AppealParticipation
 from fedhet.requirements import ClientRequirements, Requirements, RequirementsConfig, compute_requirements
+from helpers.tiny import linear_model, tiny_data
 
 
 def test_gm_appeal_is_strict() -> None:

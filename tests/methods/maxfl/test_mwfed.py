@@ -6,11 +6,11 @@ import math
 
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.methods.maxfl.mwfed import MWFed, multiplicative_update, scaled_steps
 from fedhet.requirements import ClientRequirements, Requirements, RequirementsConfig
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def test_multiplicative_update_and_steps() -> None:

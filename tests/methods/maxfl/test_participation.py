@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from conftest import linear_model, tiny_data
 from fedhet.attacks.base import MaliciousClients, NoAttack
 from fedhet.engine.engine import Engine
 from fedhet.experiments.config import parse_config
@@ -13,6 +12,7 @@ from fedhet.experiments.runner import run
 from fedhet.methods.maxfl.participation import AppealParticipation
 from fedhet.recipes.maxfl import EMBEDDED, METHODS, PAPER
 from fedhet.requirements import ClientRequirements, Requirements, RequirementsConfig
+from helpers.tiny import linear_model, tiny_data
 
 
 def pool_after(attack: MaliciousClients | NoAttack) -> list[bool]:

@@ -6,11 +6,11 @@ import math
 
 import torch
 
-from conftest import linear_model, make_context, tiny_data
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalResult
 from fedhet.methods.maxfl.strategy import MaxFL, maxfl_direction, maxfl_weights
 from fedhet.requirements import ClientRequirements, Requirements, RequirementsConfig
+from helpers.tiny import linear_model, make_context, tiny_data
 
 
 def sig(x: float) -> float:

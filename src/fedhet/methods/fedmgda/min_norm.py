@@ -114,7 +114,8 @@ class _Subspace:
     reduced Hessian H = Zᵀ Q_FF Z is factorised by Cholesky or, when H is (numerically) singular, by Cholesky with
     complete pivoting (LAPACK dpstrf), which stops at rank r once the remaining curvature is below `flat`: the
     other k − 1 − r directions are flat. Only single right-hand-side triangular solves follow: no
-    eigendecomposition, no matrix-matrix solve (both ~100× slower with several BLAS threads on a busy machine).
+    eigendecomposition, no matrix-matrix solve (both far slower with several BLAS threads on a busy machine:
+    docs/fedmgda.md).
     """
 
     def __init__(self, q: np.ndarray, noise: float) -> None:

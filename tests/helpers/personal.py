@@ -9,12 +9,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from conftest import make_context, tiny_data
 from fedhet.data.dataset import FederatedData
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.strategies.base import Strategy
+from helpers.tiny import make_context, tiny_data
 
 SIZES = [3, 5]
 BATCH = 8  # larger than every client: full-batch steps

@@ -4,7 +4,8 @@ over the user's data repeated)."""
 
 from __future__ import annotations
 
-from fedhet.bench.pfl import _local_length
+from comparators.pfl import _local_length
+
 from fedhet.bench.workloads import CAFED, MAXFL, MLP
 
 

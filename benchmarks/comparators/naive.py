@@ -11,6 +11,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from fedhet.bench.systems import System, build_module
+from fedhet.bench.workloads import Workload
 from fedhet.data.dataset import FederatedData
 
 
@@ -64,3 +66,17 @@ def naive_round(
 ) -> None:
     """One FedAvg round: local SGD per client on a deep copy, sample-weighted average, then evaluation."""
     naive_finish(model, data, naive_train(model, data, clients, steps, lr, batch_size), eval_clients)
+
+
+def naive_system(w: Workload, data: FederatedData) -> System:
+    """The naive reference as a system of `fedhet.bench` (timed interleaved with fedhet's backends)."""
+    model = build_module(w)
+    clients, everyone = torch.arange(w.clients), torch.arange(w.clients + w.eval_only)
+
+    def train(_: int) -> tuple[list[dict[str, Tensor]], list[int]]:
+        return naive_train(model, data, clients, w.steps, w.lr, w.batch)
+
+    def finish(trained: tuple[list[dict[str, Tensor]], list[int]]) -> None:
+        naive_finish(model, data, trained, everyone)
+
+    return System("naive reference", train, finish, "deepcopy, DataLoader and optimiser per client")

@@ -1,0 +1,1 @@
+"""Helpers the tests share (the fixtures are in tests/conftest.py)."""
