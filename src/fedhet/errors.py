@@ -19,3 +19,8 @@ class DivergenceError(FedhetError):
 
 class FedhetWarning(UserWarning):
     """Something the user should know that does not stop the run (the CLI prints it on one line)."""
+
+
+class FedhetNote(FedhetWarning):
+    """What fedhet did on its own that the user should hear about (a column dropped as an id, rows with empty cells
+    dropped, the natural split a user column implies); the CLI prints it as a ``note:`` line."""

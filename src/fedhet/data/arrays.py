@@ -10,17 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from fedhet.data.dataset import Dataset
 from fedhet.data.sources import DATASETS, DatasetSource
 from fedhet.errors import DataError
 
 ArrayLike = Any  # a NumPy array, a torch tensor, or a (nested) sequence of numbers
+TaskName = Literal["auto", "classification", "binary", "regression"]  # a user-data source's `task` option
+
+
+def data_task(option: str) -> str:
+    """The `Dataset.task` of a source's ``task`` option (auto: classification, unless the run asks for regression:
+    `fedhet.data.sources.DatasetSource.for_task`)."""
+    return "classification" if option == "auto" else option
 
 
 def as_numpy(values: ArrayLike, what: str) -> np.ndarray:
@@ -103,7 +110,7 @@ def check_labels(y: ArrayLike, n: int, what: str, num_classes: int | None = None
             row = int(np.argmax(bad))
             raise DataError(
                 f"{what}: label {float(arr[row]):g} (row {row}) is not a class; labels must be integer class ids "
-                "or names (fedhet trains classifiers)"
+                "or names (for numeric targets set task: regression)"
             )
     ids = arr.astype(np.int64)
     if ids.min() < 0:
@@ -122,8 +129,24 @@ def _classes(ids: torch.Tensor, found: int, what: str, num_classes: int | None) 
     return ids, found
 
 
-def check_users(users: ArrayLike, n: int, what: str) -> torch.Tensor:
-    """Per-sample user ids (any values: numbers or names) numbered 0..U-1 in sorted order."""
+def check_targets(y: ArrayLike, n: int, what: str) -> tuple[torch.Tensor, int]:
+    """Regression targets as float32 (N,) (or (N, d) for d targets) and d; NaN, infinities and non-numbers are
+    DataErrors."""
+    arr = as_numpy(y, what)
+    if arr.ndim not in (1, 2) or len(arr) != n:
+        raise DataError(f"{what}: targets must be one number (or one row of numbers) per sample, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
+        raise DataError(f"{what}: regression targets of dtype {arr.dtype} are not numbers")
+    out = arr.astype(np.float32)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        raise DataError(f"{what}: target of row {_first_bad_row(bad)} is missing or infinite (NaN/inf)")
+    width = 1 if out.ndim == 1 else out.shape[1]
+    return torch.from_numpy(np.ascontiguousarray(out[:, 0] if out.ndim == 2 and width == 1 else out)), width
+
+
+def named_users(users: ArrayLike, n: int, what: str) -> tuple[torch.Tensor, tuple[str, ...]]:
+    """Per-sample user ids (any values: numbers or names) numbered 0..U-1 in sorted order, and each id's name."""
     arr = as_numpy(users, what)
     if arr.ndim != 1 or len(arr) != n:
         raise DataError(f"{what}: users must give one id per sample, shape ({n},), got {arr.shape}")
@@ -131,8 +154,13 @@ def check_users(users: ArrayLike, n: int, what: str) -> torch.Tensor:
         raise DataError(f"{what}: user id of row {int(np.argmax(np.isnan(arr)))} is missing (NaN)")
     if arr.dtype.kind == "O":
         arr = arr.astype(str)
-    _, ids = np.unique(arr, return_inverse=True)
-    return torch.from_numpy(ids.astype(np.int64).reshape(-1))
+    names, ids = np.unique(arr, return_inverse=True)
+    return torch.from_numpy(ids.astype(np.int64).reshape(-1)), tuple(str(v) for v in names.tolist())
+
+
+def check_users(users: ArrayLike, n: int, what: str) -> torch.Tensor:
+    """Per-sample user ids (any values: numbers or names) numbered 0..U-1 in sorted order."""
+    return named_users(users, n, what)[0]
 
 
 def to_dataset(
@@ -144,15 +172,24 @@ def to_dataset(
     num_classes: int | None = None,
     tokens: bool = False,
     where: str | None = None,
+    task: str = "classification",
+    standardize: bool = False,
 ) -> Dataset:
     """A checked `Dataset` from features `x` (N, ...), labels `y` (N,) and optional users (N,).
 
-    `where` names the input in error messages (a file, a column); it defaults to `name`."""
+    `task` "regression" takes `y` as numeric targets (N,) or (N, d); any other task as classes. `standardize`
+    z-scores every feature over the samples (not token ids). `where` names the input in error messages (a file, a
+    column); it defaults to `name`."""
     what = where or name
     features = check_features(x, what, tokens)
-    labels, classes = check_labels(y, len(features), what, num_classes)
-    owners = check_users(users, len(features), what) if users is not None else None
-    return Dataset(name, features, labels, classes, users=owners)
+    if task == "regression":
+        labels, classes = check_targets(y, len(features), what)
+    else:
+        labels, classes = check_labels(y, len(features), what, num_classes)
+    if standardize and not tokens:
+        features = standardise(features)
+    owners, names = named_users(users, len(features), what) if users is not None else (None, None)
+    return Dataset(name, features, labels, classes, users=owners, task=task, user_names=names)
 
 
 def standardise(x: torch.Tensor, dims: Sequence[int] = (0,)) -> torch.Tensor:
@@ -160,6 +197,15 @@ def standardise(x: torch.Tensor, dims: Sequence[int] = (0,)) -> torch.Tensor:
     mean = x.mean(dim=tuple(dims), keepdim=True)
     std = x.std(dim=tuple(dims), keepdim=True, unbiased=False)
     return (x - mean) / torch.where(std > 0, std, torch.ones_like(std))
+
+
+def absolute(path: str | None) -> str | None:
+    """A user-given path as an absolute one when it names something that exists from here (so that a run folder's
+    config.yaml works from any directory); otherwise as given (the error, when it is loaded, names it)."""
+    if path is None or not path:
+        return path
+    given = Path(path).expanduser()
+    return str(given.resolve()) if given.exists() else path
 
 
 def resolve(path: str, what: str) -> Path:
@@ -189,9 +235,11 @@ class Arrays(DatasetSource):
     are named by key, or, without ``path``, one ``.npy`` file each.
 
     ``x`` holds the features (N, ...): integers become float32 unless ``tokens`` (then int64 ids for an
-    embedding); ``y`` the labels (N,): class ids 0..C-1 or class names; ``users`` each sample's owner (any ids),
-    for ``partition: natural``. Files are read without unpickling (``allow_pickle=False``). Relative paths start
-    at the current directory.
+    embedding), z-scored with ``standardize``; ``y`` the labels (N,): class ids 0..C-1 or class names, or numeric
+    targets (N,) or (N, d) with ``task: regression`` (or the run's ``task: regression``); ``users`` each sample's
+    owner (any ids), for ``partition: natural`` (which a run takes when ``users`` is set and its config names no
+    partition). Files are read without unpickling (``allow_pickle=False``). Relative paths start at the current
+    directory, and are kept absolute in a run folder's config.yaml.
     """
 
     name: ClassVar[str] = "arrays"
@@ -202,6 +250,20 @@ class Arrays(DatasetSource):
     users: str | None = Field(None, description="per-sample user ids for partition 'natural' (key or .npy file)")
     tokens: bool = Field(False, description="integer features are token ids (kept as int64 for an embedding)")
     num_classes: int | None = Field(None, ge=2, description="number of classes (default: largest label id + 1)")
+    task: TaskName = Field(
+        "auto", description="what y is: classes (auto, classification, binary) or regression targets"
+    )
+    standardize: bool = Field(False, description="z-score every feature over all samples (zero mean, unit variance)")
+
+    @field_validator("path", "x", "y", "users")
+    @classmethod
+    def _absolute(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.field_name == "path" or (value is not None and value.endswith(".npy")):
+            return absolute(value)
+        return value
+
+    def user_column(self) -> str | None:
+        return self.users
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
         keys = {"x": self.x, "y": self.y, **({"users": self.users} if self.users is not None else {})}
@@ -247,4 +309,6 @@ class Arrays(DatasetSource):
             num_classes=self.num_classes,
             tokens=self.tokens,
             where=f"dataset 'arrays' ({where})",
+            task=data_task(self.task),
+            standardize=self.standardize,
         )

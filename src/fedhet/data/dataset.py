@@ -16,10 +16,13 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Dataset:
-    """A whole dataset: inputs `x` (float features or long tokens) and integer labels `y`.
+    """A whole dataset: inputs `x` (float features or long tokens) and integer labels `y` (or, for a regression
+    task, float targets (N,) or (N, d) with `num_classes` = d).
 
-    `users` optionally gives each sample's natural owner (LEAF users, speaking roles, domains); the
-    `natural` partitioner uses it.
+    `users` optionally gives each sample's natural owner (LEAF users, speaking roles, domains) as ids 0..U−1; the
+    `natural` partitioner uses it; `user_names` names them (a table's site or user column). `task` is the task the
+    data is for (`fedhet.engine.task`: ``classification``, ``binary``, ``regression``), which a run takes unless its
+    config names another.
     """
 
     name: str
@@ -27,6 +30,8 @@ class Dataset:
     y: Tensor
     num_classes: int
     users: Tensor | None = None
+    task: str = "classification"
+    user_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.x) != len(self.y):
@@ -82,7 +87,8 @@ class ClientData:
 
 @dataclass
 class FederatedData:
-    """Every client's train and test data, and which clients take part in training (seen) or not (unseen)."""
+    """Every client's train, test and (optionally) validation data, and which clients take part in training (seen)
+    or not (unseen)."""
 
     name: str
     train: ClientData
@@ -90,10 +96,15 @@ class FederatedData:
     num_classes: int
     seen: Tensor  # (K,) bool: True for clients that may be sampled for training
     info: dict[str, Tensor] = field(default_factory=dict)  # per-client tags, e.g. "flipped" (K,) bool
+    val: ClientData | None = None  # each client's validation samples (``val_fraction``; None: no validation split)
+    task: str = "classification"  # the dataset's task (`Dataset.task`)
+    client_names: tuple[str, ...] | None = None  # each client's user (site) name, when a client is one user
 
     def __post_init__(self) -> None:
         if self.train.num_clients != self.test.num_clients or len(self.seen) != self.train.num_clients:
             raise ValueError("train, test and seen must describe the same clients")
+        if self.val is not None and self.val.num_clients != self.train.num_clients:
+            raise ValueError("the validation data must describe the same clients as train and test")
 
     @property
     def num_clients(self) -> int:
@@ -122,9 +133,23 @@ class FederatedData:
             "seen_clients": float(self.seen.sum()),
             "train_samples": float(sizes.sum()),
             "test_samples": float(self.test.sizes.sum()),
+            **({"val_samples": float(self.val.sizes.sum())} if self.val is not None else {}),
             "min_train_per_client": float(sizes.min()),
             "max_train_per_client": float(sizes.max()),
         }
+
+
+def split_validation(
+    train: np.ndarray, total: int, val_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cut round(`total` · `val_fraction`) of a client's training indices (it has `total` samples in all) into a
+    validation part, at random; at least one when the fraction is positive, and training keeps at least one."""
+    perm = rng.permutation(train)
+    n_val = round(total * val_fraction)
+    if val_fraction > 0 and len(perm) >= 2:
+        n_val = min(max(n_val, 1), len(perm) - 1)
+    n_val = min(n_val, max(len(perm) - 1, 0))
+    return perm[n_val:], perm[:n_val]
 
 
 def split_indices(indices: np.ndarray, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

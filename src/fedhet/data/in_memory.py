@@ -22,7 +22,8 @@ _HELD: dict[str, Dataset] = {}
 
 def digest(dataset: Dataset) -> str:
     """A short hash of the dataset's tensors and class count."""
-    h = hashlib.sha256(f"{dataset.num_classes}|{tuple(dataset.x.shape)}|{dataset.x.dtype}".encode())
+    task = "" if dataset.task == "classification" else f"|{dataset.task}"  # the digests of before tasks existed
+    h = hashlib.sha256(f"{dataset.num_classes}|{tuple(dataset.x.shape)}|{dataset.x.dtype}{task}".encode())
     for tensor in (dataset.x, dataset.y, dataset.users):
         if tensor is not None:
             h.update(tensor.detach().cpu().contiguous().numpy().tobytes())

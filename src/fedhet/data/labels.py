@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -10,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from fedhet.data.dataset import ClientData, FederatedData
+from fedhet.errors import DataError
 from fedhet.seeding import numpy_rng
 
 
@@ -71,6 +73,8 @@ def corrupt_labels(data: FederatedData, spec: LabelNoise, seed: int) -> Federate
     """Apply `spec` to ``round(fraction · K)`` clients drawn uniformly without replacement; marks them in
     ``data.info["corrupted"]``."""
     count = round(spec.fraction * data.num_clients)
+    if count and data.task == "regression":
+        raise DataError("label_noise changes class labels; a regression dataset has none: set label_noise.fraction: 0")
     flags = torch.zeros(data.num_clients, dtype=torch.bool)
     if count == 0:
         data.info["corrupted"] = flags
@@ -83,4 +87,7 @@ def corrupt_labels(data: FederatedData, spec: LabelNoise, seed: int) -> Federate
     test = (
         data.test if spec.splits == "train" else _corrupt(data.test, clients, table, spec.rate, data.num_classes, rng)
     )
-    return FederatedData(data.name, train, test, data.num_classes, data.seen, {**data.info, "corrupted": flags})
+    # the validation samples are some of the client's training samples: corrupted as those are (after the test split,
+    # so that a run without validation draws what it drew before)
+    val = _corrupt(data.val, clients, table, spec.rate, data.num_classes, rng) if data.val is not None else None
+    return replace(data, train=train, test=test, val=val, info={**data.info, "corrupted": flags})

@@ -21,8 +21,10 @@ class Partitioner(Component):
 
     `split` returns one int64 index array per client (disjoint; their union need not be the whole dataset).
     It must terminate for every input and raise `fedhet.errors.DataError` with a clear message when the
-    requested split is impossible.
+    requested split is impossible. `by_label`: whether it splits by class (a regression dataset has none).
     """
+
+    by_label: ClassVar[bool] = True
 
     @abstractmethod
     def split(
@@ -165,6 +167,7 @@ class IID(Partitioner):
     """Shuffle and split as evenly as possible (sizes differ by at most one)."""
 
     name: ClassVar[str] = "iid"
+    by_label: ClassVar[bool] = False
     description: ClassVar[str] = "independent and identically distributed: a random even split"
 
     def split(
@@ -453,6 +456,7 @@ class Quantity(Partitioner):
     """
 
     name: ClassVar[str] = "quantity"
+    by_label: ClassVar[bool] = False
     description: ClassVar[str] = "quantity skew: client sizes from a log-normal or Pareto law, labels IID"
     law: Literal["lognormal", "pareto"] = Field("lognormal", description="law of the client weights")
     sigma: float = Field(1.0, ge=0, description="log-normal σ (law lognormal; 0: equal sizes)")
@@ -481,6 +485,7 @@ class Natural(Partitioner):
     """
 
     name: ClassVar[str] = "natural"
+    by_label: ClassVar[bool] = False
     description: ClassVar[str] = "one client per natural user of the dataset (LEAF users, roles, domains)"
     min_size: int = Field(0, ge=0, description="drop users with fewer samples than this")
 

@@ -23,6 +23,19 @@ class DatasetSource(Component):
     @abstractmethod
     def load(self, data_dir: Path, download: bool = False) -> Dataset: ...
 
+    def user_column(self) -> str | None:
+        """The user's own column (or array) of sample owners when the config names one (a table's ``user``): a run
+        whose config names no partition then splits by it, one client per user. None: the source has none, or its
+        users are not the user's choice (LEAF's writers keep the partition the config names)."""
+        return None
+
+    def for_task(self, numeric: bool) -> DatasetSource:
+        """This source reading its labels as numeric targets where a run's task needs them (regression) and the
+        source has a ``task`` option left at ``auto`` (tables, arrays); otherwise itself."""
+        if numeric and getattr(self, "task", None) == "auto":
+            return self.model_copy(update={"task": "regression"})
+        return self
+
     def stand_in(self, scale: float = 1.0) -> Dataset | None:
         """Random tensors of this dataset's real shapes, class count and size (× `scale`), for ``--estimate``
         when its files are absent; None for a source that has none (its files are needed)."""

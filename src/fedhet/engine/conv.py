@@ -6,8 +6,8 @@ cross-entropy. For those, `batched_loss_grad` computes every client's gradient o
 loss (`functional.FlatModel.batch_loss`) for a chunk of clients at once, layer by layer, without autograd:
 
     forward   a_l = f_l(a_{l−1}; w_l) for every layer (saving what its backward needs), logits z = a_L
-    loss      ℓ_k = Σ_r wt_r ce(z_r, y_r) / max(Σ_r wt_r, 1)
-    backward  g_L = (softmax(z) − onehot(y)) · wt / max(Σ wt, 1),  g_{l−1} = (∂f_l/∂a_{l−1})ᵀ g_l,
+    loss      ℓ_k = Σ_r wt_r ℓ(z_r, y_r) / max(Σ_r wt_r, 1)  (ℓ: the task's loss, cross-entropy for classification)
+    backward  g_L = ∂ℓ/∂z · wt / max(Σ wt, 1) (cross-entropy: softmax(z) − onehot(y)),  g_{l−1} = (∂f_l/∂a_{l−1})ᵀ g_l,
               ∇w_l = (∂f_l/∂w_l)ᵀ g_l  (handed to a `Sink`: a gradient buffer, or an SGD step in place)
 
 Convolutions run per client with torch's own kernels (`aten.convolution` and `aten.convolution_backward`,
@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -48,6 +48,7 @@ from fedhet.engine.functional import FlatModel
 from fedhet.engine.objective import Aligned, ParameterTerm
 from fedhet.engine.request import Trained, TrainRequest
 from fedhet.engine.step import aligned, leaf_direction, term_gradient
+from fedhet.engine.task import CLASSIFICATION, Task
 from fedhet.models.fedmgda import ChannelDropout
 from fedhet.models.zoo import ConvClassifier, Flatten, ToImage
 from fedhet.seeding import derive_seed
@@ -456,6 +457,7 @@ class ConvSpec:
     shapes: tuple[tuple[int, ...], ...]  # per-sample output shape of each layer
     input_shape: tuple[int, ...]
     size: int  # P, the number of parameters
+    task: Task = CLASSIFICATION  # the loss at the outputs (`fedhet.engine.task`)
 
     @property
     def has_dropout(self) -> bool:
@@ -535,7 +537,8 @@ def conv_layers(model: FlatModel, input_shape: Sequence[int] | None = None) -> C
     known = _SPECS.setdefault(model.module, {})
     if key not in known:
         known[key] = _find_spec(model, input_shape)
-    return known[key]
+    spec = known[key]
+    return spec if spec is None or spec.task == model.task else replace(spec, task=model.task)
 
 
 def _find_spec(model: FlatModel, input_shape: Sequence[int] | None) -> ConvSpec | None:
@@ -579,7 +582,7 @@ def _find_spec(model: FlatModel, input_shape: Sequence[int] | None) -> ConvSpec 
     covered = sum(sl.stop - sl.start for sl in used)
     if covered != model.size or not any(isinstance(la, Conv) for la in layers) or len(shapes[-1]) != 1:
         return None
-    return ConvSpec(tuple(layers), tuple(shapes), shape, model.size)
+    return ConvSpec(tuple(layers), tuple(shapes), shape, model.size, model.task)
 
 
 def dropout_masks(spec: ConvSpec, batch: int, seed: int, round_: int, step: int, stream: str) -> list[Tensor | None]:
@@ -598,14 +601,11 @@ def dropout_masks(spec: ConvSpec, batch: int, seed: int, round_: int, step: int,
     return masks
 
 
-def _logit_grad(z: Tensor, y: Tensor, wt: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-client weighted mean cross-entropy of logits z (n, b, C) and its gradient with respect to z."""
+def _logit_grad(task: Task, z: Tensor, y: Tensor, wt: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-client weighted mean loss of outputs z (n, b, out) and its gradient with respect to z."""
     share = wt / wt.sum(1, keepdim=True).clamp_min(1.0)
-    lse = torch.logsumexp(z, 2, keepdim=True)
-    nll = lse.squeeze(2) - z.gather(2, y.unsqueeze(2)).squeeze(2)
-    g = (z - lse).exp_()
-    g.scatter_add_(2, y.unsqueeze(2), torch.full_like(g[..., :1], -1.0))
-    return g.mul_(share.unsqueeze(2)), (nll * share).sum(1)
+    losses, g = task.loss_grad(z, y, share)
+    return g, (losses * share).sum(1)
 
 
 def _step(
@@ -626,7 +626,7 @@ def _step(
     for layer, mask in zip(spec.layers, masks, strict=True):
         a, ctx = layer.forward(a, params, mask)
         saved.append(ctx)
-    g, loss = _logit_grad(a, y, wt)
+    g, loss = _logit_grad(spec.task, a, y, wt)
     if rate is not None:
         g.mul_(rate.view(n, 1, 1))
     first = next(i for i, la in enumerate(spec.layers) if isinstance(la, Conv | Linear | GroupNorm))

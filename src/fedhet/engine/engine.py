@@ -26,6 +26,7 @@ from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.numerics import exact_float32
 from fedhet.engine.personal import gather, parameter_mask, scatter_, spans
 from fedhet.engine.plan import PHASES, LocalPlan, LocalResult, LocalSettings
+from fedhet.engine.protocol import Split
 from fedhet.engine.request import TrainRequest
 from fedhet.engine.state import ClientStore
 from fedhet.engine.step import Cohort, fresh_cohort
@@ -169,7 +170,7 @@ class Engine:
         return result
 
     def personal_scores(
-        self, global_params: Tensor, plan: LocalPlan, round_: int, split: Literal["train", "test"] = "test"
+        self, global_params: Tensor, plan: LocalPlan, round_: int, split: Split = "test"
     ) -> ClientScores:
         """Loss and accuracy of each of the plan's clients' own model on its own `split` data: its personal model
         (with ``plan.personal``; the global model's shared part) or the global model, after the plan's steps on
@@ -180,7 +181,7 @@ class Engine:
         if plan.personal is None:  # every client's model is the global one
             return self.scores(global_params, split, plan.clients).select(plan.clients)
         layers = dense_layers(self.model)
-        data = self.placed(split) or getattr(self.data, split)
+        data = self.placed(split) or self.split(split)
         parts = []  # a block of clients at a time: no (m, P) copy of every personal model
         for block in torch.split(torch.arange(len(plan.clients)), PERSONAL_BLOCK):
             some = plan.rows(block)
@@ -192,7 +193,8 @@ class Engine:
             rows = self.personal_rows(global_params, some, round_).to(data.x.device)
             mine = plan.personal.mask(self.model)
             with exact_float32(self.device):
-                parts.append(score_split_dense(layers, global_params.to(data.x.device), rows, mine, data, some.clients))
+                shared = global_params.to(data.x.device)
+                parts.append(score_split_dense(layers, shared, rows, mine, data, some.clients, self.model.task))
         return ClientScores.concat(parts)
 
     def personal_starts(self, global_params: Tensor, plan: LocalPlan, round_: int) -> Tensor | None:
@@ -361,35 +363,40 @@ class Engine:
                 write(plan.rule.state_key(name), state[RULE_STATE + name])
         return deltas
 
-    def placed(self, split: Literal["train", "test"]) -> ClientData | None:
+    def placed(self, split: Split) -> ClientData | None:
         """The `split` data on the engine's device (moved on first use; offsets stay on the CPU), or None on
         the CPU."""
         if self.device.type == "cpu":
             return None
         if split not in self._placed:
-            data: ClientData = getattr(self.data, split)
+            data = self.split(split)
             self._placed[split] = ClientData(data.x.to(self.device), data.y.to(self.device), data.offsets)
         return self._placed[split]
 
-    def scores(
-        self, params: Tensor, split: Literal["train", "test"] = "test", clients: Tensor | None = None
-    ) -> ClientScores:
+    def split(self, split: Split) -> ClientData:
+        """The clients' `split` data (on the CPU); the validation split only where the run has one."""
+        data: ClientData | None = getattr(self.data, split)
+        if data is None:
+            raise ConfigError("this run has no validation split: set val_fraction (e.g. 0.1) to score one")
+        return data
+
+    def scores(self, params: Tensor, split: Split = "test", clients: Tensor | None = None) -> ClientScores:
         """Loss and accuracy of one model on every client's `split` data, or only on `clients`' (the others
         NaN: not scored)."""
-        data: ClientData = self.placed(split) or getattr(self.data, split)
+        data: ClientData = self.placed(split) or self.split(split)
         with exact_float32(self.device):
             if clients is None:
                 return score_clients(self.model, params, data)
             return scores_of_some(score_clients(self.model, params, data.select(clients)), clients, data.sizes)
 
-    def losses_at(self, params: Tensor, clients: Tensor, split: Literal["train", "test"] = "train") -> Tensor:
+    def losses_at(self, params: Tensor, clients: Tensor, split: Split = "train") -> Tensor:
         """F_k(w): the mean loss of model `params` on each of `clients`' full `split` data (m,)."""
-        return score_clients(self.model, params, getattr(self.data, split).select(clients)).loss
+        return score_clients(self.model, params, self.split(split).select(clients)).loss
 
-    def own_scores(self, params: Tensor, clients: Tensor, split: Literal["train", "test"] = "test") -> ClientScores:
+    def own_scores(self, params: Tensor, clients: Tensor, split: Split = "test") -> ClientScores:
         """Loss and accuracy of client i's own model params[i] on its own `split` data."""
         with exact_float32(self.device):
-            return score_own_models(self.model, params, self.placed(split) or getattr(self.data, split), clients)
+            return score_own_models(self.model, params, self.placed(split) or self.split(split), clients)
 
     def gradient_statistics(self, params: Tensor, clients: Tensor, samples: int, round_: int) -> tuple[Tensor, Tensor]:
         """Mean and per-coordinate variance (m, P) of `samples` per-sample gradients of each client at `params`

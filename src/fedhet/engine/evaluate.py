@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -12,57 +12,92 @@ from torch.func import vmap
 from fedhet.data.dataset import ClientData
 from fedhet.engine.dense import DenseLayer
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.task import CLASSIFICATION, Task
 from fedhet.seeding import numpy_rng
 
 
 @dataclass
 class ClientScores:
-    """Per-client mean loss and accuracy (K,) of a model, and the client sizes they average over."""
+    """Per-client mean loss and accuracy (K,) of a model (accuracy NaN for a task without one), and the client
+    sizes they average over; `extra`: the task's own per-client metrics (`Task.client_scores`: AUC, RMSE, ...), and
+    for such a task the outputs and labels of every sample scored with its client (`owner`), for pooled metrics."""
 
     loss: Tensor
     accuracy: Tensor
     count: Tensor
+    extra: dict[str, Tensor] = field(default_factory=dict)
+    outputs: Tensor | None = None  # (N, out) of the samples scored, when the task has metrics of its own
+    labels: Tensor | None = None  # (N, ...)
+    owner: Tensor | None = None  # (N,) the client of each of them
 
     def select(self, clients: Tensor) -> ClientScores:
-        """The scores of `clients`, in that order."""
-        return ClientScores(self.loss[clients], self.accuracy[clients], self.count[clients])
+        """The scores of `clients`, in that order (without the samples' outputs)."""
+        extra = {k: v[clients] for k, v in self.extra.items()}
+        return ClientScores(self.loss[clients], self.accuracy[clients], self.count[clients], extra)
+
+    def pooled(self, task: Task, clients: Tensor) -> dict[str, float]:
+        """The task's metrics over the samples of `clients` (a (K,) mask) pooled (none without the outputs)."""
+        if self.outputs is None or self.labels is None or self.owner is None:
+            return {}
+        rows = clients[self.owner]
+        return task.pooled_scores(self.outputs[rows], self.labels[rows]) if bool(rows.any()) else {}
 
     @staticmethod
     def concat(parts: list[ClientScores]) -> ClientScores:
-        """Scores of consecutive groups of clients, one after the other."""
-        return ClientScores(*(torch.cat([getattr(p, f) for p in parts]) for f in ("loss", "accuracy", "count")))
+        """Scores of consecutive groups of clients, one after the other (without the samples' outputs)."""
+        loss, accuracy, count = (torch.cat([getattr(p, f) for p in parts]) for f in ("loss", "accuracy", "count"))
+        extra = {k: torch.cat([p.extra[k] for p in parts]) for k in (parts[0].extra if parts else {})}
+        return ClientScores(loss, accuracy, count, extra)
 
 
 @torch.no_grad()
 def score_clients(model: FlatModel, params: Tensor, data: ClientData, batch_size: int = 8192) -> ClientScores:
-    """Loss and accuracy of ONE model (P,) on every client's data: per-sample results scattered by owner.
+    """Loss and accuracy of ONE model (P,) on every client's data: per-sample results scattered by owner (and the
+    task's own metrics, `Task.client_scores`).
 
     Runs on the device of `data` (the scores come back to the CPU)."""
     model.module.eval()
+    task = model.task
     n, k, dev = len(data.y), data.num_clients, data.x.device
     params = params.to(dev)
     loss_sum = torch.zeros(k, dtype=torch.float64, device=dev)
     correct = torch.zeros(k, dtype=torch.float64, device=dev)
     owner = data.owner.to(dev)
+    outputs: list[Tensor] = []
     for lo in range(0, n, batch_size):
         x, y = data.x[lo : lo + batch_size], data.y[lo : lo + batch_size]
         logits = model.logits(params, x)
-        # cross-entropy as logsumexp − logit of the label: 6x faster than F.cross_entropy's log-softmax
-        # kernel on CPU for 10 classes (which does not vectorise across rows), the same values
-        losses = torch.logsumexp(logits, 1) - logits.gather(1, y.unsqueeze(1)).squeeze(1)
+        losses = task.loss_value(logits, y)  # cross-entropy: logsumexp − logit of the label (6x faster)
         who = owner[lo : lo + batch_size]
         loss_sum.index_add_(0, who, losses.double())
-        correct.index_add_(0, who, (logits.argmax(1) == y).double())
+        hit = task.correct(logits, y)
+        if hit is not None:
+            correct.index_add_(0, who, hit.double())
+        if task.metrics:
+            outputs.append(logits.cpu())
     denom = data.sizes.double().clamp_min(1)
-    return ClientScores((loss_sum.cpu() / denom).float(), (correct.cpu() / denom).float(), data.sizes)
+    accuracy = (correct.cpu() / denom).float() if task.accuracy else torch.full((k,), float("nan"))
+    scores = ClientScores((loss_sum.cpu() / denom).float(), accuracy, data.sizes)
+    if task.metrics:
+        z = torch.cat(outputs) if outputs else torch.zeros(0, task.outputs(1))
+        scores.outputs, scores.labels, scores.owner = z, data.y.cpu(), data.owner
+        scores.extra = task.client_scores(z, scores.labels, data.owner, k)
+    return scores
 
 
 def scores_of_some(scores: ClientScores, clients: Tensor, sizes: Tensor) -> ClientScores:
     """`scores` of `clients` (in that order) spread over every client (K = len(sizes)); NaN where not scored."""
-    loss = torch.full((len(sizes),), float("nan"))
-    accuracy = torch.full((len(sizes),), float("nan"))
-    loss[clients], accuracy[clients] = scores.loss, scores.accuracy
-    return ClientScores(loss, accuracy, sizes)
+
+    def spread(values: Tensor) -> Tensor:
+        out = torch.full((len(sizes),), float("nan"), dtype=values.dtype)
+        out[clients] = values
+        return out
+
+    out = ClientScores(spread(scores.loss), spread(scores.accuracy), sizes)
+    out.extra = {name: spread(values) for name, values in scores.extra.items()}
+    if scores.owner is not None:
+        out.outputs, out.labels, out.owner = scores.outputs, scores.labels, clients[scores.owner]
+    return out
 
 
 @torch.no_grad()
@@ -77,11 +112,15 @@ def score_own_models(
     loss, acc = torch.zeros(m), torch.zeros(m)
     sizes = data.sizes[clients]
 
+    task = model.task
+
     def one(w: Tensor, x: Tensor, y: Tensor, wt: Tensor) -> tuple[Tensor, Tensor]:
         logits = model.logits(w, x)
-        per = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+        per = task.loss(logits, y)
         denom = wt.sum().clamp_min(1)
-        return (per * wt).sum() / denom, ((logits.argmax(1) == y).float() * wt).sum() / denom
+        hit = task.correct(logits, y)
+        accuracy = (hit.float() * wt).sum() / denom if hit is not None else torch.full_like(denom, float("nan"))
+        return (per * wt).sum() / denom, accuracy
 
     vone = vmap(one)
     for lo in range(0, m, chunk_size):
@@ -130,7 +169,13 @@ def padded_rows(data: ClientData, clients: Tensor) -> tuple[Tensor, Tensor]:
 
 @torch.no_grad()
 def score_split_dense(
-    layers: list[DenseLayer], shared: Tensor, own: Tensor, mine: Tensor, data: ClientData, clients: Tensor
+    layers: list[DenseLayer],
+    shared: Tensor,
+    own: Tensor,
+    mine: Tensor,
+    data: ClientData,
+    clients: Tensor,
+    task: Task = CLASSIFICATION,
 ) -> ClientScores:
     """Loss and accuracy of each client's model on its own data, for a dense network whose parameters are the
     shared model's (`shared` (P,)) except where `mine` (P,) marks them personal: `own` (m, |mine|) holds each
@@ -161,9 +206,10 @@ def score_split_dense(
             z = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[la.activation](z)
         a = z
     y = data.y[rows]
-    nll = torch.logsumexp(a, 2) - a.gather(2, y.unsqueeze(2)).squeeze(2)
+    nll = task.loss_value(a, y)
     wt = valid.to(a.dtype)
     denom = wt.sum(1).clamp_min(1)
     loss = (nll * wt).sum(1) / denom
-    accuracy = ((a.argmax(2) == y).to(a.dtype) * wt).sum(1) / denom
+    hit = task.correct(a, y)
+    accuracy = (hit.to(a.dtype) * wt).sum(1) / denom if hit is not None else torch.full_like(loss, float("nan"))
     return ClientScores(loss.cpu(), accuracy.cpu(), data.sizes[clients])

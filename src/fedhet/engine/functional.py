@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
+
+from fedhet.engine.task import CLASSIFICATION, Task
 
 
 @dataclass(frozen=True)
@@ -21,10 +22,12 @@ class VmapProbe:
 
 
 class FlatModel:
-    """Wraps an `nn.Module`; parameters live outside it as a flat float32 vector of length `size`."""
+    """Wraps an `nn.Module`; parameters live outside it as a flat float32 vector of length `size`. `task` says what
+    its outputs mean (the loss at the outputs, how predictions are scored: `fedhet.engine.task`)."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, task: Task = CLASSIFICATION) -> None:
         self.module = module
+        self.task = task
         named = list(module.named_parameters())
         self.names = [n for n, _ in named]
         self.shapes = [p.shape for _, p in named]
@@ -72,12 +75,12 @@ class FlatModel:
         return functional_call(self.module, self.unflatten(flat), (x,))
 
     def sample_losses(self, flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        """Per-sample cross-entropy losses."""
-        return F.cross_entropy(self.logits(flat, x), y, reduction="none")
+        """Per-sample losses (the task's: cross-entropy for classification)."""
+        return self.task.loss(self.logits(flat, x), y)
 
     def module_batch_loss(self, x: Tensor, y: Tensor, weight: Tensor) -> Tensor:
         """`batch_loss` with the module's own (bound) parameters, for plain autograd."""
-        losses = F.cross_entropy(self.module(x), y, reduction="none")
+        losses = self.task.loss(self.module(x), y)
         return (losses * weight).sum() / weight.sum().clamp_min(1.0)
 
     def batch_loss(self, flat: Tensor, x: Tensor, y: Tensor, weight: Tensor) -> Tensor:

@@ -130,7 +130,7 @@ def make_step(
     "param" states, numbers for "scalar" ones); x, y, wt carry a rule's mini-batches on dim 0. The parameters named
     in `frozen` keep their values and their optimiser state."""
     terms = [t.term for t in cohort.terms]
-    optimizer, rule = cohort.optimizer, cohort.rule
+    optimizer, rule, task = cohort.optimizer, cohort.rule, model.task
     kinds = optimizer.state_kinds()
 
     def forward(params: Tree, x: Tensor) -> Tensor:
@@ -150,7 +150,7 @@ def make_step(
     ) -> tuple[Tree, dict[str, Any], dict[str, Any], Tensor]:
         def objective(v: Tree, xb: Tensor, yb: Tensor, wb: Tensor) -> tuple[Tensor, Tensor]:
             logits = forward(v, xb)
-            loss = (F.cross_entropy(logits, yb, reduction="none") * wb).sum() / wb.sum().clamp_min(1.0)
+            loss = (task.loss(logits, yb) * wb).sum() / wb.sum().clamp_min(1.0)
             total = loss
             for term, srv, cli in zip(terms, server, client, strict=True):
                 if isinstance(term, DataTerm):

@@ -16,7 +16,7 @@ from fedhet.engine.evaluate import ClientScores
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
 
-Split = Literal["train", "test"]
+Split = Literal["train", "test", "val"]  # "val": the validation split (``val_fraction``)
 
 
 class EngineProtocol(Protocol):

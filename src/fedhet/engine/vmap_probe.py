@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
@@ -21,7 +20,7 @@ def probe_vmap(model: FlatModel, data: ClientData) -> VmapProbe:
     params = {n: v.unsqueeze(0).expand(2, *v.shape) for n, v in model.unflatten(model.initial_params()).items()}
 
     def loss(w: dict[str, Tensor], xb: Tensor, yb: Tensor) -> Tensor:
-        return F.cross_entropy(functional_call(model.module, w, (xb,)), yb)
+        return model.task.loss(functional_call(model.module, w, (xb,)), yb).mean()
 
     randomness = "same" if model.has_dropout else "error"
     was_training = model.module.training

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from fedhet.attacks.base import Attack
 from fedhet.availability.base import Availability
 from fedhet.catalog import ATTACKS, AVAILABILITY, DATASETS, METRIC_PLUGINS, MODELS, PARTITIONERS, STRATEGIES, SYSTEMS
 from fedhet.config_keys import COMPONENT_KEYS
-from fedhet.data.dataset import FederatedData
+from fedhet.data.dataset import Dataset, FederatedData
 from fedhet.data.federate import federate
 from fedhet.data.labels import corrupt_labels
 from fedhet.data.partition import Partitioner
@@ -23,7 +24,11 @@ from fedhet.engine.objective import TERMS, LocalTerm
 from fedhet.engine.optimizers import OPTIMIZERS, ClientOptimizer
 from fedhet.engine.plan import LocalSettings
 from fedhet.engine.protocol import EngineProtocol
-from fedhet.experiments.config import RunConfig, dump_yaml
+from fedhet.engine.schedules import SCHEDULES, Schedule
+from fedhet.engine.schedules import Constant as ConstantSchedule
+from fedhet.engine.task import TASKS, Task
+from fedhet.errors import FedhetNote
+from fedhet.experiments.config import RunConfig, dump_yaml, parse_config
 from fedhet.experiments.evaluation import scores_personal
 from fedhet.experiments.preflight import check_run
 from fedhet.metrics.base import Metric, check_columns
@@ -78,6 +83,13 @@ def resolved_config(config: RunConfig) -> dict[str, Any]:
     raw["metrics"] = [spec_of(m) for m in parts.metrics]
     raw["local"]["optimizer"] = spec_of(parts.optimizer)
     raw["local"]["terms"] = [spec_of(t) for t in parts.terms]
+    if parts.task is not None:
+        raw["task"] = spec_of(parts.task)
+    if "schedules" in raw:
+        raw["schedules"] = {
+            key: spec_of(schedule) if schedule is not None else None
+            for key, schedule in (("local_lr", parts.local_schedule), ("server_lr", parts.server_schedule))
+        }
     return raw
 
 
@@ -95,6 +107,9 @@ class Components:
     metrics: list[Metric]
     optimizer: ClientOptimizer
     terms: list[LocalTerm]
+    task: Task | None = None  # None: the dataset's (``task: auto``)
+    local_schedule: Schedule | None = None  # None: constant
+    server_schedule: Schedule | None = None  # None: the strategy's own
 
     def items(self) -> list[tuple[str, Component]]:
         return [(key, getattr(self, key)) for key in COMPONENT_KEYS]
@@ -115,14 +130,93 @@ def components(config: RunConfig) -> Components:
         metrics=[METRIC_PLUGINS.build(spec, where=f"metrics[{i}]") for i, spec in enumerate(config.metrics)],
         optimizer=OPTIMIZERS.build(config.local.optimizer, where="local.optimizer"),
         terms=[TERMS.build(spec, where=f"local.terms[{i}]") for i, spec in enumerate(config.local.terms)],
+        task=None if config.task == "auto" else TASKS.build(config.task, where="task"),
+        local_schedule=_schedule(config.schedules.local_lr, "schedules.local_lr"),
+        server_schedule=_schedule(config.schedules.server_lr, "schedules.server_lr"),
     )
     check_columns(parts.metrics)
     return parts
 
 
-def federated_data(config: RunConfig, parts: Components) -> FederatedData:
-    """Load the dataset, split it among the clients and corrupt the configured labels."""
-    dataset = parts.dataset.load(Path(config.data_dir), download=config.download)
+def _schedule(spec: str | dict[str, Any] | None, where: str) -> Schedule | None:
+    """The schedule of `spec`; None for none or the constant one (nothing to schedule: the numbers of a run without
+    schedules)."""
+    if spec is None:
+        return None
+    schedule = SCHEDULES.build(spec, where=where)
+    return None if isinstance(schedule, ConstantSchedule) else schedule
+
+
+def task_of(config: RunConfig, parts: Components, data_task: str) -> Task:
+    """The run's task: the config's, or (``task: auto``) the dataset's."""
+    return parts.task if parts.task is not None else TASKS.build(data_task, where="task")
+
+
+def load_dataset(config: RunConfig, parts: Components) -> Dataset:
+    """The whole dataset, its labels read as the run's task needs them (numeric targets for a regression)."""
+    numeric = parts.task is not None and not parts.task.classes
+    dataset = parts.dataset.for_task(numeric).load(Path(config.data_dir), download=config.download)
+    task = task_of(config, parts, dataset.task)
+    task.check_labels(dataset.y, dataset.num_classes, f"dataset '{parts.dataset.name}'")
+    return dataset
+
+
+def implied(config: RunConfig, parts: Components, dataset: Dataset) -> tuple[RunConfig, list[str]]:
+    """The config with what the data implies where the config leaves it open, and a line for each: a user column
+    (``dataset.user``) splits by user, one client per user (``partition: natural``; ``num_clients``: the users,
+    unless set); a task without classes (regression) splits IID; a dataset whose task is not classification names
+    it (``task: auto``). The run folder's config.yaml then holds it all, and reruns as it ran."""
+    given = config.model_fields_set
+    changes: dict[str, Any] = {}
+    notes: list[str] = []
+    column = parts.dataset.user_column()
+    task = task_of(config, parts, dataset.task)
+    if config.task == "auto" and dataset.task != "classification":
+        changes["task"] = dataset.task
+    if "partition" not in given and column is not None and dataset.users is not None:
+        users = int(dataset.users.max()) + 1
+        count = config.num_clients if "num_clients" in given else users - config.unseen_clients
+        per_round = min(config.clients_per_round, count)
+        changes.update(partition={"name": "natural"}, num_clients=count, clients_per_round=per_round)
+        unseen = f" and {config.unseen_clients} unseen" if config.unseen_clients else ""
+        notes.append(
+            f"dataset.user={column}: {users} users, so partition natural, one client per user ({count} clients"
+            f"{unseen}, {per_round} a round); name a partition to split otherwise"
+        )
+    elif "partition" not in given and not task.classes:
+        changes["partition"] = {"name": "iid"}
+        notes.append(f"task {task.name}: no classes to split by, so partition iid; name a partition to split otherwise")
+    if not changes:
+        return config, notes
+    return parse_config({**config.model_dump(mode="json"), **changes}), notes
+
+
+def prepared(config: RunConfig) -> tuple[RunConfig, Components, Dataset, list[str]]:
+    """The config made explicit (`implied`), its components, its dataset, and the lines saying what was implied."""
+    parts = components(config)
+    dataset = load_dataset(config, parts)
+    explicit, notes = implied(config, parts, dataset)
+    if explicit is not config:
+        parts = components(explicit)
+    return explicit, parts, dataset, notes
+
+
+def explicit_config(config: RunConfig) -> RunConfig:
+    """`config` as a run of it records it in config.yaml (`implied`); loads the dataset only where the config
+    leaves something to the data (a user column or a task without classes and no partition named, a dataset that
+    may name its task)."""
+    parts = components(config)
+    open_partition = "partition" not in config.model_fields_set and (
+        parts.dataset.user_column() is not None or (parts.task is not None and not parts.task.classes)
+    )
+    declared = getattr(parts.dataset, "task", "auto") != "auto" or parts.dataset.name == "in_memory"
+    if open_partition or (config.task == "auto" and declared):
+        return prepared(config)[0]
+    return config
+
+
+def federate_dataset(config: RunConfig, parts: Components, dataset: Dataset) -> FederatedData:
+    """Split `dataset` among the clients (train, validation, test) and corrupt the configured labels."""
     data = federate(
         dataset,
         parts.partition,
@@ -130,15 +224,30 @@ def federated_data(config: RunConfig, parts: Components) -> FederatedData:
         unseen_clients=config.unseen_clients,
         test_fraction=config.test_fraction,
         seed=config.seed,
+        val_fraction=config.val_fraction,
     )
     return corrupt_labels(data, config.label_noise, config.seed)
 
 
-def build_model(config: RunConfig, parts: Components, input_shape: tuple[int, ...], num_classes: int) -> FlatModel:
-    """The model, initialised from the seed's "model-init" stream (the same wherever it is built)."""
+def federated_data(config: RunConfig, parts: Components) -> FederatedData:
+    """Load the dataset, split it among the clients as the config (made explicit) says, corrupt the labels."""
+    explicit, parts, dataset, _ = prepared(config)
+    return federate_dataset(explicit, parts, dataset)
+
+
+def build_model(
+    config: RunConfig,
+    parts: Components,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    data_task: str = "classification",
+) -> FlatModel:
+    """The model for the run's task (`task_of`), initialised from the seed's "model-init" stream (the same wherever
+    it is built)."""
+    task = task_of(config, parts, data_task)
     with torch.random.fork_rng():
         torch.manual_seed(derive_seed(config.seed, "model-init"))
-        return FlatModel(parts.model.build(input_shape, num_classes))
+        return FlatModel(parts.model.build(input_shape, task.outputs(num_classes)), task)
 
 
 def local_settings(config: RunConfig, parts: Components) -> LocalSettings:
@@ -176,7 +285,9 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     # an asynchronous strategy needs a clock: without a system model every client runs at the constant one's speed
     system = parts.system if parts.system.simulates_time or not strategy.asynchronous else Constant()
     system.setup(data.num_clients, config.seed)
-    strategy.setup(ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack, system))
+    ctx = ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack, system)
+    ctx.local_schedule, ctx.server_schedule, ctx.rounds = parts.local_schedule, parts.server_schedule, config.rounds
+    strategy.setup(ctx)
     availability = parts.availability
     availability.setup(data.num_clients, config.seed)
     availability.always_in(parts.attack.opted_in())
@@ -192,10 +303,13 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
 
 
 def build(config: RunConfig) -> Experiment:
-    """Load and federate the data, build the model, engine, strategy and availability process."""
-    parts = components(config)
-    data = federated_data(config, parts)
-    model = build_model(config, parts, data.input_shape, data.num_classes)
+    """Load and federate the data (the config made explicit: `implied`; a line for each thing implied, as a
+    `FedhetNote`), build the model, engine, strategy and availability process."""
+    config, parts, dataset, notes = prepared(config)
+    for note in notes:
+        warnings.warn(note, FedhetNote, stacklevel=2)
+    data = federate_dataset(config, parts, dataset)
+    model = build_model(config, parts, data.input_shape, data.num_classes, data.task)
     check_run(config, data, model)  # before the engine probes the model, and before anything is written
     engine = make_engine(config, parts, model, data)
     return assemble(config, parts, data, engine)

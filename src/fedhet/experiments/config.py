@@ -99,6 +99,43 @@ class PersonalEvalConfig(BaseModel):
     )
 
 
+class SelectionConfig(BaseModel):
+    """Which evaluated round's model is the run's result, and early stopping: the best round by a (validation)
+    metric is kept beside the last (``best.pt``), and tables report its row (`fedhet.experiments.selection`)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    metric: str | None = Field(
+        None,
+        description="the metrics.csv column that picks the best round (default: val_loss with a validation split, "
+        "else none: the last round is the result)",
+    )
+    mode: Literal["auto", "max", "min"] = Field(
+        "auto", description="whether larger is better (auto: min for losses, MAE and RMSE, max otherwise)"
+    )
+    patience: Count = Field(
+        0, ge=0, description="early stopping: stop after this many evaluated rounds without improvement (0: never)"
+    )
+    min_delta: float = Field(0.0, ge=0, description="an improvement must beat the best so far by more than this")
+
+
+class SchedulesConfig(BaseModel):
+    """Learning-rate schedules over the rounds (fedhet list schedules): η_t = η · factor(t, T)."""
+
+    model_config = ConfigDict(extra="forbid")
+    local_lr: ComponentSpec = Field("constant", description="schedule of every client's local.lr")
+    server_lr: ComponentSpec | None = Field(
+        None,
+        description="schedule of algorithm.server_lr (default: the algorithm's own: constant, or FedMGDA+'s decay)",
+    )
+
+    @field_validator("local_lr", "server_lr", mode="before")
+    @classmethod
+    def _spec(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str | dict):
+            return value
+        raise ValueError("must be a name or a mapping with a 'name' key")
+
+
 class RunConfig(BaseModel):
     """Everything that defines a run. Components are a name or a mapping ``{name: ..., <params>}``."""
 
@@ -130,6 +167,21 @@ class RunConfig(BaseModel):
         default_factory=RequirementsConfig, description="client requirements ρ_k (MaxFL, appeal metrics)"
     )
     test_fraction: float = Field(0.2, ge=0, lt=1, description="share of each client's samples kept for test")
+    val_fraction: float = Field(
+        0.0, ge=0, lt=1, description="share of each client's samples kept for validation (taken from its training part)"
+    )
+    selection: SelectionConfig = Field(
+        default_factory=SelectionConfig,
+        description="the best round by a validation metric (kept beside the last) and early stopping",
+    )
+    task: ComponentSpec = Field(
+        "auto",
+        description="what the model learns (fedhet list tasks): classification, binary, regression; auto: the "
+        "dataset's",
+    )
+    schedules: SchedulesConfig = Field(
+        default_factory=SchedulesConfig, description="learning-rate schedules of local.lr and algorithm.server_lr"
+    )
     clients_per_round: Count = Field(
         10,
         ge=1,
@@ -157,7 +209,9 @@ class RunConfig(BaseModel):
     )
     chunk_size: Count = Field(0, ge=0, description="clients per chunk (0: whole cohort, or per worker for dense)")
     device: str = Field("cpu", description="where training and evaluation run: 'cpu' or 'cuda' (dense/vectorised/conv)")
-    data_dir: str = Field("data", description="folder holding dataset files (data_dir/<dataset name>/)")
+    data_dir: str = Field(
+        "data", description="folder holding dataset files (data_dir/<dataset name>/); kept absolute in config.yaml"
+    )
     download: bool = Field(False, description="download missing dataset files (checksums verified)")
     checkpoint_every: Count = Field(1, ge=1, description="write checkpoint.pt every n rounds (and after the last)")
     max_loss: float = Field(1e4, gt=0, description="stop as diverged when the local loss exceeds this")
@@ -178,6 +232,29 @@ class RunConfig(BaseModel):
         if isinstance(value, str | dict):
             return with_defaults(value, cls.model_fields[str(info.field_name)].default)
         raise ValueError("must be a name or a mapping with a 'name' key")
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task(cls, value: Any) -> Any:
+        if isinstance(value, str) or (isinstance(value, dict) and "name" in value):
+            return value
+        raise ValueError("must be a name or a mapping with a 'name' key")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir(cls, value: str) -> str:
+        """An existing folder as an absolute path, so that a run folder's config.yaml works from any directory."""
+        folder = Path(value).expanduser()
+        return str(folder.resolve()) if folder.is_dir() else value
+
+    @field_validator("imports")
+    @classmethod
+    def _imports(cls, value: list[str]) -> list[str]:
+        """.py files as absolute paths (modules stay names)."""
+        return [
+            str(Path(v).expanduser().resolve()) if v.endswith(".py") and Path(v).expanduser().is_file() else v
+            for v in value
+        ]
 
     @field_validator("track")
     @classmethod
@@ -200,6 +277,14 @@ class RunConfig(BaseModel):
             data.pop("system", None)
         if data.get("deadline") == Deadline().model_dump():
             data.pop("deadline", None)
+        for key, default in (
+            ("val_fraction", 0.0),
+            ("task", "auto"),
+            ("selection", SelectionConfig().model_dump()),
+            ("schedules", SchedulesConfig().model_dump()),
+        ):
+            if data.get(key) == default:
+                data.pop(key, None)
         return data
 
     @model_validator(mode="after")
@@ -211,6 +296,16 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"clients_per_round ({self.clients_per_round}) is more than num_clients ({self.num_clients}); "
                 f"at most {self.num_clients} clients can train in a round"
+            )
+        if self.test_fraction + self.val_fraction >= 1:
+            raise ValueError(
+                f"test_fraction ({self.test_fraction:g}) + val_fraction ({self.val_fraction:g}) leave no training "
+                "data; their sum must be below 1"
+            )
+        if self.selection.patience and self.selection_metric() is None:
+            raise ValueError(
+                "selection.patience stops a run when selection.metric stops improving; set val_fraction (it then "
+                "watches val_loss) or name selection.metric"
             )
         slots = self.clients_per_round * self.local.steps * self.local.batch_size
         if slots > MAX_BATCH_SLOTS:
@@ -225,6 +320,12 @@ class RunConfig(BaseModel):
             if isinstance(value, int) and value > limit:
                 raise ValueError(f"requirements.{key} ({value:,}) is more than {limit:,}")
         return self
+
+    def selection_metric(self) -> str | None:
+        """The metric that picks the best round: ``selection.metric``, or val_loss with a validation split."""
+        if self.selection.metric is not None:
+            return self.selection.metric
+        return "val_loss" if self.val_fraction > 0 else None
 
     def spec(self, key: str) -> dict[str, Any]:
         """The component `key` as a ``{name: ..., **params}`` mapping."""

@@ -12,6 +12,7 @@ from torch import Tensor
 from fedhet.engine.evaluate import ClientScores, scores_of_some
 from fedhet.engine.plan import LocalPlan, LocalSettings
 from fedhet.engine.protocol import EngineProtocol
+from fedhet.engine.task import Task
 from fedhet.experiments.config import PersonalEvalConfig
 from fedhet.metrics.clients import distribution, pooled
 from fedhet.requirements import ClientRequirements
@@ -37,32 +38,63 @@ def evaluate_global(
 ) -> tuple[dict[str, float], dict[str, Tensor], ClientScores, ClientScores]:
     """Round metrics (see `fedhet.metrics.METRICS`), per-client columns, and test/train scores of the global
     model on every client, or on `clients` only (the others NaN in the columns; the metrics are those of the
-    clients evaluated, and ``evaluated`` says how many seen clients that was; with `count` also when all were)."""
-    data = engine.data
+    clients evaluated, and ``evaluated`` says how many seen clients that was; with `count` also when all were).
+    With a validation split, the same on each client's validation data (``val_*``). A task without accuracy
+    (regression) writes no accuracy columns, and a task's own metrics (`fedhet.engine.task`) join them."""
+    data, task = engine.data, engine.model.task
     test, train = engine.scores(params, "test", clients), engine.scores(params, "train", clients)
     scored = ~torch.isnan(test.loss)  # not evaluated, or a client a remote engine could not reach
     seen, unseen = data.seen & scored, ~data.seen & scored
     metrics: dict[str, float] = {}
-    metrics.update(distribution(test.accuracy[seen], "test_accuracy"))
-    metrics["test_accuracy_pooled"] = pooled(test.accuracy[seen], test.count[seen])
+    if task.accuracy:
+        metrics.update(distribution(test.accuracy[seen], "test_accuracy"))
+        metrics["test_accuracy_pooled"] = pooled(test.accuracy[seen], test.count[seen])
     metrics["test_loss"] = float(test.loss[seen].double().mean())
+    metrics.update(task_metrics(task, test, seen, "test"))
     metrics["train_loss"] = float(train.loss[seen].double().mean())
-    metrics["train_accuracy"] = float(train.accuracy[seen].double().mean())
+    if task.accuracy:
+        metrics["train_accuracy"] = float(train.accuracy[seen].double().mean())
     if clients is not None or count:
         metrics["evaluated"] = float(seen.sum())
     if bool(unseen.any()):
-        metrics["unseen_test_accuracy"] = float(test.accuracy[unseen].double().mean())
+        if task.accuracy:
+            metrics["unseen_test_accuracy"] = float(test.accuracy[unseen].double().mean())
         metrics["unseen_test_loss"] = float(test.loss[unseen].double().mean())
+        metrics.update(task_metrics(task, test, unseen, "unseen_test", pooled=False))
     columns = {
         "seen": seen.int(),
         "train_samples": train.count,
         "test_samples": test.count,
-        "test_accuracy": test.accuracy,
+        **({"test_accuracy": test.accuracy} if task.accuracy else {}),
         "test_loss": test.loss,
-        "train_accuracy": train.accuracy,
+        **{f"test_{name}": values for name, values in test.extra.items()},
+        **({"train_accuracy": train.accuracy} if task.accuracy else {}),
         "train_loss": train.loss,
     }
+    if data.val is not None:
+        val = engine.scores(params, "val", clients)
+        if task.accuracy:
+            metrics["val_accuracy"] = float(val.accuracy[seen].double().mean())
+        metrics["val_loss"] = float(val.loss[seen].double().mean())
+        metrics.update(task_metrics(task, val, seen, "val"))
+        columns["val_samples"] = val.count
+        columns.update({"val_accuracy": val.accuracy} if task.accuracy else {})
+        columns["val_loss"] = val.loss
     return metrics, columns, test, train
+
+
+def task_metrics(
+    task: Task, scores: ClientScores, clients: Tensor, prefix: str, pooled: bool = True
+) -> dict[str, float]:
+    """The task's own metrics of `scores` over `clients` (a (K,) mask): ``<prefix>_<name>``, the mean over those
+    clients where it is defined (AUC needs both classes), and ``<prefix>_<name>_pooled`` over their samples pooled."""
+    out = {}
+    for name, values in scores.extra.items():
+        defined = values[clients][~torch.isnan(values[clients])]
+        out[f"{prefix}_{name}"] = float(defined.double().mean()) if len(defined) else float("nan")
+    if pooled:
+        out.update({f"{prefix}_{name}_pooled": value for name, value in scores.pooled(task, clients).items()})
+    return out
 
 
 def spread_scores(scores: ClientScores, clients: Tensor) -> ClientScores:

@@ -191,7 +191,7 @@ def _restore_client_columns(state: RunState) -> None:
 
 def reuse(task: Task) -> Outcome | None:
     """The outcome of `task` read from its folder when the folder holds a finished run of this very config."""
-    from fedhet.experiments.build import resolved_config
+    from fedhet.experiments.build import explicit_config, resolved_config
     from fedhet.experiments.config import dump_yaml, load_yaml, parse_config
 
     summary, config, metrics = (task.out / name for name in ("summary.json", "config.yaml", "metrics.csv"))
@@ -200,7 +200,7 @@ def reuse(task: Task) -> Outcome | None:
     try:
         status = json.loads(summary.read_text()).get("status")
         written = {k: v for k, v in load_yaml(config).items() if k != "derived"}  # derived: not part of the config
-        same = dump_yaml(written) == dump_yaml(resolved_config(parse_config(task.config)))
+        same = dump_yaml(written) == dump_yaml(resolved_config(explicit_config(parse_config(task.config))))
     except (ValueError, OSError, FedhetError):
         return None
     if status not in DONE or not same:

@@ -27,18 +27,19 @@ from fedhet.experiments.checkpoint import CheckpointError, dump_view, loads
 from fedhet.experiments.config import dump_yaml, load_yaml, parse_config
 from fedhet.experiments.metrics_log import MetricsLog
 
-CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT = (
+CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT, BEST = (
     "config.yaml",
     "metrics.csv",
     "clients.csv",
     "summary.json",
     "checkpoint.pt",
+    "best.pt",
 )
 LOCK, PARTICIPATION, NODE_STATE = ".fedhet.lock", "availability.npz", "node-state"
 # folders that fedhet's Flower tools keep in a run folder (never removed by --overwrite): the simulation's node
 # state, and scripts/flower_local.sh's deployment (SuperLink database, logs, partition files)
 FLOWER_FOLDERS = (NODE_STATE, "deploy")
-OWN_FILES = (CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT, PARTICIPATION)
+OWN_FILES = (CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT, PARTICIPATION, BEST)
 MARKERS = (CONFIG, CHECKPOINT)
 STAGING_PREFIX = ".fedhet-staging-"
 # keys of config.yaml that may change between a run's start and its resume: where the data is (not what it is),
@@ -168,6 +169,10 @@ class RunFolder:
             "metrics_sha256": log.sha256(),
         }
         write_bytes(self.path / CHECKPOINT, dump_view(payload))
+
+    def write_best(self, params: Any, round_: int, metric: str, value: float) -> None:
+        """Write best.pt atomically: the selected round's model (``selection``), in the checkpoint's safe format."""
+        write_bytes(self.path / BEST, dump_view({"round": round_, "metric": metric, "value": value, "params": params}))
 
     def read_checkpoint(self) -> dict[str, Any] | None:
         """The checkpoint's payload (None when the run has none yet); format and checksum checked."""

@@ -20,7 +20,7 @@ from torch import Tensor
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import DivergenceError, FedhetError
 from fedhet.experiments.asynchronous import AsyncRunner
-from fedhet.experiments.build import Experiment, build, resolved_config
+from fedhet.experiments.build import Experiment, build, explicit_config, resolved_config
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.checkpoint import CheckpointError
 from fedhet.experiments.config import RunConfig, load_yaml, parse_config
@@ -42,6 +42,7 @@ from fedhet.experiments.runfolder import (
     RunFolder,
     identity,
 )
+from fedhet.experiments.selection import best_index, rounds_without_improvement, selected_row
 from fedhet.experiments.state import RunState
 from fedhet.experiments.tracking import with_trackers
 from fedhet.metrics.base import RoundView, compute_checked, needs_all_clients
@@ -139,7 +140,7 @@ def same_run(config: RunConfig, out: Path) -> bool:
     """Whether the run folder `out` holds a run of `config` (its config.yaml has the same identity and rounds)."""
     try:
         folder_config = parse_config(load_yaml(out / CONFIG))
-        same = identity(resolved_config(folder_config)) == identity(resolved_config(config))
+        same = identity(resolved_config(folder_config)) == identity(resolved_config(explicit_config(config)))
         return same and folder_config.rounds == config.rounds
     except FedhetError:
         return False
@@ -170,6 +171,7 @@ def _checkpoint(state: RunState) -> dict[str, Any]:
         "metrics": [plugin.state_dict() for plugin in exp.metrics],
         **({"clock": state.clock.state_dict(), "system": exp.system.state_dict()} if state.clock is not None else {}),
         **({"asynchronous": state.pending.state_dict()} if state.pending is not None else {}),
+        **({"best": {"round": state.best_round, "params": state.best_params}} if state.rule is not None else {}),
     }
 
 
@@ -221,19 +223,45 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
             exp.system.load_state_dict(saved["system"])
         if state.pending is not None:
             state.pending.load_state_dict(saved["asynchronous"])
+        if state.rule is not None:
+            best = saved["best"]
+            state.best_round, state.best_params = int(best["round"]), best["params"]
+            if state.best_params is not None and not isinstance(state.best_params, Tensor):
+                raise TypeError("its best model is not a tensor")
     except Exception as err:
         reason = str(err).splitlines()[0][:100] if str(err) else type(err).__name__
         raise CheckpointError(f"{what} does not fit this run's clock ({reason}); {restart}") from None
 
 
-def _persist(state: RunState, metrics: dict[str, float] | None) -> None:
-    """After a round: append its metrics row, then (when due) the checkpoint, which records the row's end."""
+def _persist(state: RunState, metrics: dict[str, float] | None, improved: bool, stopping: bool) -> None:
+    """After a round: append its metrics row, the best round's model when this round is the new best, then (when
+    due, and when the run stops early) the checkpoint, which records the row's end."""
     assert state.folder is not None
     cfg = state.config
     if metrics is not None:
         state.folder.metrics.append(metrics)
-    if state.round % cfg.checkpoint_every == 0 or state.round == cfg.rounds:
+    if improved and state.rule is not None and state.best_params is not None:
+        value = metrics.get(state.rule.metric, float("nan")) if metrics is not None else float("nan")
+        state.folder.write_best(state.best_params, state.best_round, state.rule.metric, value)
+    if state.round % cfg.checkpoint_every == 0 or state.round == cfg.rounds or stopping:
         state.folder.write_checkpoint(_checkpoint(state))
+
+
+def _keep_if_best(state: RunState, metrics: dict[str, float] | None, evaluated: Tensor | None) -> bool:
+    """Whether this round's evaluated model is the best so far by the run's rule (then kept as the selected one)."""
+    rule = state.rule
+    if rule is None or metrics is None or evaluated is None:
+        return False
+    if best_index(state.history, rule) != len(state.history) - 1:
+        return False
+    state.best_round, state.best_params = state.round, evaluated.detach().clone()
+    return True
+
+
+def _out_of_patience(state: RunState) -> bool:
+    """Early stopping: ``selection.patience`` evaluated rounds have passed without an improvement."""
+    rule, patience = state.rule, state.config.selection.patience
+    return rule is not None and patience > 0 and rounds_without_improvement(state.history, rule) >= patience
 
 
 def _write_outputs(state: RunState) -> None:
@@ -257,6 +285,10 @@ def _write_outputs(state: RunState) -> None:
         "wall_time_s": round(state.wall_time_s, 3),
         "final": state.final,
     }
+    rule = state.rule
+    if rule is not None:
+        summary["selection"] = {"metric": rule.metric, "mode": rule.mode, "round": state.best_round}
+        summary["selected"] = selected_row(state.history, rule)
     state.folder.write_summary(summary)
 
 
@@ -360,6 +392,7 @@ def _synchronous_round(state: RunState) -> RoundOutcome:
     available = exp.availability.available(t) & exp.data.seen
     attack = exp.strategy.ctx.attack
     exp.strategy.ctx.params = state.params
+    exp.strategy.ctx.start_round(t)  # the round's scheduled learning rates
     clients = attack.cohort(_select(state, t, available), available, t)
     previous = state.params
     result: LocalResult | None = None
@@ -391,6 +424,7 @@ def _asynchronous_round(state: RunState) -> RoundOutcome:
     strategy = exp.strategy
     assert isinstance(strategy, AsynchronousStrategy)
     t = state.round
+    strategy.ctx.start_round(t)  # the server step's scheduled learning rates
     available = exp.availability.available(t)
     runner = AsyncRunner(
         strategy,
@@ -416,11 +450,14 @@ def _asynchronous_round(state: RunState) -> RoundOutcome:
     return RoundOutcome(previous, step.result, participants, int((available & exp.data.seen).sum()), columns)
 
 
-def _evaluate(state: RunState, outcome: RoundOutcome, local_loss: float) -> dict[str, float] | None:
-    """The round's row of metrics.csv when it is evaluated (every ``eval_every`` rounds, and the last)."""
+def _evaluate(
+    state: RunState, outcome: RoundOutcome, local_loss: float
+) -> tuple[dict[str, float] | None, Tensor | None]:
+    """The round's row of metrics.csv when it is evaluated (every ``eval_every`` rounds, and the last), and the model
+    evaluated."""
     exp, cfg = state.experiment, state.config
     if not (state.round % cfg.eval_every == 0 or state.round == cfg.rounds):
-        return None
+        return None, None
     evaluated = exp.strategy.evaluation_params(state.params)
     sample = _evaluation_sample(state) if state.round < cfg.rounds else None
     metrics, state.client_columns, test, train = evaluate_global(
@@ -429,6 +466,7 @@ def _evaluate(state: RunState, outcome: RoundOutcome, local_loss: float) -> dict
     if sample is not None and needs_all_clients(exp.metrics):  # only with `score_sample_only`
         test, train = spread_scores(test, sample), spread_scores(train, sample)
     personal = _personal_evaluation(state, evaluated, sample)
+    val = exp.engine.scores(evaluated, "val", sample) if exp.metrics and exp.data.val is not None else None
     metrics = {
         "round": float(state.round),
         **metrics,
@@ -449,13 +487,14 @@ def _evaluate(state: RunState, outcome: RoundOutcome, local_loss: float) -> dict
         train,
         state.history,
         final=state.round == cfg.rounds,
+        val=val,
     )
     for plugin in exp.metrics:
         extra, columns = compute_checked(plugin, view, metrics)
         metrics.update(extra)
         state.client_columns.update(columns)
     state.history.append(metrics)
-    return metrics
+    return metrics, evaluated
 
 
 def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
@@ -475,11 +514,13 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             _check_divergence(state, losses)
             exp.availability.observe(state.round, exp.engine, state.params)
             state.round += 1
-            metrics = _evaluate(state, outcome, local_loss)
+            metrics, evaluated = _evaluate(state, outcome, local_loss)
+            improved = _keep_if_best(state, metrics, evaluated)
+            patience_out = _out_of_patience(state) and state.round < cfg.rounds
             state.wall_time_s = time.perf_counter() - started
             if state.folder is not None:
-                _persist(state, metrics)
-            stop = False
+                _persist(state, metrics, improved, patience_out)
+            stop = patience_out
             for cb in callbacks:
                 stop = cb.on_round_end(state, metrics) or stop
             if stop:

@@ -12,7 +12,17 @@ from fedhet.experiments.asynchronous import AsyncQueue
 from fedhet.experiments.build import Experiment
 from fedhet.experiments.config import RunConfig
 from fedhet.experiments.runfolder import RunFolder
+from fedhet.experiments.selection import Rule, better
 from fedhet.systems.clock import SimulatedTime
+
+
+def selection_rule(config: RunConfig) -> Rule | None:
+    """The config's rule for the best round (``selection``), or None when it selects none (the last round)."""
+    metric = config.selection_metric()
+    if metric is None:
+        return None
+    mode = better(metric) if config.selection.mode == "auto" else config.selection.mode
+    return Rule(metric, mode, config.selection.min_delta)
 
 
 @dataclass
@@ -33,6 +43,13 @@ class RunState:
     score_sample_only: bool = False  # `run`'s argument: ``--estimate`` times sampled evaluations
     clock: SimulatedTime | None = None  # the simulated clock of a run with a system model (None: rounds only)
     pending: AsyncQueue | None = None  # an asynchronous run's clients in flight and buffer (None: synchronous)
+    best_round: int = 0  # the selected round so far (``selection``; 0: none yet, or no selection)
+    best_params: Tensor | None = None  # its evaluated model
+
+    @property
+    def rule(self) -> Rule | None:
+        """How the run selects its best round (None: it does not; the last round is its result)."""
+        return selection_rule(self.config)
 
     @staticmethod
     def start(experiment: Experiment, **fields: Any) -> RunState:

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine.engine import BackendChoice, resolve_backend
 from fedhet.engine.evaluate import ClientScores, scores_of_some
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.engine.protocol import EngineProtocol
+from fedhet.engine.protocol import EngineProtocol, Split
 from fedhet.errors import ConfigError, DataError
 from fedhet.experiments.build import Components, Experiment, assemble, build_model, components, local_settings
 from fedhet.experiments.config import RunConfig
@@ -43,7 +43,6 @@ from fedhet.flower.codec import (
 from fedhet.flower.node import NodeWorker, config_text
 
 log = logging.getLogger("fedhet.flower")
-Split = Literal["train", "test"]
 
 
 class Transport(Protocol):
@@ -99,6 +98,12 @@ class RemoteEngine:
     """`EngineProtocol`, answered by the nodes; the server holds the model and the clients' sizes only."""
 
     def __init__(self, config: RunConfig, parts: Components, transport: Transport, settings: Settings) -> None:
+        task = parts.task.name if parts.task is not None else getattr(parts.dataset, "task", "auto")
+        if config.val_fraction > 0 or task not in ("auto", "classification"):
+            raise ConfigError(
+                "--engine flower runs classification without a validation split (val_fraction 0) for now; run this "
+                "config on the native engine"
+            )
         self.transport, self.settings = transport, settings
         self.base: Config = {"fedhet_config": config_text(config), "run_key": settings.run_key}
         if settings.state_dir:

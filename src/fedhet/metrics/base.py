@@ -20,6 +20,7 @@ from torch import Tensor
 from fedhet.engine.evaluate import ClientScores
 from fedhet.engine.plan import LocalResult
 from fedhet.engine.protocol import EngineProtocol
+from fedhet.engine.task import Task
 from fedhet.errors import ConfigError, FedhetError
 from fedhet.metrics import CLIENT_COLUMNS, METRICS
 from fedhet.registry import Component, Registry
@@ -39,6 +40,12 @@ class RoundView:
     train: ClientScores  # of `params` on every client's train data
     history: list[dict[str, float]]  # earlier evaluated rounds
     final: bool = False  # the last round of the run
+    val: ClientScores | None = None  # of `params` on every client's validation data (with ``val_fraction``)
+
+    @property
+    def task(self) -> Task:
+        """What the model learns (`fedhet.engine.task`: its loss, whether it has an accuracy, its own metrics)."""
+        return self.engine.model.task
 
 
 class Metric(Component, SeededStreams):

@@ -19,10 +19,11 @@ import copy
 import hashlib
 import inspect
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import nn
 
 from fedhet.errors import ConfigError
@@ -110,14 +111,24 @@ class TorchModel(ModelSpec):
     The target is an `nn.Module` class or a function returning a module (called with ``kwargs``, plus
     ``input_shape`` (per sample, e.g. ``[3, 32, 32]``; the sequence length for token inputs) and
     ``num_classes`` when it takes parameters of those names), or a module instance (copied). The module must
-    return logits ``(batch, num_classes)``. Parameters are trained; buffers stay as built; BatchNorm with
-    running statistics is refused (see this module's docstring for the semantics).
+    return outputs ``(batch, num_classes)``: the logits of a classifier; one logit for ``task: binary`` and one
+    column per target for ``task: regression`` (num_classes is then that width). Parameters are trained; buffers
+    stay as built; BatchNorm with running statistics is refused (see this module's docstring for the semantics).
     """
 
     name: ClassVar[str] = "torch"
     description: ClassVar[str] = "your PyTorch nn.Module, by import path 'package.module:Class' or 'file.py:Class'"
     target: str = Field(..., description="'package.module:Name' or 'path/to/file.py:Name' (class, factory, instance)")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the class or factory")
+
+    @field_validator("target")
+    @classmethod
+    def _absolute_file(cls, value: str) -> str:
+        """'file.py:Name' with the file as an absolute path (a run folder's config.yaml then works from anywhere)."""
+        file, sep, rest = value.rpartition(":")
+        if sep and file.endswith(".py") and Path(file).expanduser().is_file():
+            return f"{Path(file).expanduser().resolve()}:{rest}"
+        return value
 
     def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
         where = f"model '{self.target}'"

@@ -23,7 +23,7 @@ needs are kept per client id, so that the round can go on with fewer clients if 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -34,6 +34,7 @@ from torch import Tensor
 from fedhet.attacks.base import Attack, NoAttack
 from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
 from fedhet.engine.protocol import EngineProtocol
+from fedhet.engine.schedules import Schedule
 from fedhet.registry import Component, Registry, spec_of
 from fedhet.seeding import numpy_rng
 from fedhet.strategies.server import SERVER_OPTIMIZERS, ServerOptimizer, ServerSGD
@@ -55,6 +56,20 @@ class ServerContext:
     attack: Attack = field(default_factory=NoAttack)
     system: SystemModel = field(default_factory=NoSystem)  # the clients' speeds (TiFL's tiers); none: no clock
     params: Tensor | None = None  # the current global model, set by the runner before each round's `select`
+    local_schedule: Schedule | None = None  # ``schedules.local_lr`` (None: constant)
+    server_schedule: Schedule | None = None  # ``schedules.server_lr`` (None: the strategy's own, `server_schedule`)
+    rounds: int = 1  # T, the rounds planned (schedules that anneal over the run use it)
+    round: int = 0  # the round under way (`start_round`)
+    base_local: LocalSettings | None = None  # the config's local settings (``local`` is round t's)
+
+    def start_round(self, round_: int) -> None:
+        """Round `round_` (0-based) begins: ``local`` takes the round's learning rate from ``local_schedule``."""
+        self.round = round_
+        if self.local_schedule is None:
+            return
+        if self.base_local is None:
+            self.base_local = self.local
+        self.local = replace(self.base_local, lr=self.base_local.lr * self.local_schedule.factor(round_, self.rounds))
 
     def client_losses(self, params: Tensor, clients: Tensor, split: Literal["train", "test"] = "train") -> Tensor:
         """The losses F_k(params) that `clients` report to the server (malicious ones may lie)."""
@@ -136,9 +151,22 @@ class Strategy(Component):
         return [self]
 
     def server_step(self, global_params: Tensor, direction: Tensor, lr: float | None = None) -> Tensor:
-        """The next global model from the aggregate direction d: the server optimiser's step with η_g (or `lr`,
-        for strategies whose global step changes over rounds)."""
-        return self.server_optimizer.step(global_params, direction, self.server_lr if lr is None else lr)
+        """The next global model from the aggregate direction d: the server optimiser's step with the round's η_g
+        (`server_lr_at`), or `lr`."""
+        round_ = self._ctx.round if self._ctx is not None else 0
+        return self.server_optimizer.step(global_params, direction, self.server_lr_at(round_) if lr is None else lr)
+
+    def server_schedule(self) -> Schedule | None:
+        """The strategy's own schedule of its server learning rate, used unless the run names one
+        (``schedules.server_lr``); default: none, a constant rate."""
+        return None
+
+    def server_lr_at(self, round_: int) -> float:
+        """η_g in round `round_`: ``server_lr`` times the run's server schedule (or the strategy's own)."""
+        ctx = self._ctx  # None for a strategy used on its own (tests): its own schedule
+        schedule = (ctx.server_schedule if ctx is not None else None) or self.server_schedule()
+        rounds = ctx.rounds if ctx is not None else 1
+        return self.server_lr if schedule is None else self.server_lr * schedule.factor(round_, rounds)
 
     def evaluation_params(self, params: Tensor) -> Tensor:
         """The model that is evaluated and reported after a round (default: the current global model; AFL

@@ -12,7 +12,8 @@ switch inherited from FedAvg: ``uniform`` (1/n over the sampled clients, as in t
 the default here) or ``samples`` (data-size weights n_i / Σ n_j, the other choice eq. 1 allows). With ε = 0, no
 normalisation and no decay the server step is computed exactly as FedAvg's, so both give the same model.
 
-``lr_decay`` is β itself (the authors' ``--global_lr_decay``), the factor applied every ``decay_every`` rounds;
+``lr_decay`` is β itself (the authors' ``--global_lr_decay``), the factor applied every ``decay_every`` rounds:
+the server learning rate's ``step`` schedule (`fedhet.engine.schedules.Step`, the strategy's `server_schedule`);
 the paper states the total decay over T rounds ("decay = 1/10"), converted with `beta_for_decay`.
 ``prox_mu`` adds FedProx's proximal term to the local objective (the paper's MGDA-Prox); the term is
 (μ/2)‖w − w_t‖², so the authors' ``--prox_weight`` (μ‖w − w_t‖², no ½) of 0.1 is ``prox_mu = 0.2``.
@@ -30,8 +31,10 @@ from torch import Tensor
 
 from fedhet.engine.objective import Proximal
 from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.schedules import Schedule, Step
+from fedhet.errors import ConfigError
 from fedhet.methods.fedmgda.min_norm import solve_min_norm
-from fedhet.strategies.base import STRATEGIES, weighted_update
+from fedhet.strategies.base import STRATEGIES, ServerContext, weighted_update
 from fedhet.strategies.fedavg import FedAvg, fedavg_weights
 
 __all__ = ["FedAvgN", "FedMGDA", "FedMGDAPlus", "beta_for_decay", "mgda_weights", "normalise_updates", "step_size"]
@@ -72,8 +75,9 @@ def mgda_weights(updates: Tensor, center: Tensor, eps: float) -> Tensor:
 
 
 def step_size(server_lr: float, beta: float, round_: int, every: int = 100) -> float:
-    """η_t = η_g · β^⌊t/every⌋ for 0-based round t (§6.1; the authors' code multiplies by η_g)."""
-    return server_lr * beta ** (round_ // every)
+    """η_t = η_g · β^⌊t/every⌋ for 0-based round t (§6.1; the authors' code multiplies by η_g): the ``step``
+    schedule of the server learning rate."""
+    return server_lr * Step(every=every, gamma=beta).factor(round_, 0)
 
 
 def beta_for_decay(decay: float, rounds: int, every: int = 100) -> float:
@@ -107,6 +111,19 @@ class FedMGDAPlus(FedAvg):
         plan = super().configure(round_, clients, global_params)
         return plan.with_terms(Proximal(mu=self.prox_mu)) if self.prox_mu else plan
 
+    def server_schedule(self) -> Schedule:
+        """η_t = η_g · β^⌊t/decay_every⌋ (§6.1): the ``step`` schedule with γ = ``lr_decay``."""
+        return Step(every=self.decay_every, gamma=self.lr_decay)
+
+    def setup(self, ctx: ServerContext) -> None:
+        if ctx.server_schedule is not None and self.lr_decay != 1:
+            raise ConfigError(
+                "algorithm.lr_decay and schedules.server_lr both schedule FedMGDA+'s global step; keep one (lr_decay "
+                f"{self.lr_decay:g} every {self.decay_every} rounds is schedules.server_lr: "
+                f"{{name: step, every: {self.decay_every}, gamma: {self.lr_decay:g}}})"
+            )
+        super().setup(ctx)
+
     def direction_weights(self, updates: Tensor, clients: Tensor) -> Tensor:
         """λ*: λ0 itself when ε = 0 (no QP, as in the authors' code), else the min-norm solution."""
         center = fedavg_weights(self.ctx.train_sizes[clients], self.weighting)
@@ -118,7 +135,7 @@ class FedMGDAPlus(FedAvg):
             updates = normalise_updates(updates)
         lam = self.direction_weights(updates, result.clients)
         direction = weighted_update(updates, lam)
-        self._lambda, self._step = lam, step_size(self.server_lr, self.lr_decay, round_, self.decay_every)
+        self._lambda, self._step = lam, self.server_lr_at(round_)
         self._direction_norm = float(direction.double().norm())
         return self.server_step(global_params, direction, self._step)
 
