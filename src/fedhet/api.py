@@ -136,14 +136,20 @@ class RunResult:
     """The last evaluated round's metrics (``test_accuracy``, ``test_loss``, ...)."""
     history: list[dict[str, float]]
     """One row of metrics per evaluated round (``metrics.csv``)."""
-    clients: list[dict[str, float]]
-    """One row per client at the end (``clients.csv``): its accuracy, loss, size, ..."""
+    clients: list[dict[str, Any]]
+    """One row per client at the end (``clients.csv``): its accuracy, loss, size, ... (and ``user``, its user's
+    name, where each client is one user)."""
     state_dict: dict[str, Tensor] | None
     """The final global model as a state dict (``module.load_state_dict(result.state_dict)``)."""
     wall_time_s: float = 0.0
     out: Path | None = None
     """The run folder, when one was written."""
     extra: dict[str, Any] = field(default_factory=dict)
+    selected: dict[str, float] = field(default_factory=dict)
+    """The selected round's metrics: the best by ``selection.metric`` (val_loss with a validation split), or the
+    last round's when the run selects none; its ``test_*`` values are the run's result."""
+    best_state_dict: dict[str, Tensor] | None = None
+    """The selected round's global model (``best.pt``), when the run selects one."""
 
     def metric(self, name: str) -> list[float]:
         """A metric's values over the evaluated rounds (missing rounds skipped)."""
@@ -175,13 +181,20 @@ def _write_model(out: Path, state_dict: dict[str, Tensor]) -> None:
     tmp.replace(out / MODEL_FILE)
 
 
-def _rows(path: Path) -> list[dict[str, float]]:
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """A CSV file's rows: numbers as floats, text (clients.csv's user names) as it is."""
     import csv
+
+    def value(text: str) -> float | str:
+        try:
+            return float(text)
+        except ValueError:
+            return text
 
     if not path.is_file():
         return []
     with path.open(newline="") as f:
-        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+        return [{k: value(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
 
 
 def run(
@@ -222,14 +235,24 @@ def run(
     model = state_dict_of(state.experiment.engine.model, state.params)
     if folder is not None:
         _write_model(folder, model)
-    from fedhet.experiments.build import resolved_config
 
-    clients = []
+    from fedhet.experiments.selection import selected_row
+
+    clients: list[dict[str, Any]] = []
     if state.client_columns:
         k = len(next(iter(state.client_columns.values())))
-        clients = [{"client": float(i), **{c: float(v[i]) for c, v in state.client_columns.items()}} for i in range(k)]
+        names = state.experiment.data.client_names
+        clients = [
+            {
+                "client": float(i),
+                **({"user": names[i]} if names is not None else {}),
+                **{c: float(v[i]) for c, v in state.client_columns.items()},
+            }
+            for i in range(k)
+        ]
+    best = state_dict_of(state.experiment.engine.model, state.best_params) if state.best_params is not None else None
     return RunResult(
-        config=resolved_config(cfg),
+        config=state.experiment.resolved_config(),
         status=state.status,
         rounds=state.round,
         final=dict(state.final),
@@ -238,6 +261,8 @@ def run(
         state_dict=model,
         wall_time_s=state.wall_time_s,
         out=folder,
+        selected=selected_row(state.history, state.rule),
+        best_state_dict=best,
     )
 
 
@@ -255,17 +280,40 @@ def load_run(folder: str | Path, *, model: bool = True) -> RunResult:
     config_file = path / "config.yaml"
     config = load_yaml(config_file) if config_file.is_file() else {}
     summary = record.summary
+    final = dict(summary.get("final") or (record.rows[-1] if record.rows else {}))
     return RunResult(
         config=config,
         status=str(summary.get("status", "unknown")),
         rounds=int(summary.get("rounds", len(record.rows))),
-        final=dict(summary.get("final") or (record.rows[-1] if record.rows else {})),
+        final=final,
         history=record.rows,
         clients=_rows(path / "clients.csv"),
         state_dict=_load_model(path, config) if model else None,
         wall_time_s=float(summary.get("wall_time_s", 0.0)),
         out=path,
+        selected=dict(summary.get("selected") or final),
+        best_state_dict=_load_best(path, config) if model else None,
     )
+
+
+def _load_best(path: Path, config: dict[str, Any]) -> dict[str, Tensor] | None:
+    """The selected round's model from ``best.pt`` (None without one), as a state dict."""
+    from fedhet.experiments.checkpoint import loads
+
+    if not (path / "best.pt").is_file():
+        return None
+    saved = loads(path / "best.pt", f"best model '{path / 'best.pt'}'")
+    return state_dict_of(_flat_model(config), saved["params"])
+
+
+def _flat_model(config: dict[str, Any]) -> FlatModel:
+    """The run's model as built (it loads the dataset for its shapes)."""
+    from fedhet.experiments.build import build_model, federate_dataset, prepared
+    from fedhet.experiments.config import parse_config
+
+    cfg, parts, dataset, _ = prepared(parse_config(config))
+    data = federate_dataset(cfg, parts, dataset)
+    return build_model(cfg, parts, data.input_shape, data.num_classes, data.task)
 
 
 def _load_model(path: Path, config: dict[str, Any]) -> dict[str, Tensor] | None:
@@ -277,14 +325,8 @@ def _load_model(path: Path, config: dict[str, Any]) -> dict[str, Tensor] | None:
     checkpoint = path / "checkpoint.pt"
     if not checkpoint.is_file():
         return None
-    from fedhet.experiments.build import build_model, components, federated_data
-    from fedhet.experiments.config import parse_config
-
     try:
         saved = torch.load(checkpoint, weights_only=True)
     except Exception as err:  # an older or foreign checkpoint format
         raise ConfigError(f"cannot read the model in '{checkpoint}' ({str(err).splitlines()[0]})") from None
-    cfg = parse_config(config)
-    parts = components(cfg)
-    data = federated_data(cfg, parts)
-    return state_dict_of(build_model(cfg, parts, data.input_shape, data.num_classes), saved["params"])
+    return state_dict_of(_flat_model(config), saved["params"])

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.table import Table
 
-from fedhet.errors import FedhetError, FedhetWarning
+from fedhet.errors import FedhetError, FedhetNote, FedhetWarning
 
 app = typer.Typer(
     name="fedhet",
@@ -27,8 +27,27 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+PIPE_WIDTH = 10_000  # the page width of output that is not a terminal: nothing wraps
+
+
+class UnwrappedConsole(Console):
+    """rich's console, except that output that is not a terminal (a pipe, a file) and has no ``COLUMNS`` is not
+    wrapped at 80 columns: tables keep their rows whole and Markdown rows stay on one line."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        dims = Console.size.fget(self)  # type: ignore[attr-defined]
+        if self._width is None and "COLUMNS" not in self._environ and not self.is_terminal:
+            return ConsoleDimensions(PIPE_WIDTH, dims.height)
+        return dims
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+console = UnwrappedConsole()
+err_console = UnwrappedConsole(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -61,7 +80,8 @@ def _one_line_warnings() -> Iterator[None]:
     def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
         if issubclass(category, FedhetWarning):
             text = " ".join(str(message).split())
-            err_console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
+            kind = "[cyan]note:[/]" if issubclass(category, FedhetNote) else "[yellow]warning:[/]"
+            err_console.print(f"{kind} {escape(text)}", highlight=False, soft_wrap=True)
         else:
             previous(message, category, *args, **kwargs)
 
@@ -199,9 +219,66 @@ def run(
         typer.Option(help="log to a tracker: tensorboard, mlflow or wandb (repeatable; settings: the config's track)"),
     ] = None,
     estimate: EstimateOption = False,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            help="torch threads (default: torch's; per-client training of small models runs on one thread anyway)"
+        ),
+    ] = None,
 ) -> None:
     """Run one experiment and write its run folder (one fedhet process per folder; Ctrl-C or SIGTERM stops it
     cleanly and --resume continues it)."""
+    if threads is not None and threads < 1:
+        raise FedhetError(f"--threads {threads}: give at least 1 torch thread")
+    from fedhet.engine.threads import torch_threads
+
+    with torch_threads(threads):
+        _run(
+            config,
+            algorithm,
+            dataset,
+            model,
+            partition,
+            rounds,
+            seed,
+            backend,
+            out,
+            set_,
+            data_dir,
+            download,
+            resume,
+            quiet,
+            overwrite,
+            engine,
+            imports,
+            nodes,
+            track,
+            estimate,
+        )
+
+
+def _run(
+    config: Path | None,
+    algorithm: str | None,
+    dataset: str | None,
+    model: str | None,
+    partition: str | None,
+    rounds: int | None,
+    seed: int | None,
+    backend: str | None,
+    out: Path | None,
+    set_: list[str] | None,
+    data_dir: Path | None,
+    download: bool,
+    resume: Path | None,
+    quiet: bool,
+    overwrite: bool,
+    engine: str,
+    imports: list[str] | None,
+    nodes: int,
+    track: list[str] | None,
+    estimate: bool,
+) -> None:
     callbacks = [] if quiet else [_progress()]
     if engine not in ("native", "flower"):
         raise FedhetError(f"--engine '{engine}' is not one of: native, flower")
@@ -320,12 +397,19 @@ def _report(state: Any, quiet: bool) -> None:
     nodes = getattr(engine, "nodes", None)  # a Flower run's remote engine
     backend = engine.last_backend or engine.backend_for(state.config.clients_per_round)
     where = f"Flower, {len(nodes)} nodes" if nodes is not None else f"{backend} backend"
+    from fedhet.experiments.selection import selected_row
+
     table = Table(title=f"{state.status}: {state.round} rounds in {state.wall_time_s:.1f} s ({where})")
     table.add_column("metric")
     table.add_column("final", justify="right")
+    rule = state.rule
+    selected = selected_row(state.history, rule) if rule is not None else {}
+    if rule is not None:
+        table.add_column(f"round {selected.get('round', 0):.0f} (best {rule.describe()})", justify="right")
     for key, value in state.final.items():
         if key != "round":
-            table.add_row(key, format_value(key, value))
+            chosen = [format_value(key, selected[key]) if key in selected else "-"] if rule is not None else []
+            table.add_row(key, format_value(key, value), *chosen)
     console.print(table)
     console.print(f"run folder: [bold]{state.out}[/]")
     if state.out is not None:
@@ -391,31 +475,45 @@ def list_(
 XOption = Annotated[
     str, typer.Option("--x", help="x-axis: round, or time (the simulated clock of runs with a system model)")
 ]
+RunsArgument = Annotated[
+    list[Path],
+    typer.Argument(
+        help="run folders, or folders holding run folders (a sweep, a recipe); runs of one config over seeds are "
+        "one line (mean ± std)"
+    ),
+]
+LabelOption = Annotated[
+    list[str] | None, typer.Option("--label", help="a name for each path's runs, in order (repeatable)")
+]
 
 
 @app.command()
 @friendly
 def compare(
-    runs: Annotated[list[Path], typer.Argument(help="run folders")],
+    runs: RunsArgument,
     plot: Annotated[Path | None, typer.Option(help="also write a PNG of curves here")] = None,
-    metric: Annotated[str, typer.Option(help="metric to plot")] = "test_accuracy",
+    metric: Annotated[str | None, typer.Option(help="metric to plot (default: test accuracy, else test loss)")] = None,
     column: Annotated[
-        list[str] | None, typer.Option(help="final metric to show as a column (repeatable; default: accuracy, loss)")
+        list[str] | None,
+        typer.Option(help="final metric to show as a column (repeatable; default: accuracy, the task's, loss)"),
     ] = None,
     x: XOption = "round",
     target: Annotated[
         float | None,
         typer.Option(help="also show when --metric first reached this value: rounds- and time-to-accuracy"),
     ] = None,
+    label: LabelOption = None,
 ) -> None:
-    """Final metrics of several runs side by side (and their curves with --plot); runs are named by what
-    distinguishes them (algorithm, parameters that differ, seed)."""
+    """Final metrics of runs side by side, at each run's selected round (and their curves with --plot): runs of one
+    config over seeds (a sweep's points, a recipe's methods) are one row, mean ± std; each is named by what
+    distinguishes it (algorithm, parameters that differ, seed) or by --label."""
     from fedhet.report.plots import plot_curves
-    from fedhet.report.runs import read_runs
-    from fedhet.report.tables import DEFAULT_COLUMNS, compare_table, reach_columns
+    from fedhet.report.runs import read_groups
+    from fedhet.report.tables import compare_table, default_columns, reach_columns
 
-    records = read_runs(runs)
-    table, _ = compare_table(records, tuple(column) if column else DEFAULT_COLUMNS, width=console.width)
+    records = read_groups(runs, label)
+    metric = metric or _default_metric(records)
+    table, _ = compare_table(records, tuple(column) if column else default_columns(records), width=console.width)
     console.print(table)
     if target is not None:
         header, rows = reach_columns(records, metric, target)
@@ -432,17 +530,27 @@ def compare(
 @app.command()
 @friendly
 def plot(
-    runs: Annotated[list[Path], typer.Argument(help="run folders")],
-    metric: Annotated[str, typer.Option(help="metric to plot, e.g. test_accuracy")] = "test_accuracy",
+    runs: RunsArgument,
+    metric: Annotated[
+        str | None, typer.Option(help="metric to plot, e.g. test_accuracy (default: it, else test_loss)")
+    ] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="image file to write")] = Path("plot.png"),
     x: XOption = "round",
+    label: LabelOption = None,
 ) -> None:
-    """Plot a metric against the round (or the simulated time) for one or more runs (named by what distinguishes
-    them)."""
+    """Plot a metric against the round (or the simulated time) for runs: one line per run, or per config over
+    seeds (a sweep's points, a recipe's methods: mean ± std band), named by what distinguishes them or by --label."""
     from fedhet.report.plots import plot_curves
-    from fedhet.report.runs import read_runs
+    from fedhet.report.runs import read_groups
 
-    console.print(f"figure: {plot_curves(read_runs(runs), metric, output, x=x)}")
+    groups = read_groups(runs, label)
+    console.print(f"figure: {plot_curves(groups, metric or _default_metric(groups), output, x=x)}")
+
+
+def _default_metric(groups: list[Any]) -> str:
+    """test_accuracy where the runs have it (classification), else test_loss (regression)."""
+    have = {k for g in groups for r in g.runs for row in r.rows for k in row}
+    return "test_accuracy" if "test_accuracy" in have or "test_loss" not in have else "test_loss"
 
 
 WorkersOption = Annotated[
@@ -457,12 +565,15 @@ RayOption = Annotated[
         "a file system every node sees",
     ),
 ]
-ThreadsOption = Annotated[int, typer.Option(help="torch threads per run")]
+ThreadsOption = Annotated[
+    int | None,
+    typer.Option(help="torch threads per run (default: one per run when runs go to several workers, else torch's)"),
+]
 INTERRUPTED = "interrupted; run the same command again to continue (finished runs are reused, cut-off runs resume)"
 
 
 def _executor(
-    workers: int | None, ray: str | None, threads: int, quiet: bool, overrides: dict[str, Any] | None = None
+    workers: int | None, ray: str | None, threads: int | None, quiet: bool, overrides: dict[str, Any] | None = None
 ) -> Any:
     from fedhet.experiments.executor import Executor
 
@@ -496,7 +607,7 @@ def sweep(
     ] = None,
     workers: WorkersOption = None,
     ray: RayOption = None,
-    threads: ThreadsOption = 1,
+    threads: ThreadsOption = None,
     quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
 ) -> None:
     """Run a grid of configs over several seeds: one run folder per point and seed, a summary (mean ± std over
@@ -568,7 +679,7 @@ def reproduce(
     ] = None,
     workers: WorkersOption = None,
     ray: RayOption = None,
-    threads: ThreadsOption = 1,
+    threads: ThreadsOption = None,
     quiet: Annotated[bool, typer.Option(help="no progress display")] = False,
     estimate: EstimateOption = False,
     device: Annotated[

@@ -183,7 +183,7 @@ def _restore_client_columns(state: RunState) -> None:
     with path.open() as f:
         rows = list(csv.DictReader(f))
     if rows:
-        columns = [c for c in rows[0] if c != "client"]
+        columns = [c for c in rows[0] if c not in ("client", "user")]  # the user (site) names are text
         state.client_columns = {
             c: torch.tensor([float(r[c]) if r[c] else float("nan") for r in rows], dtype=torch.float64) for c in columns
         }
@@ -264,7 +264,7 @@ class Executor:
         workers: int | None = 1,
         *,
         ray: str | None = None,
-        threads: int = 1,
+        threads: int | None = 1,
         callbacks: CallbackFactory | None = None,
         monitor: Monitor | None = None,
         retries: int = 2,
@@ -272,10 +272,14 @@ class Executor:
     ) -> None:
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers {workers}: give at least 1 (or leave it out: as many as the cores allow)")
-        if threads < 1:
+        if threads is not None and threads < 1:
             raise ConfigError(f"--threads {threads}: give at least 1 torch thread per run")
-        self.threads, self.ray_address, self.retries = threads, ray, retries
-        self.workers = workers if workers is not None or ray is not None else default_workers(threads)
+        in_process = workers == 1 and ray is None
+        # None: one thread per run where runs go to workers (every core busy), this process's setting where they
+        # run here one after another
+        self.threads = threads if threads is not None else (0 if in_process else 1)
+        self.ray_address, self.retries = ray, retries
+        self.workers = workers if workers is not None or ray is not None else default_workers(self.threads or 1)
         self.callbacks, self.monitor = callbacks, monitor or Monitor()
         self.overrides = overrides or {}
         self.history: list[Outcome] = []  # every outcome of every stage, in order
@@ -443,8 +447,9 @@ class Executor:
     ) -> None:
         ray = self._connect_ray()
         settings = _Settings(settings.callbacks, settings.post, settings.threads, cwd=os.getcwd())
-        remote = ray.remote(run_task).options(num_cpus=self.threads, max_retries=self.retries)
-        capacity = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)) // self.threads)
+        per_task = max(1, self.threads)
+        remote = ray.remote(run_task).options(num_cpus=per_task, max_retries=self.retries)
+        capacity = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1)) // per_task)
         todo = deque(pending)
         inflight: dict[Any, int] = {}
         try:
@@ -480,7 +485,7 @@ def _init_worker(queue: Any, threads: int) -> None:
     global _QUEUE
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _QUEUE = queue
-    torch.set_num_threads(threads)
+    torch.set_num_threads(max(1, threads))
 
 
 def _report(key: int, done: int, total: int) -> None:

@@ -6,6 +6,7 @@ import csv
 import hashlib
 import io
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from fedhet.atomic import append_bytes, write_bytes
@@ -82,7 +83,7 @@ class MetricsLog:
         self.size, self._hash = len(data), hashlib.sha256(data)
 
 
-def _csv_text(columns: list[str], rows: list[dict[str, float]], header: bool) -> str:
+def _csv_text(columns: list[str], rows: Sequence[Mapping[str, float | str]], header: bool) -> str:
     buffer = io.StringIO(newline="")
     writer = csv.DictWriter(buffer, fieldnames=columns, restval="")
     if header:
@@ -92,7 +93,7 @@ def _csv_text(columns: list[str], rows: list[dict[str, float]], header: bool) ->
     return buffer.getvalue()
 
 
-def write_csv(path: Path, rows: list[dict[str, float]]) -> None:
+def write_csv(path: Path, rows: Sequence[Mapping[str, float | str]]) -> None:
     """Write `rows` (all columns of all rows, in first-seen order) atomically."""
     columns: list[str] = []
     for row in rows:
@@ -100,8 +101,11 @@ def write_csv(path: Path, rows: list[dict[str, float]]) -> None:
     write_bytes(path, _csv_text(columns, rows, header=True).encode())
 
 
-def _fmt(value: float) -> str:
-    """Integers without a decimal point (below 1e15), other floats exactly (``repr`` reads back bit for bit)."""
+def _fmt(value: float | str) -> str:
+    """Integers without a decimal point (below 1e15), other floats exactly (``repr`` reads back bit for bit); text
+    as it is (clients.csv's user names)."""
+    if isinstance(value, str):
+        return value
     value = float(value)
     if value.is_integer() and abs(value) < 1e15 and math.copysign(1.0, value) > 0:
         return str(int(value))

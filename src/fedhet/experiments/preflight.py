@@ -60,7 +60,8 @@ def check_batch_memory(config: RunConfig, data: FederatedData) -> None:
 
 
 def check_model_fits(config: RunConfig, data: FederatedData, model: FlatModel) -> None:
-    """One forward pass of the initial model on two training samples: it must run and give (2, classes) logits.
+    """One forward pass of the initial model on two training samples: it must run and give (2, outputs) outputs (the
+    task's width: the classes, one logit for binary, the targets for regression).
 
     Runs under a forked RNG and without gradients, so the run's numbers do not change. Skipped when there are no
     samples here (a Flower server: the nodes hold the data).
@@ -76,7 +77,7 @@ def check_model_fits(config: RunConfig, data: FederatedData, model: FlatModel) -
             logits = model.logits(model.initial_params(), x[:2].cpu())
     except (RuntimeError, ValueError, IndexError, TypeError) as err:
         raise ConfigError(f"{fit}: {_first_line(err)}; {hint}") from None
-    expected = (min(2, len(x)), data.num_classes)
+    expected = (min(2, len(x)), model.task.outputs(data.num_classes))
     if tuple(logits.shape) != expected:
         raise ConfigError(f"{fit}: it gives outputs of shape {tuple(logits.shape)}, not {expected}; {hint}")
 

@@ -119,6 +119,10 @@ def resume(
         elif saved is not None and state.round == state.config.rounds and _finished(folder.path):
             state.status, state.already_finished = "finished", True
             return state
+        elif saved is not None and _out_of_patience(state):  # stopped early by selection.patience: done
+            state.status, state.already_finished = "stopped early", True
+            return state
+        _write_best(state)  # the checkpoint's selected model (a cut-off run may have written a later one)
         return _loop(state, callbacks or [])
 
 
@@ -233,18 +237,28 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
         raise CheckpointError(f"{what} does not fit this run's clock ({reason}); {restart}") from None
 
 
-def _persist(state: RunState, metrics: dict[str, float] | None, improved: bool, stopping: bool) -> None:
-    """After a round: append its metrics row, the best round's model when this round is the new best, then (when
-    due, and when the run stops early) the checkpoint, which records the row's end."""
+def _persist(state: RunState, metrics: dict[str, float] | None) -> None:
+    """After a round: append its metrics row, then (when due) the checkpoint, which records the row's end."""
     assert state.folder is not None
     cfg = state.config
     if metrics is not None:
         state.folder.metrics.append(metrics)
-    if improved and state.rule is not None and state.best_params is not None:
-        value = metrics.get(state.rule.metric, float("nan")) if metrics is not None else float("nan")
-        state.folder.write_best(state.best_params, state.best_round, state.rule.metric, value)
-    if state.round % cfg.checkpoint_every == 0 or state.round == cfg.rounds or stopping:
+    if _checkpoint_due(state):
         state.folder.write_checkpoint(_checkpoint(state))
+
+
+def _checkpoint_due(state: RunState) -> bool:
+    return state.round % state.config.checkpoint_every == 0 or state.round == state.config.rounds
+
+
+def _write_best(state: RunState) -> None:
+    """best.pt: the selected round's model, written before the row and checkpoint that record it (a run cut off in
+    between redoes the round and writes it again; a resume writes the checkpoint's)."""
+    rule = state.rule
+    if state.folder is not None and rule is not None and state.best_params is not None:
+        row = next((r for r in state.history if r.get("round") == state.best_round), {})
+        value = row.get(rule.metric, float("nan"))
+        state.folder.write_best(state.best_params, state.best_round, rule.metric, value)
 
 
 def _keep_if_best(state: RunState, metrics: dict[str, float] | None, evaluated: Tensor | None) -> bool:
@@ -271,7 +285,15 @@ def _write_outputs(state: RunState) -> None:
     cfg = state.config
     if state.client_columns:
         k = len(next(iter(state.client_columns.values())))
-        rows = [{"client": float(i), **{c: float(v[i]) for c, v in state.client_columns.items()}} for i in range(k)]
+        names = state.experiment.data.client_names
+        rows: list[dict[str, float | str]] = [
+            {
+                "client": float(i),
+                **({"user": names[i]} if names is not None else {}),
+                **{c: float(v[i]) for c, v in state.client_columns.items()},
+            }
+            for i in range(k)
+        ]
         write_csv(state.folder.path / CLIENTS, rows)
     state.folder.save_plugin_files(state.experiment.metrics)
     summary = {
@@ -519,7 +541,11 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             patience_out = _out_of_patience(state) and state.round < cfg.rounds
             state.wall_time_s = time.perf_counter() - started
             if state.folder is not None:
-                _persist(state, metrics, improved, patience_out)
+                if improved:
+                    _write_best(state)
+                _persist(state, metrics)
+                if patience_out and not _checkpoint_due(state):  # keep the last row of a run stopped early
+                    state.folder.write_checkpoint(_checkpoint(state))
             stop = patience_out
             for cb in callbacks:
                 stop = cb.on_round_end(state, metrics) or stop

@@ -1,6 +1,11 @@
 """Sweeps: a base config, a grid of values for its dotted keys and some seeds; one run folder per point and seed,
 a summary table (mean ± std over the seeds of each point) and the best point by a metric.
 
+Each run's numbers are those of its selected round: with a validation split (``val_fraction``), the best round by
+its ``selection.metric`` (val_loss by default), and the sweep then picks its best point by that validation metric
+too and reports the test metrics at those rounds; without one, the last round's (and the summary says that the
+choice was made on test data).
+
 ``OUT/<point>/seed<k>/`` is a normal run folder (`fedhet compare` works on it); ``OUT/<point>/point.json`` holds
 the point's label and values, ``OUT/sweep.json`` the sweep, ``OUT/summary.md`` and ``OUT/summary.csv`` the results.
 The summary is read from the run folders, so it is the same however the runs were made (serially, in worker
@@ -30,6 +35,7 @@ from fedhet.experiments.build import components
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.executor import DONE, Executor, Outcome, Task, write_index, write_text
 from fedhet.experiments.naming import MAX_LENGTH, safe_name
+from fedhet.experiments.selection import better
 from fedhet.registry import closest
 
 SWEEP_KEYS = ("grid", "seeds", "metric", "mode", "show")
@@ -146,9 +152,16 @@ def grid_points(grid: dict[str, list[Any]]) -> list[Point]:
 
 
 def default_mode(metric: str) -> str:
-    """ "min" for losses, spreads and round counts, "max" otherwise."""
-    lower = ("loss" in metric) or metric.endswith("_std") or metric.startswith("rounds")
-    return "min" if lower else "max"
+    """ "min" for losses, errors, spreads and round counts, "max" otherwise."""
+    return better(metric)
+
+
+def selection_of(base: dict[str, Any]) -> str | None:
+    """The metric the base config's runs select their best round by (val_loss with a validation split), or None."""
+    try:
+        return parse_config(base).selection_metric()
+    except ConfigError:
+        return None
 
 
 @dataclass
@@ -223,11 +236,14 @@ def make_sweep(
     first = base.get("seed", 0)
     if not isinstance(first, int) or first < 0:
         raise ConfigError(f"seed {first!r}: give a whole number ≥ 0 (the first seed of the sweep)")
-    chosen = metric or str(section.get("metric", "test_accuracy"))
+    runs_select = selection_of(base)
+    chosen = metric or str(section.get("metric", runs_select or "test_accuracy"))
     order = mode or str(section.get("mode", default_mode(chosen)))
     if order not in ("max", "min"):
         raise ConfigError(f"--mode {order}: choose max or min (whether a larger {chosen} is better)")
     extra = tuple(show) or tuple(str(m) for m in section.get("show", ()))
+    if not extra and chosen.startswith("val_"):  # chosen on validation: report the test values at those rounds
+        extra = tuple(dict.fromkeys(("test_accuracy", f"test_{chosen[4:]}")))
     return Sweep(base, combined, tuple(range(first, first + count)), chosen, order, extra)
 
 
@@ -263,7 +279,8 @@ def read_results(sweep: Sweep, out: Path) -> list[PointResult]:
             except (OSError, ValueError):
                 summary = {"status": "missing"}
             statuses.append(str(summary.get("status", "missing")))
-            finals.append(summary.get("final", {}) if statuses[-1] in DONE else {})
+            row = summary.get("selected") or summary.get("final", {})  # the selected round's, else the last
+            finals.append(row if statuses[-1] in DONE else {})
         metrics = sorted({k for f in finals for k in f if k != "round"})
         values = {m: [float(f.get(m, math.nan)) for f in finals] for m in metrics}
         results.append(PointResult(point, statuses, values))
@@ -280,10 +297,25 @@ def best_point(results: list[PointResult], metric: str, mode: str) -> PointResul
     return results[min(scored, key=lambda s: (sign * s[0], s[1]))[1]]
 
 
+def selection_rule_text(sweep: Sweep) -> str:
+    """How the sweep's numbers and best point were chosen, in one sentence."""
+    runs_select = selection_of(sweep.base)
+    rounds = (
+        f"each run's numbers are those of its best round by {runs_select} (selection)"
+        if runs_select
+        else "each run's numbers are those of its last round"
+    )
+    text = f"Best point by the mean of {sweep.metric} ({sweep.mode}) over seeds; {rounds}."
+    if not sweep.metric.startswith("val_"):
+        text += " Chosen on a metric that is not a validation one: set val_fraction to choose on validation data."
+    return text
+
+
 def summary_markdown(sweep: Sweep, results: list[PointResult], best: PointResult | None) -> str:
     from fedhet.report.tables import markdown_table
 
     columns = [sweep.metric, *(m for m in sweep.show if m != sweep.metric)]
+    columns = [c for c in columns if c == sweep.metric or any(c in r.values for r in results)]
     rows = [
         [
             ("**" + r.point.label + "**") if r is best else r.point.label,
@@ -294,11 +326,13 @@ def summary_markdown(sweep: Sweep, results: list[PointResult], best: PointResult
         for r in results
     ]
     text = f"### Sweep: {len(results)} points × {len(sweep.seeds)} seeds ({', '.join(map(str, sweep.seeds))})\n\n"
+    text += "mean ± std over seeds. " + selection_rule_text(sweep) + "\n\n"
     text += markdown_table(["point", *columns, "runs finished", "folder"], rows)
     if best is not None:
+        others = "".join(f"; {c} {mean_std(best.values[c])}" for c in columns[1:] if c in best.values)
         text += (
             f"\nbest by {sweep.metric} ({sweep.mode}): {best.point.label}: "
-            f"{mean_std(best.values[sweep.metric])} (folder {best.point.name})\n"
+            f"{mean_std(best.values[sweep.metric])}{others} (folder {best.point.name})\n"
         )
     return text
 

@@ -39,7 +39,25 @@ METRICS: dict[str, str] = {
     "late_clients": "clients of the round left out by its deadline (with a system model)",
     "staleness": "mean staleness t − τ of the updates of an asynchronous server step",
     "in_flight": "clients training when an asynchronous server step was taken",
+    "val_accuracy": "mean over clients of the global model's accuracy on each client's validation data (val_fraction)",
+    "val_loss": "mean over clients of the global model's loss on each client's validation data (val_fraction)",
 }
+# a task's own metrics (`fedhet.engine.task`): test_<name> is the mean over the clients where it is defined,
+# test_<name>_pooled the value over all their test samples pooled; val_ and unseen_test_ variants likewise
+TASK_METRICS: dict[str, str] = {
+    "auc": "ROC AUC of the positive class (task binary; defined for clients with both classes)",
+    "f1": "F1 score of the positive class (task binary)",
+    "balanced_accuracy": "mean of the recall of each class present (task binary)",
+    "mae": "mean absolute error (task regression)",
+    "rmse": "root mean squared error (task regression)",
+    "r2": "coefficient of determination R² against the clients' own mean target (task regression)",
+}
+for _name, _text in TASK_METRICS.items():
+    METRICS[f"test_{_name}"] = f"mean over clients of the global model's {_text}"
+    METRICS[f"test_{_name}_pooled"] = f"{_text}, over all test samples pooled"
+    METRICS[f"val_{_name}"] = f"as test_{_name}, on the validation data"
+    METRICS[f"val_{_name}_pooled"] = f"as test_{_name}_pooled, on the validation data"
+    METRICS[f"unseen_test_{_name}"] = f"as test_{_name}, over the unseen clients"
 
 CLIENT_COLUMNS: dict[str, str] = {
     "client": "the client's id",
@@ -52,4 +70,9 @@ CLIENT_COLUMNS: dict[str, str] = {
     "train_loss": "the global model's loss on the client's training data",
     "personal_test_accuracy": "the client's personalised model's accuracy on its test data (personal_eval)",
     "personal_test_loss": "the client's personalised model's loss on its test data (personal_eval)",
+    "val_samples": "the client's validation samples (val_fraction)",
+    "val_accuracy": "the global model's accuracy on the client's validation data",
+    "val_loss": "the global model's loss on the client's validation data",
+    "user": "the client's user (site) name, when each client is one user of the data (a natural split)",
+    **{f"test_{name}": f"the global model's {text} on the client's test data" for name, text in TASK_METRICS.items()},
 }

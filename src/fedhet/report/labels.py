@@ -90,6 +90,17 @@ _KNOWN: dict[str, tuple[str, str, tuple[float | None, float | None], bool]] = {
     "gsnr_entropy": ("entropy of the local-step allocation (nats)", "FedGSNR's step allocation entropy", NONNEG, False),
     "gsnr_mean": ("mean GSNR over participants", "Gradient signal-to-noise ratio (GSNR)", NONNEG, False),
     "contribution_round_mean": ("mean client GSNR in the round", "Clients' contribution (GSNR)", NONNEG, False),
+    "test_auc": ("test ROC AUC (mean over clients)", "Test ROC AUC of the global model", UNIT, False),
+    "test_f1": ("test F1 score (mean over clients)", "Test F1 score of the global model", UNIT, False),
+    "test_balanced_accuracy": (
+        "test balanced accuracy (mean over clients)",
+        "Test balanced accuracy of the global model",
+        UNIT,
+        False,
+    ),
+    "test_mae": ("test mean absolute error (mean over clients)", "Test MAE of the global model", NONNEG, False),
+    "test_rmse": ("test root mean squared error (mean over clients)", "Test RMSE of the global model", NONNEG, False),
+    "test_r2": ("test R² (mean over clients)", "Test R² of the global model", (None, 1.0), False),
 }
 _EXTRA_DESCRIPTIONS = {
     "gm_appeal": "share of clients whose test loss under the global model is below their own model's (MaxFL Def. 1)",
@@ -102,6 +113,14 @@ _PREFIXES = {"unseen_": "unseen clients", "ft_": "after local fine-tuning"}
 
 def metric_info(name: str) -> MetricInfo:
     """What to call metric `name` (metrics.csv's column) on a figure or in a table; unknown names get their words."""
+    if name.startswith("val_") and name not in _KNOWN and f"test_{name[4:]}" in _KNOWN:  # validation: as test
+        base = metric_info(f"test_{name[4:]}")
+        label, title = base.label.replace("test", "validation"), base.title.replace("Test", "Validation")
+        return replace(base, name=name, label=label, title=title, description=METRICS.get(name, base.description))
+    if name.endswith("_pooled") and name not in _KNOWN and name[: -len("_pooled")] in _KNOWN:
+        base = metric_info(name[: -len("_pooled")])
+        label = base.label.replace("(mean over clients)", "(all samples pooled)")
+        return replace(base, name=name, label=label, description=METRICS.get(name, base.description))
     for prefix, words in _PREFIXES.items():
         if name.startswith(prefix) and len(name) > len(prefix):
             base = metric_info(name[len(prefix) :])

@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator
 
 from fedhet.errors import ConfigError
 from fedhet.report.labels import MetricInfo, metric_info
-from fedhet.report.runs import RunRecord, common_description, metric_names
+from fedhet.report.runs import RunGroup, RunRecord, common_description, metric_names
 
 ROUND_LABEL = "communication round"
 TIME_LABEL = "simulated time (s)"
@@ -171,29 +171,67 @@ def band_caption(seeds: int, info: MetricInfo) -> str:
     return f"Lines: mean over {seeds} seeds; bands: ± 1 standard deviation over seeds{range_text(info)}."
 
 
-def plot_curves(records: list[RunRecord], metric: str, out: Path, title: str | None = None, x: str = "round") -> Path:
-    """One line per run: `metric` against the round (or, `x` "time", the simulated clock), each run labelled by its
-    ``label`` (`read_runs` sets it to what distinguishes the run); saved as PNG (or any format matplotlib knows)."""
-    available = metric_names(records)
+def plot_curves(
+    records: list[RunRecord] | list[RunGroup], metric: str, out: Path, title: str | None = None, x: str = "round"
+) -> Path:
+    """One line per run, or per group of seeds (`RunGroup`: the mean over its seeds, with a band of ± 1 std):
+    `metric` against the round (or, `x` "time", the simulated clock: a group's mean time at each round), each
+    labelled by its ``label`` (`read_runs`/`read_groups` set it to what distinguishes it); saved as PNG (or any
+    format matplotlib knows)."""
+    groups = [r if isinstance(r, RunGroup) else RunGroup(r.label, [r]) for r in records]
+    runs = [r for g in groups for r in g.runs]
+    available = metric_names(runs)
     if metric not in available:
         raise ConfigError(f"no run has metric '{metric}'; available: {', '.join(available)}")
     info = metric_info(metric)
-    column = x_column(x, records)
+    column = x_column(x, runs)
     fig, ax = plt.subplots(figsize=(WIDTH, 4.0), dpi=120)
-    series = {}
-    for rec in records:
-        xs, y = rec.curve(metric, column)
-        series[rec.label] = (xs, np.asarray(y, dtype=float))
-    draw_lines(ax, series)
+    series: dict[str, tuple[Sequence[float], np.ndarray]] = {}
+    bands: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for group in groups:
+        xs, mean, std = group_curve(group, metric, column)
+        series[group.label] = (xs, mean)
+        if std is not None:
+            bands[group.label] = (clip(mean - std, info), clip(mean + std, info))
+    draw_lines(ax, series, bands)
     round_axis(ax, x)
     metric_axis(ax, info)
     ax.set_title(title or info.title)
-    common = common_description(records)
-    caption = "One line per run" + (" (labels: what differs between the runs' configs)" if len(records) > 1 else "")
-    caption += f". All runs: {common}." if common else "."
+    common = common_description(runs)
+    seeds = max(g.seeds for g in groups)
+    differ = " (labels: what differs between the runs' configs)" if len(groups) > 1 else ""
+    if seeds > 1:
+        counts = "/".join(map(str, sorted({g.seeds for g in groups})))
+        caption = (
+            f"One line per configuration{differ}: the mean over its {counts} seeds; bands: ± 1 standard deviation "
+            f"over seeds{range_text(info)}."
+        )
+        if x == "time":
+            caption += " x: the mean over seeds of the simulated time at each round."
+    else:
+        caption = "One line per run" + differ + "."
+    caption += f" All runs: {common}." if common else ""
     if info.description:
         caption += f" {metric}: {info.description}."
     return save_figure(fig, ax, out, legend=True, caption=caption)
+
+
+def group_curve(group: RunGroup, metric: str, column: str) -> tuple[list[float], np.ndarray, np.ndarray | None]:
+    """A group's x values, its mean of `metric` over its seeds and their std (None for one run), over the
+    evaluated rounds that every seed has (NaN where a seed lacks the metric)."""
+    if group.seeds == 1:
+        xs, y = group.runs[0].curve(metric, column)
+        return xs, np.asarray(y, dtype=float), None
+    common = sorted(set.intersection(*({row["round"] for row in r.rows if metric in row} for r in group.runs)))
+    values = np.full((group.seeds, len(common)), np.nan)
+    where = np.full((group.seeds, len(common)), np.nan)
+    for i, run in enumerate(group.runs):
+        by_round = {row["round"]: row for row in run.rows}
+        for j, round_ in enumerate(common):
+            values[i, j] = by_round[round_].get(metric, np.nan)
+            where[i, j] = by_round[round_].get(column, np.nan)
+    at = np.nanmean(where, 0) if column != "round" else np.asarray(common, dtype=float)
+    return [float(v) for v in at], np.nanmean(values, 0), np.nanstd(values, 0, ddof=1)
 
 
 def plot_mean_curves(

@@ -1,4 +1,5 @@
-"""Read run folders back (summary.json, metrics.csv, config.yaml) and name runs by what distinguishes them."""
+"""Read run folders back (summary.json, metrics.csv, config.yaml), gather them into groups of seeds (`RunGroup`: a
+sweep's points, a recipe's methods, the runs of one config), and name runs by what distinguishes them."""
 
 from __future__ import annotations
 
@@ -31,6 +32,20 @@ class RunRecord:
         """`metric` against `x` ("round", or "time_s": the simulated clock of a run with a system model)."""
         pairs = [(r[x], r[metric]) for r in self.rows if metric in r and x in r]
         return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    @property
+    def selected(self) -> dict[str, float]:
+        """The row of the run's selected round (the best by its ``selection`` metric), or its final row."""
+        chosen = self.summary.get("selected")
+        if isinstance(chosen, dict) and chosen:
+            return {str(k): float(v) for k, v in chosen.items() if type(v) in (int, float)}
+        return {str(k): float(v) for k, v in self.summary.get("final", {}).items()}
+
+    @property
+    def selection(self) -> str:
+        """The run's selection rule in words ("val_loss (min)"), or "" for a run whose result is its last round."""
+        rule = self.summary.get("selection")
+        return f"{rule.get('metric')} ({rule.get('mode')})" if isinstance(rule, dict) else ""
 
     def reaches(self, metric: str, target: float) -> dict[str, float]:
         """The first evaluated round (and simulated time) at which `metric` reached `target` (≥; ≤ for losses),
@@ -77,6 +92,73 @@ def read_runs(paths: list[Path]) -> list[RunRecord]:
     return records
 
 
+def is_run(path: Path) -> bool:
+    return (path / "summary.json").is_file() and (path / "metrics.csv").is_file()
+
+
+def run_folders(path: Path) -> list[Path]:
+    """`path` itself when it is a run folder, else every run folder below it (a sweep's points × seeds, a recipe's
+    methods × seeds), in name order."""
+    if is_run(path):
+        return [path]
+    if not path.is_dir():
+        raise ConfigError(f"'{path}' is not a run folder (needs summary.json and metrics.csv from fedhet run)")
+    found = sorted(p.parent for p in path.rglob("summary.json") if is_run(p.parent))
+    if not found:
+        raise ConfigError(f"'{path}' holds no run folder (summary.json and metrics.csv from fedhet run)")
+    return found
+
+
+@dataclass
+class RunGroup:
+    """Runs of one configuration over seeds (or one run), shown as one line (mean ± std) or one table row."""
+
+    label: str
+    runs: list[RunRecord]
+
+    @property
+    def seeds(self) -> int:
+        return len(self.runs)
+
+    @property
+    def selection(self) -> str:
+        return next((r.selection for r in self.runs if r.selection), "")
+
+
+def config_key(record: RunRecord) -> str:
+    """What identifies a run's configuration but its seed (runs that share it are seeds of one configuration)."""
+    flat = {
+        k: v for k, v in flatten(record.config).items() if k not in ("seed", "derived") and not k.startswith("derived.")
+    }
+    return json.dumps(flat, sort_keys=True, default=str) if flat else f"folder:{record.path}"
+
+
+def read_groups(paths: list[Path], labels: list[str] | None = None) -> list[RunGroup]:
+    """The runs under `paths` (run folders, sweep or recipe folders: `run_folders`), gathered into groups of the same
+    configuration over seeds, in the order first met. Each group is named by what distinguishes it from the others
+    (`run_labels` without the seed when a group has several), or by `labels`: one per path (a path whose runs hold
+    several configurations gets the label, then what distinguishes them)."""
+    if labels and len(labels) != len(paths):
+        raise ConfigError(f"{len(labels)} --label for {len(paths)} paths; give one --label per path, in order")
+    keyed: dict[tuple[int, str], list[RunRecord]] = {}
+    for i, path in enumerate(paths):
+        for folder in run_folders(path):
+            record = read_run(folder)
+            keyed.setdefault((i if labels else 0, config_key(record)), []).append(record)
+    groups = list(keyed.values())
+    several = any(len(g) > 1 for g in groups)
+    names = run_labels([g[0] for g in groups], ignore=("seed",) if several else ())
+    if labels:
+        per_path = [sum(1 for (i, _) in keyed if i == j) for j in range(len(paths))]
+        names = [
+            labels[i] if per_path[i] == 1 else f"{labels[i]}: {name}" for (i, _), name in zip(keyed, names, strict=True)
+        ]
+    for group, name in zip(groups, names, strict=True):
+        for record in group:
+            record.label = name
+    return [RunGroup(name, group) for group, name in zip(groups, names, strict=True)]
+
+
 def metric_names(records: list[RunRecord]) -> list[str]:
     names: list[str] = []
     for rec in records:
@@ -99,18 +181,20 @@ def _component(key: str) -> str | None:
     return head if head in COMPONENT_KEYS else None
 
 
-def run_labels(records: list[RunRecord]) -> list[str]:
+def run_labels(records: list[RunRecord], ignore: tuple[str, ...] = ()) -> list[str]:
     """A label per run from what differs between the runs' configs: the algorithm (with the parameters that differ
     among runs of the same algorithm), other components and keys that differ (``local.lr=0.1``), then the seed.
     Runs whose configs are all equal (or unknown) keep their folder names; equal labels get the folder name added.
     E.g. fedavg seed 0, fedprox(mu=0.01) seed 0 and fedprox(mu=0.1) seed 1 are "fedavg, seed 0",
-    "fedprox mu=0.01, seed 0" and "fedprox mu=0.1, seed 1".
+    "fedprox mu=0.01, seed 0" and "fedprox mu=0.1, seed 1". Keys in `ignore` (the seed, for groups of seeds) are not
+    named.
     """
     if len(records) == 1:
         cfg = records[0].config
         algorithm = flatten(cfg).get("algorithm.name", cfg.get("algorithm"))
-        return [f"{algorithm}, seed {cfg['seed']}" if algorithm and "seed" in cfg else records[0].path.name]
-    flats = [flatten(r.config) for r in records]
+        seed = f", seed {cfg['seed']}" if "seed" in cfg and "seed" not in ignore else ""
+        return [f"{algorithm}{seed}" if algorithm and "seed" in cfg else records[0].path.name]
+    flats = [{k: v for k, v in flatten(r.config).items() if k not in ignore} for r in records]
     if not all(flats):
         return [r.path.name for r in records]
     keys = list(dict.fromkeys(k for flat in flats for k in flat))

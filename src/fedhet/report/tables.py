@@ -1,11 +1,15 @@
-"""Tables of final metrics (rich for the terminal, markdown for reports)."""
+"""Tables of final metrics (rich for the terminal, markdown for reports): one row per run, or per group of seeds
+(mean ± std over them), at each run's selected round when it selects one."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 from rich.table import Table
 
 from fedhet.report.labels import format_value
-from fedhet.report.runs import RunRecord, common_description
+from fedhet.report.runs import RunGroup, RunRecord, common_description
 
 DEFAULT_COLUMNS = (
     "test_accuracy",
@@ -28,24 +32,66 @@ SHORT = {
     "unseen_test_accuracy": "unseen acc",
     "gm_appeal": "GM-appeal",
     "unseen_gm_appeal": "unseen GM-appeal",
+    "val_loss": "val loss",
+    "val_accuracy": "val acc",
+    "test_auc": "AUC",
+    "test_f1": "F1",
+    "test_balanced_accuracy": "bal. acc",
+    "test_mae": "MAE",
+    "test_rmse": "RMSE",
+    "test_r2": "R²",
 }
+# the columns `fedhet compare` shows by default, among those the runs have: accuracy (classification), the task's own
+# metrics (binary, regression), validation
+TASK_COLUMNS = ("test_auc", "test_f1", "test_balanced_accuracy", "test_rmse", "test_mae", "test_r2", "val_loss")
 RUN_WIDTH = 24  # the run column wraps longer labels
 CELL = 3  # a column's padding and border in rich's default box
 
 
-def final_rows(records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_COLUMNS) -> list[list[str]]:
-    """Per run: its label, the rounds it ran (an integer) and its final value of each of `columns`."""
+def default_columns(groups: list[RunGroup]) -> tuple[str, ...]:
+    """`DEFAULT_COLUMNS` and `TASK_COLUMNS` that some run has, in that order (all of `DEFAULT_COLUMNS` when none)."""
+    have = {k for g in groups for r in g.runs for k in r.summary.get("final", {})}
+    shown = tuple(c for c in (*DEFAULT_COLUMNS, *TASK_COLUMNS) if c in have)
+    return shown or DEFAULT_COLUMNS
+
+
+def as_groups(runs: list[RunRecord] | list[RunGroup]) -> list[RunGroup]:
+    """Runs as groups of one (each keeps its label), or the groups as they are."""
+    return [r if isinstance(r, RunGroup) else RunGroup(r.label, [r]) for r in runs]
+
+
+def group_cell(group: RunGroup, column: str) -> str:
+    """A group's value of `column` at each run's selected round: the run's value, or mean ± std over its seeds
+    (sample std; runs without it left out and counted)."""
+    values = [r.selected.get(column, math.nan) for r in group.runs]
+    if len(values) == 1:
+        return format_value(column, values[0]) if not math.isnan(values[0]) else "-"
+    arr = np.asarray(values, dtype=float)
+    ok = arr[~np.isnan(arr)]
+    if len(ok) == 0:
+        return "-"
+    missing = f" ({len(arr) - len(ok)} missing)" if len(ok) < len(arr) else ""
+    if len(ok) == 1:
+        return format_value(column, float(ok[0])) + missing
+    return f"{format_value(column, float(ok.mean()))} ± {format_value(column, float(ok.std(ddof=1)))}{missing}"
+
+
+def final_rows(
+    records: list[RunRecord] | list[RunGroup], columns: tuple[str, ...] = DEFAULT_COLUMNS
+) -> list[list[str]]:
+    """Per run (or group of seeds): its label, the rounds it ran (an integer, or a range over seeds) and its value
+    of each of `columns` at the selected round (mean ± std over a group's seeds)."""
     rows = []
-    for rec in records:
-        final = rec.summary.get("final", {})
-        rounds = rec.summary.get("rounds", "")
-        head = [rec.label, str(int(rounds)) if isinstance(rounds, int | float) else str(rounds)]
-        rows.append(head + [format_value(c, final[c]) if c in final else "-" for c in columns])
+    for group in as_groups(records):
+        counts = sorted({r.summary.get("rounds", "") for r in group.runs}, key=str)
+        texts = [str(int(n)) if isinstance(n, int | float) else str(n) for n in counts]
+        rounds = texts[0] if len(texts) == 1 else f"{texts[0]}–{texts[-1]}"
+        rows.append([group.label, rounds, *(group_cell(group, c) for c in columns)])
     return rows
 
 
 def fitting_columns(
-    records: list[RunRecord], columns: tuple[str, ...], width: int
+    records: list[RunRecord] | list[RunGroup], columns: tuple[str, ...], width: int
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The leading `columns` whose table fits `width` characters (labels longer than `RUN_WIDTH` wrap), and the
     columns left out (at least one column is kept)."""
@@ -66,20 +112,29 @@ def run_width(rows: list[list[str]]) -> int:
 
 
 def compare_table(
-    records: list[RunRecord], columns: tuple[str, ...] = DEFAULT_COLUMNS, width: int | None = None
+    records: list[RunRecord] | list[RunGroup], columns: tuple[str, ...] = DEFAULT_COLUMNS, width: int | None = None
 ) -> tuple[Table, tuple[str, ...]]:
-    """The final metrics of `records` side by side, fitted to `width` characters (None: all columns); returns the
-    table and the columns dropped to fit (the caption names them)."""
+    """The final metrics of `records` (runs, or groups of seeds: mean ± std) side by side, at each run's selected
+    round, fitted to `width` characters (None: all columns); returns the table and the columns dropped to fit (the
+    caption names them, the seeds and the selection rule)."""
+    groups = as_groups(records)
     dropped: tuple[str, ...] = ()
     if width is not None:
-        columns, dropped = fitting_columns(records, columns, width)
-    common = common_description(records)
+        columns, dropped = fitting_columns(groups, columns, width)
+    common = common_description([r for g in groups for r in g.runs])
     caption = f"all runs: {common}" if common else ""
+    seeds = sorted({g.seeds for g in groups})
+    if seeds[-1] > 1:
+        counts = "/".join(map(str, seeds))
+        caption += ("; " if caption else "") + f"mean ± std over {counts} seeds per row"
+    rules = sorted({g.selection for g in groups} - {""})
+    if rules:
+        caption += ("; " if caption else "") + f"values at each run's best round by {', '.join(rules)}"
     if dropped:
         names = ", ".join(SHORT.get(c, c) for c in dropped)
         caption += ("; " if caption else "") + f"left out to fit {width} columns: {names} (choose with --column)"
     table = Table(title="final metrics (accuracy: mean over clients)", caption=caption or None, caption_justify="left")
-    rows = final_rows(records, columns)
+    rows = final_rows(groups, columns)
     table.add_column("run", justify="left", overflow="fold", min_width=run_width(rows), max_width=RUN_WIDTH)
     table.add_column("rounds", justify="right", no_wrap=True)
     for c in columns:
@@ -95,13 +150,26 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reach_columns(records: list[RunRecord], metric: str, target: float) -> tuple[list[str], list[list[str]]]:
-    """Per run: the first round and simulated time at which `metric` reached `target` (time-to-accuracy), "-" where
-    it never did or the run keeps no clock."""
+def reach_columns(
+    records: list[RunRecord] | list[RunGroup], metric: str, target: float
+) -> tuple[list[str], list[list[str]]]:
+    """Per run (or group: mean ± std over seeds): the first round and simulated time at which `metric` reached
+    `target` (time-to-accuracy), "-" where it never did or the run keeps no clock."""
     header = ["run", f"rounds to {metric} {target:g}", f"time (s) to {metric} {target:g}"]
     rows = []
-    for rec in records:
-        hit = rec.reaches(metric, target)
-        cells = [f"{hit[k]:.0f}" if k == "round" else f"{hit[k]:.1f}" for k in ("round", "time_s")]
-        rows.append([rec.label, *("-" if c == "nan" else c for c in cells)])
+    for group in as_groups(records):
+        hits = [r.reaches(metric, target) for r in group.runs]
+        cells = []
+        for key, digits in (("round", 0), ("time_s", 1)):
+            arr = np.asarray([h[key] for h in hits], dtype=float)
+            ok = arr[~np.isnan(arr)]
+            if len(ok) == 0:
+                cells.append("-")
+            elif len(arr) == 1:
+                cells.append(f"{ok[0]:.{digits}f}")
+            else:
+                spread = f" ± {ok.std(ddof=1):.{digits}f}" if len(ok) > 1 else ""
+                never = f" ({len(arr) - len(ok)} never)" if len(ok) < len(arr) else ""
+                cells.append(f"{ok.mean():.{digits}f}{spread}{never}")
+        rows.append([group.label, *cells])
     return header, rows
