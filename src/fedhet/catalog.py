@@ -24,6 +24,8 @@ from fedhet.data.sources import DATASETS
 from fedhet.engine.objective import TERMS
 from fedhet.engine.optimizers import OPTIMIZERS
 from fedhet.engine.rules import RULES
+from fedhet.engine.schedules import SCHEDULES
+from fedhet.engine.task import TASKS
 from fedhet.methods import cafed, fedgsnr, fedmgda, maxfl
 from fedhet.metrics import fairness, speed
 from fedhet.metrics.base import METRIC_PLUGINS
@@ -67,8 +69,10 @@ __all__ = [
     "OPTIMIZERS",
     "PARTITIONERS",
     "RULES",
+    "SCHEDULES",
     "SERVER_OPTIMIZERS",
     "STRATEGIES",
     "SYSTEMS",
+    "TASKS",
     "TERMS",
 ]

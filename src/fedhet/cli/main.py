@@ -423,8 +423,8 @@ def list_(
     what: Annotated[
         str | None,
         typer.Argument(
-            help="algorithms, terms, optimizers, server-optimizers, rules, datasets, partitioners, models, "
-            "availability, attacks, metrics, plugins, recipes"
+            help="algorithms, terms, optimizers, server-optimizers, rules, schedules, tasks, datasets, partitioners, "
+            "models, availability, attacks, metrics, plugins, recipes"
         ),
     ] = None,
     imports: Annotated[
@@ -445,6 +445,8 @@ def list_(
         "optimizers": catalog.OPTIMIZERS,
         "server-optimizers": catalog.SERVER_OPTIMIZERS,
         "rules": catalog.RULES,
+        "schedules": catalog.SCHEDULES,
+        "tasks": catalog.TASKS,
         "datasets": catalog.DATASETS,
         "partitioners": catalog.PARTITIONERS,
         "models": catalog.MODELS,

@@ -619,7 +619,7 @@ def _step(
     rate: Tensor | None = None,
 ) -> Tensor:
     """Forward, loss and backward of a chunk; gradients (times `rate` (n,) when given) go to `sink`."""
-    n, b = y.shape
+    n, b = wt.shape
     a = x.reshape(n, b, *spec.input_shape)
     masks = masks if masks is not None else [None] * len(spec.layers)
     saved = []

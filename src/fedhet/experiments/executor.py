@@ -78,6 +78,19 @@ class Outcome:
         return self.history[-1] if self.history else {}
 
     @property
+    def selected(self) -> dict[str, float]:
+        """The row of the run's selected round: its best by ``selection`` (a validation metric), else its last."""
+        from fedhet.experiments.config import parse_config
+        from fedhet.experiments.selection import selected_row
+        from fedhet.experiments.state import selection_rule
+
+        try:
+            rule = selection_rule(parse_config(self.task.config))
+        except FedhetError:
+            rule = None
+        return selected_row(self.history, rule)
+
+    @property
     def rounds(self) -> int:
         return int(self.final.get("round", 0))
 

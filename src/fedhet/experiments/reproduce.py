@@ -152,8 +152,8 @@ def run_recipe(
     for outcome in outcomes:
         method, seed, folder = outcome.task.meta["method"], outcome.task.meta["seed"], outcome.task.out
         numbers: dict[str, float] = {}
-        if outcome.ok:
-            numbers = {**outcome.final, **(outcome.result or {})}
+        if outcome.ok:  # at the run's selected round (its best by a validation metric), else its last
+            numbers = {**outcome.selected, **(outcome.result or {})}
             runs.setdefault(method, []).append(outcome)
         else:  # one failing run leaves a gap in the table, not a lost recipe
             say(f"{method}, seed {seed}: {outcome.error} (its run folder {folder} is kept)")

@@ -240,7 +240,6 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
 def _persist(state: RunState, metrics: dict[str, float] | None) -> None:
     """After a round: append its metrics row, then (when due) the checkpoint, which records the row's end."""
     assert state.folder is not None
-    cfg = state.config
     if metrics is not None:
         state.folder.metrics.append(metrics)
     if _checkpoint_due(state):
@@ -389,9 +388,13 @@ def _check_divergence(state: RunState, losses: Tensor) -> None:
     bad_loss = bool((torch.isnan(losses) | (losses > cfg.max_loss)).any())
     if bad_loss or not bool(torch.isfinite(state.params).all()):
         worst = float(losses.nan_to_num(float("inf")).max()) if len(losses) else float("nan")
+        targets = state.experiment.data.train.y
+        scale = ""
+        if torch.is_floating_point(targets) and len(targets):  # a regression: the squared error grows with the target
+            scale = f" (the targets span {float(targets.min()):.4g} to {float(targets.max()):.4g}: large targets need a small rate)"
         raise DivergenceError(
             f"round {state.round + 1}: training diverged (largest local loss {worst:.4g}, max_loss "
-            f"{cfg.max_loss:g}); lower local.lr (now {cfg.local.lr}) or algorithm.server_lr"
+            f"{cfg.max_loss:g}); lower local.lr (now {cfg.local.lr}) or algorithm.server_lr{scale}"
         )
 
 

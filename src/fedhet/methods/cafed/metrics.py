@@ -65,11 +65,16 @@ def excluded_share(active: np.ndarray, selected: np.ndarray) -> np.ndarray:
     return np.divide(excluded, rounds, out=np.full(len(rounds), np.nan), where=rounds > 0)
 
 
+VALIDATION = ("val_alpha_accuracy", "val_time_avg_accuracy")
+
+
 @METRIC_PLUGINS.register
 class AlphaAccuracy(Metric):
     """``alpha_test_accuracy`` = Σ_k α_k acc_k (all clients, CA-Fed's logged metric), with ``alpha_test_loss``,
     ``alpha_train_loss``; and up to each round its maximum (``max_accuracy``), time average
-    (``time_avg_accuracy``) and second-half standard deviation (``second_half_std``)."""
+    (``time_avg_accuracy``) and second-half standard deviation (``second_half_std``). With a validation split, the
+    same accuracy and time average on the validation data (``val_alpha_accuracy``, ``val_time_avg_accuracy``: what
+    the tuning of cafed-table1 selects by)."""
 
     name: ClassVar[str] = "alpha_accuracy"
     description: ClassVar[str] = "alpha-weighted accuracy and its max, time average and second-half std"
@@ -77,7 +82,7 @@ class AlphaAccuracy(Metric):
 
     def columns(self) -> tuple[str, ...]:
         accuracy = ("alpha_test_accuracy", "alpha_test_loss", "alpha_train_loss")
-        return (*accuracy, "max_accuracy", "time_avg_accuracy", "second_half_std")
+        return (*accuracy, "max_accuracy", "time_avg_accuracy", "second_half_std", *VALIDATION)
 
     def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
         data = view.engine.data
@@ -94,4 +99,8 @@ class AlphaAccuracy(Metric):
             "time_avg_accuracy": float(time_average(series)[-1]),
             "second_half_std": second_half_std(rounds, series, float(view.round)),
         }
+        if view.val is not None:
+            val = weighted_mean(view.val.accuracy, alpha)
+            earlier = [r[VALIDATION[0]] for r in view.history if VALIDATION[0] in r]
+            out.update(dict(zip(VALIDATION, (val, float(time_average([*earlier, val])[-1])), strict=True)))
         return out, {}
