@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedhet.datasets import load
-from fedhet.errors import DataError
+from fedhet.errors import DataError, FedhetNote
 
 ONE_LINE = "^[^\n]+$"
 
@@ -131,3 +131,76 @@ def test_bad_files(tmp_path: Path) -> None:
     pq.write_table(pa.table({"f": [1.0, None], "y": ["a", "b"]}), tmp_path / "gap.parquet")
     with pytest.raises(DataError, match="column 'f' has no value in data row 2"):
         table(tmp_path / "gap.parquet", label="y")
+
+
+SITES = [
+    ["patient_id", "age", "pressure", "smoker", "site", "outcome"],
+    ["P1", 60, 120, "yes", "north", "ill"],
+    ["P2", 45, "", "no", "south", "healthy"],
+    ["P3", 52, 130, "", "north", "ill"],
+    ["P4", 38, 118, "no", "east", "healthy"],
+    ["P5", 71, 140, "yes", "south", ""],
+    ["P6", 66, 125, "no", "east", "ill"],
+]
+
+
+def test_id_columns_are_left_out_with_a_note(tmp_path: Path) -> None:
+    path = write_csv(
+        tmp_path / "p.csv",
+        [["record_id", "Unnamed: 0", "PatientID", "age", "y"]]
+        + [[f"r{i}", i, 100 + i, 20 + i, "a" if i % 2 else "b"] for i in range(4)],
+    )
+    with pytest.warns(FedhetNote, match=r"left out columns 'record_id', 'Unnamed: 0', 'PatientID': every value is"):
+        data = table(path, label="y", standardize=False)
+    assert data.x.tolist() == [[20.0], [21.0], [22.0], [23.0]]
+    kept = table(path, label="y", standardize=False, features=["age", "PatientID"])  # named: kept, no note
+    assert kept.x[:, 1].tolist() == [100.0, 101.0, 102.0, 103.0]
+    names = [[f"n{i}", float(i % 3), "a" if i % 2 else "b"] for i in range(12)]  # 12 different texts: an id
+    with pytest.warns(FedhetNote, match="left out column 'name'"):
+        table(write_csv(tmp_path / "n.csv", [["name", "f", "y"], *names]), label="y")
+
+
+def test_empty_cells_are_refused_dropped_or_filled_as_asked(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "p.csv", SITES)
+    spec = {"label": "outcome", "user": "site", "categorical": ["smoker"], "standardize": False}
+    with pytest.raises(DataError, match=r"has no value in data row 2; fill or drop it \(dataset.missing: drop"):
+        table(path, **spec, features=["age", "pressure", "smoker"])
+    with pytest.warns(FedhetNote, match=r"dropped 3 of 6 rows with an empty cell \(dataset.missing: drop\)"):
+        dropped = table(path, **spec, missing="drop")
+    assert dropped.x[:, 0].tolist() == [60.0, 38.0, 66.0]  # age of P1, P4, P6
+    with pytest.warns(
+        FedhetNote,
+        match=r"dropped 1 of 6 rows with no outcome or site; filled 1 empty cells of "
+        r"'pressure' with its median 122.5; filled 1 empty cells of 'smoker' with a category",
+    ):
+        filled = table(path, **spec, missing="median")
+    # features: age, pressure, smoker=(missing), smoker=no, smoker=yes; P5 (no outcome) dropped
+    assert filled.x.tolist()[1] == [45.0, 122.5, 0.0, 1.0, 0.0] and filled.x.tolist()[2] == [52.0, 130.0, 1.0, 0.0, 0.0]
+    with pytest.warns(FedhetNote, match="with its mean 123.2"):
+        table(path, **spec, missing="mean")
+
+
+def test_user_names_and_a_regression_target(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "p.csv", SITES)
+    with pytest.warns(FedhetNote):
+        data = table(
+            path, label="age", user="site", missing="drop", categorical=["smoker", "outcome"], task="regression"
+        )
+    assert data.task == "regression" and data.y.dtype == torch.float32 and data.num_classes == 1
+    assert (
+        data.y.tolist() == [60.0, 38.0, 66.0]
+        and data.user_names == ("east", "north")
+        and data.users.tolist() == [1, 0, 0]
+    )
+    with pytest.raises(DataError, match="target column 'outcome' is not numeric"):
+        table(path, label="outcome", user="site", missing="drop", categorical=["smoker"], task="regression")
+
+
+def test_paths_are_kept_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedhet.catalog import DATASETS
+
+    write_csv(tmp_path / "p.csv", SITES)
+    monkeypatch.chdir(tmp_path)
+    source = DATASETS.build({"name": "table", "path": "p.csv", "label": "outcome"})
+    assert source.path == str(tmp_path / "p.csv")  # type: ignore[attr-defined]
+    assert DATASETS.build({"name": "table", "path": "nope.csv", "label": "y"}).path == "nope.csv"  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@ against worker processes, failures, interruptions)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -271,3 +272,28 @@ def test_a_metric_no_run_reports_is_an_error_after_the_runs(tmp_path: Path) -> N
     with Executor(1) as serial, pytest.raises(ConfigError, match=r"no run reports 'test_acc' .did you mean"):
         run_sweep(make_sweep({**TINY, "rounds": 1}, metric="test_acc"), tmp_path, serial)
     assert (tmp_path / "base" / "seed0" / "metrics.csv").is_file() and (tmp_path / "summary.md").is_file()
+
+
+def test_a_sweep_chooses_on_validation_and_reports_test_at_each_runs_selected_round(tmp_path: Path) -> None:
+    """With a validation split the sweep ranks points by val_loss at each run's best round (by val_loss) and reports
+    the test accuracy of that same round; the summary says which rule chose."""
+    base = {**TINY, "val_fraction": 0.2, "rounds": 5}
+    sweep = make_sweep(base, ["local.lr=0.005,0.3"], seeds=2)
+    assert (sweep.metric, sweep.mode, sweep.show) == ("val_loss", "min", ("test_accuracy", "test_loss"))
+    result = run_sweep(sweep, tmp_path, Executor(1))
+    expected: dict[str, dict[str, list[float]]] = {}
+    for point in sweep.points():
+        for seed in sweep.seeds:
+            with (tmp_path / point.name / f"seed{seed}" / "metrics.csv").open() as f:
+                rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+            best = min(rows, key=lambda row: row["val_loss"])  # the run's selected round, computed by hand
+            for metric in ("val_loss", "test_accuracy"):
+                expected.setdefault(point.name, {}).setdefault(metric, []).append(best[metric])
+    for r in result.results:
+        assert r.values["val_loss"] == expected[r.point.name]["val_loss"]
+        assert r.values["test_accuracy"] == expected[r.point.name]["test_accuracy"]
+    means = {name: sum(v["val_loss"]) / 2 for name, v in expected.items()}
+    assert result.best is not None and result.best.point.name == min(means, key=lambda n: means[n])
+    text = (tmp_path / "summary.md").read_text()
+    assert "best round by val_loss (selection)" in text and "mean ± std over seeds" in text
+    assert f"best by val_loss (min): {result.best.point.label}" in text and "test_accuracy" in text

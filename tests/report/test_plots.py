@@ -12,7 +12,7 @@ import pytest
 from fedhet.errors import ConfigError
 from fedhet.report.labels import metric_info
 from fedhet.report.plots import draw_lines, plot_curves, plot_mean_curves, same_as
-from fedhet.report.runs import RunRecord, run_labels
+from fedhet.report.runs import RunGroup, RunRecord, run_labels
 from helpers.figures import check_figure, kept_figures, legend_texts, marked
 
 
@@ -101,3 +101,21 @@ def test_identical_lines_stay_visible() -> None:
     assert second.get_label() == "b (= a)" and second.get_marker() == "o" and second.get_linestyle() == "--"
     assert second.get_zorder() > first.get_zorder()
     plt.close(fig)
+
+
+def test_groups_of_seeds_are_mean_lines_with_std_bands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow = [record(f"s{s}", "fedavg", s, [0.1 + 0.1 * s, 0.3, 0.5 + 0.1 * s], mu=0.0) for s in range(3)]
+    fast = [record(f"f{s}", "fedprox", s, [0.4, 0.6 + 0.05 * s, 0.7]) for s in range(2)]
+    groups = [RunGroup("slow", slow), RunGroup("fast", fast)]
+    with kept_figures(monkeypatch) as figs:
+        plot_curves(groups, "test_accuracy", tmp_path / "groups.png")
+    (fig,) = figs
+    check_figure(fig)
+    ax = fig.axes[0]
+    assert legend_texts(fig) == ["slow", "fast"]
+    assert np.allclose(ax.lines[0].get_ydata(), [0.2, 0.3, 0.6])  # the mean over 3 seeds
+    assert len(ax.collections) == 2  # a band per group of several seeds
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert np.isclose(band.max(), 0.6 + 0.1)  # mean + std at round 3 (0.5, 0.6, 0.7: std 0.1)
+    text = " ".join(t.get_text() for t in fig.texts)
+    assert "One line per configuration" in text and "the mean over its 2/3 seeds" in text and "± 1 standard" in text

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedhet.report.runs import RunRecord, common_description, run_labels
+import pytest
+
+from fedhet.errors import ConfigError
+from fedhet.report.runs import RunRecord, common_description, read_groups, run_labels
 
 
 def rec(name: str, **config: Any) -> RunRecord:
@@ -43,3 +46,56 @@ def test_labels_of_other_keys_components_and_equal_configs() -> None:
     unknown = [RunRecord(Path("p"), {}, []), RunRecord(Path("q"), {}, [])]
     assert run_labels(unknown) == ["p", "q"]
     assert run_labels([rec("only")]) == ["fedavg, seed 0"]
+
+
+def write_run(folder: Path, config: dict[str, Any], accuracy: list[float], selected_round: int | None = None) -> None:
+    """A run folder as fedhet writes it (the files `read_run` reads)."""
+    import csv
+    import json
+
+    import yaml
+
+    folder.mkdir(parents=True)
+    rows = [{"round": float(i + 1), "test_accuracy": a, "val_loss": 1 - a} for i, a in enumerate(accuracy)]
+    with (folder / "metrics.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    summary: dict[str, Any] = {"rounds": len(rows), "status": "finished", "final": rows[-1]}
+    if selected_round is not None:
+        summary["selection"] = {"metric": "val_loss", "mode": "min", "round": selected_round}
+        summary["selected"] = rows[selected_round - 1]
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def sweep_folder(root: Path) -> Path:
+    """Two points (local.lr 0.1 and 0.5) × three seeds, as `fedhet sweep` lays them out."""
+    for lr, shift in ((0.1, 0.0), (0.5, 0.1)):
+        for seed in range(3):
+            config = {"algorithm": {"name": "fedavg"}, "local": {"lr": lr}, "seed": seed, "rounds": 3}
+            accuracy = [0.2 + shift + 0.01 * seed, 0.5 + shift + 0.02 * seed, 0.4 + shift]
+            write_run(root / f"lr-{lr}" / f"seed{seed}", config, accuracy, selected_round=2)
+    (root / "sweep.json").write_text("{}")
+    return root
+
+
+def test_a_sweep_folder_is_one_group_per_point_over_its_seeds(tmp_path: Path) -> None:
+    groups = read_groups([sweep_folder(tmp_path / "sweep")])
+    assert [g.label for g in groups] == ["local.lr=0.1", "local.lr=0.5"] and [g.seeds for g in groups] == [3, 3]
+    assert groups[0].selection == "val_loss (min)"
+    assert [r.selected["test_accuracy"] for r in groups[0].runs] == [0.5, 0.52, 0.54]  # round 2: the selected one
+    named = read_groups([tmp_path / "sweep" / "lr-0.1", tmp_path / "sweep" / "lr-0.5"], ["slow", "fast"])
+    assert [g.label for g in named] == ["slow", "fast"]
+    with pytest.raises(ConfigError, match="1 --label for 2 paths"):
+        read_groups([tmp_path / "sweep" / "lr-0.1", tmp_path / "sweep" / "lr-0.5"], ["slow"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no run folder"):
+        read_groups([tmp_path / "empty"])
+
+
+def test_runs_of_distinct_configs_stay_one_line_each(tmp_path: Path) -> None:
+    for name, seed in (("a", 0), ("b", 1)):
+        write_run(tmp_path / name, {"algorithm": {"name": name}, "seed": seed, "rounds": 3}, [0.1, 0.2, 0.3])
+    groups = read_groups([tmp_path / "a", tmp_path / "b"])
+    assert [g.label for g in groups] == ["a, seed 0", "b, seed 1"] and all(g.seeds == 1 for g in groups)

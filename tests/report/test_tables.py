@@ -6,8 +6,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from fedhet.report.runs import RunRecord
-from fedhet.report.tables import DEFAULT_COLUMNS, compare_table, final_rows
+from fedhet.report.runs import RunGroup, RunRecord
+from fedhet.report.tables import DEFAULT_COLUMNS, compare_table, default_columns, final_rows
 
 
 def records(n: int = 3) -> list[RunRecord]:
@@ -40,3 +40,22 @@ def test_the_table_fits_80_columns_and_says_what_it_left_out() -> None:
 def test_counts_print_as_integers() -> None:
     rows = final_rows(records(1), ("test_accuracy", "participants", "available"))
     assert rows[0][1:] == ["50", "0.1235", "10", "20"]
+
+
+def test_groups_of_seeds_show_mean_and_std_at_each_runs_selected_round() -> None:
+    def run(seed: int, last: float, best: float) -> RunRecord:
+        summary = {
+            "rounds": 5,
+            "final": {"round": 5.0, "test_accuracy": last},
+            "selection": {"metric": "val_loss", "mode": "min", "round": 3},
+            "selected": {"round": 3.0, "test_accuracy": best},
+        }
+        return RunRecord(Path(f"s{seed}"), summary, [], {"seed": seed}, label="fedavg")
+
+    group = RunGroup("fedavg", [run(0, 0.9, 0.6), run(1, 0.9, 0.8)])
+    rows = final_rows([group], ("test_accuracy",))
+    assert rows == [["fedavg", "5", "0.7000 ± 0.1414"]]  # the selected rounds' 0.6 and 0.8, not the last 0.9
+    table, _ = compare_table([group], ("test_accuracy",))
+    text = " ".join(" ".join(render(table, 200)).split())
+    assert "mean ± std over 2 seeds per row" in text and "values at each run's best round by val_loss (min)" in text
+    assert default_columns([group]) == ("test_accuracy",)

@@ -391,7 +391,8 @@ def _check_divergence(state: RunState, losses: Tensor) -> None:
         targets = state.experiment.data.train.y
         scale = ""
         if torch.is_floating_point(targets) and len(targets):  # a regression: the squared error grows with the target
-            scale = f" (the targets span {float(targets.min()):.4g} to {float(targets.max()):.4g}: large targets need a small rate)"
+            low, high = float(targets.min()), float(targets.max())
+            scale = f" (the targets span {low:.4g} to {high:.4g}: large targets need a small rate)"
         raise DivergenceError(
             f"round {state.round + 1}: training diverged (largest local loss {worst:.4g}, max_loss "
             f"{cfg.max_loss:g}); lower local.lr (now {cfg.local.lr}) or algorithm.server_lr{scale}"
