@@ -10,34 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
 
 import fedhet
 from fedhet.cli.main import PIPE_WIDTH, UnwrappedConsole, app
+from helpers.tables import write_patients
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def write_patients(path: Path, n: int = 240) -> Path:
-    """A table with an id column, a site column, one empty cell, a binary outcome and a numeric one (blood pressure)."""
-    rng = np.random.default_rng(0)
-    site = rng.choice(["north", "south", "east", "west"], n)
-    age, smoker = rng.normal(55, 12, n), rng.random(n) < 0.3
-    pressure = 100 + 0.5 * age + 10 * smoker + rng.normal(0, 4, n)
-    risk = 0.05 * (age - 55) + 1.0 * smoker + rng.normal(0, 0.6, n)
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["patient_id", "age", "smoker", "site", "outcome", "pressure"])
-        for i in range(n):
-            row = [f"P{1000 + i}", round(age[i], 1), int(smoker[i]), site[i], int(risk[i] > 0.5), round(pressure[i], 2)]
-            if i == 7:
-                row[1] = ""
-            writer.writerow(row)
-    return path
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -98,6 +80,7 @@ def test_the_notes_say_what_was_done_to_a_table_and_clients_csv_names_the_sites(
     notes = " ".join(result.output.split())
     assert "note: table 'patients.csv': left out column 'patient_id'" in notes
     assert "note: table 'patients.csv': dropped 1 of 240 rows with an empty cell (dataset.missing: drop)" in notes
+    assert "note: table 'patients.csv': standardised 3 numeric feature columns (zero mean, unit variance" in notes
     assert "note: dataset.user=site: 4 users, so partition natural, one client per user (4 clients, 4 a round)" in notes
     with (tmp_path / "r" / "clients.csv").open() as f:
         assert [row["user"] for row in csv.DictReader(f)] == ["east", "north", "south", "west"]

@@ -48,7 +48,7 @@ def cli_command(name: str) -> list[str] | None:
 
 
 def test_every_example_is_tested() -> None:
-    assert set(SCRIPTS) == {"own_csv", "own_images", "own_model", "custom_strategy", "walkthrough"}
+    assert set(SCRIPTS) == {"own_csv", "own_images", "own_model", "custom_strategy", "walkthrough", "tutorial"}
 
 
 EXPECTED = {
@@ -59,6 +59,16 @@ EXPECTED = {
         r"refused: .*BatchNorm2d 'net\.1' keeps running statistics.*GroupNorm",
     ],
     "custom_strategy": [r"fedavg +q=0 ", r"loss_weighted +q=2\.0", r"loss_weighted +q=5\.0"],
+    "tutorial": [
+        r"note: table 'patients.csv': left out column 'patient_id'",
+        r"note: dataset.user=site: 4 users, so partition natural",
+        r"best validation loss at round \d+\ntest at that round: AUC 0\.\d+, F1 0\.\d+",
+        r"clients: \['east', 'north', 'south', 'west'\]",
+        r"regression: test RMSE \d+\.\d+, R² 0\.\d+",
+        r"Best point by the mean of val_loss \(min\) over seeds",
+        r"mean ± std over 3\s+seeds per row",
+        r"figure: runs/sweep\.png",
+    ],
     "walkthrough": [r"error: invalid value for 'rounds'", r"round 15: test accuracy", r"files: .*'model\.pt'"],
 }
 

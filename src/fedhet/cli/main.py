@@ -74,7 +74,8 @@ class Terminated(KeyboardInterrupt):
 
 @contextmanager
 def _one_line_warnings() -> Iterator[None]:
-    """While inside, a `FedhetWarning` prints as one ``warning: ...`` line on stderr (not Python's two lines)."""
+    """While inside, a `FedhetWarning` prints as one ``warning: ...`` line on stderr (not Python's two lines), once
+    per command: a second command in the same process (a notebook, a test) says its notes again."""
     previous = warnings.showwarning
 
     def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
@@ -85,11 +86,13 @@ def _one_line_warnings() -> Iterator[None]:
         else:
             previous(message, category, *args, **kwargs)
 
-    warnings.showwarning = show
-    try:
-        yield
-    finally:
-        warnings.showwarning = previous
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", FedhetWarning)  # a new filter: Python forgets the warnings it has shown
+        warnings.showwarning = show
+        try:
+            yield
+        finally:
+            warnings.showwarning = previous
 
 
 @contextmanager

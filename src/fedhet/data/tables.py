@@ -259,6 +259,10 @@ class Table(DatasetSource):
         if self.standardize and any(numeric_mask):
             cols = torch.tensor(numeric_mask)
             x[:, cols] = standardise(x[:, cols])
+            _note(
+                f"table '{path.name}': standardised {int(cols.sum())} numeric feature columns (zero mean, unit "
+                "variance over the whole table; dataset.standardize: false keeps them as they are)"
+            )
         if not bool(torch.isfinite(x).all()):
             raise DataError(f"table '{path}' holds an infinite feature value; fill or drop such rows")
         task = data_task(self.task)

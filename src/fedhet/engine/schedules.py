@@ -2,7 +2,7 @@
 
 A run schedules its local learning rate (``schedules.local_lr``: every client's ``local.lr`` in round t) and its
 server learning rate (``schedules.server_lr``: ``algorithm.server_lr``); the default is the constant 1. A
-schedule of one's own is a registered `Schedule` subclass (docs/extending.md).
+schedule of one's own is a registered `Schedule` subclass (docs/workflow.md).
 
 * ``constant``:     1
 * ``step``:         γ^⌊t / every⌋ (FedMGDA+'s decaying global step, §6.1, is this schedule)

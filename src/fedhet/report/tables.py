@@ -133,7 +133,8 @@ def compare_table(
     if dropped:
         names = ", ".join(SHORT.get(c, c) for c in dropped)
         caption += ("; " if caption else "") + f"left out to fit {width} columns: {names} (choose with --column)"
-    table = Table(title="final metrics (accuracy: mean over clients)", caption=caption or None, caption_justify="left")
+    title = "metrics at the selected round" if rules else "final metrics"
+    table = Table(title=f"{title} (accuracy: mean over clients)", caption=caption or None, caption_justify="left")
     rows = final_rows(groups, columns)
     table.add_column("run", justify="left", overflow="fold", min_width=run_width(rows), max_width=RUN_WIDTH)
     table.add_column("rounds", justify="right", no_wrap=True)
