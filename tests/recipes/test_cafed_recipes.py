@@ -140,3 +140,18 @@ def test_cafed_orders_against_unbiased_on_a_reduced_run() -> None:
     share = class_exclusion(excluded)
     for availability in ("more available", "less available"):
         assert share[f"{availability}, correlated"] > share[f"{availability}, weakly correlated"]
+
+
+def test_tuning_chooses_on_a_validation_split_never_on_test_data() -> None:
+    """The tuning sweep's runs keep a validation split and rank (η, η_s) by the time average of the α-weighted
+    validation accuracy: (1/t) Σ_{s≤t} val_alpha_accuracy_s, a series apart from the test one."""
+    from fedhet.recipes.cafed import TUNING_METRIC, TUNING_VAL, tuning_sweep
+
+    sweep = tuning_sweep(DATASETS["Synthetic"], "CA-Fed", rounds=3)
+    assert (sweep.metric, sweep.mode, sweep.base["val_fraction"]) == ("val_time_avg_accuracy", "max", TUNING_VAL)
+    assert sweep.metric == TUNING_METRIC and len(sweep.points()) == len(LOCAL_GRID) * len(SERVER_GRID)
+    state = run(parse_config(sweep.config(sweep.points()[0], 42)))
+    val = [row["val_alpha_accuracy"] for row in state.history]
+    averages = [row[TUNING_METRIC] for row in state.history]
+    assert averages == pytest.approx(np.cumsum(val) / np.arange(1, len(val) + 1), abs=1e-12)
+    assert [row["val_alpha_accuracy"] for row in state.history] != [row["alpha_test_accuracy"] for row in state.history]
