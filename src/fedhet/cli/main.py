@@ -630,12 +630,23 @@ def bench(
     json_file: Annotated[Path | None, typer.Option("--json", help="write every row to this JSON file")] = None,
     workload: Annotated[list[str] | None, typer.Option(help="only these workloads (repeatable)")] = None,
     threads: Annotated[int, typer.Option(help="torch threads for everything timed (0: torch's default)")] = 0,
+    costs: Annotated[
+        bool | None,
+        typer.Option(
+            "--costs/--no-costs",
+            help="what the methods cost (Ditto, personalised evaluation, FedBuff) against their references; "
+            "--costs alone runs only these (default: with the workloads, after them)",
+        ),
+    ] = None,
 ) -> None:
     """Time whole rounds on fedhet's backends against a plain PyTorch loop, a vmap loop and the machine limit (the
-    naive reference, pfl and Flower: python benchmarks/full_bench.py in a source checkout)."""
+    naive reference, pfl and Flower: python benchmarks/full_bench.py in a source checkout), and what the methods
+    cost against their references."""
+    from fedhet.bench.costs import method_costs
     from fedhet.bench.report import rows_table, targets_table
     from fedhet.bench.run import run_bench
     from fedhet.bench.targets import check_targets
+    from fedhet.engine.threads import torch_threads
 
     if threads < 0:
         raise FedhetError(f"--threads {threads}: give a number of threads, or 0 for torch's default")
@@ -644,10 +655,16 @@ def bench(
     def say(line: str) -> None:
         console.print(line, markup=False, highlight=False)
 
-    say(BENCH_COMPARATORS)
-    rows = run_bench(quick=quick, json_path=json_file, progress=say, only=only, threads=threads)
-    console.print(rows_table(rows))
-    console.print(targets_table(check_targets(rows)))
+    targets = []
+    if costs is not True:
+        say(BENCH_COMPARATORS)
+        rows = run_bench(quick=quick, json_path=json_file, progress=say, only=only, threads=threads)
+        console.print(rows_table(rows))
+        targets = check_targets(rows)
+    if costs is not False:
+        with torch_threads(threads or 1):  # the costs are ratios on one thread (docs/performance.md)
+            targets += method_costs(quick, say)
+    console.print(targets_table(targets))
 
 
 def main() -> None:  # pragma: no cover
