@@ -16,7 +16,11 @@ MAX_BATCH_BYTES = 4 << 30  # the padded mini-batches of one round's cohort: indi
 
 
 def check_run(config: RunConfig, data: FederatedData, model: FlatModel) -> None:
-    """Refuse, in one line, a run that would fail in its first round."""
+    """Refuse, in one line, a run that would fail in its first round (or as its trackers start)."""
+    from fedhet.experiments.tracking import tracker_specs
+
+    for spec in tracker_specs(config):
+        spec.require()  # a tracker whose library is missing: before the run folder is created
     check_batch_memory(config, data)
     check_model_fits(config, data, model)
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
+from fedhet.atomic import write_text
 from fedhet.config_keys import flatten
 from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
@@ -95,9 +96,7 @@ class Tracker(Callback):
         """Write this tracker's entry of ``tracking.json`` (atomically; other trackers' entries are kept)."""
         data = read_state(self.where.out)
         data[self.key] = self.saved
-        tmp = self.where.out / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        tmp.replace(self.where.out / STATE_FILE)
+        write_text(self.where.out / STATE_FILE, json.dumps(data, indent=1) + "\n")
 
     def open(self, state: RunState, resumed: bool) -> None:
         raise NotImplementedError
@@ -461,5 +460,12 @@ def read_state(out: Path) -> dict[str, Any]:
     path = out / STATE_FILE
     if not path.is_file():
         return {}
-    data = json.loads(path.read_text())
-    return data if isinstance(data, dict) else {}
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(
+            f"'{path}' is damaged (not the trackers' JSON record); delete it, and the trackers continue in new records"
+        )
+    return data
