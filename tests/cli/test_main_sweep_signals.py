@@ -129,6 +129,7 @@ def test_ctrl_c_stops_the_workers_at_once_and_a_second_sweep_is_refused(
         assert state.status == "finished" and state.round == summary["rounds"] + 1
 
 
+@pytest.mark.slow  # about a minute on 2 busy cores: a sweep's workers start, then end with it
 def test_the_workers_end_with_a_killed_sweep(tmp_path: Path) -> None:
     _setup(tmp_path)
     proc = _sweep(tmp_path)
