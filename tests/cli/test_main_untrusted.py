@@ -221,6 +221,11 @@ CASES: dict[str, tuple[list[str], Setup, str]] = {
         _none,
         "none of the",
     ),
+    "compare a summary.json nested 100,000 deep": (
+        ["compare", "g"],
+        _both(_write("g/summary.json", "[" * 100_000 + "]" * 100_000), _write("g/metrics.csv", "round\r\n1\r\n")),
+        "nested too deeply",
+    ),
     "plot to an unknown image format": (
         ["plot", "g", "-o", "out.xyz"],
         _both(_write("g/summary.json", '{"final": {}}'), _write("g/metrics.csv", "round,test_accuracy\r\n1,0.5\r\n")),

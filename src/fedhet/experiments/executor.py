@@ -308,11 +308,12 @@ class Executor:
 
     def check_data(self, tasks: Sequence[Task]) -> None:
         """Refuse in one line, before any of `tasks` runs, one whose dataset does not load (its files missing or
-        damaged): each distinct dataset (and data folder) is loaded once, here."""
+        damaged): each distinct dataset (and data folder) is loaded once, here (not on Ray, whose nodes may hold
+        files this machine does not)."""
         from fedhet.experiments.build import components
         from fedhet.experiments.config import parse_config
 
-        for task in tasks:
+        for task in tasks if self.ray_address is None else ():
             raw = {**task.config, **self.overrides}
             key = json.dumps([raw.get("dataset"), raw.get("data_dir"), raw.get("imports")], sort_keys=True, default=str)
             if key in self._data_checked or raw.get("download"):  # with download, the first run fetches the files

@@ -97,7 +97,9 @@ class RunFolder:
         marker = read_marker(path)
         if marker is None or marker.kind != "run" or not holds_run(path):
             what = "holds no run" if marker is not None and marker.kind == "run" else not_ours(path, marker)
-            raise RunFolderError(f"'{path}' {what}; start a run with fedhet run --out NEW_FOLDER")
+            older = " (a run folder of fedhet 0.3.0 or earlier has none: continue it with that version)"
+            old = marker is None and (path / CHECKPOINT).is_file() and (path / CONFIG).is_file()
+            raise RunFolderError(f"'{path}' {what}{older if old else ''}; start a run with fedhet run --out NEW_FOLDER")
         folder = cls(path)
         folder._lock = FolderLock.claim(path, "run")
         try:

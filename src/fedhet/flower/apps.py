@@ -6,7 +6,8 @@ Deployment (``flwr run`` against a SuperLink; see docs/flower.md) reads the run 
 
 Run config (``[tool.flwr.app.config]`` or ``flwr run --run-config``): ``config`` (path of a fedhet YAML file on the
 server), ``out`` (the run folder: an existing checkpoint there is resumed), ``nodes`` (nodes to wait for),
-``timeout`` (seconds a node has per call), ``wait`` (seconds to wait for the nodes).
+``timeout`` (seconds a node has per call), ``wait`` (seconds to wait for the nodes), ``trust-imports`` (without
+``config``: import the code the run folder's config.yaml names, as ``fedhet run --resume --trust-imports``).
 Node config (``flower-supernode --node-config``): ``partition-id`` and ``num-partitions`` (derive the partition
 from the run's config), or ``data-file`` (a partition file written by ``python -m fedhet.flower.partitions``);
 ``state-dir`` (where the node also saves its clients' state, so that it survives a restarted server);
@@ -348,7 +349,7 @@ def deployed(grid: Grid, context: Context) -> None:
         run_key=run_key(config, out),
     )
     shorten_reply_pulls()
-    serve(grid, config, out, settings)
+    serve(grid, config, out, settings, trust=bool(rc.get("trust-imports", False)))
 
 
 def shorten_reply_pulls() -> None:

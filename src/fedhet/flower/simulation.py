@@ -43,7 +43,6 @@ def simulate(
     total = None if config is None else config.num_clients + config.unseen_clients
     if total is not None and nodes > total:
         raise ConfigError(f"--nodes {nodes} is more than the {total} clients: use at most one node per client")
-    out.mkdir(parents=True, exist_ok=True)
     settings = Settings(timeout=timeout, min_nodes=nodes, wait=timeout, run_key=run_key(config, out))
     trusted = config is not None or trust
     refusal = f"if you trust '{out}', resume with fedhet run --resume {out} --engine flower --trust-imports"
