@@ -370,9 +370,9 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
     except DivergenceError:
         state.status = "diverged"
         raise
-    except OSError:  # a failed write (a full disk): interrupted, to resume once there is room
+    except (OSError, FedhetError):  # a full disk, every Flower node lost: interrupted, to resume once it is fixed
         raise
-    except Exception:  # an error in code (a plugin's, a model's): the run failed; Ctrl-C and SIGTERM interrupt it
+    except Exception:  # a crash in code (a plugin's, a model's, a callback's): the run failed
         state.status = "failed"
         raise
     finally:
