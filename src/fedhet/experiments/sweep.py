@@ -368,17 +368,20 @@ def _check_base(sweep: Sweep, out: Path) -> None:
         )
 
 
-def write_plan(sweep: Sweep, out: Path, lock: FolderLock) -> None:
-    """``sweep.json`` and each point's ``point.json``, in the sweep folder `out` that `lock` holds; a point folder
-    that this sweep's marker does not list (a folder of yours with a point's name) is refused."""
+def write_plan(sweep: Sweep, out: Path, lock: FolderLock | None = None) -> None:
+    """``sweep.json`` and each point's ``point.json`` in `out`: the sweep folder that `lock` holds (a point folder
+    its marker does not list, a folder of yours with a point's name, is refused), or, without `lock`, a folder
+    inside one of fedhet's that the caller holds (a recipe's)."""
     points = sweep.points()
-    for point in points:
-        if (out / point.name).exists() and point.name not in lock.marker.files:
-            raise ConfigError(
-                f"'{out / point.name}' was not made by this sweep (its marker does not list it); move it away, or "
-                "choose another --out"
-            )
-    lock.record([*SWEEP_FILES, *(p.name for p in points)])
+    if lock is not None:
+        for point in points:
+            if (out / point.name).exists() and point.name not in lock.marker.files:
+                raise ConfigError(
+                    f"'{out / point.name}' was not made by this sweep (its marker does not list it); move it away, or "
+                    "choose another --out"
+                )
+        lock.record([*SWEEP_FILES, *(p.name for p in points)])
+    out.mkdir(parents=True, exist_ok=True)
     spec = {"base": sweep.base, "grid": sweep.grid, "seeds": list(sweep.seeds), "metric": sweep.metric}
     write_text(out / "sweep.json", json.dumps({**spec, "mode": sweep.mode}, indent=1) + "\n")
     for point in points:
@@ -387,15 +390,10 @@ def write_plan(sweep: Sweep, out: Path, lock: FolderLock) -> None:
 
 
 def prepare_sweep(sweep: Sweep, out: Path) -> list[Task]:
-    """The sweep's tasks (every point checked), with ``sweep.json`` and each point's ``point.json`` written into
-    `out`, a folder inside a folder of fedhet's that the caller holds (a recipe's)."""
+    """The sweep's tasks (every point checked), with its plan written into `out`, a folder inside a folder of
+    fedhet's that the caller holds (a recipe's)."""
     tasks = sweep.tasks(out)
-    out.mkdir(parents=True, exist_ok=True)
-    spec = {"base": sweep.base, "grid": sweep.grid, "seeds": list(sweep.seeds), "metric": sweep.metric}
-    write_text(out / "sweep.json", json.dumps({**spec, "mode": sweep.mode}, indent=1) + "\n")
-    for point in sweep.points():
-        (out / point.name).mkdir(exist_ok=True)
-        write_text(out / point.name / "point.json", json.dumps(point.__dict__, indent=1) + "\n")
+    write_plan(sweep, out)
     return tasks
 
 
