@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import gc
+import os
 import signal
 import sys
 import threading
@@ -120,14 +122,31 @@ def friendly(func: F) -> F:
             _say_error(_os_error(err))
             raise typer.Exit(2) from None
         except MemoryError:
-            _say_error("out of memory; lower the sizes in the config (clients, local.batch_size, the model)")
-            raise typer.Exit(2) from None
+            pass  # said below, once leaving this block has freed what the failed work held
+        except RuntimeError as err:
+            if not _out_of_memory(err):
+                raise
         except KeyboardInterrupt as err:
             hint = getattr(err, "fedhet_hint", "")
             err_console.print(f"interrupted{'; ' + hint if hint else ''}", highlight=False, soft_wrap=True)
             raise typer.Exit(143 if isinstance(err, Terminated) else 130) from None
+        gc.collect()
+        try:
+            _say_error(OUT_OF_MEMORY)
+        except MemoryError:  # nothing left even to format the line: write it as it is
+            os.write(2, f"error: {OUT_OF_MEMORY}\n".encode())
+        raise typer.Exit(2)
 
     return wrapper  # type: ignore[return-value]
+
+
+OUT_OF_MEMORY = "out of memory; lower the sizes in the config (clients, local.batch_size, the model)"
+
+
+def _out_of_memory(err: RuntimeError) -> bool:
+    """Whether `err` is torch's failed allocation (a RuntimeError on the CPU, torch.OutOfMemoryError on a GPU)."""
+    text = str(err)
+    return "can't allocate memory" in text or "out of memory" in text.lower()
 
 
 EstimateOption = Annotated[
@@ -199,6 +218,13 @@ def run(
         typer.Option(help="log to a tracker: tensorboard, mlflow or wandb (repeatable; settings: the config's track)"),
     ] = None,
     estimate: EstimateOption = False,
+    trust_imports: Annotated[
+        bool,
+        typer.Option(
+            help="with --resume: import the code the run folder's config names (imports, a torch model target); "
+            "only for folders you trust"
+        ),
+    ] = False,
 ) -> None:
     """Run one experiment and write its run folder (one fedhet process per folder; Ctrl-C or SIGTERM stops it
     cleanly and --resume continues it)."""
@@ -210,12 +236,14 @@ def run(
     if resume is not None:
         given = locals()
         _refuse_run_flags(resume, [name for name in _RUN_FLAGS if given[name] not in (None, False, [])])
+    if trust_imports and resume is None:
+        raise FedhetError("--trust-imports goes with --resume (the code a config you pass names is imported anyway)")
     if engine == "flower":
         from fedhet.flower import require_flwr
 
         require_flwr()
     if resume is not None:
-        _resume(resume, rounds, engine, nodes, track or [], callbacks, quiet)
+        _resume(resume, rounds, engine, nodes, track or [], callbacks, quiet, trust_imports)
         return
     from fedhet.experiments.assembly import assemble, default_run_folder
     from fedhet.experiments.config import parse_config
@@ -264,9 +292,17 @@ def _start(cfg: Any, out: Path, overwrite: bool, engine: str, nodes: int, callba
 
 
 def _resume(
-    out: Path, rounds: int | None, engine: str, nodes: int, track: list[str], callbacks: list[Any], quiet: bool
+    out: Path,
+    rounds: int | None,
+    engine: str,
+    nodes: int,
+    track: list[str],
+    callbacks: list[Any],
+    quiet: bool,
+    trust: bool = False,
 ) -> None:
-    """Continue the run in `out` (up to `rounds`), with the trackers of `track` added."""
+    """Continue the run in `out` (up to `rounds`), with the trackers of `track` added; `trust`: the code its
+    config.yaml names may be imported (``--trust-imports``)."""
     from fedhet.experiments.runner import resume as resume_run
 
     if track:
@@ -277,9 +313,9 @@ def _resume(
         if engine == "flower":
             if rounds is not None:
                 raise FedhetError("--rounds with --resume is not supported with --engine flower")
-            state = _simulate(None, out, nodes, callbacks)
+            state = _simulate(None, out, nodes, callbacks, trust)
         else:
-            state = resume_run(out, callbacks, rounds=rounds)
+            state = resume_run(out, callbacks, rounds=rounds, trust=trust)
     if state.already_finished:
         console.print(f"'{out}' is already finished ({state.round} rounds); nothing to resume", highlight=False)
         return
@@ -297,10 +333,10 @@ def _resume_hint(out: Path) -> Iterator[None]:
         raise
 
 
-def _simulate(cfg: Any, out: Path, nodes: int, callbacks: list[Any]) -> Any:
+def _simulate(cfg: Any, out: Path, nodes: int, callbacks: list[Any], trust: bool = False) -> Any:
     from fedhet.flower.simulation import simulate
 
-    return simulate(cfg, out, nodes, callbacks)
+    return simulate(cfg, out, nodes, callbacks, trust=trust)
 
 
 def _progress() -> Any:
@@ -515,9 +551,10 @@ def sweep(
         raise typer.Exit(130) from None
     console.print(result.table, highlight=False, markup=False, soft_wrap=True)
     failed = [o for o in result.outcomes if o.status == "failed"]
-    if any(o.detail for o in failed):
-        (out / "errors.log").write_text("".join(f"{o.task.label}\n{o.detail}\n" for o in failed if o.detail))
     console.print(f"results: [bold]{out}[/] (summary.md, summary.csv, one run folder per point and seed)")
+    if failed and quiet:  # no progress display said why
+        for o in failed:
+            err_console.print(f"failed: {o.task.label}: {o.error}", highlight=False, markup=False, soft_wrap=True)
     if failed:
         err_console.print(
             f"[red]{len(failed)} of {len(result.outcomes)} runs failed[/] (see above"

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fedhet.data.arrays import check_users, resolve, standardise
 from fedhet.data.dataset import Dataset
@@ -101,7 +101,7 @@ def label_ids(values: list[Any], column: str, path: Path) -> tuple[torch.Tensor,
     if as_numbers is None:
         keys: np.ndarray = np.asarray([str(v) for v in values])
     else:
-        bad = as_numbers != np.round(as_numbers)
+        bad = ~np.isfinite(as_numbers) | (as_numbers != np.round(as_numbers))
         if bad.any():
             row = int(np.argmax(bad))
             raise DataError(
@@ -137,6 +137,13 @@ class Table(DatasetSource):
     standardize: bool = Field(True, description="z-score the numeric feature columns")
     delimiter: str | None = Field(None, description="CSV field separator (default ',' or tab for .tsv)")
 
+    @field_validator("delimiter")
+    @classmethod
+    def _one_character(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) != 1 or value in '\r\n"' or value.isalnum()):
+            raise ValueError("must be one character that is not a letter, digit, quote or line break, e.g. ';'")
+        return value
+
     def read(self, path: Path) -> Columns:
         suffix = path.suffix.lower()
         if suffix in PARQUET_SUFFIXES:
@@ -163,6 +170,11 @@ class Table(DatasetSource):
         features = self.features or [c for c in names if c not in (self.label, self.user)]
         for column in [*features, *self.categorical]:
             need(column, "feature")
+            if column == self.label:
+                raise DataError(
+                    f"table '{path}': the label column '{column}' is listed among the features; a model that sees its "
+                    "label learns nothing; leave it out of 'features'"
+                )
         for column in self.categorical:
             if column not in features:
                 raise DataError(f"table '{path}': categorical column '{column}' is not among the features")

@@ -54,7 +54,7 @@ def evaluate_global(
         metrics["unseen_test_accuracy"] = float(test.accuracy[unseen].double().mean())
         metrics["unseen_test_loss"] = float(test.loss[unseen].double().mean())
     columns = {
-        "seen": seen.int(),
+        "seen": data.seen.int(),  # whether the client trains, also when it was not scored (a lost Flower node's)
         "train_samples": train.count,
         "test_samples": test.count,
         "test_accuracy": test.accuracy,
