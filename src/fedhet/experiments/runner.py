@@ -258,6 +258,52 @@ def _check_divergence(state: RunState, losses: Tensor) -> None:
         )
 
 
+def _train(state: RunState, t: int, available: Tensor) -> tuple[Tensor, LocalResult | None]:
+    """Round `t`'s cohort, chosen among the `available` clients, trains and the strategy aggregates (the attack
+    corrupting what it may): the clients that answered and their training (None when nobody was chosen)."""
+    exp = state.experiment
+    attack = exp.strategy.ctx.attack
+    clients = attack.cohort(exp.strategy.select(t, available), available, t)
+    state.local_training_s = 0.0
+    if not len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
+        return clients, None
+    plan = attack.corrupt_plan(exp.strategy.configure(t, clients, state.params), t)
+    training = time.perf_counter()
+    result = exp.engine.train(state.params, plan, t)
+    state.local_training_s = time.perf_counter() - training
+    if result.dropped is not None and bool(result.dropped.any()):
+        # clients lost mid-round (a Flower node failed): the round goes on with the others (strategies keep their
+        # per-cohort values by client id, so aggregate reads those of the survivors)
+        result = result.rows(~result.dropped)
+        clients = result.clients
+    result = attack.corrupt_updates(result, state.params, t)
+    if len(result.clients):
+        state.params = exp.strategy.aggregate(t, state.params, result).detach()
+    return clients, result
+
+
+def _evaluate(
+    state: RunState, previous: Tensor, result: LocalResult | None, counts: dict[str, float]
+) -> dict[str, float]:
+    """The metrics row of the round just completed (appended to the history; `counts`: the round's local loss,
+    participants and available clients), and its client columns into `state`."""
+    exp, cfg = state.experiment, state.config
+    evaluated = exp.strategy.evaluation_params(state.params)
+    sample = _evaluation_sample(state) if state.round < cfg.rounds else None
+    scores, state.client_columns, test, train = evaluate_global(exp.engine, evaluated, sample, cfg.eval_clients > 0)
+    if sample is not None and needs_all_clients(exp.metrics):  # only with `score_sample_only`
+        test, train = spread_scores(test, sample), spread_scores(train, sample)
+    metrics = {"round": float(state.round), **scores, **counts, **exp.strategy.round_metrics()}
+    final = state.round == cfg.rounds
+    view = RoundView(state.round, exp.engine, evaluated, previous, result, test, train, state.history, final=final)
+    for plugin in exp.metrics:
+        extra, columns = compute_checked(plugin, view, metrics)
+        metrics.update(extra)
+        state.client_columns.update(columns)
+    state.history.append(metrics)
+    return metrics
+
+
 def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
     exp, cfg = state.experiment, state.config
     if state.folder is not None:
@@ -270,62 +316,20 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
         while state.round < cfg.rounds:
             t = state.round
             available = exp.availability.available(t) & seen
-            attack = exp.strategy.ctx.attack
-            clients = attack.cohort(exp.strategy.select(t, available), available, t)
             previous = state.params
-            result: LocalResult | None = None
-            state.local_training_s = 0.0
-            if len(clients):  # an empty pool (e.g. nobody opted in) leaves the model as it is
-                plan = attack.corrupt_plan(exp.strategy.configure(t, clients, state.params), t)
-                training = time.perf_counter()
-                result = exp.engine.train(state.params, plan, t)
-                state.local_training_s = time.perf_counter() - training
-                if result.dropped is not None and bool(result.dropped.any()):
-                    # clients lost mid-round (a Flower node failed): the round goes on with the others (strategies
-                    # keep their per-cohort values by client id, so aggregate reads those of the survivors)
-                    result = result.rows(~result.dropped)
-                    clients = result.clients
-                result = attack.corrupt_updates(result, state.params, t)
-                if len(result.clients):
-                    state.params = exp.strategy.aggregate(t, state.params, result).detach()
+            clients, result = _train(state, t, available)
             losses = result.train_loss[result.steps > 0] if result is not None else torch.zeros(0)
-            local_loss = float(losses.double().mean()) if len(losses) else float("nan")
             _check_divergence(state, losses)
             exp.availability.observe(t, exp.engine, state.params)
             state.round = t + 1
             metrics: dict[str, float] | None = None
             if state.round % cfg.eval_every == 0 or state.round == cfg.rounds:
-                evaluated = exp.strategy.evaluation_params(state.params)
-                sample = _evaluation_sample(state) if state.round < cfg.rounds else None
-                metrics, state.client_columns, test, train = evaluate_global(
-                    exp.engine, evaluated, sample, count=cfg.eval_clients > 0
-                )
-                if sample is not None and needs_all_clients(exp.metrics):  # only with `score_sample_only`
-                    test, train = spread_scores(test, sample), spread_scores(train, sample)
-                metrics = {
-                    "round": float(state.round),
-                    **metrics,
-                    "local_loss": local_loss,
+                counts = {
+                    "local_loss": float(losses.double().mean()) if len(losses) else float("nan"),
                     "participants": float(len(clients)),
                     "available": float(available.sum()),
-                    **exp.strategy.round_metrics(),
                 }
-                view = RoundView(
-                    state.round,
-                    exp.engine,
-                    evaluated,
-                    previous,
-                    result,
-                    test,
-                    train,
-                    state.history,
-                    final=state.round == cfg.rounds,
-                )
-                for plugin in exp.metrics:
-                    extra, columns = compute_checked(plugin, view, metrics)
-                    metrics.update(extra)
-                    state.client_columns.update(columns)
-                state.history.append(metrics)
+                metrics = _evaluate(state, previous, result, counts)
             state.wall_time_s = time.perf_counter() - started
             if state.folder is not None:
                 _persist(state, metrics)
