@@ -537,12 +537,12 @@ def sweep(
 ) -> None:
     """Run a grid of configs over several seeds: one run folder per point and seed, a summary (mean ± std over
     seeds) and the best point."""
-    from fedhet.experiments.assembly import assemble
+    from fedhet.experiments.assembly import assemble, default_sweep_folder
     from fedhet.experiments.sweep import make_sweep, run_sweep
 
     raw = assemble(config, imports=imports or [], overrides=set_ or [])
     spec = make_sweep(raw, grid or [], seeds, metric, mode, show or [])
-    out = out or Path("runs") / f"sweep-{config.stem if config is not None else 'default'}"
+    out = out or default_sweep_folder(config)
     try:
         with _executor(workers, ray, threads, quiet) as executor:
             result = run_sweep(spec, out, executor)
@@ -613,6 +613,7 @@ def reproduce(
     ] = None,
 ) -> None:
     """Rerun a paper's experiment: every method over several seeds, a markdown table and figures."""
+    from fedhet.experiments.assembly import default_recipe_folder
     from fedhet.experiments.reproduce import run_recipe
     from fedhet.recipes import get_recipe
 
@@ -635,7 +636,7 @@ def reproduce(
         estimates, note = estimate_recipe(chosen, seed_list, changes=overrides, say=lambda text: _note(text, quiet))
         _print_estimates(estimates, chosen.name, note)
         return
-    out = out or Path("runs") / recipe
+    out = out or default_recipe_folder(recipe)
     try:
         with _executor(workers, ray, threads, quiet, overrides) as executor:
             result = run_recipe(
