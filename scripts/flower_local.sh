@@ -14,7 +14,9 @@
 # with shorter polls), runs it itself, keeping torch, the partition and the engine loaded; `process`: the same
 # SuperNode in `--isolation process` beside one long-lived `python -m fedhet.flower.worker` that does so; with
 # either, the SuperLink is `python -m fedhet.flower.superlink` (Flower's, each API's middleware kept to its paths);
-# `subprocess`: Flower's own SuperLink, `flower-supernode` and isolation, a new flwr-clientapp process per message).
+# `subprocess`: Flower's own SuperLink, `flower-supernode` and isolation, a new flwr-clientapp process per message),
+# ALLOW_IMPORTS (comma-separated modules and .py files the nodes may import for the config: its plugins, its torch
+# model target; default none: built-in components only).
 # Logs, pids, partitions and the Flower App are in RUN_FOLDER/deploy/.
 set -euo pipefail
 usage() { sed -n '2,/^# Logs/p' "$0"; exit 2; }  # the header, down to its last line
@@ -27,11 +29,12 @@ export FLWR_TELEMETRY_ENABLED=0 PATH="$bin:$PATH"  # SuperLink/SuperNodes start 
 start() {
   local config out nodes port work
   config=$(realpath "$1"); out=$(realpath -m "$2"); nodes=${3:-3}; port=${PORT:-19300}; work=$out/deploy
+  echo "writing $nodes partition files to $work/parts"
+  # first claims RUN_FOLDER as fedhet's run folder (new, empty or fedhet's: its marker), then writes the partitions
+  "$bin/python" -m fedhet.flower.partitions "$config" "$nodes" "$work/parts" --run-folder "$out" > /dev/null
   mkdir -p "$work/app" "$work/flwr-home" "$work/state"
   echo "$port $nodes" > "$work/ports"
   export FLWR_HOME=$work/flwr-home  # Flower's apps, runtime environments and configuration for this deployment
-  echo "writing $nodes partition files to $work/parts"
-  "$bin/python" -m fedhet.flower.partitions "$config" "$nodes" "$work/parts" > /dev/null
   local isolation=${ISOLATION:-none}
   case $isolation in none|process|subprocess) ;; *) echo "error: ISOLATION is none, process or subprocess" >&2; exit 2 ;; esac
   local superlink=("$bin/flower-superlink")
@@ -50,7 +53,7 @@ start() {
   fi
   for i in $(seq 0 $((nodes - 1))); do
     "${supernode[@]}" --insecure --superlink "127.0.0.1:$port" --port $((port + 1 + i)) \
-      --node-config "data-file='$work/parts/node-$i.pt' state-dir='$work/state/node-$i'" \
+      --node-config "data-file='$work/parts/node-$i.pt' state-dir='$work/state/node-$i'${ALLOW_IMPORTS:+ allow-imports='$ALLOW_IMPORTS'}" \
       > "$work/node-$i.log" 2>&1 &
     echo $! > "$work/node-$i.pid"
     if [ "$isolation" = process ]; then  # the node's long-lived ClientApp process (docs/flower.md)

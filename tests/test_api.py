@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib.metadata import version
@@ -195,3 +196,43 @@ def test_the_package_is_typed() -> None:
     assert {"run", "load_run", "Config", "RunResult", "Callback", "datasets", "__version__"} <= set(dir(fedhet))
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
         _ = fedhet.nothing  # type: ignore[attr-defined]
+
+
+def test_load_run_rebuilds_a_model_its_folder_names_only_when_trusted(tmp_path: Path) -> None:
+    nets = tmp_path / "nets.py"
+    nets.write_text(
+        "import pathlib\nfrom torch import nn\npathlib.Path(__file__).with_name('imported').write_text('x')\n\n"
+        "class Net(nn.Sequential):\n    def __init__(self, num_classes):\n"
+        "        super().__init__(nn.Flatten(), nn.Linear(64, num_classes))\n"
+    )
+    runner_run(parse_config({**SMALL, "model": {"name": "torch", "target": f"{nets}:Net"}}), tmp_path / "cli")
+    (tmp_path / "imported").unlink()
+    with pytest.raises(ConfigError, match=r"names code to import .*trust=True"):
+        fedhet.load_run(tmp_path / "cli")
+    assert not (tmp_path / "imported").exists()
+    read = fedhet.load_run(tmp_path / "cli", model=False)  # metrics and clients need no code
+    assert read.rounds == 3 and len(read.clients) == 6 and read.state_dict is None
+    trusted = fedhet.load_run(tmp_path / "cli", trust=True)
+    assert trusted.state_dict is not None and trusted.state_dict["1.weight"].shape == (10, 64)
+
+
+def test_load_run_refuses_a_garbled_clients_csv_in_one_line(tmp_path: Path) -> None:
+    runner_run(parse_config(SMALL), tmp_path / "r")
+    (tmp_path / "r" / "clients.csv").write_text("client,test_accuracy\n0,high\n")
+    with pytest.raises(FedhetError, match=r"^'.*clients.csv' is not a table of numbers and user names \(.*\)$"):
+        fedhet.load_run(tmp_path / "r", model=False)
+
+
+def test_overwrite_never_deletes_a_folder_of_yours(tmp_path: Path) -> None:
+    """overwrite=True once removed the whole folder; it is --overwrite's: a folder fedhet did not create is refused
+    and a run folder loses only the files its marker lists (model.pt included)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "checkpoint.pt").write_text("my own checkpoint")
+    with pytest.raises(FedhetError, match="not a fedhet run folder"):
+        fedhet.run(SMALL, out=mine, overwrite=True)
+    assert os.listdir(mine) == ["checkpoint.pt"]
+    fedhet.run(SMALL, out=tmp_path / "r")
+    (tmp_path / "r" / "notes.txt").write_text("mine")
+    fedhet.run({**SMALL, "rounds": 1}, out=tmp_path / "r", overwrite=True)
+    assert (tmp_path / "r" / "notes.txt").read_text() == "mine" and (tmp_path / "r" / "model.pt").is_file()

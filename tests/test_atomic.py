@@ -69,3 +69,19 @@ def test_append(tmp_path: Path) -> None:
     atomic.append_bytes(tmp_path / "log", b"a")
     atomic.append_bytes(tmp_path / "log", b"b")
     assert (tmp_path / "log").read_bytes() == b"ab"
+
+
+def test_a_failed_write_that_names_no_file_is_given_the_targets_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk shows in write() itself, whose OSError names no file; the error then names the user's file."""
+
+    def nameless(path: Path, data: bytes | bytearray | memoryview) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic, "_write_file", nameless)
+    monkeypatch.setattr(atomic, "_append", nameless)
+    for write in (atomic.write_text, atomic.append_bytes):
+        with pytest.raises(OSError, match="No space left") as info:
+            write(tmp_path / "m.csv", b"x" if write is atomic.append_bytes else "x")  # type: ignore[operator]
+        assert info.value.filename == str(tmp_path / "m.csv")

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from fedhet.errors import ConfigError
-from fedhet.imports import file_module_name, import_module_or_file, load_object, object_path
+from fedhet.imports import (
+    ImportPolicy,
+    file_module_name,
+    import_module_or_file,
+    import_policy,
+    load_object,
+    object_path,
+)
 
 
 def write(path: Path, text: str) -> Path:
@@ -117,3 +124,30 @@ def test_a_module_that_needs_a_missing_package_says_which(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="needs module 'fedhet_surely_missing_dependency', which is not installed"):
         import_module_or_file("fedhet_test_needy")
+
+
+def test_sys_exit_in_an_imported_file_is_an_error_not_an_exit(tmp_path: Path, clean_path: None) -> None:
+    bye = write(tmp_path / "bye.py", "import sys\nsys.exit(0)\n")
+    with pytest.raises(ConfigError, match=r"^importing '.*bye.py' failed: SystemExit"):
+        import_module_or_file(str(bye))
+    assert file_module_name(bye) not in sys.modules
+
+
+def test_an_import_policy_refuses_what_it_does_not_list_before_importing(tmp_path: Path, clean_path: None) -> None:
+    evil = write(tmp_path / "evil.py", "import pathlib\npathlib.Path(__file__).with_name('pwned').write_text('x')\n")
+    nothing = ImportPolicy((), "trust it with --trust-imports")
+    with import_policy(nothing), pytest.raises(ConfigError, match=r"refused to import .*allowed here: nothing.*trust"):
+        import_module_or_file(str(evil))
+    with import_policy(nothing), pytest.raises(ConfigError, match="refused to import 'subprocess'"):
+        load_object("subprocess:getoutput")  # a module imported already is refused too: nothing is resolved
+    assert not (tmp_path / "pwned").exists()
+    listed = ImportPolicy(("fedhet.errors", str(tmp_path / "allowed")), "")
+    allowed = write(tmp_path / "allowed" / "nets.py", "WHO = 'allowed'\n")
+    with import_policy(listed):
+        assert import_module_or_file("fedhet.errors").__name__ == "fedhet.errors"
+        assert import_module_or_file(str(allowed)).WHO == "allowed"  # a file under a listed folder
+        for refused in ("fedhet", "fedhet.errors_x", str(evil)):  # a parent, a name that only starts alike
+            with pytest.raises(ConfigError, match="refused to import"):
+                import_module_or_file(refused)
+    assert not (tmp_path / "pwned").exists()
+    assert import_module_or_file("fedhet.errors").__name__ == "fedhet.errors"  # outside: anything, as before

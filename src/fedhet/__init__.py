@@ -13,7 +13,7 @@ Your data and model: ``dataset: {name: table, path: data.csv, label: y}`` (also 
 ``huggingface``, ``torchvision``, or ``fedhet.datasets.from_arrays(x, y)`` from Python) and
 ``model: {name: torch, target: "my_nets.py:Net"}`` (or the class itself from Python).
 
-Public API: `run`, `load_run`, `Config`, `RunResult`, `Callback`, `datasets`; the documentation site
+Public API: `run`, `load_run`, `Config`, `RunResult`, `Callback`, `model_factory`, `datasets`; the documentation site
 (``make docs``) has the getting-started guide and the configuration reference.
 """
 
@@ -27,10 +27,11 @@ from fedhet.version import package_version
 if TYPE_CHECKING:
     from fedhet import datasets, errors
     from fedhet.api import Callback, Config, RunResult, load_run, run
+    from fedhet.models.torch_model import model_factory
 
     __version__: str
 
-__all__ = ["Callback", "Config", "RunResult", "__version__", "datasets", "errors", "load_run", "run"]
+__all__ = ["Callback", "Config", "RunResult", "__version__", "datasets", "errors", "load_run", "model_factory", "run"]
 
 # Loaded on first use, so that `import fedhet` stays light (no torch, no metadata scan until needed).
 _LAZY = {
@@ -39,6 +40,7 @@ _LAZY = {
     "Config": "fedhet.api",
     "RunResult": "fedhet.api",
     "Callback": "fedhet.api",
+    "model_factory": "fedhet.models.torch_model",
 }
 
 

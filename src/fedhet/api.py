@@ -8,7 +8,6 @@ component object (e.g. a `Strategy` instance).
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,27 +173,39 @@ def state_dict_of(model: FlatModel, params: Tensor) -> dict[str, Tensor]:
 
 
 def _write_model(out: Path, state_dict: dict[str, Tensor]) -> None:
+    """model.pt, atomically, listed in the run folder's marker (so that overwrite removes it too)."""
+    import io
+
     import torch
 
-    tmp = out / (MODEL_FILE + ".tmp")
-    torch.save(state_dict, tmp)
-    tmp.replace(out / MODEL_FILE)
+    from fedhet.atomic import write_bytes
+    from fedhet.experiments.runfolder import RunFolder
+
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    with RunFolder.open(out) as folder:
+        folder.record([MODEL_FILE])
+        write_bytes(out / MODEL_FILE, buffer.getbuffer())
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    """A CSV file's rows: numbers as floats, text (clients.csv's user names) as it is."""
+    """clients.csv's rows: numbers as floats, the ``user`` column (each client's user or site name) as text; a
+    one-line `DataError` naming the file when it is not that."""
     import csv
 
-    def value(text: str) -> float | str:
-        try:
-            return float(text)
-        except ValueError:
-            return text
+    from fedhet.errors import DataError
 
     if not path.is_file():
         return []
-    with path.open(newline="") as f:
-        return [{k: value(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+    try:
+        with path.open(encoding="utf-8", newline="") as f:
+            return [
+                {str(k): v if k == "user" else float(v) for k, v in row.items() if v not in ("", None)}
+                for row in csv.DictReader(f)
+            ]
+    except (UnicodeDecodeError, ValueError, TypeError, csv.Error) as err:
+        reason = str(err).splitlines()[0][:100] if str(err) else type(err).__name__
+        raise DataError(f"'{path}' is not a table of numbers and user names ({reason})") from None
 
 
 def run(
@@ -209,21 +220,19 @@ def run(
 
     `config` is a dict, a YAML file or a `Config`. With `out`, the run folder is written there (config.yaml,
     metrics.csv, clients.csv, summary.json, checkpoint.pt, and the final model as ``model.pt``); a folder that
-    already holds a run is an error unless `overwrite`. `callbacks` are told about every round (see
-    `Callback`); `progress` shows a progress bar.
+    already holds a run is an error unless `overwrite` (which removes fedhet's files only, as ``--overwrite``).
+    `callbacks` are told about every round (see `Callback`); `progress` shows a progress bar.
     """
-    from fedhet.experiments.runner import CHECKPOINT
+    from fedhet.experiments.runfolder import holds_run
     from fedhet.experiments.runner import run as start
 
     cfg = as_config(config)
     folder = Path(out) if out is not None else None
-    if folder is not None and (folder / CHECKPOINT).exists():
-        if not overwrite:
-            raise FedhetError(
-                f"'{folder}' already holds a run; read it with fedhet.load_run('{folder}'), choose another out, "
-                "or pass overwrite=True"
-            )
-        shutil.rmtree(folder)
+    if folder is not None and not overwrite and holds_run(folder):
+        raise FedhetError(
+            f"'{folder}' already holds a run; read it with fedhet.load_run('{folder}'), choose another out, "
+            "or pass overwrite=True"
+        )
     hooks = list(callbacks)
     if progress:
         from rich.console import Console
@@ -231,7 +240,7 @@ def run(
         from fedhet.cli.progress import ProgressBar
 
         hooks.insert(0, ProgressBar(Console()))
-    state = start(cfg, folder, hooks)
+    state = start(cfg, folder, hooks, overwrite=overwrite)
     model = state_dict_of(state.experiment.engine.model, state.params)
     if folder is not None:
         _write_model(folder, model)
@@ -266,12 +275,14 @@ def run(
     )
 
 
-def load_run(folder: str | Path, *, model: bool = True) -> RunResult:
+def load_run(folder: str | Path, *, model: bool = True, trust: bool = False) -> RunResult:
     """Read a run folder (from `run` or ``fedhet run``) back as a `RunResult`.
 
     The final model comes from ``model.pt`` (written by `run`); for a folder without it (``fedhet run``), it is
-    rebuilt from ``checkpoint.pt`` and the config, which loads the dataset; ``model=False`` skips it.
-    Nothing read can execute code (``torch.load(weights_only=True)``).
+    rebuilt from ``checkpoint.pt`` and the config, which loads the dataset; ``model=False`` skips it. Rebuilding a
+    model whose config names code (``imports``, a torch ``target``) imports that code: only with ``trust=True``,
+    if you trust the folder (else a one-line `ConfigError`). Nothing read can execute code otherwise
+    (``torch.load(weights_only=True)``, YAML and JSON without Python objects).
     """
     from fedhet.report.runs import read_run
 
@@ -288,45 +299,66 @@ def load_run(folder: str | Path, *, model: bool = True) -> RunResult:
         final=final,
         history=record.rows,
         clients=_rows(path / "clients.csv"),
-        state_dict=_load_model(path, config) if model else None,
+        state_dict=_load_model(path, config, trust) if model else None,
         wall_time_s=float(summary.get("wall_time_s", 0.0)),
         out=path,
         selected=dict(summary.get("selected") or final),
-        best_state_dict=_load_best(path, config) if model else None,
+        best_state_dict=_load_best(path, config, trust) if model else None,
     )
 
 
-def _load_best(path: Path, config: dict[str, Any]) -> dict[str, Tensor] | None:
+def _load_best(path: Path, config: dict[str, Any], trust: bool) -> dict[str, Tensor] | None:
     """The selected round's model from ``best.pt`` (None without one), as a state dict."""
-    from fedhet.experiments.checkpoint import loads
+    from fedhet.experiments.checkpoint import CheckpointError, loads
 
-    if not (path / "best.pt").is_file():
+    best = path / "best.pt"
+    if not best.is_file():
         return None
-    saved = loads(path / "best.pt", f"best model '{path / 'best.pt'}'")
-    return state_dict_of(_flat_model(config), saved["params"])
+    try:
+        params = loads(best, f"best model '{best}'").get("params")
+    except CheckpointError as err:
+        raise ConfigError(f"cannot read the best model: {err}") from None
+    return _as_state_dict(path, config, trust, params, best)
 
 
-def _flat_model(config: dict[str, Any]) -> FlatModel:
-    """The run's model as built (it loads the dataset for its shapes)."""
+def _as_state_dict(path: Path, config: dict[str, Any], trust: bool, params: Any, source: Path) -> dict[str, Tensor]:
+    """`params` (flat, read from `source`) as the state dict of the run's model, built as the run built it (the
+    dataset is loaded for its shapes and task; code the folder names is imported only with `trust`)."""
+    import torch
+
     from fedhet.experiments.build import build_model, federate_dataset, prepared
     from fedhet.experiments.config import parse_config
+    from fedhet.experiments.trust import code_of_folder
 
-    cfg, parts, dataset, _ = prepared(parse_config(config))
-    data = federate_dataset(cfg, parts, dataset)
-    return build_model(cfg, parts, data.input_shape, data.num_classes, data.task)
+    how = f"if you do, pass trust=True (fedhet.load_run('{path}', trust=True)), or model=False to skip the model"
+    with code_of_folder(config, path / "config.yaml", trust, how):
+        cfg, parts, dataset, _ = prepared(parse_config(config))
+        data = federate_dataset(cfg, parts, dataset)
+        model = build_model(cfg, parts, data.input_shape, data.num_classes, data.task)
+    if not isinstance(params, torch.Tensor) or params.shape != model.initial_params().shape:
+        raise ConfigError(f"'{source}' holds parameters of another model than its config.yaml describes")
+    return state_dict_of(model, params)
 
 
-def _load_model(path: Path, config: dict[str, Any]) -> dict[str, Tensor] | None:
+def _load_model(path: Path, config: dict[str, Any], trust: bool) -> dict[str, Tensor] | None:
     import torch
 
     if (path / MODEL_FILE).is_file():
-        loaded: dict[str, Tensor] = torch.load(path / MODEL_FILE, weights_only=True)
+        try:
+            loaded = torch.load(path / MODEL_FILE, weights_only=True)
+        except Exception as err:  # truncated, garbled, or holding Python objects
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
+            raise ConfigError(f"cannot read the model in '{path / MODEL_FILE}' ({reason})") from None
+        if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+            raise ConfigError(f"'{path / MODEL_FILE}' is not a state dict of tensors")
         return loaded
     checkpoint = path / "checkpoint.pt"
     if not checkpoint.is_file():
         return None
+    from fedhet.experiments.checkpoint import CheckpointError, loads
+
     try:
-        saved = torch.load(checkpoint, weights_only=True)
-    except Exception as err:  # an older or foreign checkpoint format
-        raise ConfigError(f"cannot read the model in '{checkpoint}' ({str(err).splitlines()[0]})") from None
-    return state_dict_of(_flat_model(config), saved["params"])
+        saved = loads(checkpoint, f"checkpoint '{checkpoint}'")
+    except CheckpointError as err:
+        raise ConfigError(f"cannot read the model: {err}") from None
+    return _as_state_dict(path, config, trust, saved.get("params"), checkpoint)

@@ -38,8 +38,8 @@ def write_bytes(path: Path, data: bytes | bytearray | memoryview) -> None:
         _replace(tmp, path)
     except BaseException as err:
         tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError) and err.filename == str(tmp):
-            err.filename = str(path)  # name the file the user knows, not the temporary one
+        if isinstance(err, OSError) and err.filename in (None, str(tmp)):
+            err.filename = str(path)  # name the file the user knows (a failed write() names none), not the temporary
         raise
 
 
@@ -50,7 +50,12 @@ def write_text(path: Path, text: str) -> None:
 
 def append_bytes(path: Path, data: bytes) -> None:
     """Append `data` to `path` (not atomic: the reader must know how much of the file is valid)."""
-    _append(path, data)
+    try:
+        _append(path, data)
+    except OSError as err:
+        if err.filename is None:
+            err.filename = str(path)  # a failed write() names no file
+        raise
 
 
 def _write_file(path: Path, data: bytes | bytearray | memoryview) -> None:

@@ -5,6 +5,11 @@ searched too (as ``python -m`` does), so ``target: my_nets:Net`` finds ``./my_ne
 command. A path to a ``.py`` file (relative to the current directory) is imported under a stable module name
 derived from its absolute path, so the same file is imported once per process and objects defined in it
 pickle by reference in that process. Every failure is a one-line `ConfigError`.
+
+What may be imported is set by the `ImportPolicy` in force (`import_policy`): anything (the default: a config you
+pass is your own request), nothing (a run folder you did not say you trust), or an allowlist (a Flower node's
+``allow-imports``). A name the policy does not permit is refused before anything is imported
+(docs/reliability.md, "What can run code").
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -39,6 +48,45 @@ def file_module_name(path: Path) -> str:
     return f"{FILE_MODULE_PREFIX}{stem}_{digest}"
 
 
+@dataclass(frozen=True)
+class ImportPolicy:
+    """Which modules and ``.py`` files may be imported: any (`allowed` None) or those `allowed` lists: a dotted
+    name permits itself and its submodules, a file or folder path permits that file or the files under it.
+    `refusal` ends the one-line error for a name not permitted (what to do about it)."""
+
+    allowed: tuple[str, ...] | None = None
+    refusal: str = ""
+
+    def permits(self, spec: str) -> bool:
+        if self.allowed is None:
+            return True
+        if is_file_spec(spec):
+            path = Path(spec).resolve()
+            return any(is_file_spec(a) and path.is_relative_to(Path(a).resolve()) for a in self.allowed)
+        return any(not is_file_spec(a) and (spec == a or spec.startswith(f"{a}.")) for a in self.allowed)
+
+
+ANY = ImportPolicy()
+_POLICY: ContextVar[ImportPolicy | None] = ContextVar("fedhet_import_policy", default=None)
+
+
+@contextmanager
+def import_policy(policy: ImportPolicy) -> Iterator[None]:
+    """While inside (this thread or task), import only what `policy` permits."""
+    token = _POLICY.set(policy)
+    try:
+        yield
+    finally:
+        _POLICY.reset(token)
+
+
+def _check_permitted(spec: str) -> None:
+    policy = _POLICY.get() or ANY
+    if not policy.permits(spec):
+        allowed = "nothing" if not policy.allowed else ", ".join(policy.allowed)
+        raise ConfigError(f"refused to import '{spec}' (allowed here: {allowed}); {policy.refusal}".rstrip("; "))
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
@@ -61,7 +109,7 @@ def _import_file(spec: str) -> ModuleType:
     sys.modules[name] = module
     try:
         module_spec.loader.exec_module(module)
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         del sys.modules[name]
         raise ConfigError(f"importing '{spec}' failed: {_first_line(err)}") from err
     return module
@@ -88,7 +136,7 @@ def _import_dotted(spec: str) -> ModuleType:
         if spec == missing or spec.startswith(f"{missing}."):
             raise ConfigError(f"cannot import module '{spec}': no module named '{missing}'") from err
         raise ConfigError(f"importing '{spec}' failed: it needs module '{missing}', which is not installed") from err
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         raise ConfigError(f"importing '{spec}' failed: {_first_line(err)}") from err
 
 
@@ -99,6 +147,7 @@ def import_module_or_file(spec: str) -> ModuleType:
     spec = spec.strip()
     if not spec:
         raise ConfigError("cannot import '': give a module name or a path to a .py file")
+    _check_permitted(spec)
     return _import_file(spec) if is_file_spec(spec) else _import_dotted(spec)
 
 

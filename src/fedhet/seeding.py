@@ -8,6 +8,7 @@ run draw exactly the same numbers.
 from __future__ import annotations
 
 import hashlib
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -31,8 +32,9 @@ def torch_gen(seed: int, purpose: str, *keys: int) -> torch.Generator:
     return gen
 
 
-class SeededStreams:
-    """Mixin of components that draw random numbers from the run's seed (availability processes, metric plugins).
+class RunAware:
+    """Mixin of components that a run sets up with its number of clients and its seed (availability processes,
+    metric plugins): their `setup` stores them in `_num_clients` and `_seed`, read as `num_clients` and `seed`.
 
     ``self.rng(purpose, *keys)`` (NumPy) and ``self.torch_rng(purpose, *keys)`` (a CPU torch generator) give the
     stream (seed, purpose, keys): name the purpose after your component (e.g. ``"my-availability"``) so that its
@@ -40,10 +42,27 @@ class SeededStreams:
     depend on the order of calls and a resumed run draws the same numbers.
     """
 
+    name: ClassVar[str]
+    _num_clients: int | None
+    _seed: int | None
+
+    @property
+    def num_clients(self) -> int:
+        """K: the run's clients, seen and unseen."""
+        return self._set_up(self._num_clients, "num_clients")
+
     @property
     def seed(self) -> int:
         """The run's seed."""
-        raise NotImplementedError
+        return self._set_up(self._seed, "seed")
+
+    def _set_up(self, value: int | None, what: str) -> int:
+        if value is None:
+            raise RuntimeError(
+                f"{self.name or type(self).__name__}: {what} is known once the run has set it up (an override of "
+                "setup() must call super().setup() first)"
+            )
+        return value
 
     def rng(self, purpose: str, *keys: int) -> np.random.Generator:
         """A NumPy generator for (run seed, `purpose`, `keys`)."""

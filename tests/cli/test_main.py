@@ -215,3 +215,19 @@ def test_bad_sweeps_are_one_line_and_exit_2(args: list[str], message: str, tmp_p
     code, out = invoke(*args, "--out", str(tmp_path / "x"), "--quiet")
     assert code == 2, out
     assert message in out and len(out.strip().splitlines()) == 1, out
+
+
+def test_compare_puts_time_on_the_x_axis_and_says_when_a_target_was_reached(tmp_path: Path) -> None:
+    from fedhet.experiments.config import parse_config
+    from fedhet.experiments.runner import run
+
+    base = {"num_clients": 6, "clients_per_round": 3, "rounds": 3, "model": {"name": "mlp", "hidden": [8]}}
+    run(parse_config({**base, "system": "lognormal"}), tmp_path / "timed")
+    run(parse_config(base), tmp_path / "plain")
+    runner = CliRunner()
+    result = runner.invoke(app, ["compare", str(tmp_path / "timed"), "--target", "0.1", "--x", "time", "--plot",
+                                 str(tmp_path / "t.png")], env={"COLUMNS": "200"})  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "time (s) to test_accuracy 0.1" in result.output and (tmp_path / "t.png").is_file()
+    refused = runner.invoke(app, ["plot", str(tmp_path / "plain"), "--x", "time", "-o", str(tmp_path / "p.png")])
+    assert refused.exit_code == 2 and "no run has a simulated clock" in refused.output

@@ -46,6 +46,11 @@ def _none(root: Path) -> None:
     del root
 
 
+def _run(name: str) -> Setup:
+    """Folder `name` marked as a fedhet run folder (its `.fedhet.lock` marker), as fedhet leaves one."""
+    return _write(f"{name}/.fedhet.lock", '{"fedhet": "run", "pid": null, "files": ["config.yaml"]}\n')
+
+
 ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
     for p, c in zip("abcdef", "bcdefg", strict=True)
@@ -144,7 +149,11 @@ CASES: dict[str, tuple[list[str], Setup, str]] = {
         _write("u/notes.txt", "mine"),
         "not a fedhet run folder",
     ),
-    "out holds a run": (["run", *FAST, "--out", "r"], _write("r/config.yaml", "rounds: 2\n"), "--resume r"),
+    "out holds a run": (
+        ["run", *FAST, "--out", "r"],
+        _both(_run("r"), _write("r/config.yaml", "rounds: 2\n")),
+        "--resume r",
+    ),
     "resume a missing folder": (["run", "--resume", "nowhere"], _none, "not a run folder"),
     "resume a file": (["run", "--resume", "f"], _write("f", "x"), "not a run folder"),
     "resume an empty folder": (["run", "--resume", "e"], _mkdir("e"), "not a run folder"),
@@ -155,10 +164,14 @@ CASES: dict[str, tuple[list[str], Setup, str]] = {
     "resume with --overwrite": (["run", "--resume", "r", "--overwrite"], _none, "leave out --overwrite"),
     "resume with --out": (["run", "--resume", "r", "--out", "s"], _none, "leave out --out"),
     "resume with --data-dir": (["run", "--resume", "r", "--data-dir", "d"], _none, "leave out --data-dir"),
-    "resume an empty config.yaml": (["run", "--resume", "r"], _write("r/config.yaml", ""), "is empty"),
+    "resume an empty config.yaml": (
+        ["run", "--resume", "r"],
+        _both(_run("r"), _write("r/config.yaml", "")),
+        "is empty",
+    ),
     "resume an invalid config.yaml": (
         ["run", "--resume", "r"],
-        _write("r/config.yaml", "rounds: -1\n"),
+        _both(_run("r"), _write("r/config.yaml", "rounds: -1\n")),
         "r/config.yaml': invalid value for 'rounds'",
     ),
     # ---- other commands

@@ -92,8 +92,9 @@ def test_a_run_folder_reruns_from_another_directory(tmp_path: Path, monkeypatch:
     write_patients(tmp_path / "patients.csv")
     (tmp_path / "nets.py").write_text(
         "from torch import nn\n"
-        "def Net(input_shape, num_classes):\n"
-        "    return nn.Sequential(nn.Linear(input_shape[0], 8), nn.GELU(), nn.Linear(8, num_classes))\n"
+        "class Net(nn.Sequential):\n"
+        "    def __init__(self, input_shape, num_classes):\n"
+        "        super().__init__(nn.Linear(input_shape[0], 8), nn.GELU(), nn.Linear(8, num_classes))\n"
     )
     args = table_args(Path("patients.csv"), "outcome", "--set", "model={name: torch, target: 'nets.py:Net'}")
     assert invoke("run", *args, "--out", "first", "--quiet")[0] == 0

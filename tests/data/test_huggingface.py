@@ -137,3 +137,20 @@ def test_natural_partition_from_a_user_column(images_on_disk: Path) -> None:
     fed = federate(data, PARTITIONERS.build("natural"), 2, test_fraction=0.25)
     assert fed.num_clients == 2 and int(fed.train.sizes.sum() + fed.test.sizes.sum()) == 9
     assert torch.is_floating_point(fed.train.x)
+
+
+def test_a_split_of_a_dataset_without_splits_is_refused(tmp_path: Path) -> None:
+    datasets.Dataset.from_dict({"a": [1.0, 2.0, 3.0, 4.0], "label": [0, 1, 0, 1]}).save_to_disk(str(tmp_path / "t"))
+    with pytest.raises(DataError, match=r"is one dataset without splits; leave out split \(given: nope\)"):
+        hf(path=str(tmp_path / "t"), split="nope")
+
+
+@pytest.mark.parametrize("damaged", ["state.json", "dataset_info.json", "arrow"])
+def test_a_damaged_saved_dataset_is_one_line(tmp_path: Path, damaged: str) -> None:
+    datasets.Dataset.from_dict({"a": [1.0, 2.0, 3.0, 4.0], "label": [0, 1, 0, 1]}).save_to_disk(str(tmp_path / "t"))
+    files = {"arrow": next((tmp_path / "t").glob("*.arrow"))}
+    target = files.get(damaged, tmp_path / "t" / damaged)
+    target.write_bytes(target.read_bytes()[: len(target.read_bytes()) // 2])  # cut in the middle
+    with pytest.raises(DataError, match=ONE_LINE) as info:
+        hf(path=str(tmp_path / "t"))
+    assert "dataset 'huggingface'" in str(info.value)

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from fedhet.errors import ConfigError
-from fedhet.experiments.assembly import apply_override, assemble, default_run_folder, set_component
+from fedhet.experiments.assembly import (
+    apply_override,
+    assemble,
+    default_recipe_folder,
+    default_run_folder,
+    default_sweep_folder,
+    set_component,
+)
 from fedhet.experiments.build import components
 from fedhet.experiments.config import parse_config
 
@@ -59,9 +66,12 @@ def test_sources_apply_in_order(tmp_path: Path) -> None:
     assert assemble(file, components={"algorithm": "fedavg"})["algorithm"] == "fedavg"
 
 
-def test_default_run_folder_names_algorithm_dataset_seed_and_time() -> None:
+def test_default_folders_name_what_they_hold() -> None:
     cfg = parse_config({"algorithm": "fedprox", "seed": 3})
     assert default_run_folder(cfg, now=1234.5) == Path("runs/fedprox_digits_seed3_1234")
+    assert default_sweep_folder(Path("conf/lr.yaml")) == Path("runs/sweep-lr")
+    assert default_sweep_folder(None) == Path("runs/sweep-default")
+    assert default_recipe_folder("maxfl-table1") == Path("runs/maxfl-table1")
 
 
 def test_partial_override_of_a_nested_component_keeps_its_defaults() -> None:

@@ -192,3 +192,26 @@ def test_every_component_state_checkpoints_weights_only(tmp_path: Path, change: 
     body = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
     assert body["round"] == 2
     loads(tmp_path / "r" / "checkpoint.pt", "c")  # and its checksum holds
+
+
+def test_a_read_that_fails_on_the_files_content_is_corrupt_not_an_access_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch reads some truncated files into an OSError that names no file (EINVAL from a seek): that is the file's
+    content (before, the message asked to run --resume again); an OSError naming the file is an access error."""
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(dumps({"round": 1}))
+
+    def cut(*args: Any, **kwargs: Any) -> None:
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(torch, "load", cut)
+    with pytest.raises(CheckpointError, match=r"^checkpoint '.*' is corrupt or truncated \(Invalid argument\)$"):
+        loads(path, f"checkpoint '{path}'")
+
+    def denied(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(torch, "load", denied)
+    with pytest.raises(PermissionError):
+        loads(path, f"checkpoint '{path}'")

@@ -13,11 +13,14 @@ import pytest
 from fedhet.experiments.metrics_log import MetricsLog, write_csv
 from fedhet.experiments.runfolder import (
     LOCK,
+    RUN_FILES,
+    FolderLock,
     RunFolder,
     RunFolderError,
     check_new,
     clean_leftovers,
     prepare_new,
+    read_marker,
     remove_own_files,
 )
 
@@ -98,6 +101,92 @@ def test_leftovers_of_a_killed_process_are_cleaned(tmp_path: Path) -> None:
     (tmp_path / "keep.tmp").write_text("user's")
     clean_leftovers(tmp_path)
     assert os.listdir(tmp_path) == ["keep.tmp"]
+
+
+def test_a_folder_is_fedhets_by_its_marker_never_by_file_names(tmp_path: Path) -> None:
+    user = tmp_path / "user"
+    user.mkdir()
+    for name in ("config.yaml", "metrics.csv", "summary.json", "checkpoint.pt"):  # the names of a run's files
+        (user / name).write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(RunFolderError, match="not empty and is not a fedhet run folder"):
+            check_new(user, overwrite)
+    with pytest.raises(RunFolderError, match="not a run folder of fedhet's"):
+        RunFolder.open(user)
+    remove_own_files(user)  # without a marker: nothing is fedhet's
+    assert sorted(os.listdir(user)) == ["checkpoint.pt", "config.yaml", "metrics.csv", "summary.json"]
+    with RunFolder.create(tmp_path / "run", "rounds: 1\n"):
+        marker = read_marker(tmp_path / "run")
+        assert marker is not None and marker.kind == "run" and marker.files == RUN_FILES and marker.pid == os.getpid()
+    with pytest.raises(RunFolderError, match="is a fedhet run folder, not a sweep folder"):
+        FolderLock.claim(tmp_path / "run", "sweep")
+
+
+def test_overwrite_removes_only_what_the_marker_lists(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    with RunFolder.create(out, "rounds: 1\n") as folder:
+        folder.record(["extra.csv", "../outside.txt", "/etc/hostname", ".hidden", LOCK, "sub/file.txt"])
+    for name in ("extra.csv", "mine.csv", ".hidden"):
+        (out / name).write_text("x")
+    (out / "sub").mkdir()
+    (out / "sub" / "file.txt").write_text("mine")
+    (tmp_path / "outside.txt").write_text("mine")
+    with RunFolder.create(out, "rounds: 2\n", overwrite=True):
+        pass
+    assert sorted(os.listdir(out)) == sorted([".hidden", LOCK, "config.yaml", "metrics.csv", "mine.csv", "sub"])
+    assert (out / "sub" / "file.txt").is_file() and (tmp_path / "outside.txt").is_file()
+
+
+def test_a_marker_that_is_a_link_is_neither_trusted_nor_written_through(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    with RunFolder.create(elsewhere, "rounds: 1\n"):
+        pass
+    before = (elsewhere / LOCK).read_bytes()
+    (tmp_path / "u").mkdir()
+    (tmp_path / "u" / "config.yaml").write_text("rounds: 1\n")
+    (tmp_path / "u" / LOCK).symlink_to(elsewhere / LOCK)
+    assert read_marker(tmp_path / "u") is None
+    with pytest.raises(RunFolderError, match="not a run folder of fedhet's"):
+        RunFolder.open(tmp_path / "u")
+    with pytest.raises(RunFolderError, match="not a fedhet run folder"):
+        RunFolder.create(tmp_path / "u", "rounds: 2\n", overwrite=True)
+    assert (elsewhere / LOCK).read_bytes() == before and (tmp_path / "u" / "config.yaml").read_text() == "rounds: 1\n"
+
+
+def test_a_claim_cut_short_leaves_a_folder_that_counts_as_empty(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / LOCK).write_bytes(b"")  # killed between creating the lock file and writing the marker
+    with RunFolder.create(tmp_path / "r", "rounds: 1\n"):
+        pass
+    assert read_marker(tmp_path / "r") is not None
+
+
+def test_a_marker_written_over_a_longer_one_is_still_read(tmp_path: Path) -> None:
+    with RunFolder.create(tmp_path / "r", "rounds: 1\n") as folder:
+        folder.record([f"plugin-{i}.csv" for i in range(20)])
+    data = (tmp_path / "r" / LOCK).read_bytes()
+    short = b'{"fedhet": "run", "pid": 1, "files": []}\n'
+    (tmp_path / "r" / LOCK).write_bytes(short + data[len(short) :])  # killed between the write and the truncation
+    marker = read_marker(tmp_path / "r")
+    assert marker is not None and marker.kind == "run" and marker.files == () and marker.pid == 1
+
+
+def test_a_plugin_file_is_listed_in_the_marker_before_it_appears(tmp_path: Path) -> None:
+    class Plugin:
+        def save(self, out: Path) -> None:
+            (out / "contribution.csv").write_text("1\n")
+
+    class Folders:
+        def save(self, out: Path) -> None:
+            (out / "figures").mkdir()
+
+    with RunFolder.create(tmp_path / "r", "rounds: 1\n") as folder:
+        folder.save_plugin_files([Plugin()])
+        marker = read_marker(tmp_path / "r")
+        assert marker is not None and "contribution.csv" in marker.files
+        with pytest.raises(RunFolderError, match="wrote 'figures', which is not a plain file"):
+            folder.save_plugin_files([Folders()])
+    assert not (tmp_path / "r" / "figures").exists()
 
 
 ROWS = [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedhet.errors import DivergenceError
+from fedhet.errors import ConfigError, DivergenceError
 from fedhet.experiments.callbacks import Callback, EarlyStopping
 from fedhet.experiments.checkpoint import CheckpointError
 from fedhet.experiments.config import parse_config
@@ -457,3 +457,53 @@ def test_a_deadline_shortens_rounds_and_a_resumed_timed_run_is_byte_identical(tm
     assert float(rows[-1]["time_s"]) < waiting.final["time_s"]  # the deadline shortened the rounds
     if policy != "partial":
         assert sum(float(r["late_clients"]) for r in rows) > 0
+
+
+class _Raises(Callback):
+    """Raises `error` at the end of round 2: code of the user's (a callback, a plugin) failing, or Ctrl-C."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+        if state.round == 2:
+            raise self.error
+        return False
+
+
+@pytest.mark.parametrize(("error", "status"), [(RuntimeError("a bug"), "failed"), (KeyboardInterrupt(), "interrupted")])
+def test_a_crash_in_code_is_failed_and_ctrl_c_is_interrupted(tmp_path: Path, error: BaseException, status: str) -> None:
+    with pytest.raises(type(error)):
+        run(parse_config(small(rounds=4)), tmp_path / "r", [_Raises(error)])
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["status"] == status and summary["rounds"] == 2
+
+
+def test_a_resume_imports_nothing_its_folder_names_unless_trusted(tmp_path: Path) -> None:
+    nets = tmp_path / "nets.py"
+    nets.write_text(
+        "import pathlib\nfrom torch import nn\npathlib.Path(__file__).with_name('imported').write_text('x')\n\n"
+        "class Net(nn.Sequential):\n    def __init__(self, num_classes):\n"
+        "        super().__init__(nn.Flatten(), nn.Linear(64, num_classes))\n"
+    )
+    run(parse_config(small(rounds=2, model={"name": "torch", "target": f"{nets}:Net"})), tmp_path / "r")
+    (tmp_path / "imported").unlink()
+    with pytest.raises(ConfigError, match=r"names code to import \(.*nets.py:Net\).*--trust-imports"):
+        resume(tmp_path / "r", rounds=3)
+    assert not (tmp_path / "imported").exists()
+    assert resume(tmp_path / "r", rounds=3, trust=True).round == 3
+
+
+def test_run_or_resume_reads_the_folder_as_text_and_trusts_only_the_same_config(tmp_path: Path) -> None:
+    """A sweep's folder whose config.yaml was edited to import a file is not resumed (nor imported): it is replaced
+    by a run of the sweep's own config."""
+    config = parse_config(small(rounds=2))
+    run(config, tmp_path / "r")
+    (tmp_path / "evil.py").write_text("import pathlib\npathlib.Path(__file__).with_name('pwned').write_text('x')\n")
+    text = (tmp_path / "r" / "config.yaml").read_text()
+    (tmp_path / "r" / "config.yaml").write_text(
+        f"imports: [{tmp_path / 'evil.py'}]\n" + text.replace("imports: []\n", "")
+    )
+    state = run_or_resume(config, tmp_path / "r")
+    assert state.status == "finished" and not (tmp_path / "pwned").exists()
+    assert "evil" not in (tmp_path / "r" / "config.yaml").read_text()

@@ -376,3 +376,13 @@ def test_a_tracker_added_on_resume_first_logs_the_rounds_already_run(tmp_path: P
     scalars, _, _ = tensorboard_scalars(out / "tensorboard")
     assert_matches(scalars, metrics_csv(out), rel=1e-6)
     assert sorted(scalars["test_accuracy"]) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("content", [b"{garbled", b"[1, 2]", b'{"mlflow": 3}', b"\xff\xfe", b"[" * 100_000])
+def test_a_damaged_tracking_json_is_one_line(tmp_path: Path, content: bytes) -> None:
+    from fedhet.errors import ConfigError
+    from fedhet.experiments.tracking import read_state
+
+    (tmp_path / "tracking.json").write_bytes(content)
+    with pytest.raises(ConfigError, match=r"^'.*tracking.json' is damaged .*; delete it"):
+        read_state(tmp_path)

@@ -4,11 +4,15 @@ retries for a reply's objects on a deployment. (Whole runs: test_simulation.py, 
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.app import Context, Message, RecordDict
 from flwr.superlink.grid import http_grid
 
+from fedhet.errors import ConfigError
 from fedhet.flower import apps
 
 
@@ -63,3 +67,141 @@ def test_the_server_retries_missing_reply_objects_soon(monkeypatch: pytest.Monke
     pull = http_grid.pull_objects
     assert isinstance(pull, functools.partial) and pull.func is original
     assert pull.keywords == {"initial_backoff": apps.POLL_S, "backoff_cap": apps.MAX_POLL_S}
+
+
+# ---- what a node lets the server's config do (docs/reliability.md, "What can run code") --------------------------
+
+NODE = 11
+EVIL = "import pathlib\npathlib.Path(__file__).with_name('pwned').write_text('ran')\n"
+
+
+@pytest.fixture
+def server_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The messages the tests make come from the server's task."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_task_id", 1), ("_run_id", 7), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+def _query(raw: dict[str, object], op: str = "meta", run_key: str = "0123456789abcdef") -> Message:
+    from fedhet.experiments.config import dump_yaml
+
+    config = {"fedhet_config": dump_yaml(raw), "run_key": run_key, "op": op}
+    return Message(apps._record({}, config), dst_node_id=NODE, message_type="query")
+
+
+def _context(**node_config: object) -> Context:
+    return Context(run_id=7, node_id=NODE, node_config=node_config, state=RecordDict(), run_config={})
+
+
+SMALL = {"dataset": "digits", "num_clients": 4, "clients_per_round": 2, "rounds": 1}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"imports": ["{root}/evil.py"]}, "refused to import '.*evil.py' \\(allowed here: nothing\\).*allow-imports"),
+        ({"model": {"name": "torch", "target": "{root}/evil.py:Net"}}, "refused to import '.*evil.py'"),
+        (
+            {"model": {"name": "torch", "target": "subprocess:getoutput", "kwargs": {"cmd": "touch {root}/pwned"}}},
+            "refused to import 'subprocess'",
+        ),
+    ],
+)
+def test_a_node_imports_nothing_the_server_names_that_its_operator_did_not_allow(
+    tmp_path: Path, server_task: None, extra: dict[str, object], message: str
+) -> None:
+    (tmp_path / "evil.py").write_text(EVIL)
+    raw = json.loads(json.dumps({**SMALL, **extra}).replace("{root}", str(tmp_path)))
+    with pytest.raises(ConfigError, match=message):
+        apps.answer(_query(raw), _context(**{"partition-id": 0, "num-partitions": 2}))
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_node_builds_what_its_allow_imports_lists_and_nothing_else(tmp_path: Path, server_task: None) -> None:
+    nets = tmp_path / "nets.py"
+    nets.write_text(
+        "from torch import nn\n\nclass Net(nn.Sequential):\n    def __init__(self, num_classes):\n"
+        "        super().__init__(nn.Flatten(), nn.Linear(64, num_classes))\n\n"
+        "def build(num_classes):\n    open(__file__ + '.pwned', 'w')\n"
+    )
+    node = {"partition-id": 0, "num-partitions": 2, "allow-imports": f"fedhet_nothing, {nets}"}
+    reply = apps.answer(_query({**SMALL, "model": {"name": "torch", "target": f"{nets}:Net"}}), _context(**node))
+    arrays, config = apps._payload(reply.content)
+    assert config["num_clients"] == 4 and arrays["clients"].tolist() == [0, 1]
+    with pytest.raises(ConfigError, match=r"is a function, not an nn\.Module class"):  # allowed file, no model
+        apps.answer(_query({**SMALL, "model": {"name": "torch", "target": f"{nets}:build"}}), _context(**node))
+    assert not Path(f"{nets}.pwned").exists()
+
+
+def test_a_node_refuses_in_one_line_to_the_server(tmp_path: Path, server_task: None) -> None:
+    """A SuperNode answering in process (`InProcessTasks`, Flower's own node state): the server gets an error reply
+    whose reason is the one-line refusal, and the hostile import never ran."""
+    import hashlib
+
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.fab import Fab
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.supernode import start_client_internal as loop
+    from flwr.supernode.nodestate import NodeStateFactory
+
+    from fedhet.flower.inprocess import InProcessTasks
+
+    (tmp_path / "evil.py").write_text(EVIL)
+    fab_hash = hashlib.sha256(b"fab").hexdigest()
+    state = NodeStateFactory(ObjectStoreFactory()).state()
+    store = state.object_store
+    state.set_node_id(NODE)
+    run = Run.create_empty(7)
+    run.fab_id, run.fab_version, run.fab_hash, run.series_id = "fedhet/test", "1.0.0", fab_hash, 5
+    state.store_run(run)
+    state.store_fab(Fab(fab_hash, b"fab", {}))
+    state.set_run_series_context(5, _context(**{"partition-id": 0, "num-partitions": 2}))
+    state.create_task(task_type=TaskType.CLIENT_APP, run_id=7, fab_hash=fab_hash)
+    loop._insert_message(_query({**SMALL, "imports": [str(tmp_path / "evil.py")]}), state, store)
+    tasks = InProcessTasks()
+    tasks.apps[fab_hash] = apps.client_app
+    tasks.run_pending(state, store)
+    replies = list(state.get_messages_legacy(run_ids=[7], is_reply=True))
+    assert len(replies) == 1 and replies[0].has_error()
+    reason = apps.failure_reason(str(replies[0].error.reason))
+    assert reason.startswith(f"refused to import '{tmp_path / 'evil.py'}' (allowed here: nothing)"), reason
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_node_state_stays_in_the_nodes_own_state_folder(tmp_path: Path) -> None:
+    policy = apps.NodePolicy.of({"state-dir": str(tmp_path / "state")})
+    config = {"run_key": "0123456789abcdef", "state_dir": str(tmp_path / "server-chosen")}
+    path = apps._state_file(config, {"partition-id": 0}, policy)
+    assert path is not None and path.parent == tmp_path / "state"  # the server's state_dir is not a node's choice
+    for key in ("../../../outside", "0123456789abcdef/../../x", "", "0123456789ABCDEF", "a" * 17):
+        with pytest.raises(ValueError, match="not a fedhet run key"):
+            apps._state_file({**config, "run_key": key}, {"partition-id": 0}, policy)
+    assert apps._state_file(config, {}, apps.NodePolicy.of({})) is None  # no state-dir: Flower's context only
+    (tmp_path / "state").mkdir()
+    path.symlink_to(tmp_path / "outside.pt")
+    with pytest.raises(ValueError, match="leads out of the node's state folder"):
+        apps._state_file(config, {"partition-id": 0}, policy)
+
+
+def test_the_server_names_the_node_that_failed_not_the_superlink(
+    caplog: pytest.LogCaptureFixture, server_task: None
+) -> None:
+    from types import SimpleNamespace
+
+    class Grid:
+        def push_messages(self, messages: list[Message]) -> list[str]:
+            return ["m-7", "m-8"]
+
+        def pull_messages(self, ids: list[str]) -> list[object]:
+            error = SimpleNamespace(reason="<class 'fedhet.errors.ConfigError'>:<'refused to import \\'x.py\\''>")
+            metadata = SimpleNamespace(reply_to_message_id="m-8", src_node_id=0)  # the SuperLink reports it
+            return [SimpleNamespace(metadata=metadata, has_error=lambda: True, error=error)]
+
+    transport = apps.GridTransport(Grid())  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="fedhet.flower"):
+        assert transport.ask({7: ({}, {"op": "meta"}), 8: ({}, {"op": "meta"})}, timeout=0.05) == {}
+    assert transport.failures == {8: "refused to import \\'x.py\\'"}
+    assert "node 8 failed: refused to import" in caplog.text

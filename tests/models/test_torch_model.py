@@ -24,6 +24,8 @@ NETS = '''
 import torch
 from torch import nn
 
+import fedhet
+
 
 class CNN(nn.Module):
     """A plain CNN for (1, 8, 8) images."""
@@ -89,6 +91,7 @@ class DropNet(nn.Module):
         return self.head(self.drop(torch.relu(self.conv(x))).flatten(1))
 
 
+@fedhet.model_factory
 def factory(num_classes, width=5):
     return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.Tanh(), nn.Linear(width, num_classes))
 
@@ -97,6 +100,7 @@ instance = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
 not_a_model = 42
 
 
+@fedhet.model_factory
 def returns_a_number(num_classes):
     return 3
 

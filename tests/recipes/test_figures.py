@@ -92,6 +92,8 @@ def test_recipe_extra_figures_read_well(name: str, tmp_path: Path, monkeypatch: 
             state.task = SimpleNamespace(out=folder)
             for row in state.history:
                 row["local_loss"] = 2.0 * float(np.exp(-row["round"] / 20)) + 0.01
+                row["test_accuracy"] = 1.0 - 0.5 * float(np.exp(-row["round"] / 20))
+                row["time_s"] = row["round"] * (1.5 + 0.25 * m + 0.1 * i)  # a simulated clock, each run its own
     assert recipe.extra_figures is not None
     with kept_figures(monkeypatch) as figures:
         recipe.extra_figures(recipe, states, tmp_path)  # type: ignore[arg-type]
@@ -102,6 +104,8 @@ def test_recipe_extra_figures_read_well(name: str, tmp_path: Path, monkeypatch: 
         assert recipe.description not in ax.get_title() and recipe.name in caption(fig)
         if ax.get_yscale() == "log":
             assert "log scale" in ax.get_ylabel()
+        elif "time" in ax.get_xlabel():  # curves against the simulated clock: how seeds' clocks are put together
+            assert ax.get_xlabel() == "simulated time (s)" and "holds its last evaluation" in caption(fig)
         else:  # violins: what a violin is, said under the figure
             assert "Each violin" in caption(fig)
 

@@ -99,3 +99,17 @@ def test_runs_of_distinct_configs_stay_one_line_each(tmp_path: Path) -> None:
         write_run(tmp_path / name, {"algorithm": {"name": name}, "seed": seed, "rounds": 3}, [0.1, 0.2, 0.3])
     groups = read_groups([tmp_path / "a", tmp_path / "b"])
     assert [g.label for g in groups] == ["a, seed 0", "b, seed 1"] and all(g.seeds == 1 for g in groups)
+
+
+def test_a_run_reaches_a_target_at_its_first_round_and_simulated_time() -> None:
+    rows = [
+        {"round": 1.0, "test_accuracy": 0.5, "test_loss": 1.0, "time_s": 3.0},
+        {"round": 2.0, "test_accuracy": 0.81, "test_loss": 0.4, "time_s": 7.5},
+        {"round": 3.0, "test_accuracy": 0.79, "test_loss": 0.3, "time_s": 9.0},
+    ]
+    record = RunRecord(Path("r"), {}, rows)
+    assert record.reaches("test_accuracy", 0.8) == {"round": 2.0, "time_s": 7.5}
+    assert record.reaches("test_loss", 0.35) == {"round": 3.0, "time_s": 9.0}  # losses reach downwards
+    missed = record.reaches("test_accuracy", 0.9)
+    assert missed["round"] != missed["round"]  # NaN: never
+    assert record.curve("test_accuracy", "time_s") == ([3.0, 7.5, 9.0], [0.5, 0.81, 0.79])

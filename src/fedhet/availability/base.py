@@ -12,10 +12,10 @@ from torch import Tensor
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.errors import ConfigError
 from fedhet.registry import Component, Registry
-from fedhet.seeding import SeededStreams
+from fedhet.seeding import RunAware
 
 
-class Availability(Component, SeededStreams):
+class Availability(Component, RunAware):
     """A process over rounds that says which clients are online.
 
     ``available(round_)`` is called once per round, in order; stateful processes (Markov chains) keep their
@@ -30,16 +30,6 @@ class Availability(Component, SeededStreams):
     def setup(self, num_clients: int, seed: int) -> None:
         """Called once before the first round (an override calls ``super().setup(num_clients, seed)`` first)."""
         self._num_clients, self._seed = num_clients, seed
-
-    @property
-    def num_clients(self) -> int:
-        """K: the run's clients, seen and unseen."""
-        return _set_up(self._num_clients, self, "num_clients")
-
-    @property
-    def seed(self) -> int:
-        """The run's seed."""
-        return _set_up(self._seed, self, "seed")
 
     def available(self, round_: int) -> Tensor:
         """A (K,) bool mask of the clients online in `round_`."""
@@ -65,15 +55,6 @@ class Availability(Component, SeededStreams):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
-
-
-def _set_up(value: int | None, component: Component, what: str) -> int:
-    if value is None:
-        raise RuntimeError(
-            f"{component.name or type(component).__name__}: {what} is known once the run has set it up (an override "
-            "of setup() must call super().setup() first)"
-        )
-    return value
 
 
 AVAILABILITY: Registry[Availability] = Registry("availability")

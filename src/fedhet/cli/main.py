@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import gc
+import os
 import signal
 import sys
 import threading
@@ -143,14 +145,31 @@ def friendly(func: F) -> F:
             _say_error(_os_error(err))
             raise typer.Exit(2) from None
         except MemoryError:
-            _say_error("out of memory; lower the sizes in the config (clients, local.batch_size, the model)")
-            raise typer.Exit(2) from None
+            pass  # said below, once leaving this block has freed what the failed work held
+        except RuntimeError as err:
+            if not _out_of_memory(err):
+                raise
         except KeyboardInterrupt as err:
             hint = getattr(err, "fedhet_hint", "")
             err_console.print(f"interrupted{'; ' + hint if hint else ''}", highlight=False, soft_wrap=True)
             raise typer.Exit(143 if isinstance(err, Terminated) else 130) from None
+        gc.collect()
+        try:
+            _say_error(OUT_OF_MEMORY)
+        except MemoryError:  # nothing left even to format the line: write it as it is
+            os.write(2, f"error: {OUT_OF_MEMORY}\n".encode())
+        raise typer.Exit(2)
 
     return wrapper  # type: ignore[return-value]
+
+
+OUT_OF_MEMORY = "out of memory; lower the sizes in the config (clients, local.batch_size, the model)"
+
+
+def _out_of_memory(err: RuntimeError) -> bool:
+    """Whether `err` is torch's failed allocation (a RuntimeError on the CPU, torch.OutOfMemoryError on a GPU)."""
+    text = str(err)
+    return "can't allocate memory" in text or "out of memory" in text.lower()
 
 
 EstimateOption = Annotated[
@@ -228,6 +247,13 @@ def run(
             help="torch threads (default: torch's; per-client training of small models runs on one thread anyway)"
         ),
     ] = None,
+    trust_imports: Annotated[
+        bool,
+        typer.Option(
+            help="with --resume: import the code the run folder's config names (imports, a torch model target); "
+            "only for folders you trust"
+        ),
+    ] = False,
 ) -> None:
     """Run one experiment and write its run folder (one fedhet process per folder; Ctrl-C or SIGTERM stops it
     cleanly and --resume continues it)."""
@@ -257,6 +283,7 @@ def run(
             nodes,
             track,
             estimate,
+            trust_imports,
         )
 
 
@@ -281,6 +308,7 @@ def _run(
     nodes: int,
     track: list[str] | None,
     estimate: bool,
+    trust_imports: bool,
 ) -> None:
     callbacks = [] if quiet else [_progress()]
     if engine not in ("native", "flower"):
@@ -290,12 +318,14 @@ def _run(
     if resume is not None:
         given = locals()
         _refuse_run_flags(resume, [name for name in _RUN_FLAGS if given[name] not in (None, False, [])])
+    if trust_imports and resume is None:
+        raise FedhetError("--trust-imports goes with --resume (the code a config you pass names is imported anyway)")
     if engine == "flower":
         from fedhet.flower import require_flwr
 
         require_flwr()
     if resume is not None:
-        _resume(resume, rounds, engine, nodes, track or [], callbacks, quiet)
+        _resume(resume, rounds, engine, nodes, track or [], callbacks, quiet, trust_imports)
         return
     from fedhet.experiments.assembly import assemble, default_run_folder
     from fedhet.experiments.config import parse_config
@@ -344,9 +374,17 @@ def _start(cfg: Any, out: Path, overwrite: bool, engine: str, nodes: int, callba
 
 
 def _resume(
-    out: Path, rounds: int | None, engine: str, nodes: int, track: list[str], callbacks: list[Any], quiet: bool
+    out: Path,
+    rounds: int | None,
+    engine: str,
+    nodes: int,
+    track: list[str],
+    callbacks: list[Any],
+    quiet: bool,
+    trust: bool = False,
 ) -> None:
-    """Continue the run in `out` (up to `rounds`), with the trackers of `track` added."""
+    """Continue the run in `out` (up to `rounds`), with the trackers of `track` added; `trust`: the code its
+    config.yaml names may be imported (``--trust-imports``)."""
     from fedhet.experiments.runner import resume as resume_run
 
     if track:
@@ -357,9 +395,9 @@ def _resume(
         if engine == "flower":
             if rounds is not None:
                 raise FedhetError("--rounds with --resume is not supported with --engine flower")
-            state = _simulate(None, out, nodes, callbacks)
+            state = _simulate(None, out, nodes, callbacks, trust)
         else:
-            state = resume_run(out, callbacks, rounds=rounds)
+            state = resume_run(out, callbacks, rounds=rounds, trust=trust)
     if state.already_finished:
         console.print(f"'{out}' is already finished ({state.round} rounds); nothing to resume", highlight=False)
         return
@@ -377,10 +415,10 @@ def _resume_hint(out: Path) -> Iterator[None]:
         raise
 
 
-def _simulate(cfg: Any, out: Path, nodes: int, callbacks: list[Any]) -> Any:
+def _simulate(cfg: Any, out: Path, nodes: int, callbacks: list[Any], trust: bool = False) -> Any:
     from fedhet.flower.simulation import simulate
 
-    return simulate(cfg, out, nodes, callbacks)
+    return simulate(cfg, out, nodes, callbacks, trust=trust)
 
 
 def _progress() -> Any:
@@ -617,12 +655,12 @@ def sweep(
 ) -> None:
     """Run a grid of configs over several seeds: one run folder per point and seed, a summary (mean ± std over
     seeds) and the best point."""
-    from fedhet.experiments.assembly import assemble
+    from fedhet.experiments.assembly import assemble, default_sweep_folder
     from fedhet.experiments.sweep import make_sweep, run_sweep
 
     raw = assemble(config, imports=imports or [], overrides=set_ or [])
     spec = make_sweep(raw, grid or [], seeds, metric, mode, show or [])
-    out = out or Path("runs") / f"sweep-{config.stem if config is not None else 'default'}"
+    out = out or default_sweep_folder(config)
     try:
         with _executor(workers, ray, threads, quiet) as executor:
             result = run_sweep(spec, out, executor)
@@ -631,9 +669,10 @@ def sweep(
         raise typer.Exit(130) from None
     console.print(result.table, highlight=False, markup=False, soft_wrap=True)
     failed = [o for o in result.outcomes if o.status == "failed"]
-    if any(o.detail for o in failed):
-        (out / "errors.log").write_text("".join(f"{o.task.label}\n{o.detail}\n" for o in failed if o.detail))
     console.print(f"results: [bold]{out}[/] (summary.md, summary.csv, one run folder per point and seed)")
+    if failed and quiet:  # no progress display said why
+        for o in failed:
+            err_console.print(f"failed: {o.task.label}: {o.error}", highlight=False, markup=False, soft_wrap=True)
     if failed:
         err_console.print(
             f"[red]{len(failed)} of {len(result.outcomes)} runs failed[/] (see above"
@@ -692,6 +731,7 @@ def reproduce(
     ] = None,
 ) -> None:
     """Rerun a paper's experiment: every method over several seeds, a markdown table and figures."""
+    from fedhet.experiments.assembly import default_recipe_folder
     from fedhet.experiments.reproduce import run_recipe
     from fedhet.recipes import get_recipe
 
@@ -714,7 +754,7 @@ def reproduce(
         estimates, note = estimate_recipe(chosen, seed_list, changes=overrides, say=lambda text: _note(text, quiet))
         _print_estimates(estimates, chosen.name, note)
         return
-    out = out or Path("runs") / recipe
+    out = out or default_recipe_folder(recipe)
     try:
         with _executor(workers, ray, threads, quiet, overrides) as executor:
             result = run_recipe(
@@ -746,12 +786,23 @@ def bench(
     json_file: Annotated[Path | None, typer.Option("--json", help="write every row to this JSON file")] = None,
     workload: Annotated[list[str] | None, typer.Option(help="only these workloads (repeatable)")] = None,
     threads: Annotated[int, typer.Option(help="torch threads for everything timed (0: torch's default)")] = 0,
+    costs: Annotated[
+        bool | None,
+        typer.Option(
+            "--costs/--no-costs",
+            help="what the methods cost (Ditto, personalised evaluation, FedBuff) against their references; "
+            "--costs alone runs only these (default: with the workloads, after them)",
+        ),
+    ] = None,
 ) -> None:
     """Time whole rounds on fedhet's backends against a plain PyTorch loop, a vmap loop and the machine limit (the
-    naive reference, pfl and Flower: python benchmarks/full_bench.py in a source checkout)."""
+    naive reference, pfl and Flower: python benchmarks/full_bench.py in a source checkout), and what the methods
+    cost against their references."""
+    from fedhet.bench.costs import method_costs
     from fedhet.bench.report import rows_table, targets_table
     from fedhet.bench.run import run_bench
     from fedhet.bench.targets import check_targets
+    from fedhet.engine.threads import torch_threads
 
     if threads < 0:
         raise FedhetError(f"--threads {threads}: give a number of threads, or 0 for torch's default")
@@ -760,10 +811,16 @@ def bench(
     def say(line: str) -> None:
         console.print(line, markup=False, highlight=False)
 
-    say(BENCH_COMPARATORS)
-    rows = run_bench(quick=quick, json_path=json_file, progress=say, only=only, threads=threads)
-    console.print(rows_table(rows))
-    console.print(targets_table(check_targets(rows)))
+    targets = []
+    if costs is not True:
+        say(BENCH_COMPARATORS)
+        rows = run_bench(quick=quick, json_path=json_file, progress=say, only=only, threads=threads)
+        console.print(rows_table(rows))
+        targets = check_targets(rows)
+    if costs is not False:
+        with torch_threads(threads or 1):  # the costs are ratios on one thread (docs/performance.md)
+            targets += method_costs(quick, say)
+    console.print(targets_table(targets))
 
 
 def main() -> None:  # pragma: no cover

@@ -8,6 +8,8 @@ Every problem is a one-line `DataError` naming the input and how to fix it.
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -120,6 +122,12 @@ def check_labels(y: ArrayLike, n: int, what: str, num_classes: int | None = None
 
 
 def _classes(ids: torch.Tensor, found: int, what: str, num_classes: int | None) -> tuple[torch.Tensor, int]:
+    if max(found, num_classes or 0) > MAX_CLASSES:
+        row = int(torch.argmax(ids))
+        raise DataError(
+            f"{what}: label {int(ids[row])} (row {row}) would make {max(found, num_classes or 0):,} classes; fedhet "
+            f"trains classifiers of at most {MAX_CLASSES:,} classes: renumber the labels 0..C-1"
+        )
     if num_classes is not None:
         if found > num_classes:
             raise DataError(f"{what}: labels need {found} classes but num_classes is {num_classes}; raise it")
@@ -216,6 +224,9 @@ def resolve(path: str, what: str) -> Path:
     return resolved
 
 
+MAX_CLASSES = 100_000  # a label id above it is a mistake (a sample id, a timestamp), not a class
+
+
 def _read_npy(path: Path, what: str) -> np.ndarray:
     try:
         return np.asarray(np.load(path, allow_pickle=False))
@@ -273,7 +284,7 @@ class Arrays(DatasetSource):
             file = resolve(self.path, "dataset 'arrays'")
             try:
                 archive = np.load(file, allow_pickle=False)
-            except (ValueError, OSError, EOFError) as err:
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
                 raise DataError(
                     f"dataset 'arrays': '{file}' is not a NumPy .npz file ({str(err).splitlines()[0]})"
                 ) from None
@@ -288,11 +299,16 @@ class Arrays(DatasetSource):
                         )
                     try:
                         arrays[role] = archive[key]
-                    except ValueError:
-                        raise DataError(
-                            f"dataset 'arrays': array '{key}' of '{file}' holds Python objects, which fedhet does not "
-                            "unpickle; save numbers"
-                        ) from None
+                    except ValueError as err:
+                        if "allow_pickle" in str(err) or "Object arrays" in str(err):
+                            raise DataError(
+                                f"dataset 'arrays': array '{key}' of '{file}' holds Python objects, which fedhet does "
+                                "not unpickle; save numbers"
+                            ) from None
+                        raise DataError(f"dataset 'arrays': array '{key}' of '{file}' is damaged ({err})") from None
+                    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:  # truncated, a bad CRC
+                        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                        raise DataError(f"dataset 'arrays': array '{key}' of '{file}' is damaged ({reason})") from None
         else:
             for role, key in keys.items():
                 if not key.endswith(".npy"):

@@ -16,10 +16,15 @@ from fedhet.data.arrays import check_features, check_labels, check_users, resolv
 from fedhet.data.dataset import Dataset
 from fedhet.data.images import pil_pixels, pixels_to_tensor, stack_pixels
 from fedhet.data.sources import DATASETS, DatasetSource
-from fedhet.errors import DataError
+from fedhet.errors import ConfigError, DataError
 from fedhet.registry import closest
 
 WHAT = "dataset 'huggingface'"
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:160]}" if text else type(err).__name__
 
 
 def require_datasets() -> Any:
@@ -103,6 +108,8 @@ class HuggingFace(DatasetSource):
                     raise DataError(
                         f"{WHAT}: '{folder}' is not a folder written by save_to_disk ({str(err).splitlines()[0]})"
                     ) from None
+                except Exception as err:  # a damaged state.json, dataset_info.json or arrow file
+                    raise DataError(f"{WHAT}: '{folder}' is damaged ({_reason(err)})") from None
             else:
                 try:
                     loaded = datasets.load_dataset(self.hub, self.subset, cache_dir=self.cache_dir)
@@ -117,8 +124,10 @@ class HuggingFace(DatasetSource):
                     raise DataError(f"{WHAT}: cannot load '{self.hub}' ({str(err).splitlines()[0]})") from None
         splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"all": loaded}
         wanted = [self.split] if isinstance(self.split, str) else self.split
-        if wanted is None or splits.keys() == {"all"}:
+        if wanted is None:
             return splits
+        if not isinstance(loaded, datasets.DatasetDict):
+            raise DataError(f"{WHAT} is one dataset without splits; leave out split (given: {', '.join(wanted)})")
         for name in wanted:
             if name not in splits:
                 raise DataError(f"{WHAT}: no split '{name}'{closest(name, list(splits))}; it has: {', '.join(splits)}")
@@ -146,6 +155,15 @@ class HuggingFace(DatasetSource):
         return torch.cat([b.reshape(len(b), -1) for b in blocks], dim=1)
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:
+        try:
+            return self._load(download)
+        except (DataError, ConfigError, MemoryError):
+            raise
+        except Exception as err:  # the library's reading of a damaged file (arrow data, an image that is a bomb)
+            where = self.path or self.hub
+            raise DataError(f"{WHAT}: cannot read '{where}' ({_reason(err)})") from None
+
+    def _load(self, download: bool) -> Dataset:
         datasets = require_datasets()
         splits = self._open(download)
         first = next(iter(splits.values()))

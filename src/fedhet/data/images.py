@@ -129,10 +129,9 @@ class ImageFolder(DatasetSource):
             try:
                 with Image.open(file) as image:
                     pixels.append(pil_pixels(image, self.grayscale, self.size))
-            except (OSError, ValueError) as err:
-                raise DataError(
-                    f"dataset 'image_folder': cannot decode '{file}' ({str(err).splitlines()[0]})"
-                ) from None
+            except (OSError, ValueError, Image.DecompressionBombError) as err:  # a bomb: more pixels than PIL allows
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                raise DataError(f"dataset 'image_folder': cannot decode '{file}' ({reason})") from None
         stacked = stack_pixels(pixels, [str(f.relative_to(root)) for f in files], f"dataset 'image_folder' ({root})")
         x = pixels_to_tensor(stacked, self.normalize)
         return Dataset(root.name, x, torch.tensor(labels, dtype=torch.long), len(classes), self.users(root, files))

@@ -107,7 +107,7 @@ def label_ids(values: list[Any], column: str, path: Path) -> tuple[torch.Tensor,
     if as_numbers is None:
         keys: np.ndarray = np.asarray([str(v) for v in values])
     else:
-        bad = as_numbers != np.round(as_numbers)
+        bad = ~np.isfinite(as_numbers) | (as_numbers != np.round(as_numbers))
         if bad.any():
             row = int(np.argmax(bad))
             raise DataError(
@@ -203,6 +203,13 @@ class Table(DatasetSource):
     def user_column(self) -> str | None:
         return self.user
 
+    @field_validator("delimiter")
+    @classmethod
+    def _one_character(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) != 1 or value in '\r\n"' or value.isalnum()):
+            raise ValueError("must be one character that is not a letter, digit, quote or line break, e.g. ';'")
+        return value
+
     def read(self, path: Path) -> Columns:
         suffix = path.suffix.lower()
         if suffix in PARQUET_SUFFIXES:
@@ -229,6 +236,11 @@ class Table(DatasetSource):
         features = self.features or self._default_features(columns, path)
         for column in [*features, *self.categorical]:
             need(column, "feature")
+            if column == self.label:
+                raise DataError(
+                    f"table '{path}': the label column '{column}' is listed among the features; a model that sees its "
+                    "label learns nothing; leave it out of 'features'"
+                )
         for column in self.categorical:
             if column not in features:
                 raise DataError(f"table '{path}': categorical column '{column}' is not among the features")
@@ -259,10 +271,6 @@ class Table(DatasetSource):
         if self.standardize and any(numeric_mask):
             cols = torch.tensor(numeric_mask)
             x[:, cols] = standardise(x[:, cols])
-            _note(
-                f"table '{path.name}': standardised {int(cols.sum())} numeric feature columns (zero mean, unit "
-                "variance over the whole table; dataset.standardize: false keeps them as they are)"
-            )
         if not bool(torch.isfinite(x).all()):
             raise DataError(f"table '{path}' holds an infinite feature value; fill or drop such rows")
         task = data_task(self.task)
@@ -274,6 +282,11 @@ class Table(DatasetSource):
         if self.user is not None:
             _check_present(columns[self.user], self.user, path)
             users, user_names = named_users(np.asarray([str(u) for u in columns[self.user]]), n, f"table '{path}'")
+        if self.standardize and any(numeric_mask):  # said once the table is read without an error
+            _note(
+                f"table '{path.name}': standardised {sum(numeric_mask)} numeric feature columns (zero mean, unit "
+                "variance over the whole table; dataset.standardize: false keeps them as they are)"
+            )
         return Dataset(path.stem, x, labels, classes, users=users, task=task, user_names=user_names)
 
     def _default_features(self, columns: Columns, path: Path) -> list[str]:

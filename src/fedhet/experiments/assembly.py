@@ -1,4 +1,5 @@
-"""A run's config assembled from where it comes from, and where its run folder goes by default.
+"""A run's config assembled from where it comes from, and where its run folder (a sweep's, a recipe's) goes by
+default.
 
 The sources, each over the one before: a YAML file; components chosen by name (a flag such as ``--algorithm``:
 the file's parameters are kept when it names the same component); top-level values (``--rounds``, ``--seed``...);
@@ -59,6 +60,16 @@ def default_run_folder(config: RunConfig, now: float | None = None) -> Path:
     return (
         Path("runs") / f"{config.spec('algorithm')['name']}_{config.spec('dataset')['name']}_seed{config.seed}_{stamp}"
     )
+
+
+def default_sweep_folder(file: Path | None) -> Path:
+    """``runs/sweep-<config file's name>`` (``runs/sweep-default`` without a file): where a sweep goes by default."""
+    return Path("runs") / f"sweep-{file.stem if file is not None else 'default'}"
+
+
+def default_recipe_folder(recipe: str) -> Path:
+    """``runs/<recipe>``: where ``fedhet reproduce`` writes by default."""
+    return Path("runs") / recipe
 
 
 def apply_override(raw: dict[str, Any], assignment: str) -> None:

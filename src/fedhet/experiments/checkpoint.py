@@ -164,8 +164,12 @@ def _load(source: Path | bytes, what: str) -> Any:
             return torch.load(
                 source if isinstance(source, Path) else io.BytesIO(source), map_location="cpu", weights_only=True
             )
-    except (CheckpointError, OSError):
+    except CheckpointError:
         raise
+    except OSError as err:
+        if err.filename is not None:  # the file could not be read (permissions, the disk): not its content
+            raise
+        raise CheckpointError(f"{what} is corrupt or truncated ({err.strerror or err})") from None
     except Exception as err:  # any failure to parse the file means it is not a usable checkpoint
         text = str(err)
         found = re.search(r"GLOBAL ([\w.]+)", text) if isinstance(err, pickle.UnpicklingError) else None

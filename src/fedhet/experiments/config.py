@@ -26,6 +26,9 @@ from fedhet.experiments.trackers import validate_track
 from fedhet.registry import format_validation_error, with_defaults
 from fedhet.requirements import RequirementsConfig
 from fedhet.systems.clock import Deadline
+from fedhet.yaml_text import MAX_CONFIG_BYTES, MAX_CONFIG_VALUES, check_expanded, load_yaml, safe_yaml
+
+__all__ = ["MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "RunConfig", "load_yaml", "parse_config", "safe_yaml"]
 
 ComponentSpec = str | dict[str, Any]
 
@@ -38,8 +41,6 @@ MAX_EPOCHS = 10_000
 MAX_BATCH = 1_000_000
 MAX_SEED = 2**63 - 1
 MAX_BATCH_SLOTS = 1 << 28  # clients_per_round × local.steps × local.batch_size: 12 bytes of batch indices each
-MAX_CONFIG_BYTES = 1 << 20  # a config file larger than 1 MiB is not a config
-MAX_CONFIG_VALUES = 100_000  # values in a config once YAML aliases are expanded
 
 
 def _no_bool(value: Any) -> Any:
@@ -335,10 +336,7 @@ class RunConfig(BaseModel):
 
 def parse_config(raw: dict[str, Any]) -> RunConfig:
     """Validate a raw mapping (from YAML, flags or code) into a `RunConfig`; every problem is one `ConfigError`."""
-    if _expanded_size(raw, {}) > MAX_CONFIG_VALUES:
-        raise ConfigError(
-            f"the config expands to more than {MAX_CONFIG_VALUES:,} values (YAML aliases?); write it out plainly"
-        )
+    check_expanded(raw)
     bad = _non_string_key(raw)
     if bad is not None:
         raise ConfigError(f"config key {bad} is not a name; keys must be text, e.g. rounds or local.lr")
@@ -366,54 +364,6 @@ def _non_string_key(raw: Any, where: str = "") -> str | None:
             if found is not None:
                 return found
     return None
-
-
-def load_yaml(path: Path) -> dict[str, Any]:
-    """A YAML config file as a mapping; one-line errors for a missing, non-text, oversized or invalid file."""
-    if not path.is_file():
-        what = "is a folder, not a file" if path.is_dir() else "does not exist"
-        raise ConfigError(f"config file '{path}' {what}")
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"cannot read config file '{path}': {err.strerror or err}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file '{path}' is {len(data):,} bytes; a config is at most {MAX_CONFIG_BYTES:,}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            f"config file '{path}' is not UTF-8 text (byte 0x{data[err.start]:02x} at position {err.start}); "
-            "save it as UTF-8"
-        ) from None
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {str(err).splitlines()[0]}") from None
-    except RecursionError:
-        raise ConfigError(f"config file '{path}' is nested too deeply to be a config") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
-    return loaded
-
-
-def _expanded_size(value: Any, seen: dict[int, int]) -> int:
-    """How many values `value` holds once shared (aliased) parts are counted every time they appear."""
-    if not isinstance(value, dict | list):
-        return 1
-    if id(value) in seen:
-        return seen[id(value)]
-    seen[id(value)] = MAX_CONFIG_VALUES + 1  # a cycle (a recursive alias) counts as too large
-    items = list(value.values()) if isinstance(value, dict) else value
-    total = 1
-    for item in items:
-        total += _expanded_size(item, seen)
-        if total > MAX_CONFIG_VALUES:
-            break
-    seen[id(value)] = total
-    return total
 
 
 def dump_yaml(data: dict[str, Any]) -> str:

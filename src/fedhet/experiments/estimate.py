@@ -244,6 +244,7 @@ def estimate_config(
     cost, each at `_seconds_per_sample`.
     """
     cfg = parse_config(raw)
+    raw = {key: value for key, value in raw.items() if key != "track"}  # nothing is logged (nor its cost timed)
     short, stand_in = stand_ins.config(raw)
     small = parse_config(short)
     sample = min(ESTIMATE_EVAL_CLIENTS, small.eval_clients or ESTIMATE_EVAL_CLIENTS)

@@ -62,7 +62,7 @@ def evaluate_global(
         metrics["unseen_test_loss"] = float(test.loss[unseen].double().mean())
         metrics.update(task_metrics(task, test, unseen, "unseen_test", pooled=False))
     columns = {
-        "seen": seen.int(),
+        "seen": data.seen.int(),  # whether the client trains, also when it was not scored (a lost Flower node's)
         "train_samples": train.count,
         "test_samples": test.count,
         **({"test_accuracy": test.accuracy} if task.accuracy else {}),

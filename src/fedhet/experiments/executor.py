@@ -29,7 +29,8 @@ from pathlib import Path
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
-from fedhet.errors import ConfigError, DivergenceError, FedhetError
+from fedhet import atomic
+from fedhet.errors import ConfigError, DataError, DivergenceError, FedhetError
 from fedhet.experiments.callbacks import Callback
 
 if TYPE_CHECKING:
@@ -224,10 +225,8 @@ def reuse(task: Task) -> Outcome | None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically (a temporary file, then a rename)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Write `text` to `path` atomically (`fedhet.atomic`: a temporary file, then a rename)."""
+    atomic.write_text(path, text)
 
 
 def write_index(path: Path, outcomes: Sequence[Outcome]) -> None:
@@ -287,6 +286,11 @@ class Executor:
             raise ConfigError(f"--workers {workers}: give at least 1 (or leave it out: as many as the cores allow)")
         if threads is not None and threads < 1:
             raise ConfigError(f"--threads {threads}: give at least 1 torch thread per run")
+        if ray is not None:
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:  # before any folder is made
+                raise FedhetError(f"--ray needs Ray: {RAY_HINT}")
         in_process = workers == 1 and ray is None
         # None: one thread per run where runs go to workers (every core busy), this process's setting where they
         # run here one after another
@@ -296,6 +300,7 @@ class Executor:
         self.callbacks, self.monitor = callbacks, monitor or Monitor()
         self.overrides = overrides or {}
         self.history: list[Outcome] = []  # every outcome of every stage, in order
+        self._data_checked: set[str] = set()
         self._pool: ProcessPoolExecutor | None = None
         self._queue: Any = None
         self._ray: Any = None
@@ -319,14 +324,35 @@ class Executor:
             return "this process"
         return f"{min(self.workers or 1, pending)} worker processes"
 
+    def check_data(self, tasks: Sequence[Task]) -> None:
+        """Refuse in one line, before any of `tasks` runs, one whose dataset does not load (its files missing or
+        damaged): each distinct dataset (and data folder) is loaded once, here (not on Ray, whose nodes may hold
+        files this machine does not)."""
+        from fedhet.experiments.build import components
+        from fedhet.experiments.config import parse_config
+
+        for task in tasks if self.ray_address is None else ():
+            raw = {**task.config, **self.overrides}
+            key = json.dumps([raw.get("dataset"), raw.get("data_dir"), raw.get("imports")], sort_keys=True, default=str)
+            if key in self._data_checked or raw.get("download"):  # with download, the first run fetches the files
+                continue
+            cfg = parse_config(raw)
+            try:
+                components(cfg).dataset.load(Path(cfg.data_dir))
+            except DataError as err:
+                raise DataError(f"{err} (none of the {len(tasks)} runs was started)") from None
+            self._data_checked.add(key)
+
     def run(self, tasks: Sequence[Task], post: Post | None = None, stage: str = "runs") -> list[Outcome]:
-        """Run every task (reusing finished run folders when there is no `post`), in task order."""
+        """Run every task (reusing finished run folders when there is no `post`), in task order; a dataset that
+        does not load stops them all before the first (`check_data`)."""
         tasks = [Task({**t.config, **self.overrides}, t.out.absolute(), t.label, t.meta) for t in tasks]
         twice = [folder for folder, n in Counter(t.out for t in tasks).items() if n > 1]
         if twice:
             raise ConfigError(f"two runs would share the run folder '{twice[0]}'; give them different labels")
         outcomes: list[Outcome | None] = [reuse(t) if post is None else None for t in tasks]
         pending = [i for i, o in enumerate(outcomes) if o is None]
+        self.check_data([tasks[i] for i in pending])
         settings = _Settings(self.callbacks, post, self.threads)
         for task in tasks:
             task.out.parent.mkdir(parents=True, exist_ok=True)
@@ -368,7 +394,10 @@ class Executor:
             context = multiprocessing.get_context("spawn")
             self._queue = context.Queue()
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=context, initializer=_init_worker, initargs=(self._queue, self.threads)
+                self.workers,
+                mp_context=context,
+                initializer=_init_worker,
+                initargs=(self._queue, self.threads, os.getpid()),
             )
         return self._pool
 
@@ -377,9 +406,11 @@ class Executor:
             return
         pool, self._pool = self._pool, None
         if terminate:  # an interrupt: stop the runs now (each resumes from its last checkpoint next time)
-            pool.shutdown(wait=False, cancel_futures=True)
-            for process in list((getattr(pool, "_processes", None) or {}).values()):
-                process.terminate()
+            processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()  # SIGTERM: the worker's run stops as on Ctrl-C (`_init_worker`)
+            _join_or_kill(processes, STOP_GRACE_S)
         pool.shutdown(wait=True, cancel_futures=True)
 
     def _run_pool(
@@ -487,18 +518,76 @@ class Executor:
 
 
 _QUEUE: Any = None  # in a worker process: where it reports the rounds of its runs
+_IN_TASK = False  # in a worker process: whether a run is going on (SIGTERM then stops it as Ctrl-C would)
+STOP_GRACE_S = 20.0  # how long a stopped worker has to write its run's files before it is killed
+PR_SET_PDEATHSIG = 1  # Linux prctl option: the signal a process gets when its parent ends
 
 
-def _init_worker(queue: Any, threads: int) -> None:
-    """A worker process ignores Ctrl-C (the parent stops it), reports to `queue`, runs torch on `threads`."""
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM in a worker: from the parent (Ctrl-C on the sweep) or because the parent died."""
+
+
+def _init_worker(queue: Any, threads: int, parent: int) -> None:
+    """A worker process ignores Ctrl-C (the parent stops it), stops its run on SIGTERM as Ctrl-C stops a run (the
+    run folder says "interrupted" and resumes), ends with its parent however the parent ends (`_die_with_parent`),
+    reports to `queue`, runs torch on `threads`."""
     import signal
 
     import torch
 
     global _QUEUE
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _die_with_parent(parent)
     _QUEUE = queue
     torch.set_num_threads(max(1, threads))
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    if not _IN_TASK:
+        os._exit(128 + signum)  # between runs: nothing to save
+    raise _Stopped
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel send this process SIGTERM when its parent ends (Linux: prctl PR_SET_PDEATHSIG), and, on any
+    system, a daemon thread that does so when the parent is gone (checked every second) and kills the process
+    `STOP_GRACE_S` later."""
+    import signal
+    import sys
+    import threading
+
+    if sys.platform.startswith("linux"):
+        import contextlib
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):  # a libc without prctl: the thread below does it
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_GRACE_S)
+        os._exit(137)
+
+    threading.Thread(target=watch, name="fedhet-parent-watch", daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the kernel was told
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _join_or_kill(processes: Sequence[Any], grace: float) -> None:
+    """Wait up to `grace` seconds for `processes` to end, then kill those left (a second Ctrl-C: at once)."""
+    deadline = time.monotonic() + grace
+    try:
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        pass
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def _report(key: int, done: int, total: int) -> None:
@@ -507,4 +596,11 @@ def _report(key: int, done: int, total: int) -> None:
 
 
 def _pool_task(task: Task, key: int, settings: _Settings) -> Outcome:
-    return run_task(task, key, settings, _report)
+    global _IN_TASK
+    _IN_TASK = True
+    try:
+        return run_task(task, key, settings, _report)
+    except KeyboardInterrupt:  # stopped (`_on_sigterm`): the run has written its files; the pool is going away
+        os._exit(143)
+    finally:
+        _IN_TASK = False

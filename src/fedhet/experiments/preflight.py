@@ -11,12 +11,15 @@ from fedhet.data.dataset import FederatedData
 from fedhet.engine.functional import FlatModel
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import RunConfig
+from fedhet.experiments.trackers import validate_track
 
 MAX_BATCH_BYTES = 4 << 30  # the padded mini-batches of one round's cohort: indices, weights and gathered inputs
 
 
 def check_run(config: RunConfig, data: FederatedData, model: FlatModel) -> None:
-    """Refuse, in one line, a run that would fail in its first round."""
+    """Refuse, in one line, a run that would fail in its first round (or as its trackers start)."""
+    for spec in validate_track(config.track):
+        spec.require()  # a tracker whose library is missing: before the run folder is created
     check_batch_memory(config, data)
     check_model_fits(config, data, model)
 

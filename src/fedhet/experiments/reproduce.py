@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.errors import ConfigError
-from fedhet.experiments.executor import Executor, Outcome, Task, raise_failures, write_index
+from fedhet.experiments.executor import Executor, Outcome, Task, raise_failures, reuse, write_index, write_text
 from fedhet.experiments.naming import safe_name
+from fedhet.experiments.runfolder import FolderLock, check_claimable
 from fedhet.experiments.state import RunState
 from fedhet.experiments.sweep import mean_std
 from fedhet.registry import closest
@@ -119,13 +120,14 @@ def run_recipe(
         raise ConfigError("--seeds 0: give at least 1 seed (or leave it out for the recipe's seeds)")
     seeds = seeds or recipe.seeds
     executor = executor or Executor(1)
-    out.mkdir(parents=True, exist_ok=True)
+    check_claimable(out, "recipe")
     if recipe.custom is not None:
-        start = len(executor.history)
-        table = recipe.custom(out, quick, seeds, embedded, executor)
-        (out / "table.md").write_text(table)
-        if len(executor.history) > start:
-            write_index(out / "runs.json", executor.history[start:])
+        with FolderLock.claim(out, "recipe"):
+            start = len(executor.history)
+            table = recipe.custom(out, quick, seeds, embedded, executor)
+            write_text(out / "table.md", table)
+            if len(executor.history) > start:
+                write_index(out / "runs.json", executor.history[start:])
         return RecipeResult(table, {}, {})
     if embedded is None:
         embedded = recipe.fallback is not None and not dataset_available(recipe.base)
@@ -145,6 +147,21 @@ def run_recipe(
         for method in recipe.methods
         for seed in seeds
     ]
+    executor.check_data([t for t in tasks if reuse(t) is None])  # the paper's files, before anything is written
+    with FolderLock.claim(out, "recipe"):
+        return _run_methods(recipe, out, quick, seeds, embedded, tasks, executor, say)
+
+
+def _run_methods(
+    recipe: Recipe,
+    out: Path,
+    quick: bool,
+    seeds: tuple[int, ...],
+    embedded: bool,
+    tasks: list[Task],
+    executor: Executor,
+    say: Callable[[str], None],
+) -> RecipeResult:
     outcomes = executor.run(tasks, post=recipe.summarise)
     write_index(out / "runs.json", outcomes)
     values: dict[str, dict[str, list[float]]] = {}
@@ -165,8 +182,7 @@ def run_recipe(
     table = f"### {recipe.description}\n\nseeds: {', '.join(map(str, seeds))}" + (" (quick)" if quick else "")
     table += data_note
     table += "\n\n" + markdown_table(header, rows)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table)
+    write_text(out / "table.md", table)
     _figures(recipe, runs, out)
     if recipe.extra_figures is not None:
         recipe.extra_figures(recipe, runs, out)

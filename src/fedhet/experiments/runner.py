@@ -45,6 +45,7 @@ from fedhet.experiments.runfolder import (
 from fedhet.experiments.selection import best_index, rounds_without_improvement, selected_row
 from fedhet.experiments.state import RunState
 from fedhet.experiments.tracking import with_trackers
+from fedhet.experiments.trust import code_of_folder
 from fedhet.metrics.base import RoundView, compute_checked, needs_all_clients
 from fedhet.strategies.asynchronous import AsynchronousStrategy
 from fedhet.strategies.base import Train
@@ -95,18 +96,22 @@ def resume(
     callbacks: list[Callback] | None = None,
     builder: Callable[[RunConfig], Experiment] = build,
     rounds: int | None = None,
+    trust: bool = False,
 ) -> RunState:
     """Continue the run in folder `out` from its last checkpoint; ends with the same numbers (and metrics.csv)
     as an uninterrupted run. The checkpoint must match config.yaml and metrics.csv (else `CheckpointError`).
 
     `rounds` changes the planned number of rounds (at least the checkpoint's; config.yaml is updated): a run
     continued to more rounds equals one planned that long, except that the old last round was evaluated.
+    Without `trust`, a config.yaml that names code to import is refused (`fedhet.experiments.trust`).
     """
     with RunFolder.open(out) as folder:
         raw = folder.read_config()
         if rounds is not None:
             raw = {**raw, "rounds": rounds}
-        experiment = builder(parse_config(raw))
+        how = f"if you do, resume with fedhet run --resume {out} --trust-imports"
+        with code_of_folder(raw, out / CONFIG, trust, how):
+            experiment = builder(parse_config(raw))
         state = RunState.start(experiment, out=out, folder=folder)
         saved = folder.read_checkpoint()
         if saved is not None:
@@ -136,16 +141,17 @@ def run_or_resume(
     finished run is loaded, not recomputed). So a recipe that was interrupted picks up where it stopped; a run of
     another config there is replaced (fedhet's own files only)."""
     if (out / CHECKPOINT).is_file() and (out / CONFIG).is_file() and same_run(config, out):
-        return resume(out, callbacks, builder)
+        return resume(out, callbacks, builder, trust=True)  # its config is `config`: the code it names is yours
     return run(config, out, callbacks, builder, overwrite=True)
 
 
 def same_run(config: RunConfig, out: Path) -> bool:
-    """Whether the run folder `out` holds a run of `config` (its config.yaml has the same identity and rounds)."""
+    """Whether the run folder `out` holds a run of `config` (its config.yaml has the same identity and rounds);
+    compared as text, so that nothing the folder's config names is imported."""
     try:
-        folder_config = parse_config(load_yaml(out / CONFIG))
-        same = identity(resolved_config(folder_config)) == identity(resolved_config(explicit_config(config)))
-        return same and folder_config.rounds == config.rounds
+        raw = load_yaml(out / CONFIG)
+        same = identity(raw) == identity(resolved_config(explicit_config(config)))
+        return same and raw.get("rounds") == config.rounds
     except FedhetError:
         return False
 
@@ -560,6 +566,11 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             state.status = "finished"
     except DivergenceError:
         state.status = "diverged"
+        raise
+    except (OSError, FedhetError):  # a full disk, every Flower node lost: interrupted, to resume once it is fixed
+        raise
+    except Exception:  # a crash in code (a plugin's, a model's, a callback's): the run failed
+        state.status = "failed"
         raise
     finally:
         state.wall_time_s = time.perf_counter() - started

@@ -33,12 +33,14 @@ from fedhet.errors import ConfigError
 from fedhet.experiments.assembly import set_key
 from fedhet.experiments.build import components
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.executor import DONE, Executor, Outcome, Task, write_index, write_text
+from fedhet.experiments.executor import DONE, Executor, Outcome, Task, reuse, write_index, write_text
 from fedhet.experiments.naming import MAX_LENGTH, safe_name
+from fedhet.experiments.runfolder import FolderLock, check_claimable, read_marker
 from fedhet.experiments.selection import better
 from fedhet.registry import closest
 
 SWEEP_KEYS = ("grid", "seeds", "metric", "mode", "show")
+SWEEP_FILES = ("sweep.json", "runs.json", "summary.md", "summary.csv", "errors.log")
 BASE_POINT = "base"
 
 
@@ -364,22 +366,18 @@ class SweepResult:
 
 
 def run_sweep(sweep: Sweep, out: Path, executor: Executor) -> SweepResult:
-    """Run (or finish) every point × seed of `sweep` into `out`, then write and return its summary. A folder that
-    holds a sweep of another base config is refused (the grid and the seeds may change: finished runs are
-    reused)."""
-    record = out / "sweep.json"
-    if record.is_file():
-        try:
-            before = json.loads(record.read_text()).get("base")
-        except ValueError:
-            before = None
-        if before != sweep.base:
-            raise ConfigError(
-                f"'{out}' holds a sweep of another base config; choose another --out (a sweep of the same base "
-                "config may change its grid and seeds: finished runs are reused)"
-            )
-    tasks = prepare_sweep(sweep, out)
-    result = finish_sweep(sweep, out, executor.run(tasks, stage="sweep"))
+    """Run (or finish) every point × seed of `sweep` into `out`, then write and return its summary. `out` must be new,
+    empty or a sweep folder of fedhet's (its marker), which this process locks while the sweep runs: a second sweep
+    into it is refused. A folder that holds a sweep of another base config is refused (the grid and the seeds may
+    change: finished runs are reused). Everything is checked before anything is written."""
+    check_claimable(out, "sweep")
+    _check_base(sweep, out)
+    tasks = sweep.tasks(out)
+    executor.check_data([t for t in tasks if reuse(t) is None])  # before anything is written
+    with FolderLock.claim(out, "sweep") as lock:
+        _check_base(sweep, out)  # again under the lock: another sweep may have written it meanwhile
+        write_plan(sweep, out, lock)
+        result = finish_sweep(sweep, out, executor.run(tasks, stage="sweep"))
     if result.best is None and any(r.ok for r in result.results):
         names = sorted({m for r in result.results for m in r.values})
         raise ConfigError(
@@ -389,21 +387,57 @@ def run_sweep(sweep: Sweep, out: Path, executor: Executor) -> SweepResult:
     return result
 
 
-def prepare_sweep(sweep: Sweep, out: Path) -> list[Task]:
-    """The sweep's tasks (every point checked), with ``sweep.json`` and each point's ``point.json`` written."""
-    tasks = sweep.tasks(out)
+def _check_base(sweep: Sweep, out: Path) -> None:
+    """Refuse a folder holding a sweep of another base config."""
+    record = out / "sweep.json"
+    if read_marker(out) is None or not record.is_file():
+        return
+    try:
+        before = json.loads(record.read_bytes().decode("utf-8")).get("base")
+    except (UnicodeDecodeError, ValueError, RecursionError, AttributeError):
+        before = None
+    if before != sweep.base:
+        raise ConfigError(
+            f"'{out}' holds a sweep of another base config; choose another --out (a sweep of the same base "
+            "config may change its grid and seeds: finished runs are reused)"
+        )
+
+
+def write_plan(sweep: Sweep, out: Path, lock: FolderLock | None = None) -> None:
+    """``sweep.json`` and each point's ``point.json`` in `out`: the sweep folder that `lock` holds (a point folder
+    its marker does not list, a folder of yours with a point's name, is refused), or, without `lock`, a folder
+    inside one of fedhet's that the caller holds (a recipe's)."""
+    points = sweep.points()
+    if lock is not None:
+        for point in points:
+            if (out / point.name).exists() and point.name not in lock.marker.files:
+                raise ConfigError(
+                    f"'{out / point.name}' was not made by this sweep (its marker does not list it); move it away, or "
+                    "choose another --out"
+                )
+        lock.record([*SWEEP_FILES, *(p.name for p in points)])
     out.mkdir(parents=True, exist_ok=True)
     spec = {"base": sweep.base, "grid": sweep.grid, "seeds": list(sweep.seeds), "metric": sweep.metric}
     write_text(out / "sweep.json", json.dumps({**spec, "mode": sweep.mode}, indent=1) + "\n")
-    for point in sweep.points():
+    for point in points:
         (out / point.name).mkdir(exist_ok=True)
         write_text(out / point.name / "point.json", json.dumps(point.__dict__, indent=1) + "\n")
+
+
+def prepare_sweep(sweep: Sweep, out: Path) -> list[Task]:
+    """The sweep's tasks (every point checked), with its plan written into `out`, a folder inside a folder of
+    fedhet's that the caller holds (a recipe's)."""
+    tasks = sweep.tasks(out)
+    write_plan(sweep, out)
     return tasks
 
 
 def finish_sweep(sweep: Sweep, out: Path, outcomes: list[Outcome]) -> SweepResult:
     """Read the sweep's results from its run folders; write ``runs.json``, ``summary.md`` and ``summary.csv``."""
     write_index(out / "runs.json", outcomes)
+    details = "".join(f"{o.task.label}\n{o.detail}\n" for o in outcomes if o.status == "failed" and o.detail)
+    if details:
+        write_text(out / "errors.log", details)
     results = read_results(sweep, out)
     best = best_point(results, sweep.metric, sweep.mode)
     table = summary_markdown(sweep, results, best)

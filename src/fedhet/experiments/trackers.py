@@ -127,5 +127,12 @@ def read_state(out: Path) -> dict[str, Any]:
     path = out / STATE_FILE
     if not path.is_file():
         return {}
-    data = json.loads(path.read_text())
-    return data if isinstance(data, dict) else {}
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(
+            f"'{path}' is damaged (not the trackers' JSON record); delete it, and the trackers continue in new records"
+        )
+    return data

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from fedhet.atomic import write_text
 from fedhet.config_keys import flatten
 from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
@@ -87,9 +88,7 @@ class Tracker(Callback):
         """Write this tracker's entry of ``tracking.json`` (atomically; other trackers' entries are kept)."""
         data = read_state(self.where.out)
         data[self.key] = self.saved
-        tmp = self.where.out / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        tmp.replace(self.where.out / STATE_FILE)
+        write_text(self.where.out / STATE_FILE, json.dumps(data, indent=1) + "\n")
 
     def open(self, state: RunState, resumed: bool) -> None:
         raise NotImplementedError

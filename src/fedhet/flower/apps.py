@@ -6,10 +6,14 @@ Deployment (``flwr run`` against a SuperLink; see docs/flower.md) reads the run 
 
 Run config (``[tool.flwr.app.config]`` or ``flwr run --run-config``): ``config`` (path of a fedhet YAML file on the
 server), ``out`` (the run folder: an existing checkpoint there is resumed), ``nodes`` (nodes to wait for),
-``timeout`` (seconds a node has per call), ``wait`` (seconds to wait for the nodes).
+``timeout`` (seconds a node has per call), ``wait`` (seconds to wait for the nodes), ``trust-imports`` (without
+``config``: import the code the run folder's config.yaml names, as ``fedhet run --resume --trust-imports``).
 Node config (``flower-supernode --node-config``): ``partition-id`` and ``num-partitions`` (derive the partition
-from the run's config), or ``data-file`` (a partition file written by scripts/flower_partitions.py);
-``state-dir`` (where the node also saves its clients' state, so that it survives a restarted server).
+from the run's config), or ``data-file`` (a partition file written by ``python -m fedhet.flower.partitions``);
+``state-dir`` (where the node also saves its clients' state, so that it survives a restarted server);
+``allow-imports`` (comma-separated modules and ``.py`` files or folders the server's config may import: plugins and a
+torch model target; default none). A node builds only what its own configuration allows (`NodePolicy`): the config
+the server sends is not the node operator's request (docs/reliability.md, "What can run code").
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +55,7 @@ from fedhet.flower.node import (  # noqa: E402
     load_partition,
 )
 from fedhet.flower.remote import RemoteEngine, Settings, remote_builder  # noqa: E402
+from fedhet.imports import ImportPolicy, import_policy  # noqa: E402
 
 log = logging.getLogger("fedhet.flower")
 STATE_KEY = "fedhet-client-state"
@@ -99,6 +106,7 @@ class GridTransport:
 
     def __init__(self, grid: Grid) -> None:
         self.grid = grid
+        self.failures: dict[int, str] = {}  # node -> the reason of its last error reply
 
     def nodes(self) -> list[int]:
         return sorted(int(n) for n in self.grid.get_node_ids())
@@ -115,15 +123,18 @@ class GridTransport:
             )
             for node, (arrays, config) in requests.items()
         ]
-        pending = set(self.grid.push_messages(messages))
+        ids = list(self.grid.push_messages(messages))
+        sent_to = dict(zip(ids, requests, strict=True))  # an error reply may come from the SuperLink, not the node
+        pending = set(ids)
         replies: dict[int, Payload] = {}
         deadline, wait = time.monotonic() + timeout, POLL_S
         while pending:
             for reply in self.grid.pull_messages(list(pending)):
                 pending.discard(reply.metadata.reply_to_message_id)
-                node = int(reply.metadata.src_node_id)
+                node = sent_to.get(reply.metadata.reply_to_message_id, int(reply.metadata.src_node_id))
                 if reply.has_error():
-                    log.warning("a node failed (reported by %s): %s", node, reply.error.reason)
+                    self.failures[node] = failure_reason(str(reply.error.reason))
+                    log.warning("node %s failed: %s", node, self.failures[node])
                     continue
                 replies[node] = _payload(reply.content)
             left = deadline - time.monotonic()
@@ -136,53 +147,113 @@ class GridTransport:
 
 # ---- ClientApp ---------------------------------------------------------------------------------------------------
 
+RUN_KEY = re.compile(r"[0-9a-f]{16}")  # what `run_key` makes: a node names its state files by it, nothing else
+
+
+def failure_reason(reason: str) -> str:
+    """The message of a node's error reply (Flower's ``<class ...>:<'message'>``), on one line."""
+    found = re.fullmatch(r"<class '[\w.]+'>:<'(.*)'>", reason.strip(), re.DOTALL)
+    text = found.group(1) if found else reason
+    return " ".join(text.split())[:500]
+
+
+@dataclass(frozen=True)
+class NodePolicy:
+    """What a node lets the server's config do: import what `imports` permits (a deployed node: the modules and files
+    of its ``allow-imports``; none by default), and keep its clients' state in `state_dir` (its ``state-dir``; None:
+    in Flower's context only). Paths the node derives from server values stay inside `state_dir`."""
+
+    imports: ImportPolicy
+    state_dir: Path | None = None
+
+    @classmethod
+    def of(cls, node_config: dict[str, Any]) -> NodePolicy:
+        """A deployed node's policy, from its ``--node-config``."""
+        allowed = tuple(a.strip() for a in str(node_config.get("allow-imports", "")).split(",") if a.strip())
+        refusal = (
+            "the server's config names code this node does not allow; its operator allows modules and files with "
+            "flower-supernode --node-config \"allow-imports='module,path/to/file.py'\""
+        )
+        state = str(node_config.get("state-dir", "") or "")
+        return cls(ImportPolicy(allowed, refusal), Path(state) if state else None)
+
+
 _WORKERS: dict[str, NodeWorker] = {}  # by (config, partition): kept while this process lives
 
 
-def _worker(config: Config, node_config: dict[str, Any]) -> NodeWorker:
+def _worker(config: Config, node_config: dict[str, Any], policy: NodePolicy) -> NodeWorker:
     text = str(config["fedhet_config"])
     data_file = str(node_config.get("data-file", ""))
-    key = fingerprint(f"{text}|{data_file}|{node_config.get('partition-id')}|{node_config.get('num-partitions')}")
+    allowed = "*" if policy.imports.allowed is None else ",".join(policy.imports.allowed)
+    key = fingerprint(
+        f"{text}|{data_file}|{node_config.get('partition-id')}|{node_config.get('num-partitions')}|{allowed}"
+    )
     if key not in _WORKERS:
-        run_config = config_from_text(text)
-        if data_file:
-            data, clients = load_partition(Path(data_file))
-        else:
-            part, parts = int(node_config.get("partition-id", 0)), int(node_config.get("num-partitions", 1))
-            data, clients = derived_partition(run_config, text, part, parts)
+        with import_policy(policy.imports):  # before anything the config names is imported or built
+            run_config = config_from_text(text)
+            if data_file:
+                data, clients = load_partition(Path(data_file))
+            else:
+                part, parts = int(node_config.get("partition-id", 0)), int(node_config.get("num-partitions", 1))
+                data, clients = derived_partition(run_config, text, part, parts)
+            worker = NodeWorker(run_config, data, clients)
         if len(_WORKERS) >= 8:  # a simulation actor serves several nodes; keep a few, drop the oldest
             _WORKERS.pop(next(iter(_WORKERS)))
-        _WORKERS[key] = NodeWorker(run_config, data, clients)
+        _WORKERS[key] = worker
     return _WORKERS[key]
 
 
-def _state_file(config: Config, node_config: dict[str, Any]) -> Path | None:
-    folder = str(node_config.get("state-dir", "") or config.get("state_dir", ""))
-    if not folder:
+def _state_file(config: Config, node_config: dict[str, Any], policy: NodePolicy) -> Path | None:
+    """The node's state file: in its own state folder, named by the server's run key (checked: 16 hex digits)."""
+    if policy.state_dir is None:
         return None
+    key = str(config.get("run_key", ""))
+    if not RUN_KEY.fullmatch(key):
+        raise ValueError(f"the server's run_key {key[:40]!r} is not a fedhet run key (16 hex digits); refused")
     node = str(node_config.get("partition-id", node_config.get("data-file", "node")))
-    return Path(folder) / f"{config['run_key']}-{fingerprint(node)}.pt"
+    path = policy.state_dir / f"{key}-{fingerprint(node)}.pt"
+    if path.resolve().parent != policy.state_dir.resolve():  # a link in its place: never written through
+        raise ValueError(f"node state file '{path}' leads out of the node's state folder; refused")
+    return path
 
 
-def _load_state(worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any]) -> None:
+def _load_state(
+    worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any], policy: NodePolicy
+) -> None:
     """The clients' state from Flower's context (this run), else from the node's state file (a resumed run); both
     are read weights-only and checksummed (`fedhet.experiments.checkpoint.load_state`)."""
     if STATE_KEY in context.state:
         blob = context.state[STATE_KEY]["blob"].numpy().tobytes()
         worker.engine.load_state_dict(load_state(blob, "the node's client state"))
         return
-    path = _state_file(config, node_config)
+    path = _state_file(config, node_config, policy)
     if path is not None and path.is_file():
         worker.engine.load_state_dict(load_state(path, f"node state file '{path}'"))
 
 
-def _save_state(worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any]) -> None:
+def _save_state(
+    worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any], policy: NodePolicy
+) -> None:
     data = save_state(worker.engine.state_dict())
     context.state[STATE_KEY] = ArrayRecord({"blob": Array(np.frombuffer(data, dtype=np.uint8).copy())})
-    path = _state_file(config, node_config)
+    path = _state_file(config, node_config, policy)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes(path, data)
+
+
+def answer_with(message: Message, context: Context, policy: NodePolicy) -> Message:
+    """Run one fedhet engine call on this node's partition, as `policy` allows."""
+    arrays, config = _payload(message.content)
+    node_config = dict(context.node_config)
+    worker = _worker(config, node_config, policy)
+    op = str(config["op"])
+    if op == "train":
+        _load_state(worker, context, config, node_config, policy)
+    out_arrays, out_config = worker.handle(op, arrays, config)
+    if op == "train":
+        _save_state(worker, context, config, node_config, policy)
+    return Message(_record(out_arrays, out_config), reply_to=message)
 
 
 client_app = ClientApp()
@@ -190,17 +261,19 @@ client_app = ClientApp()
 
 @client_app.query()
 def answer(message: Message, context: Context) -> Message:
-    """Run one fedhet engine call on this node's partition."""
-    arrays, config = _payload(message.content)
-    node_config = dict(context.node_config)
-    worker = _worker(config, node_config)
-    op = str(config["op"])
-    if op == "train":
-        _load_state(worker, context, config, node_config)
-    out_arrays, out_config = worker.handle(op, arrays, config)
-    if op == "train":
-        _save_state(worker, context, config, node_config)
-    return Message(_record(out_arrays, out_config), reply_to=message)
+    """A deployed node's answer: what its ``--node-config`` allows (`NodePolicy.of`)."""
+    return answer_with(message, context, NodePolicy.of(dict(context.node_config)))
+
+
+def make_client_app(policy: NodePolicy) -> ClientApp:
+    """A ClientApp whose nodes follow `policy` (the simulation's: the user's own config, state in the run folder)."""
+    app = ClientApp()
+
+    @app.query()
+    def answer_in_simulation(message: Message, context: Context) -> Message:
+        return answer_with(message, context, policy)
+
+    return app
 
 
 # ---- ServerApp ---------------------------------------------------------------------------------------------------
@@ -212,13 +285,15 @@ def serve(
     out: Path,
     settings: Settings,
     callbacks: list[Callback] | None = None,
+    trust: bool = False,
 ) -> RunState:
-    """Run `config` into `out` across the grid's nodes, or resume the run in `out` if it has a checkpoint."""
+    """Run `config` into `out` across the grid's nodes, or resume the run in `out` if it has a checkpoint (the code
+    its config.yaml names is imported when it is `config`'s, or with `trust`)."""
     builder = remote_builder(GridTransport(grid), settings)
     if (out / CHECKPOINT).is_file() or (config is None and (out / CONFIG).is_file()):
         if config is not None and not same_run(config, out):
             raise ConfigError(f"'{out}' holds the checkpoint of another config; give another 'out' or remove it")
-        state = resume(out, callbacks, builder)
+        state = resume(out, callbacks, builder, trust=trust or config is not None)
     elif config is None:
         raise ConfigError(f"'{out}' holds no run to resume and no config was given")
     else:  # a server restarted before its first checkpoint starts the run again
@@ -244,13 +319,14 @@ def make_server_app(
     settings: Settings,
     callbacks: list[Callback] | None = None,
     done: Callable[[RunState], None] | None = None,
+    trust: bool = False,
 ) -> ServerApp:
     """A ServerApp bound to one run (simulation)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        state = serve(grid, config, out, settings, callbacks)
+        state = serve(grid, config, out, settings, callbacks, trust)
         if done is not None:
             done(state)
 
@@ -274,7 +350,7 @@ def deployed(grid: Grid, context: Context) -> None:
         run_key=run_key(config, out),
     )
     shorten_reply_pulls()
-    serve(grid, config, out, settings)
+    serve(grid, config, out, settings, trust=bool(rc.get("trust-imports", False)))
 
 
 def shorten_reply_pulls() -> None:
@@ -292,4 +368,13 @@ def shorten_reply_pulls() -> None:
         http_grid.pull_objects = functools.partial(pull, initial_backoff=POLL_S, backoff_cap=MAX_POLL_S)
 
 
-__all__ = ["GridTransport", "client_app", "config_text", "make_server_app", "serve", "server_app"]
+__all__ = [
+    "GridTransport",
+    "NodePolicy",
+    "client_app",
+    "config_text",
+    "make_client_app",
+    "make_server_app",
+    "serve",
+    "server_app",
+]

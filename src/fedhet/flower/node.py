@@ -17,7 +17,7 @@ import yaml
 from torch import Tensor
 
 from fedhet.data.dataset import ClientData, FederatedData
-from fedhet.errors import DataError
+from fedhet.errors import ConfigError, DataError
 from fedhet.experiments.build import build_model, components, federated_data, make_engine
 from fedhet.experiments.config import RunConfig, dump_yaml, parse_config
 from fedhet.flower.codec import (
@@ -30,6 +30,7 @@ from fedhet.flower.codec import (
     to_numpy,
     to_torch,
 )
+from fedhet.yaml_text import safe_yaml
 
 PARTITION_FORMAT = "fedhet-node-partition/1"
 Split = Literal["train", "test"]
@@ -41,7 +42,14 @@ def config_text(config: RunConfig) -> str:
 
 
 def config_from_text(text: str) -> RunConfig:
-    return parse_config(yaml.safe_load(text))
+    """The config the server sent, validated (no Python objects, no key twice, no alias bomb: `safe_yaml`)."""
+    try:
+        raw = safe_yaml(text)
+    except (yaml.YAMLError, RecursionError) as err:
+        raise ConfigError(f"the server's config is not valid YAML ({' '.join(str(err).split())[:200]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("the server's config is not a mapping of keys to values")
+    return parse_config(raw)
 
 
 def fingerprint(text: str) -> str:
@@ -98,20 +106,42 @@ def save_partition(path: Path, data: FederatedData, clients: Tensor) -> None:
 
 
 def load_partition(path: Path) -> tuple[FederatedData, Tensor]:
-    """(data in the run's layout, the node's client ids) from a partition file."""
+    """(data in the run's layout, the node's client ids) from a partition file (read weights-only; anything but a
+    partition fedhet wrote is a one-line `DataError` naming the file)."""
     if not path.is_file():
-        raise DataError(f"partition file '{path}' does not exist; write it with scripts/flower_partitions.py")
-    raw: dict[str, Any] = torch.load(path, weights_only=True)
-    if raw.get("format") != PARTITION_FORMAT:
-        raise DataError(f"'{path}' is not a fedhet node partition (format {raw.get('format')!r})")
+        raise DataError(
+            f"partition file '{path}' does not exist; write it with python -m fedhet.flower.partitions CONFIG NODES DIR"
+        )
+    try:
+        raw: Any = torch.load(path, weights_only=True)
+    except Exception as err:  # truncated, garbage, or holding Python objects
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
+        raise DataError(f"'{path}' is not a fedhet node partition ({reason})") from None
+    if not isinstance(raw, dict) or raw.get("format") != PARTITION_FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise DataError(f"'{path}' is not a fedhet node partition (format {found!r})")
 
-    def split(d: dict[str, Tensor]) -> ClientData:
-        return ClientData(d["x"], d["y"], d["offsets"])
+    def split(d: Any) -> ClientData:
+        x, y, offsets = d["x"], d["y"], d["offsets"]
+        if not all(isinstance(t, Tensor) for t in (x, y, offsets)) or offsets.ndim != 1 or len(offsets) < 1:
+            raise ValueError("a split is not tensors x, y and offsets")
+        if int(offsets[0]) != 0 or bool((offsets.diff() < 0).any()) or not int(offsets[-1]) == len(x) == len(y):
+            raise ValueError("a split's offsets do not cut its samples")
+        return ClientData(x, y, offsets)
 
-    data = FederatedData(
-        raw["name"], split(raw["train"]), split(raw["test"]), int(raw["num_classes"]), raw["seen"], raw["info"]
-    )
-    return data, raw["clients"]
+    try:
+        clients, seen, info = raw["clients"], raw["seen"], raw["info"]
+        data = FederatedData(
+            str(raw["name"]), split(raw["train"]), split(raw["test"]), int(raw["num_classes"]), seen, dict(info)
+        )
+        if not isinstance(clients, Tensor) or clients.dtype != torch.long or clients.ndim != 1:
+            raise ValueError("its client ids are not a vector of integers")
+        if len(clients) and (int(clients.min()) < 0 or int(clients.max()) >= data.num_clients):
+            raise ValueError("its client ids are out of range")
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
+        reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        raise DataError(f"'{path}' is a damaged fedhet node partition ({reason})") from None
+    return data, clients
 
 
 _DATA: dict[str, FederatedData] = {}  # whole federations derived in this process, by config fingerprint
@@ -142,7 +172,9 @@ class NodeWorker:
             )
         self.config, self.clients = config, clients.sort().values
         parts = components(config)  # imports the config's plugins on this node too
-        self.engine = make_engine(config, parts, build_model(config, parts, data.input_shape, data.num_classes), data)
+        self.engine = make_engine(
+            config, parts, build_model(config, parts, data.input_shape, data.num_classes, data.task), data
+        )
         self.engine.state_history = config.checkpoint_every  # the server may rewind to its last checkpoint
 
     def meta(self) -> Payload:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from fedhet.errors import FedhetError
 from fedhet.experiments.build import components, federated_data
 from fedhet.experiments.config import load_yaml, parse_config
+from fedhet.experiments.runfolder import RUN_FILES, FolderLock
 from fedhet.flower.node import node_clients, save_partition
 
 
@@ -27,10 +29,22 @@ def write_partitions(config_path: Path, nodes: int, folder: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
+    """``CONFIG NODES DIR [--run-folder OUT]``: with ``--run-folder``, first claim OUT as the deployment's run folder
+    (fedhet's marker: new or empty, or a run folder of fedhet's), so that its ``deploy/`` files may go inside."""
+    run_folder = None
+    if len(argv) == 5 and argv[3] == "--run-folder":
+        argv, run_folder = argv[:3], Path(argv[4])
     if len(argv) != 3:
-        print("usage: python -m fedhet.flower.partitions CONFIG.yaml NODES OUT_DIR", file=sys.stderr)
+        print("usage: python -m fedhet.flower.partitions CONFIG.yaml NODES OUT_DIR [--run-folder RUN]", file=sys.stderr)
         return 2
-    for path in write_partitions(Path(argv[0]), int(argv[1]), Path(argv[2])):
+    try:
+        if run_folder is not None:  # a run of fedhet's there stays (the server resumes it)
+            FolderLock.claim(run_folder, "run", RUN_FILES).close()
+        paths = write_partitions(Path(argv[0]), int(argv[1]), Path(argv[2]))
+    except FedhetError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path in paths:
         print(path)
     return 0
 

@@ -84,8 +84,7 @@ class Settings:
     timeout: float = 120.0  # seconds a node has to answer one call before it is lost
     min_nodes: int = 1  # nodes to wait for before the run starts
     wait: float = 60.0  # seconds to wait for them
-    run_key: str = ""  # names the nodes' saved client state (a resumed run finds it)
-    state_dir: str = ""  # where nodes without a state-dir of their own save it ("" : memory only)
+    run_key: str = ""  # names the nodes' saved client state (a resumed run finds it); where: each node's own choice
 
 
 def _skeleton(sizes: Tensor, input_shape: tuple[int, ...], dtype: torch.dtype) -> ClientData:
@@ -106,8 +105,6 @@ class RemoteEngine:
             )
         self.transport, self.settings = transport, settings
         self.base: Config = {"fedhet_config": config_text(config), "run_key": settings.run_key}
-        if settings.state_dir:
-            self.base["state_dir"] = settings.state_dir
         self.lost: dict[int, str] = {}  # node -> the call it failed
         self.last_backend: str | None = None  # the nodes choose theirs
         self._wait_for_nodes(settings)
@@ -115,7 +112,7 @@ class RemoteEngine:
         self.node_ids = sorted(metas)  # Flower's node ids (64-bit); `owner` holds positions in this list
         data, owner, first = self._federation(config, metas)
         self.owner = owner  # (K,) position of the node holding each client
-        model = build_model(config, parts, data.input_shape, data.num_classes)
+        model = build_model(config, parts, data.input_shape, data.num_classes, data.task)
         if not np.allclose(first, model.initial_params()[:16].numpy()):
             raise ConfigError("the nodes built a different initial model: give every node the same fedhet version")
         self.model, self.data, self.seed = model, data, config.seed
@@ -156,7 +153,9 @@ class RemoteEngine:
     def _federation(self, config: RunConfig, metas: dict[int, Payload]) -> tuple[FederatedData, Tensor, np.ndarray]:
         total = config.num_clients + config.unseen_clients
         if not metas:
-            raise ConfigError("no node answered; check that the SuperNodes run this fedhet version")
+            failures = getattr(self.transport, "failures", {})
+            why = f" (node {next(iter(failures))}: {next(iter(failures.values()))})" if failures else ""
+            raise ConfigError(f"no node answered{why}; check that the SuperNodes run this fedhet version")
         owner = torch.full((total,), -1, dtype=torch.long)
         train, test = torch.zeros(total, dtype=torch.long), torch.zeros(total, dtype=torch.long)
         seen = torch.ones(total, dtype=torch.bool)

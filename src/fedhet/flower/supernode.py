@@ -13,8 +13,8 @@ polls of the SuperLink start `FIRST_WAIT_S` after the node's last message and gr
 (default `MAX_WAIT_S`, Flower's 3 s), its waits for the reply last `FIRST_WAIT_S`, and its retries for missing
 objects start there. A server that answers within milliseconds is heard within milliseconds, and an idle node soon
 asks no more often than Flower's. Every poll is a request the SuperLink answers in Python, so a short fixed interval
-would slow it for everyone (docs/flower.md, "Polls that keep up with the round"). The waits are internals of the flwr release the ``flower`` extra pins, so this
-checks that release, like fedhet's worker.
+would slow it for everyone (docs/flower.md, "Polls that keep up with the round"). The waits are internals of the
+flwr release the ``flower`` extra pins, so this checks that release, like fedhet's worker.
 
 ``--in-process`` also makes the node run its ClientApp tasks itself (`fedhet.flower.inprocess`) instead of leaving
 them to a ClientApp process.

@@ -24,7 +24,7 @@ from fedhet.engine.task import Task
 from fedhet.errors import ConfigError, FedhetError
 from fedhet.metrics import CLIENT_COLUMNS, METRICS
 from fedhet.registry import Component, Registry
-from fedhet.seeding import SeededStreams
+from fedhet.seeding import RunAware
 
 
 @dataclass
@@ -48,7 +48,7 @@ class RoundView:
         return self.engine.model.task
 
 
-class Metric(Component, SeededStreams):
+class Metric(Component, RunAware):
     """Base of metric plugins; may keep state across rounds in private attributes (then override
     ``state_dict``/``load_state_dict``). After `setup`, `num_clients` and `seed` are the run's, and
     ``self.rng(purpose, round_)`` draws from the run's seed."""
@@ -74,16 +74,6 @@ class Metric(Component, SeededStreams):
         ``super().setup(engine, seed)`` first)."""
         self._num_clients, self._seed = engine.data.num_clients, seed
 
-    @property
-    def num_clients(self) -> int:
-        """K: the run's clients, seen and unseen."""
-        return _set_up(self._num_clients, self, "num_clients")
-
-    @property
-    def seed(self) -> int:
-        """The run's seed."""
-        return _set_up(self._seed, self, "seed")
-
     def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
         """This round's metrics (columns of `columns`) and per-client values (columns of `client_columns`)."""
         raise NotImplementedError
@@ -96,15 +86,6 @@ class Metric(Component, SeededStreams):
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         del state
-
-
-def _set_up(value: int | None, plugin: Metric, what: str) -> int:
-    if value is None:
-        raise RuntimeError(
-            f"metric plugin '{plugin.name}': {what} is known once the run has set it up (an override of setup() "
-            "must call super().setup() first)"
-        )
-    return value
 
 
 def check_columns(plugins: Sequence[Metric]) -> None:

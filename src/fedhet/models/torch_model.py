@@ -1,8 +1,10 @@
 """Any PyTorch model: ``model: {name: torch, target: "my_package.nets:Net", kwargs: {...}}``.
 
-The target is an `nn.Module` class, a function returning a module, or a module instance (copied for each
-build), named ``"package.module:Name"`` or ``"path/to/file.py:Name"`` (see `fedhet.imports`). From Python,
-`fedhet.run` and `fedhet.Config` also accept the class, function or instance itself (`hold_model`).
+The target is an `nn.Module` subclass, a module instance (copied for each build), or a function its author marked
+with `model_factory`, named ``"package.module:Name"`` or ``"path/to/file.py:Name"`` (see `fedhet.imports`); what
+the name resolves to is checked before anything is called, so a config cannot make fedhet call an arbitrary
+function (``subprocess:getoutput``). From Python, `fedhet.run` and `fedhet.Config` also accept the class, any
+function or the instance itself (`hold_model`): an object you pass is your own request.
 
 Buffers: fedhet trains, sends and averages parameters only. A buffer (a fixed positional encoding, a mask)
 keeps the value the model was built with, on every client and in the global model. Layers that update
@@ -18,12 +20,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from fedhet.errors import ConfigError
@@ -33,15 +35,32 @@ from fedhet.models.base import MODELS, ModelSpec
 IN_MEMORY = "<python>"
 _HELD: dict[str, Any] = {}
 INJECTED = ("input_shape", "num_classes")
+FACTORY_MARK = "__fedhet_model_factory__"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def model_factory(function: F) -> F:
+    """Mark `function` (returning an `nn.Module`) as one a config may name as a model ``target``; fedhet calls no
+    other function named in a config."""
+    setattr(function, FACTORY_MARK, True)
+    return function
+
+
+def is_model_class(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, nn.Module)
+
+
+def is_marked_factory(obj: Any) -> bool:
+    return inspect.isfunction(obj) and getattr(obj, FACTORY_MARK, False) is True
 
 
 def hold_model(obj: Any) -> str:
     """A `target` string for a model class, factory or instance given from Python.
 
-    Classes and functions importable by name get their ``"module:Name"`` (so the run folder's config.yaml
-    works from the CLI too); anything else (instances, objects defined in ``__main__`` or inside functions) is
-    kept for this process under ``"<python>:Name@key"``."""
-    if not isinstance(obj, nn.Module):
+    `nn.Module` classes and `model_factory` functions importable by name get their ``"module:Name"`` (so the run
+    folder's config.yaml works from the CLI too); anything else (instances, other functions, objects defined in
+    ``__main__`` or inside functions) is kept for this process under ``"<python>:Name@key"``."""
+    if is_model_class(obj) or is_marked_factory(obj):
         path = object_path(obj)
         if path is not None:
             return path
@@ -108,7 +127,7 @@ def check_trainable(module: nn.Module, where: str) -> None:
 class TorchModel(ModelSpec):
     """Your PyTorch model, named by import path: ``target: "my_package.nets:Net"`` or ``"nets.py:Net"``.
 
-    The target is an `nn.Module` class or a function returning a module (called with ``kwargs``, plus
+    The target is an `nn.Module` class or a `model_factory` function returning a module (called with ``kwargs``, plus
     ``input_shape`` (per sample, e.g. ``[3, 32, 32]``; the sequence length for token inputs) and
     ``num_classes`` when it takes parameters of those names), or a module instance (copied). The module must
     return outputs ``(batch, num_classes)``: the logits of a classifier; one logit for ``task: binary`` and one
@@ -118,7 +137,9 @@ class TorchModel(ModelSpec):
 
     name: ClassVar[str] = "torch"
     description: ClassVar[str] = "your PyTorch nn.Module, by import path 'package.module:Class' or 'file.py:Class'"
-    target: str = Field(..., description="'package.module:Name' or 'path/to/file.py:Name' (class, factory, instance)")
+    target: str = Field(
+        ..., description="'package.module:Name' or 'path/to/file.py:Name' (nn.Module class or instance, model_factory)"
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the class or factory")
 
     @field_validator("target")
@@ -130,15 +151,35 @@ class TorchModel(ModelSpec):
             return f"{Path(file).expanduser().resolve()}:{rest}"
         return value
 
-    def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    @model_validator(mode="after")
+    def _buildable(self) -> TorchModel:
+        self.resolve()  # a target fedhet may not build is refused with the config, before anything runs
+        return self
+
+    def resolve(self) -> Any:
+        """The object the target names, checked to be one fedhet builds (nothing of it is called): an `nn.Module`
+        class or instance, a `model_factory` function, or any callable given from Python (held in memory)."""
         where = f"model '{self.target}'"
         with torch.random.fork_rng():  # importing the target may draw random numbers; the seeded init must not see it
             obj = resolve_target(self.target)
+        held = self.target.startswith(f"{IN_MEMORY}:")  # an object given from Python: any function is the user's
         if isinstance(obj, nn.Module):
             if self.kwargs:
                 raise ConfigError(f"{where} is a module instance; it takes no kwargs (give its class instead)")
+        elif not (is_model_class(obj) or is_marked_factory(obj) or (held and callable(obj))):
+            kind = "class" if isinstance(obj, type) else type(obj).__name__
+            raise ConfigError(
+                f"{where} is a {kind}, not an nn.Module class or instance; fedhet calls nothing else a config names "
+                "(a function that builds a model needs @fedhet.model_factory)"
+            )
+        return obj
+
+    def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+        where = f"model '{self.target}'"
+        obj = self.resolve()
+        if isinstance(obj, nn.Module):
             module: Any = copy.deepcopy(obj)
-        elif callable(obj):
+        else:
             try:
                 module = call_factory(obj, self.kwargs, input_shape, num_classes)
             except ConfigError:
@@ -149,8 +190,6 @@ class TorchModel(ModelSpec):
                     f"building {where} failed: {type(err).__name__}: {text[0] if text else ''} "
                     f"(kwargs {self.kwargs}, input_shape {list(input_shape)}, num_classes {num_classes})"
                 ) from err
-        else:
-            raise ConfigError(f"{where} is a {type(obj).__name__}, not an nn.Module class, factory or instance")
         if not isinstance(module, nn.Module):
             raise ConfigError(f"{where} returned a {type(module).__name__}, not an nn.Module")
         check_trainable(module, where)

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from fedhet import atomic
 from fedhet.errors import FedhetError
 from fedhet.experiments.executor import Executor, Task, raise_failures
 from fedhet.experiments.naming import safe_name
@@ -297,7 +298,7 @@ def run_table1(
         result.curves.setdefault(name, {}).setdefault(method, []).append(curve)
         result.folders.setdefault(name, {}).setdefault(method, []).append(outcome.task.out)
     if grid:
-        (out / "tuning.md").write_text(_tuning_markdown(grid))
+        atomic.write_text(out / "tuning.md", _tuning_markdown(grid))
     return result
 
 
@@ -609,11 +610,12 @@ def _table1(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | Non
     rounds = 40 if quick else ROUNDS
     result = run_table1(out, seeds=seeds, rounds=rounds, tuning=not quick, embedded=embedded, executor=executor)
     write_figures(result, out)
-    (out / "results.json").write_text(
+    atomic.write_text(
+        out / "results.json",
         json.dumps(
             {"values": result.values, "learning_rates": result.lrs, "notes": result.notes, "rounds": rounds},
             indent=1,
-        )
+        ),
     )
     return table_markdown(result, seeds, rounds)
 
@@ -708,7 +710,7 @@ def _sensitivity(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool 
     del embedded  # synthetic data only
     rounds = 40 if quick else ROUNDS
     result = run_sensitivity(out, seeds, rounds, executor)
-    (out / "results.json").write_text(json.dumps({"values": result.values, "rounds": rounds}, indent=1))
+    atomic.write_text(out / "results.json", json.dumps({"values": result.values, "rounds": rounds}, indent=1))
     code_mix = result.participation["50 train, code's classes"]
     panels = {m: code_mix[m][0] for m in CAFED_VARIANTS}
     plot_availability(panels, out / "fig1_code_classes.png", f"synthetic, the code's classes, seed {seeds[0]}")

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from fedhet import atomic
 from fedhet.experiments.executor import Executor, Task, raise_failures
 from fedhet.experiments.naming import safe_name
 from fedhet.experiments.reproduce import Recipe, dataset_available, deep_merge, mean_std, register_recipe
@@ -297,7 +298,7 @@ def write_results(out: Path, results: dict[tuple[str, str], list[RunSummary]], s
         for seed, summary in zip(seeds, runs, strict=True):
             f = summary.final
             lines.append(f'"{row}","{col}",{seed},{f.get("rounds_to_target")},{f.get("best_test_accuracy")}')
-    (out / "results.csv").write_text("\n".join(lines) + "\n")
+    atomic.write_text(out / "results.csv", "\n".join(lines) + "\n")
 
 
 def accuracy_figures(out: Path, results: dict[tuple[str, str], list[RunSummary]], rows: list[str], col: str) -> None:

@@ -4,6 +4,7 @@ top of each other marked ("= FedAvg") and drawn so that both show."""
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
+from fedhet.atomic import write_bytes
 from fedhet.errors import ConfigError
 from fedhet.report.labels import MetricInfo, metric_info
 from fedhet.report.runs import RunGroup, RunRecord, common_description, metric_names
@@ -32,14 +34,24 @@ WIDTH = 8.0  # inches: the axes and a legend column beside them
 
 def save_figure(fig: Figure, ax: Axes, out: Path, legend: bool = True, caption: str = "") -> Path:
     """Grid, a legend outside the axes (right), a caption below, write `out` (creating its folder), close."""
+    kind = out.suffix.lower().lstrip(".")
+    formats = fig.canvas.get_supported_filetypes()
+    if kind not in formats:
+        plt.close(fig)
+        raise ConfigError(
+            f"cannot write '{out}': '{out.suffix or out.name}' is not an image format matplotlib writes; end the file "
+            f"name in one of: {', '.join('.' + k for k in sorted(formats))}"
+        )
     ax.grid(alpha=0.3)
     fig.tight_layout()  # before the legend: the axes keep their size, the saved image grows to hold the legend
     if legend:
         outside_legend(ax)
     add_caption(fig, caption)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, bbox_inches="tight")
+    image = io.BytesIO()
+    fig.savefig(image, format=kind, bbox_inches="tight")
     plt.close(fig)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes(out, image.getbuffer())
     return out
 
 

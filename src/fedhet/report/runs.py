@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fedhet.config_keys import COMPONENT_KEYS, flatten
 from fedhet.errors import ConfigError
+from fedhet.yaml_text import check_expanded, load_yaml
 
 
 @dataclass
@@ -66,6 +65,8 @@ def read_run(path: Path) -> RunRecord:
         summary = json.loads(summary_file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
         raise ConfigError(f"'{summary_file}' is not valid JSON ({err}); rerun or resume that run") from None
+    except RecursionError:
+        raise ConfigError(f"'{summary_file}' is nested too deeply to be a run summary") from None
     final = summary.get("final", {}) if isinstance(summary, dict) else None
     if not isinstance(final, dict) or not all(type(v) in (int, float) for v in final.values()):
         raise ConfigError(
@@ -77,11 +78,12 @@ def read_run(path: Path) -> RunRecord:
     except (UnicodeDecodeError, ValueError, TypeError, csv.Error) as err:
         reason = str(err).splitlines()[0][:100] if str(err) else type(err).__name__
         raise ConfigError(f"'{metrics_file}' is not a metrics table of numbers ({reason})") from None
-    try:
-        config = yaml.safe_load(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-    except (UnicodeDecodeError, yaml.YAMLError):
+    try:  # at most 1 MiB and 100,000 values once aliases are expanded (no alias bomb), no Python objects
+        config = load_yaml(config_file) if config_file.is_file() else {}
+        check_expanded(config)
+    except ConfigError:
         config = {}  # config.yaml only names the run; a damaged one leaves it named by its folder
-    return RunRecord(path, summary, rows, config if isinstance(config, dict) else {})
+    return RunRecord(path, summary, rows, config)
 
 
 def read_runs(paths: list[Path]) -> list[RunRecord]:

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from fedhet.errors import DataError
 from fedhet.registry import Component, Registry
-from fedhet.seeding import SeededStreams
+from fedhet.seeding import RunAware
 
 MEGABIT = 1e6 / 8  # bytes per second in one Mbit/s
 
@@ -52,7 +52,7 @@ class Profiles:
         return down, compute, up
 
 
-class SystemModel(Component, SeededStreams):
+class SystemModel(Component, RunAware):
     """Base of system models: ``profiles(round_)`` gives every client's figures in that round (see the module
     docstring). After `setup`, `num_clients` and `seed` are the run's; ``self.rng(purpose, *keys)`` draws from
     the run's seed."""
@@ -65,18 +65,6 @@ class SystemModel(Component, SeededStreams):
     def setup(self, num_clients: int, seed: int) -> None:
         """Called once before the first round (an override calls ``super().setup(num_clients, seed)`` first)."""
         self._num_clients, self._seed = num_clients, seed
-
-    @property
-    def num_clients(self) -> int:
-        if self._num_clients is None:
-            raise RuntimeError(f"system model '{self.name}' used before setup()")
-        return self._num_clients
-
-    @property
-    def seed(self) -> int:
-        if self._seed is None:
-            raise RuntimeError(f"system model '{self.name}' used before setup()")
-        return self._seed
 
     def profiles(self, round_: int) -> Profiles:
         """Every client's figures in round `round_`."""
