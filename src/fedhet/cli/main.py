@@ -154,6 +154,7 @@ _RUN_FLAGS = (
     "download",
     "overwrite",
     "estimate",
+    "target_epsilon",
 )
 
 
@@ -200,10 +201,14 @@ def run(
         typer.Option(help="log to a tracker: tensorboard, mlflow or wandb (repeatable; settings: the config's track)"),
     ] = None,
     estimate: EstimateOption = False,
+    target_epsilon: Annotated[
+        float | None,
+        typer.Option(help="differential privacy: set the noise multiplier so that ε after the run is this"),
+    ] = None,
 ) -> None:
     """Run one experiment and write its run folder (one fedhet process per folder; Ctrl-C or SIGTERM stops it
     cleanly and --resume continues it)."""
-    from fedhet.experiments.config import apply_override, load_yaml, parse_config, set_component
+    from fedhet.experiments.config import apply_override, load_yaml, parse_config, set_component, set_key
     from fedhet.experiments.runfolder import prepare_new
     from fedhet.experiments.runner import resume as resume_run
     from fedhet.experiments.runner import run as start_run
@@ -259,6 +264,8 @@ def run(
             raw[key] = str(flag) if isinstance(flag, Path) else flag
     if download:
         raw["download"] = True
+    if target_epsilon is not None:
+        set_key(raw, "privacy.target_epsilon", target_epsilon, "--target-epsilon")
     if imports:
         raw["imports"] = [*raw.get("imports", []), *imports]
     for assignment in set_ or []:

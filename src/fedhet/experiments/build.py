@@ -23,12 +23,14 @@ from fedhet.engine.objective import TERMS, LocalTerm
 from fedhet.engine.optimizers import OPTIMIZERS, ClientOptimizer
 from fedhet.engine.plan import LocalSettings
 from fedhet.engine.protocol import EngineProtocol
+from fedhet.errors import ConfigError
 from fedhet.experiments.config import RunConfig
 from fedhet.experiments.preflight import check_run
 from fedhet.methods.maxfl.requirements import ClientRequirements, UsesRequirements
 from fedhet.metrics.base import Metric
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
+from fedhet.privacy.ledger import PrivacyLedger, RunShape, find_dp, sampling_problem
 from fedhet.registry import Component, spec_of
 from fedhet.seeding import derive_seed
 from fedhet.strategies.base import ServerContext, Strategy
@@ -45,6 +47,7 @@ class Experiment:
     availability: Availability
     metrics: list[Metric]
     requirements: ClientRequirements | None = None  # ρ_k, computed on first use (MaxFL, appeal metrics)
+    privacy: PrivacyLedger | None = None  # a DP run's accounting (algorithm dp, local.dp_sgd)
 
     def resolved_config(self) -> dict[str, Any]:
         """The config with every component's parameters filled in (written to ``config.yaml``)."""
@@ -155,7 +158,33 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     availability.always_in(parts.attack.opted_in())
     for plugin in parts.metrics:
         plugin.setup(engine, config.seed)
-    return Experiment(config, data, engine, strategy, availability, parts.metrics, requirements)
+    privacy = privacy_ledger(config, strategy, data, local)
+    return Experiment(config, data, engine, strategy, availability, parts.metrics, requirements, privacy)
+
+
+def privacy_ledger(
+    config: RunConfig, strategy: Strategy, data: FederatedData, local: LocalSettings
+) -> PrivacyLedger | None:
+    """The run's privacy accounting when it asks for DP (`fedhet.privacy.ledger`; sets the noise from a target ε)."""
+    dp, sgd = find_dp(strategy), config.local.dp_sgd
+    if dp is None and sgd is None:
+        if config.privacy.target_epsilon is not None:
+            raise ConfigError(
+                "privacy.target_epsilon (--target-epsilon) sets the noise of a DP mechanism, and this run has none: "
+                "use algorithm dp (client level) or local.dp_sgd (example level)"
+            )
+        return None
+    sizes = data.train.sizes
+    availability, attack = config.spec("availability")["name"], config.spec("attack")["name"]
+    shape = RunShape(
+        config.rounds,
+        config.clients_per_round,
+        sizes,
+        data.seen,
+        local.plan(torch.arange(len(sizes)), sizes).steps,
+        local.batch_size,
+    )
+    return PrivacyLedger(config.privacy, dp, sgd, shape, sampling_problem(strategy, availability, attack))
 
 
 def build(config: RunConfig) -> Experiment:

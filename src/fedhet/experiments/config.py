@@ -22,6 +22,7 @@ from fedhet.config_keys import COMPONENT_KEYS
 from fedhet.data.labels import LabelNoise
 from fedhet.errors import ConfigError
 from fedhet.methods.maxfl.requirements import RequirementsConfig
+from fedhet.privacy.settings import DPSGDConfig, PrivacyConfig
 from fedhet.registry import format_validation_error
 
 ComponentSpec = str | dict[str, Any]
@@ -67,6 +68,9 @@ class LocalConfig(BaseModel):
     )
     terms: list[ComponentSpec] = Field(
         default_factory=list, description="extra terms of every client's objective, e.g. [{name: proximal, mu: 0.1}]"
+    )
+    dp_sgd: DPSGDConfig | None = Field(
+        None, description="example-level DP: DP-SGD in every client's steps, e.g. {clip: 1.0, noise_multiplier: 1.1}"
     )
 
 
@@ -127,6 +131,10 @@ class RunConfig(BaseModel):
         default_factory=PersonalEvalConfig,
         description="personalised evaluation: each client's own model (Ditto, FedRep, ... or fine-tuned)",
     )
+    privacy: PrivacyConfig = Field(
+        default_factory=PrivacyConfig,
+        description="accounting of differential privacy (algorithm dp, local.dp_sgd): δ, accountant, target ε",
+    )
     eval_every: Count = Field(1, ge=1, description="evaluate every n rounds (and always after the last)")
     eval_clients: Count = Field(
         0,
@@ -169,8 +177,8 @@ class RunConfig(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_unused_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """config.yaml (and the run's identity) as before `track`, `eval_clients` and `personal_eval` existed, when
-        unused."""
+        """config.yaml (and the run's identity) as before `track`, `eval_clients`, `personal_eval`, `privacy` and
+        `local.dp_sgd` existed, when unused."""
         data: dict[str, Any] = handler(self)
         if not data.get("track"):
             data.pop("track", None)
@@ -178,6 +186,10 @@ class RunConfig(BaseModel):
             data.pop("eval_clients", None)
         if data.get("personal_eval") == PersonalEvalConfig().model_dump():
             data.pop("personal_eval", None)
+        if data.get("privacy") == PrivacyConfig().model_dump():
+            data.pop("privacy", None)
+        if isinstance(data.get("local"), dict) and data["local"].get("dp_sgd", 0) is None:
+            data["local"].pop("dp_sgd")
         return data
 
     @model_validator(mode="after")

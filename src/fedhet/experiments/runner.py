@@ -188,6 +188,7 @@ def _checkpoint(state: RunState) -> dict[str, Any]:
         "availability": exp.availability.state_dict(),
         "engine": exp.engine.state_dict(),
         "metrics": [plugin.state_dict() for plugin in exp.metrics],
+        **({"privacy": exp.privacy.state_dict()} if exp.privacy is not None else {}),
     }
 
 
@@ -222,6 +223,8 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
         exp.engine.load_state_dict(saved["engine"])
         for plugin, plugin_state in zip(exp.metrics, saved["metrics"], strict=True):
             plugin.load_state_dict(plugin_state)
+        if exp.privacy is not None:
+            exp.privacy.load_state_dict(saved["privacy"])
         wall_time = float(saved["wall_time_s"])
         columns = saved["client_columns"]
         if not isinstance(columns, dict) or not all(isinstance(v, Tensor) for v in columns.values()):
@@ -266,6 +269,8 @@ def _write_outputs(state: RunState) -> None:
         "wall_time_s": round(state.wall_time_s, 3),
         "final": state.final,
     }
+    if state.experiment.privacy is not None:
+        summary["privacy"] = state.experiment.privacy.summary()
     state.folder.write_summary(summary)
 
 
@@ -282,7 +287,8 @@ def _trainer(state: RunState, round_: int) -> Train:
     """Runs a plan of round `round_` on the engine from the round's global model, through the run's attack."""
     exp, params = state.experiment, state.params
     attack = exp.strategy.ctx.attack
-    return lambda plan: exp.engine.train(params, attack.corrupt_plan(plan, round_), round_)
+    private = exp.privacy.training_plan if exp.privacy is not None else (lambda plan: plan)
+    return lambda plan: exp.engine.train(params, attack.corrupt_plan(private(plan), round_), round_)
 
 
 def _personal_evaluation(state: RunState, params: Tensor, sample: Tensor | None) -> dict[str, float]:
@@ -346,6 +352,8 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             local_loss = float(losses.double().mean()) if len(losses) else float("nan")
             _check_divergence(state, losses)
             exp.availability.observe(t, exp.engine, state.params)
+            if exp.privacy is not None:
+                exp.privacy.record(result if result is not None and len(result.clients) else None)
             state.round = t + 1
             metrics: dict[str, float] | None = None
             if state.round % cfg.eval_every == 0 or state.round == cfg.rounds:
@@ -364,8 +372,11 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
                     "participants": float(len(clients)),
                     "available": float(available.sum()),
                     **exp.strategy.round_metrics(),
+                    **(exp.privacy.round_metrics(test) if exp.privacy is not None else {}),
                     **personal,
                 }
+                if exp.privacy is not None:
+                    state.client_columns.update(exp.privacy.client_columns())
                 view = RoundView(
                     state.round,
                     exp.engine,
