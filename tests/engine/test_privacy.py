@@ -72,7 +72,8 @@ def test_the_engine_clips_what_each_client_sends_after_its_steps(backend: str) -
     expected = w + (free.params - w) * (bound / norms).clamp(max=1).unsqueeze(1)
     torch.testing.assert_close(clipped.params, expected, **TOL)
     noised = engine.train(w, replace(plan, clip=UpdateClip(bound, noise=0.1)), 0)
-    noise = torch.stack([0.1 * torch.randn(w.shape, generator=torch_gen(1, "dp-noise/train/0", 0, k)) for k in range(3)])
+    noise = torch.stack([torch.randn(w.shape, generator=torch_gen(1, "dp-noise/train/0", 0, k)) for k in range(3)])
+    noise = 0.1 * noise
     torch.testing.assert_close(noised.params, expected + noise, **TOL)
 
 
@@ -174,5 +175,5 @@ def test_dp_sgd_refuses_a_data_term_in_one_line() -> None:
     engine = Engine(_mlp(), tiny_data([4, 4], dim=3, classes=2), backend="vectorised")
     w = engine.initial_params()
     plan = LocalPlan.uniform(torch.tensor([0, 1]), 1, 0.1, 4, terms=(ModelContrastive(),))
-    with pytest.raises(ConfigError, match="local.dp_sgd clips per-sample gradients .* a data-space term"):
+    with pytest.raises(ConfigError, match=r"local\.dp_sgd clips per-sample gradients .* a data-space term"):
         engine.train(w, replace(plan, dp_sgd=ExampleDP(1.0, 1.0)), 0)

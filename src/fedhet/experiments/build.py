@@ -30,7 +30,7 @@ from fedhet.methods.maxfl.requirements import ClientRequirements, UsesRequiremen
 from fedhet.metrics.base import Metric
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
-from fedhet.privacy.ledger import PrivacyLedger, RunShape, find_dp, sampling_problem
+from fedhet.privacy.ledger import PrivacyLedger, RunShape, check_sampling, find_dp
 from fedhet.registry import Component, spec_of
 from fedhet.seeding import derive_seed
 from fedhet.strategies.base import ServerContext, Strategy
@@ -152,6 +152,7 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
             component.use_requirements(requirements)
     parts.attack.setup(data.num_clients, config.seed, eligible=data.seen)  # unseen clients never train
     local = local_settings(config, parts)
+    check_sampling(config.privacy, strategy, config.spec("availability")["name"], config.spec("attack")["name"])
     strategy.setup(ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack))
     availability = parts.availability
     availability.setup(data.num_clients, config.seed)
@@ -175,7 +176,6 @@ def privacy_ledger(
             )
         return None
     sizes = data.train.sizes
-    availability, attack = config.spec("availability")["name"], config.spec("attack")["name"]
     shape = RunShape(
         config.rounds,
         config.clients_per_round,
@@ -184,7 +184,7 @@ def privacy_ledger(
         local.plan(torch.arange(len(sizes)), sizes).steps,
         local.batch_size,
     )
-    return PrivacyLedger(config.privacy, dp, sgd, shape, sampling_problem(strategy, availability, attack))
+    return PrivacyLedger(config.privacy, dp, sgd, shape)
 
 
 def build(config: RunConfig) -> Experiment:

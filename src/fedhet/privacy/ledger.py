@@ -69,6 +69,21 @@ def sampling_problem(strategy: Strategy, availability: str, attack: str) -> str 
     return None
 
 
+def check_sampling(settings: PrivacyConfig, strategy: Strategy, availability: str, attack: str) -> None:
+    """Refuse, in one line, central client-level DP whose accountant would assume a uniform sample of the clients
+    each round where the run does not draw one, unless the user accepts an accounting without amplification."""
+    client = find_dp(strategy)
+    if client is None or client.noise != "central" or not settings.amplification:
+        return
+    problem = sampling_problem(strategy, availability, attack)
+    if problem is not None:
+        raise ConfigError(
+            f"client-level DP's accountant assumes a uniform sample of clients each round, but {problem}; use "
+            "availability: always and the base's own selection, or accept an accounting without amplification "
+            "by sampling: privacy.amplification: false"
+        )
+
+
 def find_dp(strategy: Strategy) -> DP | None:
     """The client-level DP wrapper among the strategy's parts, if any."""
     return next((part for part in strategy.parts() if isinstance(part, DP)), None)
@@ -85,6 +100,16 @@ def size_quartiles(sizes: Tensor, seen: Tensor) -> Tensor:
     return out
 
 
+def worst_pairs(pairs: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (n, count) pairs no other pair dominates: ε grows with the sampling rate B/n and with the count, so a pair
+    with at least as large a rate (n no larger) and count elsewhere is no worse; only the others can be the worst."""
+    kept: list[tuple[int, int]] = []
+    for n, count in sorted(pairs, key=lambda p: (p[0], -p[1])):
+        if not kept or count > max(c for _, c in kept):
+            kept.append((n, count))
+    return kept
+
+
 def group_mean(values: Tensor, members: Tensor) -> float:
     """The mean of the finite `values` of the clients `members` selects (NaN if none)."""
     picked = values[members]
@@ -96,17 +121,9 @@ class PrivacyLedger:
     """The privacy of one run: its mechanisms' noise (set from a target ε when asked), the counts that determine
     what was spent, and the metrics and client columns that say it (module docstring)."""
 
-    def __init__(
-        self, settings: PrivacyConfig, client: DP | None, sgd: DPSGDConfig | None, shape: RunShape, problem: str | None
-    ) -> None:
+    def __init__(self, settings: PrivacyConfig, client: DP | None, sgd: DPSGDConfig | None, shape: RunShape) -> None:
         require_dp_accounting()
         self.settings, self.client, self.shape = settings, client, shape
-        if client is not None and client.noise == "central" and settings.amplification and problem is not None:
-            raise ConfigError(
-                f"client-level DP's accountant assumes a uniform sample of clients each round, but {problem}; use "
-                "availability: always and the base's own selection, or accept an accounting without amplification "
-                "by sampling: privacy.amplification: false"
-            )
         k = len(shape.train_sizes)
         self.rounds = 0
         self.participations = torch.zeros(k, dtype=torch.long)
@@ -187,7 +204,7 @@ class PrivacyLedger:
         clients = torch.nonzero(shape.seen & (shape.train_sizes > 0)).flatten()
         counts = self.sgd_counts(clients, shape.steps[clients]) * shape.rounds
         pairs = {(int(shape.train_sizes[k]), int(c)) for k, c in zip(clients.tolist(), counts.tolist(), strict=True)}
-        return max((self.sgd_epsilon_at(z, n, c) for n, c in pairs), default=0.0)
+        return max((self.sgd_epsilon_at(z, n, c) for n, c in worst_pairs(pairs)), default=0.0)
 
     def sgd_epsilon_at(self, z: float, n: int, count: int) -> float:
         release = self.sgd_release(z, n)
@@ -198,7 +215,9 @@ class PrivacyLedger:
         assert self.sgd is not None
         z, sizes = self.sgd.noise_multiplier, self.shape.train_sizes.tolist()
         counts = self.sgd_steps.tolist()
-        return torch.tensor([self.sgd_epsilon_at(z, n, c) for n, c in zip(sizes, counts, strict=True)])
+        return torch.tensor(
+            [self.sgd_epsilon_at(z, n, c) for n, c in zip(sizes, counts, strict=True)], dtype=torch.float64
+        )
 
     # -- the run's hooks ------------------------------------------------------------------------------------------
     def training_plan(self, plan: LocalPlan) -> LocalPlan:
