@@ -29,7 +29,7 @@ from torch import Tensor
 from fedhet.errors import ConfigError
 from fedhet.seeding import numpy_rng, torch_gen
 
-NORM_BLOCK = 1 << 20  # entries of the (clients × parameters) difference computed at a time for the update norms
+NORM_BLOCK = 1 << 18  # entries of the (clients × parameters) update formed at a time (1 MiB of float32)
 
 
 @dataclass(frozen=True)
@@ -67,16 +67,23 @@ class ExampleDP:
         return self.noise_multiplier * self.clip if self.noise_multiplier > 0 else 0.0
 
 
-def update_norms(params: Tensor, start: Tensor) -> Tensor:
-    """‖w_k − w_start‖ for each row of `params` (m, P), `start` (P,) or (m, P), a block of rows at a time (no (m, P)
-    temporary)."""
-    m, size = params.shape
+def _row_blocks(m: int, size: int) -> list[slice]:
+    """Slices of rows of at most `NORM_BLOCK` entries (one row at least): a block's temporaries stay in cache."""
     rows = max(1, NORM_BLOCK // max(1, size))
+    return [slice(lo, min(lo + rows, m)) for lo in range(0, m, rows)]
+
+
+def update_norms(params: Tensor, start: Tensor) -> Tensor:
+    """‖w_k − w_start‖ for each row of `params` (m, P), `start` (P,) or (m, P): a block of rows at a time through
+    one buffer that stays in cache (no (m, P) temporary)."""
+    m, size = params.shape
     norms = torch.empty(m, dtype=params.dtype)
-    for lo in range(0, m, rows):
-        block = slice(lo, lo + rows)
+    blocks = _row_blocks(m, size)
+    buffer = torch.empty(blocks[0].stop - blocks[0].start if blocks else 0, size, dtype=params.dtype)
+    for block in blocks:
         base = start if start.dim() == 1 else start[block]
-        norms[block] = torch.linalg.vector_norm(params[block] - base, dim=1)
+        update = torch.sub(params[block], base, out=buffer[: block.stop - block.start])
+        torch.linalg.vector_norm(update, dim=1, out=norms[block])
     return norms
 
 
@@ -85,14 +92,18 @@ def clip_updates(
 ) -> Tensor:
     """Clip each client's update w_k − w_start to norm ``clip.bound`` and add its local noise, in place on `params`
     (m, P); returns which updates were clipped (m,) bool (‖Δ_k‖ > C). Rows within the bound are left as they are
-    (bit for bit), so an infinite bound without noise changes nothing. `key` names the noise stream."""
+    (bit for bit), so an infinite bound without noise changes nothing. `key` names the noise stream.
+
+    One pass over `params` for the norms (`update_norms`), and one over the clipped rows only:
+    w_start + (w_k − w_start)·C/‖Δ_k‖ (lerp, in place)."""
     norms = update_norms(params, start)
     clipped = norms > clip.bound
-    if bool(clipped.any()):
-        rows = torch.nonzero(clipped).flatten()
-        base = start if start.dim() == 1 else start[rows]
-        scale = (clip.bound / norms[rows]).unsqueeze(1)
-        params[rows] = base + (params[rows] - base) * scale
+    if bool(clipped.all()):
+        torch.lerp(start, params, (clip.bound / norms).unsqueeze(1), out=params)
+    elif bool(clipped.any()):
+        for i in torch.nonzero(clipped).flatten().tolist():
+            base = start if start.dim() == 1 else start[i]
+            torch.lerp(base, params[i], clip.bound / float(norms[i]), out=params[i])
     if clip.noise > 0:
         size = params.shape[1]
         for i, k in enumerate(clients.tolist()):
