@@ -15,7 +15,7 @@ from fedhet.catalog import STRATEGIES
 from fedhet.data.dataset import FederatedData
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
-from fedhet.engine.privacy import update_norms
+from fedhet.engine.privacy import UpdateClip, update_norms
 from fedhet.errors import ConfigError
 from fedhet.methods.maxfl.requirements import ClientRequirements, Requirements, RequirementsConfig
 from fedhet.methods.maxfl.strategy import MaxFL
@@ -186,8 +186,8 @@ def test_contradictions_are_refused_in_one_line(spec: dict, message: str) -> Non
         STRATEGIES.build({"name": "dp", **spec})
 
 
-def test_a_wrapper_without_noise_multiplier_says_how_to_set_it() -> None:
+def test_a_wrapper_without_noise_multiplier_takes_one() -> None:
     strategy = _setup(DP(base="fedavg"), _engine("dense"))
-    assert isinstance(strategy, DP)
-    with pytest.raises(ConfigError, match=r"algorithm\.noise_multiplier, or privacy\.target_epsilon"):
-        _ = strategy.z
+    assert isinstance(strategy, DP) and strategy.z == 1.0
+    strategy.use_noise_multiplier(2.5)  # what a target ε does before the run
+    assert strategy.z == 2.5 and strategy.client_clip() == UpdateClip(1.0, 0.0)

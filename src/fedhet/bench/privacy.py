@@ -32,7 +32,7 @@ def dp_round(reps: int = 5, backend: str = "dense", **dp: object) -> CostRow:
         w = engine.initial_params()
         dp = {"clip": float(update_norms(engine.train(w, engine.local.plan(clients), 0).params, w).median()), **dp}
     settings: dict[str, object] = {"base": "fedavg", "noise_multiplier": 1.0, **dp}
-    strategies: list[Strategy] = [FedAvg(), DP(**settings)]  # type: ignore[arg-type]
+    strategies: list[Strategy] = [FedAvg(), DP(**settings)]
     for strategy in strategies:
         strategy.setup(ServerContext(engine, engine.local, 0, MLP.clients))
     avg, private = (_round(s, engine, clients, [0]) for s in strategies)

@@ -26,4 +26,16 @@ METRICS: dict[str, str] = {
     "personal_appeal": "share of clients whose personalised model's test loss is below their requirement ρ_k "
     "(the loss of a model trained on their data alone)",
     "unseen_personal_test_accuracy": "as personal_test_accuracy, over the unseen clients (after the same steps)",
+    "dp_epsilon": "client-level DP: ε spent so far at privacy.delta (the largest client's, with local noise)",
+    "dp_sgd_epsilon": "example-level DP-SGD: the largest ε spent so far by a client at privacy.delta",
+    "dp_noise_multiplier": "client-level DP: z, the noise's standard deviation over the clipping bound",
+    "dp_sgd_noise_multiplier": "DP-SGD: z, the noise's standard deviation over the per-sample clipping bound",
+    "dp_clip_bound": "client-level DP: the clipping bound C of the round (adaptive clipping moves it)",
+    "dp_clipped_share": "client-level DP: share of the round's updates that were clipped",
+    "dp_noise_std": "client-level DP: standard deviation of the noise on the aggregate (central) or on each update",
+    "dp_clipped_often": "share of the clients that trained whose updates were clipped in at least half their rounds",
+    "test_accuracy_size_q1": "mean test accuracy of the quarter of clients with the smallest training sets "
+    "(q2, q3, q4: the next quarters; DP runs)",
+    "test_accuracy_clipped_often": "mean test accuracy of the clients clipped in at least half their rounds (DP runs)",
+    "test_accuracy_clipped_rarely": "mean test accuracy of the other clients that trained (DP runs)",
 }

@@ -37,7 +37,7 @@ from fedhet.engine.privacy import ExampleDP
 from fedhet.errors import ConfigError
 from fedhet.privacy.accounting import Release, calibrate, epsilon, require_dp_accounting
 from fedhet.privacy.settings import DPSGDConfig, PrivacyConfig
-from fedhet.privacy.strategy import DP
+from fedhet.privacy.strategy import DEFAULT_NOISE_MULTIPLIER, DP
 from fedhet.strategies.base import Strategy
 
 # wrappers whose selection is their base's (or, for dp with Poisson sampling, uniform by construction)
@@ -139,15 +139,11 @@ class PrivacyLedger:
             client.update_z  # noqa: B018 - refuses, before the run, a count noise that leaves the updates none
         if sgd is not None:
             z = sgd.noise_multiplier
-            if z is None and (target is None or client is not None):
-                raise ConfigError(
-                    "local.dp_sgd needs a noise multiplier: set local.dp_sgd.noise_multiplier, or "
-                    "privacy.target_epsilon (--target-epsilon; it sets DP-SGD's when the algorithm is not dp)"
-                )
-            if z is not None and target is not None and client is None:
+            calibrated = target is not None and client is None  # a target sets DP-SGD's noise without algorithm dp
+            if z is not None and calibrated:
                 raise ConfigError("give local.dp_sgd.noise_multiplier or privacy.target_epsilon, not both")
-            self.sgd = ExampleDP(sgd.clip, 0.0 if z is None else z, sgd.sampling)
-            if z is None:
+            self.sgd = ExampleDP(sgd.clip, DEFAULT_NOISE_MULTIPLIER if z is None else z, sgd.sampling)
+            if calibrated:
                 assert target is not None
                 self.sgd = replace(self.sgd, noise_multiplier=calibrate(self.planned_sgd_epsilon, target))
 

@@ -33,7 +33,10 @@ class DPSGDConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     clip: float = Field(1.0, gt=0, description="C: every sample's gradient is scaled to norm <= C")
     noise_multiplier: float | None = Field(
-        None, ge=0, description="z: N(0, (zC)^2) on each step's sum of clipped gradients (None: privacy.target_epsilon)"
+        None,
+        ge=0,
+        description="z: N(0, (zC)^2) on each step's sum of clipped gradients (None: from privacy.target_epsilon, "
+        "else 1.0)",
     )
     sampling: Literal["poisson", "shuffle"] = Field(
         "poisson",

@@ -44,6 +44,7 @@ from fedhet.seeding import numpy_rng, torch_gen
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train
 from fedhet.strategies.server import ServerOptimizer
 
+DEFAULT_NOISE_MULTIPLIER = 1.0  # z without noise_multiplier and without a target ε
 COUNT_NOISE_SHARE = 20  # σ_b = m/20 (Andrew et al. 2021, §3: "we set σ_b = m/20 throughout")
 
 
@@ -104,7 +105,7 @@ class DP(Strategy):
         None, ge=0, description="σ_b: noise on adaptive clipping's count of unclipped updates (None: m/20)"
     )
     noise_multiplier: float | None = Field(
-        None, ge=0, description="z: noise standard deviation over C (None: set from privacy.target_epsilon)"
+        None, ge=0, description="z: noise standard deviation over C (None: from privacy.target_epsilon, else 1.0)"
     )
     noise: Literal["central", "local"] = Field(
         "central", description="central: the server noises the aggregate; local: each client noises its update"
@@ -166,13 +167,8 @@ class DP(Strategy):
 
     @property
     def z(self) -> float:
-        """The noise multiplier: the configured one, or the one a target ε set (`use_noise_multiplier`)."""
-        if self._z is None:
-            raise ConfigError(
-                "algorithm dp needs a noise multiplier: set algorithm.noise_multiplier, or privacy.target_epsilon "
-                "(--target-epsilon) to have it set for you"
-            )
-        return self._z
+        """The noise multiplier: the configured one, the one a target ε set (`use_noise_multiplier`), else 1.0."""
+        return DEFAULT_NOISE_MULTIPLIER if self._z is None else self._z
 
     def use_noise_multiplier(self, z: float) -> None:
         """Set z before the run (from a target ε)."""
@@ -201,7 +197,7 @@ class DP(Strategy):
         super().setup(ctx)
         self.inner.setup(ctx)
         self._bound, self._last = self.clip, {}
-        if self.noise == "central" and (self._z is None or self._z > 0) and not weights_of(self.inner):
+        if self.noise == "central" and self.z > 0 and not weights_of(self.inner):
             raise ConfigError(
                 f"central DP noise is calibrated to the weights of the base's aggregate, and '{self.inner.name}' "
                 "does not aggregate by a weighted sum of the updates; use algorithm.noise: local, or a base such as "
