@@ -137,18 +137,28 @@ def plot_accuracy_against_epsilon(
     fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0), dpi=120, sharey=True)
     private = [label for label in labels if label.startswith("ε")]
     eps = [float(label.split("=")[1]) for label in private]
+    styles = [("o", "-", ":"), ("s", "--", (0, (1, 3))), ("^", "-.", (0, (3, 3)))]
     for ax, metric, title in zip(
         axes, ("test_accuracy", "test_accuracy_worst10"), ("all clients", "worst 10% of clients"), strict=True
     ):
+        private_drawn: dict[str, np.ndarray] = {}  # each curve's means, to name one that lies on an earlier one
+        plain_drawn: dict[str, np.ndarray] = {}
         for i, method in enumerate(BASES):
-            colour = f"C{i}"
+            colour, (marker, line, dotted) = f"C{i}", styles[i % len(styles)]
             runs = [np.asarray(found[(method, label)][metric], dtype=float) for label in private]
-            means = [float(np.nanmean(r)) if np.isfinite(r).any() else math.nan for r in runs]
+            means = np.asarray([np.nanmean(r) if np.isfinite(r).any() else math.nan for r in runs])
             spread = [float(np.nanstd(r, ddof=1)) if np.isfinite(r).sum() > 1 else 0.0 for r in runs]
-            ax.errorbar(eps, means, yerr=spread, color=colour, marker="o", capsize=3, label=f"{method}, DP")
+            same = _alike(means, private_drawn)
+            label = f"{method}, DP" + (f" (≈ {same})" if same else "")
+            ax.errorbar(eps, means, yerr=spread, color=colour, marker=marker, linestyle=line, capsize=3, label=label)
+            private_drawn[method] = means
             plain = np.asarray(found[(method, NON_PRIVATE)][metric], dtype=float)
             if np.isfinite(plain).any():
-                ax.axhline(float(np.nanmean(plain)), color=colour, linestyle=":", label=f"{method}, no DP")
+                level = np.full(len(eps), float(np.nanmean(plain)))
+                same = _alike(level, plain_drawn)
+                label = f"{method}, no DP" + (f" (≈ {same})" if same else "")
+                ax.axhline(level[0], color=colour, linestyle=dotted, label=label)
+                plain_drawn[method] = level
         ax.set_xscale("log")
         ax.set_xticks(eps, [f"{e:g}" for e in eps])
         ax.set_xlabel("privacy budget ε (δ = 1e-5; log scale)")
@@ -160,12 +170,20 @@ def plot_accuracy_against_epsilon(
     add_caption(
         fig,
         f"Client-level DP (DP-FedAvg's clipping and central Gaussian noise) on each method; points: mean over "
-        f"{seeds} seed(s), error bars ± 1 std over seeds; dotted: the method without DP. {DESCRIPTION}.",
+        f"{seeds} seed(s), error bars ± 1 std over seeds; horizontal lines: the method without DP. {DESCRIPTION}.",
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, bbox_inches="tight")
     plt.close(fig)
     return out
+
+
+def _alike(values: np.ndarray, drawn: dict[str, np.ndarray], tolerance: float = 0.005) -> str:
+    """The first earlier curve within `tolerance` of `values` at every point ("" if none)."""
+    for name, other in drawn.items():
+        if len(other) == len(values) and np.allclose(other, values, atol=tolerance, rtol=0, equal_nan=True):
+            return name
+    return ""
 
 
 DESCRIPTION = "client-level DP on digits (Dirichlet 0.1): test accuracy against ε for FedAvg, FedProx and MaxFL"
