@@ -172,6 +172,7 @@ _RUN_FLAGS = (
     "download",
     "overwrite",
     "estimate",
+    "target_epsilon",
 )
 
 
@@ -225,6 +226,10 @@ def run(
             "only for folders you trust"
         ),
     ] = False,
+    target_epsilon: Annotated[
+        float | None,
+        typer.Option(help="differential privacy: set the noise multiplier so that ε after the run is this"),
+    ] = None,
 ) -> None:
     """Run one experiment and write its run folder (one fedhet process per folder; Ctrl-C or SIGTERM stops it
     cleanly and --resume continues it)."""
@@ -252,6 +257,7 @@ def run(
         config,
         components={"algorithm": algorithm, "dataset": dataset, "model": model, "partition": partition},
         values={"rounds": rounds, "seed": seed, "backend": backend, "data_dir": data_dir, "download": download or None},
+        settings={"privacy.target_epsilon": (target_epsilon, "--target-epsilon")},
         imports=imports or [],
         overrides=set_ or [],
         track=track or [],

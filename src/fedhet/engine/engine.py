@@ -26,6 +26,7 @@ from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.numerics import exact_float32
 from fedhet.engine.personal import gather, parameter_mask, scatter_, spans
 from fedhet.engine.plan import PHASES, LocalPlan, LocalResult, LocalSettings
+from fedhet.engine.privacy import clip_updates, noise_key
 from fedhet.engine.request import TrainRequest
 from fedhet.engine.state import ClientStore
 from fedhet.engine.step import Cohort, fresh_cohort
@@ -80,8 +81,8 @@ def resolve_backend(
             )
         if autograd_only:
             raise ConfigError(
-                "backend 'dense' cannot run this local objective (a data-space term or a local rule needs "
-                "autograd); use backend 'auto', 'vectorised' or 'sequential'"
+                "backend 'dense' cannot run this local objective (a data-space term, a local rule or DP-SGD's "
+                "per-sample gradients need autograd); use backend 'auto', 'vectorised' or 'sequential'"
             )
     if choice == "conv":
         if conv_layers(model) is None:
@@ -92,8 +93,8 @@ def resolve_backend(
             )
         if autograd_only:
             raise ConfigError(
-                "backend 'conv' cannot run this local objective (a data-space term or a local rule needs "
-                "autograd); use backend 'auto', 'vectorised' or 'sequential'"
+                "backend 'conv' cannot run this local objective (a data-space term, a local rule or DP-SGD's "
+                "per-sample gradients need autograd); use backend 'auto', 'vectorised' or 'sequential'"
             )
     probe = model.vmap_probe
     if choice == "vectorised" and probe is not None and probe.failure is not None:
@@ -157,7 +158,9 @@ class Engine:
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         """Local training of the plan's cohort from `global_params` (or the clients' personal models, with
-        ``plan.personal``), with the clients' stored state; their new state and personal parts are stored."""
+        ``plan.personal``), with the clients' stored state; their new state and personal parts are stored. With
+        ``plan.clip`` each client's update (what it sends: the shared part) is clipped and noised as the client
+        would (`fedhet.engine.privacy.clip_updates`)."""
         cohort, starts, (params, losses, state) = self._run(global_params, plan, round_)
         self.last_backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
         result = LocalResult(plan.clients, params, losses, plan.steps, plan.lr)
@@ -165,6 +168,9 @@ class Engine:
         result.state_delta = self.keep_state(plan, cohort, anchor, result, state, round_)
         if plan.personal is not None:
             self._keep_personal(plan, global_params, result, state, round_)
+        if plan.clip is not None:  # client-level DP: the update each client sends, clipped (and noised) by it
+            key = noise_key(plan.stream, plan.phase)
+            result.clipped = clip_updates(result.params, global_params, plan.clip, plan.clients, self.seed, round_, key)
         self.client_state.prune(self._keep_from(round_))
         return result
 

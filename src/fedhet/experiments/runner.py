@@ -175,6 +175,7 @@ def _checkpoint(state: RunState) -> dict[str, Any]:
         "metrics": [plugin.state_dict() for plugin in exp.metrics],
         **({"clock": state.clock.state_dict(), "system": exp.system.state_dict()} if state.clock is not None else {}),
         **({"asynchronous": state.pending.state_dict()} if state.pending is not None else {}),
+        **({"privacy": exp.privacy.state_dict()} if exp.privacy is not None else {}),
     }
 
 
@@ -209,6 +210,8 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
         exp.engine.load_state_dict(saved["engine"])
         for plugin, plugin_state in zip(exp.metrics, saved["metrics"], strict=True):
             plugin.load_state_dict(plugin_state)
+        if exp.privacy is not None:
+            exp.privacy.load_state_dict(saved["privacy"])
         wall_time = float(saved["wall_time_s"])
         columns = saved["client_columns"]
         if not isinstance(columns, dict) or not all(isinstance(v, Tensor) for v in columns.values()):
@@ -262,6 +265,8 @@ def _write_outputs(state: RunState) -> None:
         "wall_time_s": round(state.wall_time_s, 3),
         "final": state.final,
     }
+    if state.experiment.privacy is not None:
+        summary["privacy"] = state.experiment.privacy.summary()
     state.folder.write_summary(summary)
 
 
@@ -282,6 +287,8 @@ def _trainer(state: RunState, round_: int, clock: RoundClock | None = None) -> T
     model = exp.engine.model
 
     def train(plan: LocalPlan) -> LocalResult:
+        if exp.privacy is not None:
+            plan = exp.privacy.training_plan(plan)
         plan = attack.corrupt_plan(plan, round_)
         if clock is not None:
             personal = int(plan.personal.mask(model).sum()) if plan.personal is not None else 0
@@ -441,9 +448,12 @@ def _evaluate(state: RunState, outcome: RoundOutcome, local_loss: float) -> dict
         "participants": float(outcome.participants),
         "available": float(outcome.available),
         **exp.strategy.round_metrics(),
+        **(exp.privacy.round_metrics(test) if exp.privacy is not None else {}),
         **personal,
         **outcome.columns,
     }
+    if exp.privacy is not None:
+        state.client_columns.update(exp.privacy.client_columns())
     view = RoundView(
         state.round,
         exp.engine,
@@ -479,6 +489,8 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             local_loss = float(losses.double().mean()) if len(losses) else float("nan")
             _check_divergence(state, losses)
             exp.availability.observe(state.round, exp.engine, state.params)
+            if exp.privacy is not None:
+                exp.privacy.record(result if result is not None and len(result.clients) else None)
             state.round += 1
             metrics = _evaluate(state, outcome, local_loss)
             state.wall_time_s = time.perf_counter() - started

@@ -90,6 +90,10 @@ _KNOWN: dict[str, tuple[str, str, tuple[float | None, float | None], bool]] = {
     "gsnr_entropy": ("entropy of the local-step allocation (nats)", "FedGSNR's step allocation entropy", NONNEG, False),
     "gsnr_mean": ("mean GSNR over participants", "Gradient signal-to-noise ratio (GSNR)", NONNEG, False),
     "contribution_round_mean": ("mean client GSNR in the round", "Clients' contribution (GSNR)", NONNEG, False),
+    "dp_epsilon": ("privacy spent ε (client level)", "Privacy spent by client-level DP", NONNEG, False),
+    "dp_sgd_epsilon": ("privacy spent ε (DP-SGD, worst client)", "Privacy spent by DP-SGD", NONNEG, False),
+    "dp_clip_bound": ("clipping bound C", "Client-level DP's clipping bound", NONNEG, False),
+    "dp_clipped_share": ("share of updates clipped", "Updates clipped in the round", UNIT, False),
 }
 _EXTRA_DESCRIPTIONS = {
     "gm_appeal": "share of clients whose test loss under the global model is below their own model's (MaxFL Def. 1)",
