@@ -36,10 +36,8 @@ from fedhet.errors import ConfigError, FedhetWarning
 BackendChoice = Literal["auto", "sequential", "vectorised", "dense", "conv"]
 
 # For models neither the dense nor the conv backend can run (LSTMs, CNNs of other layers; every model under an
-# objective that needs autograd). Measured on 2 CPU cores with LeNet-5 (62k parameters) on 32x32x3 images, 10
-# steps of 10: with two threads vmap is 1.15-1.25x faster than the per-client loop for 10 to 100 clients (a
-# vmapped convolution is large enough to use both cores); with one thread the loop is 1.2x faster. The FedAvg
-# MNIST CNN (582k parameters) is within 10% either way, so larger models stay sequential.
+# objective that needs autograd): vmap beats the per-client loop for small models and cohorts of 10 or more
+# (docs/performance.md, "Why the engine's constants"); larger models stay sequential.
 VECTORISE_MAX_PARAMS = 100_000
 PERSONAL_BLOCK = 64  # clients whose personal models are put together and scored at once
 VECTORISE_MIN_COHORT = 10

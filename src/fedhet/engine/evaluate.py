@@ -47,8 +47,8 @@ def score_clients(model: FlatModel, params: Tensor, data: ClientData, batch_size
     for lo in range(0, n, batch_size):
         x, y = data.x[lo : lo + batch_size], data.y[lo : lo + batch_size]
         logits = model.logits(params, x)
-        # cross-entropy as logsumexp − logit of the label: 6x faster than F.cross_entropy's log-softmax
-        # kernel on CPU for 10 classes (which does not vectorise across rows), the same values
+        # cross-entropy as logsumexp − logit of the label: the same values, faster than F.cross_entropy's
+        # log-softmax kernel on CPU (docs/performance.md, "Why the engine's constants")
         losses = torch.logsumexp(logits, 1) - logits.gather(1, y.unsqueeze(1)).squeeze(1)
         who = owner[lo : lo + batch_size]
         loss_sum.index_add_(0, who, losses.double())
