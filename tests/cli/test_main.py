@@ -30,6 +30,16 @@ def test_run_writes_folder_and_prints_summary(tmp_path: Path) -> None:
     assert summary["algorithm"] == "fedprox" and summary["rounds"] == 3
 
 
+def test_target_epsilon_sets_the_noise_of_a_dp_run(tmp_path: Path) -> None:
+    code, out = invoke("run", "--algorithm", "dp", *FAST, "--target-epsilon", "6", "--out", str(tmp_path / "r"))
+    assert code == 0, out
+    summary = json.loads((tmp_path / "r/summary.json").read_text())
+    assert summary["privacy"]["client"]["epsilon"] == pytest.approx(6.0, rel=0.01)
+    assert summary["final"]["dp_epsilon"] == pytest.approx(6.0, rel=0.01) and "dp_epsilon" in out
+    code, out = invoke("run", "--resume", str(tmp_path / "r"), "--target-epsilon", "2")
+    assert code == 2 and "leave out --target-epsilon" in out
+
+
 def test_yaml_config_and_flags(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("algorithm: scaffold\nrounds: 50\nnum_clients: 6\nmodel: {name: logistic}\n")
@@ -56,6 +66,8 @@ def test_refuses_to_overwrite_and_resumes(tmp_path: Path) -> None:
         (["run", "--dataset", "mnist", "--data-dir", "/nonexistent-fedhet"], "mnist"),
         (["run", "--resume", "/nonexistent-fedhet"], "not a run folder"),
         (["list", "algos"], "did you mean 'algorithms'?"),
+        (["run", *FAST, "--target-epsilon", "3"], "sets the noise of a DP mechanism, and this run has none"),
+        (["run", "--algorithm", "dp", "--target-epsilon", "-1"], "invalid value for 'privacy.target_epsilon'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:

@@ -213,3 +213,35 @@ def test_evaluation_scores_the_tasks_own_metrics_and_no_accuracy_for_a_regressio
     expected = ((z.squeeze(1) - data.y) ** 2)[:6].mean()
     assert float(scores.loss[0]) == pytest.approx(float(expected), rel=1e-5)
     assert float(scores.extra["rmse"][0]) == pytest.approx(float(expected) ** 0.5, rel=1e-5)
+
+
+@pytest.mark.parametrize(("task", "outputs"), [(Binary(), 1), (Regression(), 2)])
+@pytest.mark.parametrize("backend", ["vectorised", "sequential"])
+def test_dp_sgd_takes_the_tasks_loss(task: Task, outputs: int, backend: str) -> None:
+    """DP-SGD's per-sample gradients are those of the task's loss: with an infinite bound and no noise it is plain
+    SGD; with a small bound, one step is w − η Σ_i clip(g_i)/b with g_i autograd's gradient of ℓ_task on sample i."""
+    import math
+    from dataclasses import replace
+
+    from fedhet.data.dataset import FederatedData
+    from fedhet.engine.engine import Engine
+    from fedhet.engine.privacy import ExampleDP
+
+    torch.manual_seed(0)
+    model = FlatModel(nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, outputs)), task)
+    part = _data(task, [4, 6], 5, outputs)
+    data = FederatedData("t", part, part, outputs, torch.ones(2, dtype=torch.bool))
+    engine = Engine(model, data, backend=backend, seed=0)  # type: ignore[arg-type]
+    w = engine.initial_params()
+    plan = LocalPlan.uniform(torch.tensor([0, 1]), 3, 0.1, 2)
+    plain = engine.train(w, plan, 0)
+    private = engine.train(w, replace(plan, dp_sgd=ExampleDP(math.inf, 0.0, "shuffle")), 0)
+    torch.testing.assert_close(private.params, plain.params, **TOL)
+    one = replace(LocalPlan.uniform(torch.tensor([0]), 1, 0.5, 4), dp_sgd=ExampleDP(0.05, 0.0, "shuffle"))
+    x, y = part.client(0)
+    total = torch.zeros_like(w)
+    for i in range(4):
+        v = w.detach().clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(task.loss(model.logits(v, x[i : i + 1]), y[i : i + 1]).sum(), v)
+        total += g * min(1.0, 0.05 / float(g.norm()))
+    torch.testing.assert_close(engine.train(w, one, 0).params[0], w - 0.5 * total / 4, **TOL)

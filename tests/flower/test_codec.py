@@ -3,6 +3,8 @@ arrays, so a plugin's term round-trips without the codec knowing it."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import ClassVar
 
 import numpy as np
@@ -11,6 +13,7 @@ import torch
 from fedhet.engine.objective import TERMS, Aligned, ParameterTerm, Proximal
 from fedhet.engine.optimizers import Adam
 from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.privacy import ExampleDP, UpdateClip
 from fedhet.flower.codec import decode_plan, decode_result, encode_plan, encode_result
 from fedhet.strategies.pfedme import PFedMeRule
 from fedhet.strategies.scaffold import ControlVariates
@@ -66,3 +69,18 @@ def test_a_result_round_trips_with_its_state_changes() -> None:
     torch.testing.assert_close(back.params, result.params)
     torch.testing.assert_close(back.train_loss, result.train_loss, equal_nan=True)
     torch.testing.assert_close(back.state_delta["scaffold.c_i"], result.state_delta["scaffold.c_i"])
+
+
+def test_a_plan_carries_its_differential_privacy_and_a_result_its_clipped_updates() -> None:
+    plan = LocalPlan.uniform(torch.tensor([3, 5]), 2, 0.1, 4)
+    for clip in (UpdateClip(0.7, noise=0.2), UpdateClip(math.inf)):
+        private = replace(plan, clip=clip, dp_sgd=ExampleDP(1.5, 0.9, "shuffle"))
+        back = decode_plan(*encode_plan(private))
+        assert back.clip == clip and back.dp_sgd == ExampleDP(1.5, 0.9, "shuffle")
+    assert decode_plan(*encode_plan(plan)).clip is None and decode_plan(*encode_plan(plan)).dp_sgd is None
+    result = LocalResult(
+        torch.tensor([3, 5]), torch.zeros(2, 4), torch.zeros(2), torch.tensor([2, 2]), torch.full((2,), 0.1)
+    )
+    assert decode_result(encode_result(result)).clipped is None
+    result.clipped = torch.tensor([True, False])
+    assert torch.equal(decode_result(encode_result(result)).clipped, torch.tensor([True, False]))

@@ -55,6 +55,17 @@ def test_clients_are_cut_into_blocks() -> None:
         "apfl",
         "local_only",
         "fedavg_ft",
+        # client-level DP: clipping (and local noise) on the nodes, central noise and adaptive clipping on the server
+        {"name": "dp", "base": "fedavg", "clip": 0.3, "noise_multiplier": 0.8},
+        {"name": "dp", "base": "maxfl", "clip": 0.3, "noise_multiplier": 0.8, "noise": "local"},
+        {
+            "name": "dp",
+            "base": {"name": "fedprox", "mu": 0.1},
+            "clip": 0.05,
+            "clipping": "adaptive",
+            "noise_multiplier": 0.1,
+            "sampling": "poisson",
+        },
     ],
     ids=lambda a: a if isinstance(a, str) else a["name"],
 )
@@ -63,6 +74,17 @@ def test_remote_run_matches_the_native_run(tmp_path: Path, algorithm: object) ->
     native = run(config, tmp_path / "native")
     remote = run(config, tmp_path / "remote", builder=remote_builder(nodes(config, 3), Settings()))
     assert remote.status == native.status == "finished"
+    assert_same_metrics(read_metrics(tmp_path / "native"), read_metrics(tmp_path / "remote"))
+    torch.testing.assert_close(remote.params, native.params, atol=1e-5, rtol=1e-5)
+
+
+def test_dp_sgd_on_the_nodes_matches_the_native_run(tmp_path: Path) -> None:
+    """DP-SGD's Poisson batches and noise are drawn on the nodes from the clients' own streams."""
+    local = {"steps": 4, "lr": 0.05, "batch_size": 8, "dp_sgd": {"clip": 0.5, "noise_multiplier": 1.0}}
+    config = small_config("fedavg", local=local)
+    native = run(config, tmp_path / "native")
+    remote = run(config, tmp_path / "remote", builder=remote_builder(nodes(config, 3), Settings()))
+    assert "dp_sgd_epsilon" in read_metrics(tmp_path / "remote")[-1]
     assert_same_metrics(read_metrics(tmp_path / "native"), read_metrics(tmp_path / "remote"))
     torch.testing.assert_close(remote.params, native.params, atol=1e-5, rtol=1e-5)
 

@@ -195,6 +195,7 @@ _RUN_FLAGS = (
     "download",
     "overwrite",
     "estimate",
+    "target_epsilon",
 )
 
 
@@ -254,6 +255,10 @@ def run(
             "only for folders you trust"
         ),
     ] = False,
+    target_epsilon: Annotated[
+        float | None,
+        typer.Option(help="differential privacy: set the noise multiplier so that ε after the run is this"),
+    ] = None,
 ) -> None:
     """Run one experiment and write its run folder (one fedhet process per folder; Ctrl-C or SIGTERM stops it
     cleanly and --resume continues it)."""
@@ -284,6 +289,7 @@ def run(
             track,
             estimate,
             trust_imports,
+            target_epsilon,
         )
 
 
@@ -309,6 +315,7 @@ def _run(
     track: list[str] | None,
     estimate: bool,
     trust_imports: bool,
+    target_epsilon: float | None,
 ) -> None:
     callbacks = [] if quiet else [_progress()]
     if engine not in ("native", "flower"):
@@ -334,6 +341,7 @@ def _run(
         config,
         components={"algorithm": algorithm, "dataset": dataset, "model": model, "partition": partition},
         values={"rounds": rounds, "seed": seed, "backend": backend, "data_dir": data_dir, "download": download or None},
+        settings={"privacy.target_epsilon": (target_epsilon, "--target-epsilon")},
         imports=imports or [],
         overrides=set_ or [],
         track=track or [],

@@ -81,8 +81,8 @@ def local_batches(
 
 
 def gather_rows(x: Tensor, rows: Tensor) -> Tensor:
-    """x[rows] for an index tensor of any shape, with `index_select` (a row copy, 1.6x faster than advanced
-    indexing for mini-batches of 784 features)."""
+    """x[rows] for an index tensor of any shape, with `index_select` (a row copy, faster than advanced indexing:
+    docs/performance.md, "Why the engine's constants")."""
     return torch.index_select(x, 0, rows.reshape(-1)).view(*rows.shape, *x.shape[1:])
 
 

@@ -181,10 +181,9 @@ class Conv:
 
     def direct_backward(self, a: Tensor) -> bool:
         """Whether the backward pass runs on torch's direct kernel (im2col and one matrix product) instead of
-        oneDNN: for a convolution of one input channel on a CPU, where oneDNN's weight gradient is slow. Measured
-        on one core, µs per client at a batch of 10, oneDNN → direct (`benchmarks/conv_kernels.py`): the FedAvg
-        CNN's first layer (1 → 32, 5×5) 2,133 → 568, `cnn_fmnist`'s (1 → 16) 1,047 → 235; 1.6–3.9× at batches
-        of 1 to 100. Layers of more input channels are as fast or faster on oneDNN."""
+        oneDNN: for a convolution of one input channel on a CPU, where oneDNN's weight gradient is slow; layers of
+        more input channels are as fast or faster on oneDNN (`benchmarks/conv_kernels.py`; the measurements:
+        docs/performance.md, "Why the engine's constants")."""
         return (
             self.shape[1] == 1
             and self.groups == 1
@@ -217,8 +216,8 @@ class Conv:
 @dataclass(frozen=True)
 class Linear:
     """`nn.Linear` on (n, b, in): batched matrix products over the chunk's clients, or client by client with
-    2-D products for large weights (a single-client `bmm` runs 1.3× and an in-place `baddbmm_` 1.7× slower
-    than `addmm` / `addmm_` for FedAvg CNN's 512×3136 layer at a batch of 10)."""
+    2-D products for large weights (where a single-client `bmm` or an in-place `baddbmm_` is slower than `addmm`
+    / `addmm_`: docs/performance.md, "Why the engine's constants")."""
 
     weight: slice
     bias: slice | None
@@ -291,9 +290,9 @@ class MaxPool:
 
     Windows of 2×2 with stride 2 on even-sized maps (every pooling layer of the zoo) are two element-wise
     maxima of strided views, over pairs of columns and then of rows: the first maximum of a window in torch's
-    row-major order is the first of its row pair's maxima, taken in the first row that holds it. Measured on
-    one core for 150 maps of 6×28×28: 0.35 ms forward and 1.1 ms backward, against 3.9 and 0.15 ms with
-    torch's kernel (its forward does not vectorise). Other windows use torch's kernel."""
+    row-major order is the first of its row pair's maxima, taken in the first row that holds it (torch's forward
+    kernel does not vectorise; docs/performance.md, "Why the engine's constants"). Other windows use torch's
+    kernel."""
 
     kernel: tuple[int, int]
     stride: tuple[int, int]
@@ -713,9 +712,7 @@ def default_chunk(spec: ConvSpec, clients: int, workers: int, batch: int) -> int
     """Clients per chunk: an equal share of the cohort per worker, but at most `CHUNK_BYTES` of weights and
     activations. Larger chunks share each batched op's Python and dispatch cost among more clients; past one or
     two clients of a large model they stop paying (its convolutions and large Linear layers run per client
-    anyway). Measured on 2 cores, one round of 10 steps of 10, 4 MB → 24 MB (`benchmarks/conv_chunks.py`):
-    LeNet-5 (30 clients) 560 → 383 ms with 14 clients per chunk instead of 2, cnn_fmnist 509 → 390 ms with 15
-    instead of 3; the FedAvg CNN, the CIFAR CNNs and the FEMNIST CNN keep 1."""
+    anyway (`benchmarks/conv_chunks.py`; docs/performance.md, "Why the engine's constants")."""
     share = -(-clients // max(workers, 1))
     return max(1, min(share, CHUNK_BYTES // (4 * spec.size + step_bytes(spec, batch))))
 

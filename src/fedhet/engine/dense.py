@@ -119,9 +119,8 @@ def dense_layers(model: FlatModel) -> list[DenseLayer] | None:
 
 def default_chunk(model: FlatModel, clients: int, workers: int) -> int:
     """Clients per chunk: an equal share of the cohort per worker, but at most `CHUNK_BYTES` of weights and at
-    least `MIN_CHUNK_BYTES` (tiny chunks cost more in threads than they save). Measured on 2 cores, MLP
-    784-200-10 with 100 clients on two workers: 127 ms per round's training with 4 clients per chunk, 96-105
-    with 8 to 24, 124 with 50; 784-800-10: 360 ms with 4 to 12, 459 with 24."""
+    least `MIN_CHUNK_BYTES` (tiny chunks cost more in threads than they save; docs/performance.md, "Why the
+    engine's constants")."""
     weights = 4 * model.size
     share = -(-clients // max(workers, 1))
     return max(1, min(max(share, -(-MIN_CHUNK_BYTES // weights)), CHUNK_BYTES // weights, BLOCK))
@@ -421,8 +420,8 @@ class _GramFirstLayer:
     def apply(self, weights: _Weights) -> None:
         """W_T = W_0 − DᵀX into the chunk's weights (not written before), b_T = b_0 − 1ᵀD (the bias holds b_0);
         with affine terms ρ^T W_0 + c_T A − DᵀX and ρ^T b_0 + c_T a − 1ᵀD. Client by client, so that each one's
-        weights are written once and updated while in cache: the chunk's weights do not fit, and reading and
-        writing them once more each made two-thread rounds 8–18% slower."""
+        weights are written once and updated while in cache: the chunk's weights do not fit, and one more pass
+        over them is slower (docs/performance.md, "Why the engine's constants")."""
         shared = self.w0.dim() == 2
         for i, (value, g, x) in enumerate(zip(weights.weight.value, self.grads.mT, self.x, strict=True)):
             start = self.w0 if shared else self.w0[i]

@@ -26,6 +26,7 @@ from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.numerics import exact_float32
 from fedhet.engine.personal import gather, parameter_mask, scatter_, spans
 from fedhet.engine.plan import PHASES, LocalPlan, LocalResult, LocalSettings
+from fedhet.engine.privacy import clip_updates, noise_key
 from fedhet.engine.protocol import Split
 from fedhet.engine.request import TrainRequest
 from fedhet.engine.state import ClientStore
@@ -36,10 +37,8 @@ from fedhet.errors import ConfigError, FedhetWarning
 BackendChoice = Literal["auto", "sequential", "vectorised", "dense", "conv"]
 
 # For models neither the dense nor the conv backend can run (LSTMs, CNNs of other layers; every model under an
-# objective that needs autograd). Measured on 2 CPU cores with LeNet-5 (62k parameters) on 32x32x3 images, 10
-# steps of 10: with two threads vmap is 1.15-1.25x faster than the per-client loop for 10 to 100 clients (a
-# vmapped convolution is large enough to use both cores); with one thread the loop is 1.2x faster. The FedAvg
-# MNIST CNN (582k parameters) is within 10% either way, so larger models stay sequential.
+# objective that needs autograd): vmap beats the per-client loop for small models and cohorts of 10 or more
+# (docs/performance.md, "Why the engine's constants"); larger models stay sequential.
 VECTORISE_MAX_PARAMS = 100_000
 PERSONAL_BLOCK = 64  # clients whose personal models are put together and scored at once
 VECTORISE_MIN_COHORT = 10
@@ -81,8 +80,8 @@ def resolve_backend(
             )
         if autograd_only:
             raise ConfigError(
-                "backend 'dense' cannot run this local objective (a data-space term or a local rule needs "
-                "autograd); use backend 'auto', 'vectorised' or 'sequential'"
+                "backend 'dense' cannot run this local objective (a data-space term, a local rule or DP-SGD's "
+                "per-sample gradients need autograd); use backend 'auto', 'vectorised' or 'sequential'"
             )
     if choice == "conv":
         if conv_layers(model) is None:
@@ -93,8 +92,8 @@ def resolve_backend(
             )
         if autograd_only:
             raise ConfigError(
-                "backend 'conv' cannot run this local objective (a data-space term or a local rule needs "
-                "autograd); use backend 'auto', 'vectorised' or 'sequential'"
+                "backend 'conv' cannot run this local objective (a data-space term, a local rule or DP-SGD's "
+                "per-sample gradients need autograd); use backend 'auto', 'vectorised' or 'sequential'"
             )
     probe = model.vmap_probe
     if choice == "vectorised" and probe is not None and probe.failure is not None:
@@ -158,7 +157,9 @@ class Engine:
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         """Local training of the plan's cohort from `global_params` (or the clients' personal models, with
-        ``plan.personal``), with the clients' stored state; their new state and personal parts are stored."""
+        ``plan.personal``), with the clients' stored state; their new state and personal parts are stored. With
+        ``plan.clip`` each client's update (what it sends: the shared part) is clipped and noised as the client
+        would (`fedhet.engine.privacy.clip_updates`)."""
         cohort, starts, (params, losses, state) = self._run(global_params, plan, round_)
         self.last_backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
         result = LocalResult(plan.clients, params, losses, plan.steps, plan.lr)
@@ -166,6 +167,9 @@ class Engine:
         result.state_delta = self.keep_state(plan, cohort, anchor, result, state, round_)
         if plan.personal is not None:
             self._keep_personal(plan, global_params, result, state, round_)
+        if plan.clip is not None:  # client-level DP: the update each client sends, clipped (and noised) by it
+            key = noise_key(plan.stream, plan.phase)
+            result.clipped = clip_updates(result.params, global_params, plan.clip, plan.clients, self.seed, round_, key)
         self.client_state.prune(self._keep_from(round_))
         return result
 

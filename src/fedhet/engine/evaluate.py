@@ -67,7 +67,9 @@ def score_clients(model: FlatModel, params: Tensor, data: ClientData, batch_size
     for lo in range(0, n, batch_size):
         x, y = data.x[lo : lo + batch_size], data.y[lo : lo + batch_size]
         logits = model.logits(params, x)
-        losses = task.loss_value(logits, y)  # cross-entropy: logsumexp − logit of the label (6x faster)
+        # the task's loss; cross-entropy as logsumexp − logit of the label: the same values, faster than
+        # F.cross_entropy's log-softmax kernel on CPU (docs/performance.md, "Why the engine's constants")
+        losses = task.loss_value(logits, y)
         who = owner[lo : lo + batch_size]
         loss_sum.index_add_(0, who, losses.double())
         hit = task.correct(logits, y)

@@ -25,8 +25,17 @@ from fedhet.engine.conv import conv_layers, train_conv
 from fedhet.engine.dense import dense_layers, train_dense
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.objective import Aligned, DataTerm, ModelView, ParameterTerm
+from fedhet.engine.privacy import (
+    ExampleDP,
+    expected_batch,
+    poisson_batches,
+    refuse_with,
+    sgd_noise_key,
+    step_noise,
+)
 from fedhet.engine.request import Trained, TrainRequest
 from fedhet.engine.step import Cohort, aligned, leaf_direction
+from fedhet.engine.task import Task
 from fedhet.engine.threads import torch_threads
 from fedhet.errors import ConfigError
 from fedhet.seeding import derive_seed
@@ -130,17 +139,23 @@ def make_step(
     """One client's local step on parameter dictionaries (vmap it for a cohort; dictionaries are cheaper under
     vmap than one flat vector: no split and cat per step).
 
-    ``step(w, start, x, y, wt, lr, server, client, opt, rule) -> (w, opt, rule, loss)``: `server` and `client` hold
-    each term's tensors as dictionaries (in the order of ``cohort.terms``), `opt` the optimiser's state
+    ``step(w, start, x, y, wt, lr, server, client, opt, rule, private) -> (w, opt, rule, loss)``: `server` and
+    `client` hold each term's tensors as dictionaries (in the order of ``cohort.terms``), `opt` the optimiser's state
     (dictionaries for "param" states, one number for "count" states) and `rule` the rule's state (dictionaries for
     "param" states, numbers for "scalar" ones); x, y, wt carry a rule's mini-batches on dim 0. The parameters named
-    in `frozen` keep their values and their optimiser state."""
+    in `frozen` keep their values and their optimiser state. With ``cohort.dp_sgd``, `private` is (the step's
+    standard normal noise as a dictionary, empty without noise; the client's expected batch size b_k) and the data
+    gradient is DP-SGD's (`private_gradient`); else it is None."""
     terms = [t.term for t in cohort.terms]
     optimizer, rule, task = cohort.optimizer, cohort.rule, model.task
     kinds = optimizer.state_kinds()
+    dp = cohort.dp_sgd
+    refuse_with(dp, bool(cohort.data_terms), rule is not None, model.has_dropout)
 
     def forward(params: Tree, x: Tensor) -> Tensor:
         return functional_call(model.module, params, (x,))
+
+    private_gradient = _private_gradient(forward, task, dp, frozen) if dp is not None else None
 
     def step(
         w: Tree,
@@ -153,6 +168,7 @@ def make_step(
         client: list[dict[str, Tree]],
         opt: dict[str, Any],
         rule_state: dict[str, Any],
+        private: tuple[Tree, Tensor] | None = None,
     ) -> tuple[Tree, dict[str, Any], dict[str, Any], Tensor]:
         def objective(v: Tree, xb: Tensor, yb: Tensor, wb: Tensor) -> tuple[Tensor, Tensor]:
             logits = forward(v, xb)
@@ -177,7 +193,10 @@ def make_step(
             return out
 
         if rule is None:
-            g, loss = gradient(w, x, y, wt)
+            if private_gradient is not None and private is not None:
+                g, loss = private_gradient(w, x, y, wt, *private)
+            else:
+                g, loss = gradient(w, x, y, wt)
             d = direction(w, g)
         else:
 
@@ -202,6 +221,59 @@ def make_step(
         return new_w, new_opt, rule_state, loss
 
     return step
+
+
+def _private_gradient(
+    forward: Callable[[Tree, Tensor], Tensor], task: Task, dp: ExampleDP, frozen: frozenset[str]
+) -> Callable[[Tree, Tensor, Tensor, Tensor, Tree, Tensor], tuple[Tree, Tensor]]:
+    """DP-SGD's gradient of one client's batch (Abadi et al. 2016, Algorithm 1): per-sample gradients g_i of the
+    task's loss (vmap over the batch), each clipped to norm C over the trained parameters, summed with the batch
+    weights, plus σ·noise (σ = zC), divided by the expected batch size b_k; and the batch's mean loss."""
+
+    def sample_loss(v: Tree, xs: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
+        loss = task.loss(forward(v, xs.unsqueeze(0)), ys.unsqueeze(0)).sum()
+        return loss, loss
+
+    per_sample = vmap(grad(sample_loss, has_aux=True), in_dims=(None, 0, 0))
+    sigma = dp.noise_std
+
+    def private_gradient(
+        v: Tree, xb: Tensor, yb: Tensor, wb: Tensor, noise: Tree, denominator: Tensor
+    ) -> tuple[Tree, Tensor]:
+        g, losses = per_sample(v, xb, yb)
+        squares = wb.new_zeros(wb.shape)
+        for n, value in g.items():
+            if n not in frozen:
+                squares = squares + value.reshape(len(wb), -1).pow(2).sum(1)
+        factor = (dp.clip / squares.sqrt()).clamp(max=1.0) * wb
+        out = {}
+        for n, value in g.items():
+            total = torch.tensordot(factor, value, dims=1)
+            if n in noise:
+                total = total + sigma * noise[n]
+            out[n] = total / denominator
+        return out, (losses * wb).sum() / wb.sum().clamp_min(1.0)
+
+    return private_gradient
+
+
+def _batches(request: TrainRequest, rows: Tensor | slice, steps: Tensor) -> tuple[Tensor, Tensor]:
+    """The mini-batches of the plan's clients `rows` taking `steps`: DP-SGD's Poisson-sampled ones, or the engine's."""
+    plan, data = request.plan, request.data
+    sample = poisson_batches if plan.dp_sgd is not None and plan.dp_sgd.sampling == "poisson" else local_batches
+    return sample(data.offsets, plan.clients[rows], steps, plan.batch_size, request.seed, request.round_, plan.stream)
+
+
+def _private_inputs(request: TrainRequest, rows: Tensor, step: int, denominators: Tensor) -> tuple[Tree, Tensor]:
+    """DP-SGD's `private` step input of the cohort's clients `rows` (indices into the plan): their noise of step
+    `step` as a parameter dictionary (m, ...) (empty without noise) and their expected batch sizes (m,)."""
+    plan, model = request.plan, request.model
+    assert plan.dp_sgd is not None
+    if plan.dp_sgd.noise_std == 0:
+        return {}, denominators[rows]
+    key = sgd_noise_key(plan.stream, plan.phase)
+    noise = step_noise(plan.clients[rows], model.size, request.seed, request.round_, key, step)
+    return _tree(model, noise.to(denominators.device)), denominators[rows]
 
 
 def _tree(model: FlatModel, flat: Tensor) -> Tree:
@@ -252,9 +324,9 @@ def _train_functional(request: TrainRequest) -> Trained:
     seed, round_ = request.seed, request.round_
     step = make_step(model, cohort, _frozen_names(request))
     per_step = cohort.rule.batches_per_step if cohort.rule is not None else 1
-    index, weight = local_batches(
-        data.offsets, plan.clients, plan.steps * per_step, plan.batch_size, seed, round_, plan.stream
-    )
+    index, weight = _batches(request, slice(None), plan.steps * per_step)
+    dp = cohort.dp_sgd
+    denominators = expected_batch(data.offsets, plan.clients, plan.batch_size) if dp is not None else None
     m = request.size
     params = request.start()
     losses = torch.full((m,), float("nan"))
@@ -274,6 +346,10 @@ def _train_functional(request: TrainRequest) -> Trained:
             _seed_dropout(model, seed, round_, t, plan.stream)
             at = t if cohort.rule is None else slice(t * per_step, (t + 1) * per_step)
             rows = index[i, at]
+            private = None
+            if denominators is not None:
+                noise, denominator = _private_inputs(request, torch.tensor([i]), t, denominators)
+                private = (tree_map(lambda v: v[0], noise), denominator[0])
             w, state, carried, loss = step(
                 w,
                 start,
@@ -285,6 +361,7 @@ def _train_functional(request: TrainRequest) -> Trained:
                 mine,
                 state,
                 carried,
+                private,
             )
             w, state, carried = tree_map(torch.Tensor.detach, (w, state, carried))
             total = total + loss.detach()
@@ -310,21 +387,22 @@ def train_vectorised(request: TrainRequest) -> Trained:
     rule_state = {k: v.clone() for k, v in cohort.rule_state.items()}
     per_step = cohort.rule.batches_per_step if cohort.rule is not None else 1
     randomness = "same" if model.has_dropout else "error"
+    dp = cohort.dp_sgd
     vstep = vmap(
         make_step(model, cohort, _frozen_names(request)),
-        in_dims=(0, None, 0, 0, 0, 0, None, 0, 0, 0),
+        in_dims=(0, None, 0, 0, 0, 0, None, 0, 0, 0, 0 if dp is not None else None),
         randomness=randomness,
     )
     start = _tree(model, request.anchor)
+    denominators = expected_batch(data.offsets.cpu(), plan.clients, plan.batch_size).to(dev) if dp else None
     for lo in range(0, m, chunk):
         sel = slice(lo, min(lo + chunk, m))
         steps, lr = plan.steps[sel], plan.lr[sel].to(dev)
         size = len(steps)
         server, client, opt, carried = _trees(model, cohort.rows(sel))
-        index, weight = local_batches(
-            data.offsets, plan.clients[sel], steps * per_step, plan.batch_size, seed, round_, plan.stream
-        )
+        index, weight = _batches(request, sel, steps * per_step)
         index, weight = index.to(dev), weight.to(dev)
+        chunk_rows = torch.arange(m)[sel]
         w, total = _tree(model, params[sel].clone()), torch.zeros(size, device=dev)
         for t in range(index.shape[1] // per_step):
             _seed_dropout(model, seed, round_, t, plan.stream)
@@ -332,14 +410,29 @@ def train_vectorised(request: TrainRequest) -> Trained:
             active = steps > t
             if bool(active.all()):
                 rows = index[:, at]
+                private = _private_inputs(request, chunk_rows, t, denominators) if denominators is not None else None
                 w, opt, carried, loss = vstep(
-                    w, start, gather_rows(data.x, rows), data.y[rows], weight[:, at], lr, server, client, opt, carried
+                    w,
+                    start,
+                    gather_rows(data.x, rows),
+                    data.y[rows],
+                    weight[:, at],
+                    lr,
+                    server,
+                    client,
+                    opt,
+                    carried,
+                    private,
                 )
                 total = total + loss
             else:
-                ids = torch.nonzero(active).flatten().to(dev)
+                on_cpu = torch.nonzero(active).flatten()
+                ids = on_cpu.to(dev)
                 rows = index[ids, at]
                 pick = lambda v, ids=ids: v[ids]  # noqa: E731
+                private = None
+                if denominators is not None:
+                    private = _private_inputs(request, chunk_rows[on_cpu], t, denominators)
                 new_w, new_opt, new_carried, loss = vstep(
                     tree_map(pick, w),
                     start,
@@ -351,6 +444,7 @@ def train_vectorised(request: TrainRequest) -> Trained:
                     tree_map(pick, client),
                     tree_map(pick, opt),
                     tree_map(pick, carried),
+                    private,
                 )
                 put = lambda full, new, ids=ids: full.index_put((ids,), new)  # noqa: E731
                 w, opt, carried = tree_map(put, (w, opt, carried), (new_w, new_opt, new_carried))

@@ -2,8 +2,8 @@
 
 A round allocates a few tensors of (cohort × parameters) floats (the local models, the updates); for an MLP
 784-200-10 and 100 clients each is 64 MB. glibc serves such sizes with fresh `mmap`s and returns them on
-free, so every round pays a page fault per 4 KB touched (measured: 38 ms of CPU for forming the updates and
-their weighted mean, 16 ms once the memory is reused). Raising glibc's mmap and trim thresholds keeps the
+free, so every round pays a page fault per 4 KB touched (docs/performance.md, "Why the engine's constants").
+Raising glibc's mmap and trim thresholds keeps the
 freed memory in the heap for the next round. The process's peak memory is unchanged; it simply does not
 shrink after a peak. Set ``FEDHET_KEEP_FREED_MEMORY=0`` to leave the allocator alone.
 """

@@ -10,6 +10,7 @@ from torch import Tensor
 from fedhet.engine.objective import LocalTerm, ParameterTerm, WeightDecay
 from fedhet.engine.optimizers import SGD, ClientOptimizer
 from fedhet.engine.personal import Personal
+from fedhet.engine.privacy import ExampleDP, UpdateClip
 from fedhet.engine.rules import LocalRule
 
 PHASES = 8  # trainings of one round that may build on each other (`LocalPlan.phase`)
@@ -72,6 +73,9 @@ class LocalPlan:
     shared part. ``frozen`` names parameters the steps leave as they start (patterns as ``personal.parts``:
     FedRep trains its head, then its body). ``phase`` orders several trainings of one round that read what an
     earlier one stored (a later phase sees the rows an earlier phase of the same round wrote).
+
+    Differential privacy (`fedhet.engine.privacy`): ``clip`` clips (and, for local DP, noises) the update each
+    client sends, after its steps; ``dp_sgd`` makes every step a DP-SGD step (per-sample clipping and noise).
     """
 
     clients: Tensor  # (m,) int64 client ids
@@ -86,6 +90,8 @@ class LocalPlan:
     frozen: tuple[str, ...] = ()
     phase: int = 0
     starts: Tensor | None = None  # (m, P) each client's own start point (clients sent different models)
+    clip: UpdateClip | None = None
+    dp_sgd: ExampleDP | None = None
 
     def __post_init__(self) -> None:
         m = len(self.clients)
@@ -172,6 +178,7 @@ class LocalResult:
     lr: Tensor  # (m,)
     state_delta: dict[str, Tensor] = field(default_factory=dict)  # "<term>.<state>" -> (m, P) change, 0 if no step
     dropped: Tensor | None = None  # (m,) bool: clients that never answered (a remote node was lost); NaN rows
+    clipped: Tensor | None = None  # (m,) bool: updates the plan's ``clip`` scaled down (client-level DP)
 
     def rows(self, keep: Tensor) -> LocalResult:
         """The clients selected by `keep` (a bool mask or indices), every per-client field included."""

@@ -18,6 +18,7 @@ from torch import Tensor
 from fedhet.engine.objective import Aligned, DataTerm, LocalTerm, ParameterTerm
 from fedhet.engine.optimizers import ClientOptimizer
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.privacy import ExampleDP
 from fedhet.engine.rules import LocalRule
 
 Slicer = Callable[[Tensor], Tensor]  # a flat (..., P) tensor -> one leaf's view of it
@@ -36,13 +37,14 @@ class TermInputs:
 class Cohort:
     """The objective of a round's cohort and its state: the terms with their tensors, the optimiser with the
     cohort's optimiser state (``"param"`` states (m, P), ``"count"`` states (m,)), and the rule, if any, with its
-    state (``"param"`` (m, P), ``"scalar"`` (m,))."""
+    state (``"param"`` (m, P), ``"scalar"`` (m,)); ``dp_sgd`` makes the steps DP-SGD steps."""
 
     terms: list[TermInputs]
     optimizer: ClientOptimizer
     rule: LocalRule | None
     opt_state: dict[str, Tensor]
     rule_state: dict[str, Tensor] = field(default_factory=dict)
+    dp_sgd: ExampleDP | None = None
 
     @property
     def parameter_terms(self) -> list[TermInputs]:
@@ -54,8 +56,9 @@ class Cohort:
 
     @property
     def autograd_only(self) -> bool:
-        """True when the objective needs autograd (a data term or a rule): not for the dense backend."""
-        return self.rule is not None or bool(self.data_terms)
+        """True when the objective needs autograd (a data term, a rule, DP-SGD's per-sample gradients): not for the
+        dense and conv backends."""
+        return self.rule is not None or bool(self.data_terms) or self.dp_sgd is not None
 
     def rows(self, sel: Tensor | slice) -> Cohort:
         """The state of the clients `sel` (indices or a slice of the cohort)."""
@@ -142,7 +145,8 @@ def fresh_cohort(plan: LocalPlan, start: Tensor) -> Cohort:
         for term in plan.terms
     ]
     rule_state = initial_rule_state(plan.rule, start, m) if plan.rule is not None else {}
-    return Cohort(terms, plan.optimizer, plan.rule, fresh_state(plan.optimizer, m, len(start)), rule_state)
+    opt_state = fresh_state(plan.optimizer, m, len(start))
+    return Cohort(terms, plan.optimizer, plan.rule, opt_state, rule_state, plan.dp_sgd)
 
 
 def initial_rule_state(rule: LocalRule, start: Tensor, m: int) -> dict[str, Tensor]:

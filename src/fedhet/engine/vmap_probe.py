@@ -16,7 +16,7 @@ def probe_vmap(model: FlatModel, data: ClientData) -> VmapProbe:
     """Run a vmapped gradient step of two stacked copies of the model on two samples of `data`."""
     if len(data.y) == 0:
         return VmapProbe()
-    x, y = data.x[:2].unsqueeze(0).expand(2, *data.x[:2].shape), data.y[:2].unsqueeze(0).expand(2, -1)
+    x, y = data.x[:2].unsqueeze(0).expand(2, *data.x[:2].shape), data.y[:2].unsqueeze(0).expand(2, *data.y[:2].shape)
     params = {n: v.unsqueeze(0).expand(2, *v.shape) for n, v in model.unflatten(model.initial_params()).items()}
 
     def loss(w: dict[str, Tensor], xb: Tensor, yb: Tensor) -> Tensor:

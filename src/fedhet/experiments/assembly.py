@@ -3,6 +3,7 @@ default.
 
 The sources, each over the one before: a YAML file; components chosen by name (a flag such as ``--algorithm``:
 the file's parameters are kept when it names the same component); top-level values (``--rounds``, ``--seed``...);
+nested settings (``--target-epsilon``);
 plugin modules to import (after the file's); ``--set dotted.key=value`` overrides; trackers to add. The command line
 only parses its flags and hands them here; `parse_config` validates the result (a mapping of a component's
 parameters without a ``name`` completes the component's default there, see `fedhet.registry.with_defaults`).
@@ -27,12 +28,14 @@ def assemble(
     *,
     components: Mapping[str, str | None] | None = None,
     values: Mapping[str, Any] | None = None,
+    settings: Mapping[str, tuple[Any, str]] | None = None,
     imports: Iterable[str] = (),
     overrides: Iterable[str] = (),
     track: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The raw config mapping from its sources (see the module docstring); a None component or value is not given.
 
+    `settings` maps a dotted key to ``(value, flag)``: a flag that sets a nested key (``--target-epsilon``).
     A path among `values` (``data_dir``) is written as text.
     """
     raw: dict[str, Any] = load_yaml(file) if file is not None else {}
@@ -42,6 +45,9 @@ def assemble(
     for key, value in (values or {}).items():
         if value is not None:
             raw[key] = str(value) if isinstance(value, Path) else value
+    for key, (value, flag) in (settings or {}).items():
+        if value is not None:
+            set_key(raw, key, value, flag)
     imports = list(imports)
     if imports:
         raw["imports"] = [*raw.get("imports", []), *imports]

@@ -27,13 +27,14 @@ from fedhet.engine.protocol import EngineProtocol
 from fedhet.engine.schedules import SCHEDULES, Schedule
 from fedhet.engine.schedules import Constant as ConstantSchedule
 from fedhet.engine.task import TASKS, Task
-from fedhet.errors import FedhetNote
+from fedhet.errors import ConfigError, FedhetNote
 from fedhet.experiments.config import RunConfig, dump_yaml, parse_config
 from fedhet.experiments.evaluation import scores_personal
 from fedhet.experiments.preflight import check_run
 from fedhet.metrics.base import Metric, check_columns
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
+from fedhet.privacy.ledger import PrivacyLedger, RunShape, check_sampling, find_dp
 from fedhet.registry import Component, spec_of
 from fedhet.requirements import ClientRequirements, UsesRequirements
 from fedhet.seeding import derive_seed
@@ -53,6 +54,7 @@ class Experiment:
     metrics: list[Metric]
     requirements: ClientRequirements | None = None  # when a component or personalised appeal uses them
     system: SystemModel = field(default_factory=NoSystem)  # the clients' speeds (`none`: no simulated clock)
+    privacy: PrivacyLedger | None = None  # a DP run's accounting (algorithm dp, local.dp_sgd)
 
     def resolved_config(self) -> dict[str, Any]:
         """The config with every component's parameters filled in (what identifies the run)."""
@@ -285,6 +287,10 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     # an asynchronous strategy needs a clock: without a system model every client runs at the constant one's speed
     system = parts.system if parts.system.simulates_time or not strategy.asynchronous else Constant()
     system.setup(data.num_clients, config.seed)
+    dropping = system.simulates_time and config.deadline.seconds is not None and config.deadline.policy != "partial"
+    check_sampling(
+        config.privacy, strategy, config.spec("availability")["name"], config.spec("attack")["name"], dropping
+    )
     ctx = ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack, system)
     ctx.local_schedule, ctx.server_schedule, ctx.rounds = parts.local_schedule, parts.server_schedule, config.rounds
     strategy.setup(ctx)
@@ -294,12 +300,34 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     for plugin in parts.metrics:
         plugin.setup(engine, config.seed)
     used = used or (config.personal_eval.appeal and scores_personal(strategy, config.personal_eval))
-    # an asynchronous strategy needs a clock: without a system model every client runs at the constant one's speed
-    system = parts.system if parts.system.simulates_time or not strategy.asynchronous else Constant()
-    system.setup(data.num_clients, config.seed)
+    privacy = privacy_ledger(config, strategy, data, local)
     return Experiment(
-        config, data, engine, strategy, availability, parts.metrics, requirements if used else None, system
+        config, data, engine, strategy, availability, parts.metrics, requirements if used else None, system, privacy
     )
+
+
+def privacy_ledger(
+    config: RunConfig, strategy: Strategy, data: FederatedData, local: LocalSettings
+) -> PrivacyLedger | None:
+    """The run's privacy accounting when it asks for DP (`fedhet.privacy.ledger`; sets the noise from a target ε)."""
+    dp, sgd = find_dp(strategy), config.local.dp_sgd
+    if dp is None and sgd is None:
+        if config.privacy.target_epsilon is not None:
+            raise ConfigError(
+                "privacy.target_epsilon (--target-epsilon) sets the noise of a DP mechanism, and this run has none: "
+                "use algorithm dp (client level) or local.dp_sgd (example level)"
+            )
+        return None
+    sizes = data.train.sizes
+    shape = RunShape(
+        config.rounds,
+        config.clients_per_round,
+        sizes,
+        data.seen,
+        local.plan(torch.arange(len(sizes)), sizes).steps,
+        local.batch_size,
+    )
+    return PrivacyLedger(config.privacy, dp, sgd, shape)
 
 
 def build(config: RunConfig) -> Experiment:

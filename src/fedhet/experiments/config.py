@@ -23,6 +23,7 @@ from fedhet.config_keys import COMPONENT_KEYS
 from fedhet.data.labels import LabelNoise
 from fedhet.errors import ConfigError
 from fedhet.experiments.trackers import validate_track
+from fedhet.privacy.settings import DPSGDConfig, PrivacyConfig
 from fedhet.registry import format_validation_error, with_defaults
 from fedhet.requirements import RequirementsConfig
 from fedhet.systems.clock import Deadline
@@ -71,6 +72,9 @@ class LocalConfig(BaseModel):
     )
     terms: list[ComponentSpec] = Field(
         default_factory=list, description="extra terms of every client's objective, e.g. [{name: proximal, mu: 0.1}]"
+    )
+    dp_sgd: DPSGDConfig | None = Field(
+        None, description="example-level DP: DP-SGD in every client's steps, e.g. {clip: 1.0, noise_multiplier: 1.1}"
     )
 
     @field_validator("optimizer", mode="before")
@@ -194,6 +198,10 @@ class RunConfig(BaseModel):
         default_factory=PersonalEvalConfig,
         description="personalised evaluation: each client's own model (Ditto, FedRep, ... or fine-tuned)",
     )
+    privacy: PrivacyConfig = Field(
+        default_factory=PrivacyConfig,
+        description="accounting of differential privacy (algorithm dp, local.dp_sgd): δ, accountant, target ε",
+    )
     eval_every: Count = Field(1, ge=1, description="evaluate every n rounds (and always after the last)")
     eval_clients: Count = Field(
         0,
@@ -265,8 +273,8 @@ class RunConfig(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_unused_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """config.yaml (and the run's identity) as before `track`, `eval_clients`, `personal_eval`, `system` and
-        `deadline` existed, when unused."""
+        """config.yaml (and the run's identity) as before `track`, `eval_clients`, `personal_eval`, `system`,
+        `deadline`, `privacy` and `local.dp_sgd` existed, when unused."""
         data: dict[str, Any] = handler(self)
         if not data.get("track"):
             data.pop("track", None)
@@ -286,6 +294,10 @@ class RunConfig(BaseModel):
         ):
             if data.get(key) == default:
                 data.pop(key, None)
+        if data.get("privacy") == PrivacyConfig().model_dump():
+            data.pop("privacy", None)
+        if isinstance(data.get("local"), dict) and data["local"].get("dp_sgd", 0) is None:
+            data["local"].pop("dp_sgd")
         return data
 
     @model_validator(mode="after")

@@ -182,6 +182,7 @@ def _checkpoint(state: RunState) -> dict[str, Any]:
         **({"clock": state.clock.state_dict(), "system": exp.system.state_dict()} if state.clock is not None else {}),
         **({"asynchronous": state.pending.state_dict()} if state.pending is not None else {}),
         **({"best": {"round": state.best_round, "params": state.best_params}} if state.rule is not None else {}),
+        **({"privacy": exp.privacy.state_dict()} if exp.privacy is not None else {}),
     }
 
 
@@ -216,6 +217,8 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
         exp.engine.load_state_dict(saved["engine"])
         for plugin, plugin_state in zip(exp.metrics, saved["metrics"], strict=True):
             plugin.load_state_dict(plugin_state)
+        if exp.privacy is not None:
+            exp.privacy.load_state_dict(saved["privacy"])
         wall_time = float(saved["wall_time_s"])
         columns = saved["client_columns"]
         if not isinstance(columns, dict) or not all(isinstance(v, Tensor) for v in columns.values()):
@@ -316,6 +319,8 @@ def _write_outputs(state: RunState) -> None:
     if rule is not None:
         summary["selection"] = {"metric": rule.metric, "mode": rule.mode, "round": state.best_round}
         summary["selected"] = selected_row(state.history, rule)
+    if state.experiment.privacy is not None:
+        summary["privacy"] = state.experiment.privacy.summary()
     state.folder.write_summary(summary)
 
 
@@ -336,6 +341,8 @@ def _trainer(state: RunState, round_: int, clock: RoundClock | None = None) -> T
     model = exp.engine.model
 
     def train(plan: LocalPlan) -> LocalResult:
+        if exp.privacy is not None:
+            plan = exp.privacy.training_plan(plan)
         plan = attack.corrupt_plan(plan, round_)
         if clock is not None:
             personal = int(plan.personal.mask(model).sum()) if plan.personal is not None else 0
@@ -506,9 +513,12 @@ def _evaluate(
         "participants": float(outcome.participants),
         "available": float(outcome.available),
         **exp.strategy.round_metrics(),
+        **(exp.privacy.round_metrics(test) if exp.privacy is not None else {}),
         **personal,
         **outcome.columns,
     }
+    if exp.privacy is not None:
+        state.client_columns.update(exp.privacy.client_columns())
     view = RoundView(
         state.round,
         exp.engine,
@@ -545,6 +555,8 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
             local_loss = float(losses.double().mean()) if len(losses) else float("nan")
             _check_divergence(state, losses)
             exp.availability.observe(state.round, exp.engine, state.params)
+            if exp.privacy is not None:
+                exp.privacy.record(result if result is not None and len(result.clients) else None)
             state.round += 1
             metrics, evaluated = _evaluate(state, outcome, local_loss)
             improved = _keep_if_best(state, metrics, evaluated)

@@ -24,6 +24,7 @@ from fedhet.engine.objective import TERMS
 from fedhet.engine.optimizers import OPTIMIZERS
 from fedhet.engine.personal import Personal
 from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.privacy import ExampleDP, UpdateClip
 from fedhet.engine.rules import RULES
 from fedhet.registry import Component, Registry
 
@@ -73,6 +74,10 @@ def encode_plan(plan: LocalPlan, rows: Tensor | slice = slice(None)) -> Payload:
         config["phase"] = plan.phase
     if plan.starts is not None:
         arrays["starts"] = to_numpy(plan.starts[rows])
+    if plan.clip is not None:
+        config["clip"] = json.dumps(dataclasses.asdict(plan.clip))
+    if plan.dp_sgd is not None:
+        config["dp_sgd"] = json.dumps(dataclasses.asdict(plan.dp_sgd))
     for i, term in enumerate(plan.terms):
         _encode_component(term, f"term{i}", arrays, config)
     _encode_component(plan.optimizer, "optimizer", arrays, config)
@@ -96,7 +101,17 @@ def decode_plan(arrays: Arrays, config: Config) -> LocalPlan:
         frozen=tuple(str(name) for name in json.loads(str(config.get("frozen", "[]")))),
         phase=int(config.get("phase", 0)),
         starts=to_torch(arrays["starts"]) if "starts" in arrays else None,
+        clip=UpdateClip(**_fields(str(config["clip"]), UpdateClip)) if "clip" in config else None,
+        dp_sgd=ExampleDP(**_fields(str(config["dp_sgd"]), ExampleDP)) if "dp_sgd" in config else None,
     )
+
+
+def _fields(text: str, cls: type) -> dict[str, Any]:
+    """The fields of a dataclass `cls` from their JSON (a mapping of its own field names only)."""
+    fields = json.loads(text)
+    if not isinstance(fields, dict) or not set(fields) <= {f.name for f in dataclasses.fields(cls)}:
+        raise ValueError(f"a plan's {cls.__name__} is not one")
+    return fields
 
 
 def _decode_personal(text: str) -> Personal:
@@ -116,6 +131,8 @@ def encode_result(result: LocalResult) -> Arrays:
         "lr": to_numpy(result.lr),
     }
     arrays.update({_DELTA + key: to_numpy(value) for key, value in result.state_delta.items()})
+    if result.clipped is not None:
+        arrays["clipped"] = to_numpy(result.clipped)
     return arrays
 
 
@@ -128,6 +145,7 @@ def decode_result(arrays: Arrays) -> LocalResult:
         to_torch(arrays["steps"]),
         to_torch(arrays["lr"]),
         state_delta=deltas,
+        clipped=to_torch(arrays["clipped"]) if "clipped" in arrays else None,
     )
 
 

@@ -277,6 +277,9 @@ class RemoteEngine:
             rows = torch.nonzero(torch.isin(plan.clients, got.clients)).flatten()
             full.params[rows], full.train_loss[rows], full.steps[rows] = got.params, got.train_loss, got.steps
             full.dropped[rows] = False  # type: ignore[index]
+            if got.clipped is not None:  # client-level DP: which updates the nodes clipped
+                full.clipped = torch.zeros(m, dtype=torch.bool)
+                full.clipped[rows] = got.clipped
             for key, value in got.state_delta.items():
                 column = torch.zeros(m, *value.shape[1:])
                 column[rows] = value

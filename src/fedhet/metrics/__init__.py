@@ -41,6 +41,18 @@ METRICS: dict[str, str] = {
     "in_flight": "clients training when an asynchronous server step was taken",
     "val_accuracy": "mean over clients of the global model's accuracy on each client's validation data (val_fraction)",
     "val_loss": "mean over clients of the global model's loss on each client's validation data (val_fraction)",
+    "dp_epsilon": "client-level DP: ε spent so far at privacy.delta (the largest client's, with local noise)",
+    "dp_sgd_epsilon": "example-level DP-SGD: the largest ε spent so far by a client at privacy.delta",
+    "dp_noise_multiplier": "client-level DP: z, the noise's standard deviation over the clipping bound",
+    "dp_sgd_noise_multiplier": "DP-SGD: z, the noise's standard deviation over the per-sample clipping bound",
+    "dp_clip_bound": "client-level DP: the clipping bound C of the round (adaptive clipping moves it)",
+    "dp_clipped_share": "client-level DP: share of the round's updates that were clipped",
+    "dp_noise_std": "client-level DP: standard deviation of the noise on the aggregate (central) or on each update",
+    "dp_clipped_often": "share of the clients that trained whose updates were clipped in at least half their rounds",
+    "test_accuracy_size_q1": "mean test accuracy of the quarter of clients with the smallest training sets "
+    "(q2, q3, q4: the next quarters; DP runs)",
+    "test_accuracy_clipped_often": "mean test accuracy of the clients clipped in at least half their rounds (DP runs)",
+    "test_accuracy_clipped_rarely": "mean test accuracy of the other clients that trained (DP runs)",
 }
 # a task's own metrics (`fedhet.engine.task`): test_<name> is the mean over the clients where it is defined,
 # test_<name>_pooled the value over all their test samples pooled; val_ and unseen_test_ variants likewise
@@ -75,4 +87,11 @@ CLIENT_COLUMNS: dict[str, str] = {
     "val_loss": "the global model's loss on the client's validation data",
     "user": "the client's user (site) name, when each client is one user of the data (a natural split)",
     **{f"test_{name}": f"the global model's {text} on the client's test data" for name, text in TASK_METRICS.items()},
+    "size_quartile": "the quartile (1-4) of the client's training-set size among the clients that train (DP runs)",
+    "dp_rounds": "client-level DP: rounds the client took part in",
+    "dp_clipped": "client-level DP: rounds whose update from the client was clipped",
+    "dp_clip_rate": "client-level DP: dp_clipped / dp_rounds",
+    "dp_epsilon": "client-level DP with local noise: the client's ε at privacy.delta",
+    "dp_sgd_steps": "DP-SGD: the client's noisy local steps",
+    "dp_sgd_epsilon": "DP-SGD: the client's ε at privacy.delta",
 }

@@ -8,6 +8,7 @@ from fedhet.recipes import (  # registers each paper's recipes
     fedmgda_leaf,
     maxfl,
     personal,
+    privacy,
     time,
 )
 

@@ -101,6 +101,10 @@ _KNOWN: dict[str, tuple[str, str, tuple[float | None, float | None], bool]] = {
     "test_mae": ("test mean absolute error (mean over clients)", "Test MAE of the global model", NONNEG, False),
     "test_rmse": ("test root mean squared error (mean over clients)", "Test RMSE of the global model", NONNEG, False),
     "test_r2": ("test R² (mean over clients)", "Test R² of the global model", (None, 1.0), False),
+    "dp_epsilon": ("privacy spent ε (client level)", "Privacy spent by client-level DP", NONNEG, False),
+    "dp_sgd_epsilon": ("privacy spent ε (DP-SGD, worst client)", "Privacy spent by DP-SGD", NONNEG, False),
+    "dp_clip_bound": ("clipping bound C", "Client-level DP's clipping bound", NONNEG, False),
+    "dp_clipped_share": ("share of updates clipped", "Updates clipped in the round", UNIT, False),
 }
 _EXTRA_DESCRIPTIONS = {
     "gm_appeal": "share of clients whose test loss under the global model is below their own model's (MaxFL Def. 1)",

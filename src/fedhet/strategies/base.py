@@ -95,6 +95,7 @@ class Strategy(Component):
     )
 
     _ctx: ServerContext | None = PrivateAttr(None)
+    _perturbation: Tensor | None = PrivateAttr(None)  # added to the next server step's direction (`perturb_next_step`)
 
     @field_validator("server_optimizer", mode="before")
     @classmethod
@@ -139,6 +140,13 @@ class Strategy(Component):
         """The next global model."""
         raise NotImplementedError
 
+    def aggregation_weights(self, round_: int, result: LocalResult) -> Tensor | None:
+        """p (m,): the weight of each client's update Δ_k in the direction d = Σ_k p_k Δ_k that ``aggregate`` gives
+        its server step, for a strategy whose d is such a weighted sum (FedAvg, MaxFL); None otherwise. Client-level
+        DP's central noise is calibrated to the largest p_k (`fedhet.privacy`), so a strategy that defines it must
+        aggregate with these very weights (a subclass that overrides ``aggregate`` overrides this too)."""
+        return None
+
     def personalization(self, clients: Tensor) -> LocalPlan | None:
         """How `clients`' personalised models are made from the global model, for personalised evaluation: a plan
         that the engine runs without storing anything (its personal part, and steps from there: fine-tuning, a
@@ -152,7 +160,9 @@ class Strategy(Component):
 
     def server_step(self, global_params: Tensor, direction: Tensor, lr: float | None = None) -> Tensor:
         """The next global model from the aggregate direction d: the server optimiser's step with the round's η_g
-        (`server_lr_at`), or `lr`."""
+        (`server_lr_at`), or `lr`, on d plus a pending perturbation, if any."""
+        if self._perturbation is not None:
+            direction, self._perturbation = direction + self._perturbation, None
         round_ = self._ctx.round if self._ctx is not None else 0
         return self.server_optimizer.step(global_params, direction, self.server_lr_at(round_) if lr is None else lr)
 
@@ -167,6 +177,15 @@ class Strategy(Component):
         schedule = (ctx.server_schedule if ctx is not None else None) or self.server_schedule()
         rounds = ctx.rounds if ctx is not None else 1
         return self.server_lr if schedule is None else self.server_lr * schedule.factor(round_, rounds)
+
+    def perturb_next_step(self, noise: Tensor) -> None:
+        """Add `noise` (P,) to the direction of the next ``server_step`` (client-level DP's central noise, which a
+        server optimiser then treats as part of the direction)."""
+        self._perturbation = noise
+
+    def pending_perturbation(self) -> bool:
+        """Whether a perturbation waits for a server step (the strategy took none since it was given)."""
+        return self._perturbation is not None
 
     def evaluation_params(self, params: Tensor) -> Tensor:
         """The model that is evaluated and reported after a round (default: the current global model; AFL

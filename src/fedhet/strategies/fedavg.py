@@ -25,5 +25,8 @@ class FedAvg(Strategy):
     weighting: Literal["samples", "uniform"] = "samples"
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
-        p = fedavg_weights(self.ctx.train_sizes[result.clients], self.weighting)
+        p = self.aggregation_weights(round_, result)
         return self.server_step(global_params, weighted_update(result.updates(global_params), p))
+
+    def aggregation_weights(self, round_: int, result: LocalResult) -> Tensor:
+        return fedavg_weights(self.ctx.train_sizes[result.clients], self.weighting)

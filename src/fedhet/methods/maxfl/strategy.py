@@ -73,5 +73,10 @@ class MaxFL(Strategy, UsesRequirements):
         q = self._q[result.clients]
         return self.server_step(global_params, maxfl_direction(result.updates(global_params), q, self.eps))
 
+    def aggregation_weights(self, round_: int, result: LocalResult) -> Tensor:
+        """q_k / (Σ q + ε): eq. (6)'s weights of the updates in the direction."""
+        q = self._q[result.clients]
+        return q / (float(q.sum()) + self.eps)
+
     def round_metrics(self) -> dict[str, float]:
         return {"maxfl_q_sum": float(self._q[self._cohort].sum())} if len(self._cohort) else {}

@@ -1,0 +1,82 @@
+"""What differential privacy costs in time: a client-level DP round (updates clipped on the clients, central noise)
+against a FedAvg round, and DP-SGD's local training against plain SGD's, on the same engine and backend, timed in
+turns (ratios measured in the same run; `python -m fedhet.bench.privacy` with one torch thread)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from fedhet.bench.personal import CostRow, _engine, _in_turns, _round
+from fedhet.bench.workloads import MLP, Workload
+from fedhet.engine.engine import Engine
+from fedhet.engine.plan import LocalPlan
+from fedhet.engine.privacy import ExampleDP, update_norms
+from fedhet.privacy.strategy import DP
+from fedhet.strategies.base import ServerContext, Strategy
+from fedhet.strategies.fedavg import FedAvg
+
+DP_SGD = Workload("mlp-dpsgd", "MLP 784-200-10, 20 clients × 10 steps of 10", MLP.model, MLP.input_shape, clients=20)
+
+
+def dp_round(reps: int = 5, backend: str = "dense", **dp: object) -> CostRow:
+    """A DP-FedAvg round (each client's update clipped by the engine, Gaussian noise on the aggregate; `dp` changes
+    the wrapper's settings, e.g. ``noise="local"``) against a FedAvg round: the MLP workload, 100 clients × 10
+    steps of 10, on one engine and backend. The bound is the median norm of a round's updates unless `dp` gives
+    one (half the updates clipped: the regime adaptive clipping aims at, Andrew et al. 2021)."""
+    engine = _engine(MLP, backend)
+    clients = torch.arange(MLP.clients)
+    if "clip" not in dp:
+        w = engine.initial_params()
+        dp = {"clip": float(update_norms(engine.train(w, engine.local.plan(clients), 0).params, w).median()), **dp}
+    settings: dict[str, object] = {"base": "fedavg", "noise_multiplier": 1.0, **dp}
+    strategies: list[Strategy] = [FedAvg(), DP(**settings)]
+    for strategy in strategies:
+        strategy.setup(ServerContext(engine, engine.local, 0, MLP.clients))
+    avg, private = (_round(s, engine, clients, [0]) for s in strategies)
+    private_s, avg_s = _in_turns(private, avg, reps)
+    what = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in dp.items())
+    return CostRow(f"client-level DP round ({what}; {backend})", "FedAvg round", private_s, avg_s, 1.10)
+
+
+def _training(engine: Engine, plan: LocalPlan) -> Callable[[], object]:
+    w = engine.initial_params()
+    return lambda: engine.train(w, plan, 0)
+
+
+def dp_sgd_training(reps: int = 3, reference_backend: str = "vectorised") -> CostRow:
+    """DP-SGD's local training (per-sample gradients by vmap, clipped, noised; Poisson batches) against plain SGD's
+    on `reference_backend` (vectorised: the same autograd backend; dense: what the run would use without DP-SGD):
+    20 clients × 10 steps of 10 of the MLP, 10 clients a chunk."""
+    private = Engine(_engine(DP_SGD).model, DP_SGD.data(), backend="vectorised", seed=0, chunk_size=10)
+    plain = Engine(private.model, private.data, backend=reference_backend, seed=0, chunk_size=10)  # type: ignore[arg-type]
+    plan = LocalPlan.uniform(torch.arange(DP_SGD.clients), DP_SGD.steps, DP_SGD.lr, DP_SGD.batch)
+    dp_sgd = replace(plan, dp_sgd=ExampleDP(1.0, 1.0, "poisson"))
+    private_s, plain_s = _in_turns(_training(private, dp_sgd), _training(plain, plan), reps)
+    return CostRow(
+        "DP-SGD local training (vectorised)", f"plain SGD ({reference_backend})", private_s, plain_s, float("nan")
+    )
+
+
+def main() -> None:  # pragma: no cover - a measurement, run by hand
+    torch.set_num_threads(1)
+    rows = (
+        dp_round(),  # half the updates clipped, central noise
+        dp_round(clip=1e-3),  # every update clipped
+        dp_round(clipping="adaptive", noise_multiplier=0.5),
+        dp_round(noise="local"),
+        dp_sgd_training(),
+        dp_sgd_training(reference_backend="dense"),
+    )
+    for row in rows:
+        verdict = "no goal: stated" if row.goal != row.goal else "met" if row.ratio <= row.goal else "NOT met"
+        print(
+            f"{row.name}: {1e3 * row.method_s:.0f} ms vs {row.reference} {1e3 * row.reference_s:.0f} ms: "
+            f"{row.ratio:.2f}x (goal <= {row.goal:g}x, {verdict})"
+        )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,293 @@
+"""Client-level differential privacy on any strategy: DP-FedAvg's mechanism (McMahan et al., ICLR 2018) with fixed
+or adaptive clipping (Andrew et al., NeurIPS 2021), as a wrapper around a base strategy (``base:``).
+
+Each round, every selected client clips its update Δ_k = w − w_k to norm at most C on its side (the engine does it
+after the local steps, `fedhet.engine.privacy`, so on Flower it happens on the node) and, with ``noise: local``,
+adds N(0, (zC)² I) to it before sending. With ``noise: central`` the server adds
+
+    ξ ~ N(0, (z C max_k p_k)² I)
+
+to the base strategy's aggregate direction d = Σ_k p_k Δ_k before its server step (so a server optimiser, FedAdam's
+or momentum, works on the noised direction, as in DP-FedAvgM): for a uniform mean p_k = 1/m this is DP-FedAvg's
+σ = zC/m; a base that weighs clients unequally (FedAvg by samples, MaxFL by appeal) pays for its largest weight.
+Such a base declares its weights (`Strategy.aggregation_weights`); central noise on a base that does not (a
+median, FedMGDA+'s min-norm direction) is refused, and local noise, which any aggregation merely post-processes,
+is the alternative.
+
+Adaptive clipping (Andrew et al., Algorithm 1): each client also reports b_k = 1[‖Δ_k‖ ≤ C]; the server forms the
+noised share b̃ = (Σ_k b_k + N(0, σ_b²))/m and sets C ← C·exp(−η_C (b̃ − γ)), so that C tracks the γ-quantile of
+the update norms. The count costs privacy too: the updates' noise multiplier becomes z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2),
+and the two releases together are one Gaussian mechanism of multiplier z (the paper's Theorem 1), which is what
+the accountant (`fedhet.privacy.ledger`) counts. The paper's defaults: γ = 0.5, η_C = 0.2, σ_b = m/20, C₀ = 0.1.
+
+Sampling: ``fixed`` keeps the base's selection (m of the K clients uniformly, which the accountant requires of it);
+``poisson`` takes each client independently with probability q = m/K. Random draws: the central noise from (seed,
+"dp-central-noise", round), the count's from (seed, "dp-clip-count", round), Poisson's from (seed, "dp-poisson",
+round), a client's local noise from its own stream.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+from torch import Tensor
+
+from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.privacy import UpdateClip
+from fedhet.errors import ConfigError
+from fedhet.registry import spec_of
+from fedhet.seeding import numpy_rng, torch_gen
+from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train
+from fedhet.strategies.server import ServerOptimizer
+
+DEFAULT_NOISE_MULTIPLIER = 1.0  # z without noise_multiplier and without a target ε
+COUNT_NOISE_SHARE = 20  # σ_b = m/20 (Andrew et al. 2021, §3: "we set σ_b = m/20 throughout")
+
+
+def update_noise_multiplier(z: float, count_noise: float) -> float:
+    """z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2): the updates' share of a total noise multiplier z when the clipped count is
+    released with noise σ_b (Andrew et al. 2021, Theorem 1); z itself without a count (σ_b = ∞), 0 for z = 0."""
+    if z <= 0:
+        return 0.0
+    if math.isinf(count_noise):
+        return z
+    rest = z**-2 - (2 * count_noise) ** -2
+    if rest <= 0:
+        raise ConfigError(
+            f"adaptive clipping's count noise σ_b = {count_noise:g} takes the whole budget of noise multiplier "
+            f"z = {z:g} (it needs z < 2σ_b = {2 * count_noise:g}); raise algorithm.count_noise or lower z"
+        )
+    return rest**-0.5
+
+
+def adaptive_bound(
+    bound: float, unclipped: float, count_noise: float, cohort: float, quantile: float, lr: float
+) -> float:
+    """C·exp(−η_C (b̃ − γ)) with b̃ = (unclipped + noise)/m: Andrew et al.'s geometric update of the clipping bound
+    towards the γ-quantile of the update norms (`count_noise` is the drawn N(0, σ_b²) value)."""
+    share = (unclipped + count_noise) / max(cohort, 1.0)
+    return bound * math.exp(-lr * (share - quantile))
+
+
+def weights_of(strategy: Strategy) -> bool:
+    """Whether `strategy` declares the weights its aggregate applies (`Strategy.aggregation_weights`, defined by the
+    same class as its ``aggregate``, so a subclass with another aggregation does not inherit them by mistake)."""
+    owner = _owner(type(strategy), "aggregation_weights")
+    return owner is not Strategy and owner is _owner(type(strategy), "aggregate")
+
+
+def _owner(cls: type, attribute: str) -> type:
+    return next(c for c in cls.__mro__ if attribute in c.__dict__)
+
+
+@STRATEGIES.register
+class DP(Strategy):
+    """Client-level DP on a base strategy: updates clipped to C on the clients, Gaussian noise on the server
+    (central) or on each client (local), fixed or adaptive clipping; selection, aggregation and state are the
+    base's. The privacy spent is accounted by the run (``privacy:``, `fedhet.privacy.ledger`)."""
+
+    name: ClassVar[str] = "dp"
+    description: ClassVar[str] = (
+        "client-level differential privacy on any strategy: clipped, noised updates (DP-FedAvg)"
+    )
+    base: str | dict[str, Any] = Field("fedavg", description="the strategy made private")
+    clip: float = Field(1.0, gt=0, description="C: every update is scaled to norm <= C (.inf: none; adaptive: C0)")
+    clipping: Literal["fixed", "adaptive"] = Field(
+        "fixed", description="fixed C, or adaptive: C tracks a quantile of the update norms (Andrew et al. 2021)"
+    )
+    quantile: float = Field(0.5, ge=0, le=1, description="γ: adaptive clipping's target share of unclipped updates")
+    clip_lr: float = Field(0.2, gt=0, description="η_C: adaptive clipping's step C <- C exp(-η_C (b - γ))")
+    count_noise: float | None = Field(
+        None, ge=0, description="σ_b: noise on adaptive clipping's count of unclipped updates (None: m/20)"
+    )
+    noise_multiplier: float | None = Field(
+        None, ge=0, description="z: noise standard deviation over C (None: from privacy.target_epsilon, else 1.0)"
+    )
+    noise: Literal["central", "local"] = Field(
+        "central", description="central: the server noises the aggregate; local: each client noises its update"
+    )
+    sampling: Literal["fixed", "poisson"] = Field(
+        "fixed", description="fixed: the base's m of K clients; poisson: each client with probability m/K"
+    )
+
+    _base: Strategy | None = PrivateAttr(None)
+    _bound: float = PrivateAttr(1.0)
+    _z: float | None = PrivateAttr(None)
+    _last: dict[str, float] = PrivateAttr(default_factory=dict)
+
+    @field_validator("server_lr")
+    @classmethod
+    def _no_server_lr(cls, value: float) -> float:
+        if value != 1.0:
+            raise ValueError("the dp wrapper has no server step of its own; set algorithm.base.server_lr")
+        return value
+
+    @field_validator("server_optimizer", mode="after")
+    @classmethod
+    def _no_server_optimizer(cls, value: ServerOptimizer) -> ServerOptimizer:
+        if value.name != "sgd":
+            raise ValueError("the dp wrapper has no server step of its own; set algorithm.base.server_optimizer")
+        return value
+
+    @field_validator("base", mode="before")
+    @classmethod
+    def _resolve_base(cls, value: Any) -> dict[str, Any]:
+        try:
+            built = STRATEGIES.build(value, where="algorithm.base")
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        if any(isinstance(part, DP) for part in built.parts()):
+            raise ValueError("the base of dp cannot be dp itself")
+        if built.asynchronous:
+            raise ValueError(
+                f"'{built.name}' is asynchronous (updates one by one, no rounds), and dp accounts per round: "
+                "choose a synchronous base such as fedavg"
+            )
+        return spec_of(built)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DP:
+        if self.clipping == "adaptive" and self.noise == "local":
+            raise ValueError(
+                "adaptive clipping noises the clipped count on the server: use noise: central, or clipping: fixed"
+            )
+        if math.isinf(self.clip) and (self.clipping == "adaptive" or (self.noise_multiplier or 0) > 0):
+            raise ValueError("the noise is z times the clipping bound C: give a finite clip")
+        return self
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._base = STRATEGIES.build(self.base, where="algorithm.base")
+        self._bound = self.clip
+        self._z = self.noise_multiplier
+
+    @property
+    def inner(self) -> Strategy:
+        """The base strategy (built from `base`)."""
+        assert self._base is not None
+        return self._base
+
+    @property
+    def z(self) -> float:
+        """The noise multiplier: the configured one, the one a target ε set (`use_noise_multiplier`), else 1.0."""
+        return DEFAULT_NOISE_MULTIPLIER if self._z is None else self._z
+
+    def use_noise_multiplier(self, z: float) -> None:
+        """Set z before the run (from a target ε)."""
+        self._z = z
+
+    def cohort_size(self) -> float:
+        """m: the cohort the noise is calibrated to (clients_per_round; Poisson's expectation q·K)."""
+        return float(self.ctx.clients_per_round)
+
+    @property
+    def count_std(self) -> float:
+        """σ_b of adaptive clipping (∞: no count is released, fixed clipping)."""
+        if self.clipping == "fixed":
+            return math.inf
+        if self.z == 0:
+            return 0.0
+        return self.count_noise if self.count_noise is not None else self.cohort_size() / COUNT_NOISE_SHARE
+
+    @property
+    def update_z(self) -> float:
+        """z_Δ: the noise multiplier of the updates (z, less adaptive clipping's share)."""
+        sigma_b = self.count_std
+        return self.z if sigma_b == 0 else update_noise_multiplier(self.z, sigma_b)
+
+    def setup(self, ctx: ServerContext) -> None:
+        super().setup(ctx)
+        self.inner.setup(ctx)
+        self._bound, self._last = self.clip, {}
+        if self.noise == "central" and self.z > 0 and not weights_of(self.inner):
+            raise ConfigError(
+                f"central DP noise is calibrated to the weights of the base's aggregate, and '{self.inner.name}' "
+                "does not aggregate by a weighted sum of the updates; use algorithm.noise: local, or a base such as "
+                "fedavg, fedprox or maxfl"
+            )
+
+    def parts(self) -> list[Strategy]:
+        return [self, *self.inner.parts()]
+
+    def select(self, round_: int, available: Tensor) -> Tensor:
+        if self.sampling == "fixed":
+            return self.inner.select(round_, available)
+        seen = self.ctx.engine.data.seen
+        rate = min(1.0, self.ctx.clients_per_round / max(1, int(seen.sum())))
+        drawn = torch.as_tensor(numpy_rng(self.ctx.seed, "dp-poisson", round_).random(len(available)) < rate)
+        return torch.nonzero(available & drawn).flatten()
+
+    def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
+        return replace(self.inner.configure(round_, clients, global_params), clip=self.client_clip())
+
+    def client_clip(self) -> UpdateClip:
+        """What each client does to its update this round: clip to C, and with local noise add N(0, (zC)²)."""
+        local = self.z * self._bound if self.noise == "local" and self.z > 0 else 0.0
+        return UpdateClip(self._bound, local)
+
+    def local_training(self, round_: int, clients: Tensor, global_params: Tensor, train: Train) -> LocalResult:
+        clip = self.client_clip()
+
+        def private(plan: LocalPlan) -> LocalResult:
+            reported = [t.name for t in plan.terms if t.reports_state]
+            if reported:
+                raise ConfigError(
+                    f"client-level DP protects the model updates, but '{self.inner.name}' also sends the state of "
+                    f"{', '.join(reported)}, which it does not; choose another base strategy"
+                )
+            return train(replace(plan, clip=clip))
+
+        return self.inner.local_training(round_, clients, global_params, private)
+
+    def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
+        clipped = result.clipped if result.clipped is not None else torch.zeros(len(result.clients), dtype=torch.bool)
+        std = 0.0
+        if self.noise == "central" and self.z > 0:
+            weights = self.inner.aggregation_weights(round_, result)
+            assert weights is not None  # `setup` refused bases without them
+            std = self.update_z * self._bound * float(weights.abs().max()) if len(weights) else 0.0
+            if std > 0:
+                noise = torch.randn(global_params.shape, generator=torch_gen(self.ctx.seed, "dp-central-noise", round_))
+                self.inner.perturb_next_step(noise.mul_(std).to(global_params.dtype))
+        new = self.inner.aggregate(round_, global_params, result)
+        if self.inner.pending_perturbation():
+            raise ConfigError(f"central DP noise needs '{self.inner.name}' to take a server step; use noise: local")
+        bound = self._bound
+        if self.clipping == "adaptive":
+            noise_b = float(numpy_rng(self.ctx.seed, "dp-clip-count", round_).normal()) * self.count_std
+            unclipped = float((~clipped).sum())
+            self._bound = adaptive_bound(bound, unclipped, noise_b, self.cohort_size(), self.quantile, self.clip_lr)
+        local = self.z * bound if self.noise == "local" else 0.0
+        self._last = {
+            "dp_clip_bound": bound,
+            "dp_clipped_share": float(clipped.double().mean()) if len(clipped) else float("nan"),
+            "dp_noise_std": std if self.noise == "central" else local,
+            "dp_noise_multiplier": self.z,
+        }
+        return new
+
+    def evaluation_params(self, params: Tensor) -> Tensor:
+        return self.inner.evaluation_params(params)
+
+    def personalization(self, clients: Tensor) -> LocalPlan | None:
+        return self.inner.personalization(clients)
+
+    def round_metrics(self) -> dict[str, float]:
+        return {**self.inner.round_metrics(), **self._last}
+
+    @property
+    def bound(self) -> float:
+        """The clipping bound C of the next round."""
+        return self._bound
+
+    def state_dict(self) -> dict[str, Any]:
+        # the wrapper has no server step; its state is the adaptive bound and the last round's numbers
+        return {"base": self.inner.state_dict(), "bound": self._bound, "last": dict(self._last)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state["base"])
+        self._bound = float(state["bound"])
+        self._last = {str(k): float(v) for k, v in state["last"].items()}
