@@ -33,16 +33,15 @@ from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.privacy import UpdateClip
 from fedhet.errors import ConfigError
-from fedhet.registry import spec_of
 from fedhet.seeding import numpy_rng, torch_gen
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train
-from fedhet.strategies.server import ServerOptimizer
+from fedhet.strategies.wrapper import Wrapper
 
 DEFAULT_NOISE_MULTIPLIER = 1.0  # z without noise_multiplier and without a target ε
 COUNT_NOISE_SHARE = 20  # σ_b = m/20 (Andrew et al. 2021, §3: "we set σ_b = m/20 throughout")
@@ -85,7 +84,7 @@ def _owner(cls: type, attribute: str) -> type:
 
 
 @STRATEGIES.register
-class DP(Strategy):
+class DP(Wrapper):
     """Client-level DP on a base strategy: updates clipped to C on the clients, Gaussian noise on the server
     (central) or on each client (local), fixed or adaptive clipping; selection, aggregation and state are the
     base's. The privacy spent is accounted by the run (``privacy:``, `fedhet.privacy.ledger`)."""
@@ -114,40 +113,18 @@ class DP(Strategy):
         "fixed", description="fixed: the base's m of K clients; poisson: each client with probability m/K"
     )
 
-    _base: Strategy | None = PrivateAttr(None)
     _bound: float = PrivateAttr(1.0)
     _z: float | None = PrivateAttr(None)
     _last: dict[str, float] = PrivateAttr(default_factory=dict)
 
-    @field_validator("server_lr")
     @classmethod
-    def _no_server_lr(cls, value: float) -> float:
-        if value != 1.0:
-            raise ValueError("the dp wrapper has no server step of its own; set algorithm.base.server_lr")
-        return value
-
-    @field_validator("server_optimizer", mode="after")
-    @classmethod
-    def _no_server_optimizer(cls, value: ServerOptimizer) -> ServerOptimizer:
-        if value.name != "sgd":
-            raise ValueError("the dp wrapper has no server step of its own; set algorithm.base.server_optimizer")
-        return value
-
-    @field_validator("base", mode="before")
-    @classmethod
-    def _resolve_base(cls, value: Any) -> dict[str, Any]:
-        try:
-            built = STRATEGIES.build(value, where="algorithm.base")
-        except ConfigError as err:
-            raise ValueError(str(err)) from None
-        if any(isinstance(part, DP) for part in built.parts()):
-            raise ValueError("the base of dp cannot be dp itself")
+    def check_base(cls, built: Strategy) -> None:
+        super().check_base(built)
         if built.asynchronous:
             raise ValueError(
                 f"'{built.name}' is asynchronous (updates one by one, no rounds), and dp accounts per round: "
                 "choose a synchronous base such as fedavg"
             )
-        return spec_of(built)
 
     @model_validator(mode="after")
     def _consistent(self) -> DP:
@@ -160,15 +137,9 @@ class DP(Strategy):
         return self
 
     def model_post_init(self, context: Any, /) -> None:
-        self._base = STRATEGIES.build(self.base, where="algorithm.base")
+        super().model_post_init(context)
         self._bound = self.clip
         self._z = self.noise_multiplier
-
-    @property
-    def inner(self) -> Strategy:
-        """The base strategy (built from `base`)."""
-        assert self._base is not None
-        return self._base
 
     @property
     def z(self) -> float:
@@ -200,7 +171,6 @@ class DP(Strategy):
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
-        self.inner.setup(ctx)
         self._bound, self._last = self.clip, {}
         if self.noise == "central" and self.z > 0 and not weights_of(self.inner):
             raise ConfigError(
@@ -209,12 +179,9 @@ class DP(Strategy):
                 "fedavg, fedprox or maxfl"
             )
 
-    def parts(self) -> list[Strategy]:
-        return [self, *self.inner.parts()]
-
     def select(self, round_: int, available: Tensor) -> Tensor:
         if self.sampling == "fixed":
-            return self.inner.select(round_, available)
+            return super().select(round_, available)
         seen = self.ctx.engine.data.seen
         rate = min(1.0, self.ctx.clients_per_round / max(1, int(seen.sum())))
         drawn = torch.as_tensor(numpy_rng(self.ctx.seed, "dp-poisson", round_).random(len(available)) < rate)
@@ -268,9 +235,6 @@ class DP(Strategy):
             "dp_noise_multiplier": self.z,
         }
         return new
-
-    def evaluation_params(self, params: Tensor) -> Tensor:
-        return self.inner.evaluation_params(params)
 
     def personalization(self, clients: Tensor) -> LocalPlan | None:
         return self.inner.personalization(clients)

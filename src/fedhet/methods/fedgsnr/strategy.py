@@ -33,15 +33,13 @@ import math
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.errors import ConfigError
-from fedhet.registry import spec_of
-from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy
+from fedhet.strategies.base import STRATEGIES, ServerContext
 from fedhet.strategies.fedavg import fedavg_weights
-from fedhet.strategies.server import ServerOptimizer
+from fedhet.strategies.wrapper import Wrapper
 
 # r is +∞ when the local and global statistics coincide (Appendix C); we cap NL − M² at this share of NL.
 GSNR_FLOOR = 1e-12
@@ -190,7 +188,7 @@ def keep_rows(result: LocalResult, keep: Tensor) -> LocalResult:
 
 
 @STRATEGIES.register
-class GSNR(Strategy):
+class GSNR(Wrapper):
     """FedGSNR on a base strategy: per-client steps E_k ∝ n₁^opt (Theorem 3.7, §5), zero-step clients left out.
 
     The statistics are measured in ``configure`` (before local training, at the received model, by calling the
@@ -212,59 +210,17 @@ class GSNR(Strategy):
         "actual", description="b_k in M_k, N_k: min(B, n_k), the client's own mini-batch (actual), or B for all"
     )
 
-    _base: Strategy | None = PrivateAttr(None)
     _last: dict[str, Tensor] = PrivateAttr(default_factory=dict)
-
-    @field_validator("server_lr")
-    @classmethod
-    def _no_server_lr(cls, value: float) -> float:
-        if value != 1.0:
-            raise ValueError("the gsnr wrapper has no server step of its own; set algorithm.base.server_lr")
-        return value
-
-    @field_validator("server_optimizer", mode="after")
-    @classmethod
-    def _no_server_optimizer(cls, value: ServerOptimizer) -> ServerOptimizer:
-        if value.name != "sgd":
-            raise ValueError("the gsnr wrapper has no server step of its own; set algorithm.base.server_optimizer")
-        return value
-
-    @field_validator("base", mode="before")
-    @classmethod
-    def _resolve_base(cls, value: Any) -> dict[str, Any]:
-        try:
-            built = STRATEGIES.build(value, where="algorithm.base")
-        except ConfigError as err:
-            raise ValueError(str(err)) from None
-        if isinstance(built, GSNR):
-            raise ValueError("the base of gsnr cannot be gsnr itself")
-        return spec_of(built)
-
-    def model_post_init(self, context: Any, /) -> None:
-        self._base = STRATEGIES.build(self.base, where="algorithm.base")
-
-    @property
-    def inner(self) -> Strategy:
-        """The base strategy (built from `base`)."""
-        assert self._base is not None
-        return self._base
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
-        self.inner.setup(ctx)
         self._last = {}
-
-    def parts(self) -> list[Strategy]:
-        return [self, *self.inner.parts()]
 
     def derived(self) -> dict[str, Any]:
         batch = self.ctx.local.batch_size
         out: dict[str, Any] = {key: batch for key in ("samples", "batch") if not getattr(self, key)}
         base = self.inner.derived()
         return {**out, "base": base} if base else out
-
-    def select(self, round_: int, available: Tensor) -> Tensor:
-        return self.inner.select(round_, available)
 
     def allocate(self, n_opt: Tensor, baseline_steps: Tensor) -> Tensor:
         """The local steps of the cohort from n₁^opt and the base's steps."""
@@ -292,9 +248,6 @@ class GSNR(Strategy):
         if not bool(keep.any()):
             return global_params.clone()
         return self.inner.aggregate(round_, global_params, keep_rows(result, keep))
-
-    def evaluation_params(self, params: Tensor) -> Tensor:
-        return self.inner.evaluation_params(params)
 
     def round_metrics(self) -> dict[str, float]:
         out = dict(self.inner.round_metrics())
