@@ -5,7 +5,8 @@ Client level (`UpdateClip`, a `LocalPlan` field): after its local steps each cli
 Δ_k = w_k − w_start to norm at most C (Andrew et al., NeurIPS 2021, and McMahan et al., ICLR 2018: Δ_k ·
 min(1, C/‖Δ_k‖)) and, for local DP, adds Gaussian noise N(0, σ² I) of its own. The engine applies it once, to the
 update the client sends (the shared part of a personal model), so every backend and every Flower node does the
-same; the noise comes from the stream (seed, "dp-noise/<stream>", round, phase, client).
+same (`clip_updates`; the dense backend clips as it writes the models, with the same numbers up to float rounding:
+`TrainRequest.clip`); the noise comes from the stream (seed, "dp-noise/<stream>", round, phase, client).
 
 Example level (`ExampleDP`, DP-SGD, Abadi et al., CCS 2016, Algorithm 1): each local step clips every sample's
 gradient g_i to norm at most C, sums them, adds N(0, (zC)² I) and divides by the client's expected batch size
