@@ -10,13 +10,17 @@ import pytest
 import torch
 from torch import nn
 
+from fedhet.engine import dense
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.optimizers import SGD
+from fedhet.engine.personal import Personal
 from fedhet.engine.plan import LocalPlan
 from fedhet.engine.privacy import ExampleDP, UpdateClip, clip_updates, poisson_batches, update_norms
 from fedhet.errors import ConfigError
 from fedhet.seeding import torch_gen
 from fedhet.strategies.moon import ModelContrastive
+from fedhet.strategies.scaffold import ControlVariates
 from helpers.tiny import tiny_data
 from helpers.zoo_cnns import image_federated, zoo_model
 
@@ -75,6 +79,124 @@ def test_the_engine_clips_what_each_client_sends_after_its_steps(backend: str) -
     noise = torch.stack([torch.randn(w.shape, generator=torch_gen(1, "dp-noise/train/0", 0, k)) for k in range(3)])
     noise = 0.1 * noise
     torch.testing.assert_close(noised.params, expected + noise, **TOL)
+
+
+def _wide_mlp(bias: bool = True) -> FlatModel:
+    """A first layer wide enough for the dense backend's Gram path (`use_gram_first_layer`) at 3–4 steps of 4."""
+    torch.manual_seed(0)
+    return FlatModel(nn.Sequential(nn.Linear(30, 20, bias=bias), nn.Tanh(), nn.Linear(20, 3)))
+
+
+def _bounds(norms: torch.Tensor) -> list[float]:
+    """Bounds that clip some updates (halfway between two norms: no ties), all of them but the zero ones, none."""
+    ranked = norms.sort().values
+    return [float(ranked[1] + ranked[2]) / 2, 1e-4, math.inf]
+
+
+CASES = {  # name: (data sizes, steps, LocalPlan.uniform's options or "starts", whether the Gram path clips)
+    "steps' rows": ([9, 12, 5, 10], [3, 3, 3, 3], {}, True),
+    "samples' rows (epochs)": ([5, 6, 4, 6], [4, 4, 4, 4], {}, True),
+    "unequal steps, one client none": ([9, 12, 5, 10], [2, 4, 0, 3], {}, True),
+    "no first-layer bias": ([9, 12, 5, 10], [3, 3, 3, 3], {"bias": False}, True),
+    "weight decay (affine)": ([9, 12, 5, 10], [3, 3, 3, 3], {"weight_decay": 0.1}, False),
+    "momentum (no Gram path)": ([9, 12, 5, 10], [3, 3, 3, 3], {"optimizer": SGD(momentum=0.9)}, False),
+    "own start points": ([9, 12, 5, 10], [3, 3, 3, 3], {"starts": True}, False),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_dense_backend_clips_as_it_writes_the_models_as_clip_updates_does(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dense backend clips each update itself (on the Gram path from its Gram matrices, before the weights are
+    written; elsewhere after): the same clipped flags and models as `clip_updates` on the unclipped models."""
+    sizes, steps, options, gram = CASES[case]
+    options = dict(options)
+    data = tiny_data(sizes, dim=30, classes=3, seed=5)
+    engine = Engine(_wide_mlp(bool(options.pop("bias", True))), data, backend="dense", seed=3)
+    w = engine.initial_params()
+    clients = torch.arange(len(sizes))
+    starts = w + 0.05 * torch.randn(len(sizes), len(w), generator=torch.Generator().manual_seed(1))
+    own = bool(options.pop("starts", False))
+    plan = replace(LocalPlan.uniform(clients, 1, 0.4, 4, **options), steps=torch.tensor(steps))  # type: ignore[arg-type]
+    plan = replace(plan, starts=starts) if own else plan
+    free = engine.train(w, plan, 2).params
+    calls: list[float] = []
+    before_writing = dense._Chunk._clip_before_writing
+
+    def counted(chunk: dense._Chunk, bound: float) -> torch.Tensor:
+        calls.append(bound)
+        return before_writing(chunk, bound)
+
+    monkeypatch.setattr(dense._Chunk, "_clip_before_writing", counted)
+    for bound in _bounds(update_norms(free, w)):
+        expected = free.clone()
+        flags = clip_updates(expected, w, UpdateClip(bound), clients, 3, 2, "k")
+        got = engine.train(w, replace(plan, clip=UpdateClip(bound)), 2)
+        assert got.clipped is not None and got.clipped.tolist() == flags.tolist()
+        torch.testing.assert_close(got.params, expected, **TOL)
+    assert bool(calls) == gram  # the route this case is meant to take (an infinite bound takes neither)
+
+
+@pytest.mark.parametrize("backend", ["dense", "vectorised", "sequential"])
+def test_every_backend_clips_the_same_updates_to_the_same_models(backend: str) -> None:
+    data = tiny_data([9, 12, 5, 10], dim=30, classes=3, seed=5)
+    plan = LocalPlan(torch.arange(4), torch.tensor([2, 4, 1, 3]), torch.full((4,), 0.4), 4)
+    out = {}
+    for name in ("sequential", backend):
+        engine = Engine(_wide_mlp(), data, backend=name, seed=3)  # type: ignore[arg-type]
+        w = engine.initial_params()
+        bound = _bounds(update_norms(engine.train(w, plan, 1).params, w))[0]
+        out[name] = engine.train(w, replace(plan, clip=UpdateClip(bound, noise=0.01)), 1)
+    assert out[backend].clipped is not None and out["sequential"].clipped is not None
+    assert out[backend].clipped.tolist() == out["sequential"].clipped.tolist()
+    assert 0 < int(out[backend].clipped.sum()) < 4
+    torch.testing.assert_close(out[backend].params, out["sequential"].params, **TOL)
+
+
+def test_the_conv_backend_clips_as_clip_updates_does() -> None:
+    model, shape = zoo_model("lenet")
+    engine = Engine(model, image_federated(shape, [6, 8, 5]), backend="conv", seed=1)
+    w = engine.initial_params()
+    plan = LocalPlan.uniform(torch.arange(3), 2, 0.05, 4)
+    free = engine.train(w, plan, 0).params
+    bound = _bounds(update_norms(free, w))[0]
+    flags = clip_updates(free, w, UpdateClip(bound), plan.clients, 1, 0, "k")
+    got = engine.train(w, replace(plan, clip=UpdateClip(bound)), 0)
+    assert got.clipped is not None and got.clipped.tolist() == flags.tolist() and bool(flags.any())
+    torch.testing.assert_close(got.params, free, **TOL)
+
+
+def test_term_state_and_personal_parts_are_kept_from_the_unclipped_models_on_the_dense_backend() -> None:
+    """Where the engine reads the models after training (SCAFFOLD's c_i from the final model, a personal part),
+    the backend does not clip them first: the state is that of the unclipped models, only the update sent is
+    clipped (the shared part's)."""
+    data = tiny_data([9, 12, 5, 10], dim=30, classes=3, seed=5)
+    clients = torch.arange(4)
+    term = ControlVariates(c=torch.full((_wide_mlp().size,), 0.01))
+    plans = {
+        "scaffold": LocalPlan.uniform(clients, 3, 0.4, 4, terms=(term,)),
+        "personal": LocalPlan.uniform(clients, 3, 0.4, 4, personal=Personal("mine", ("head",))),
+    }
+    for name, plan in plans.items():
+        runs = {}
+        for bound in (math.inf, 1e-3):
+            engine = Engine(_wide_mlp(), data, backend="dense", seed=3)
+            w = engine.initial_params()
+            runs[bound] = (engine.train(w, replace(plan, clip=UpdateClip(bound)), 0), engine)  # type: ignore[arg-type]
+        (free, free_engine), (clipped, clipped_engine) = runs[math.inf], runs[1e-3]
+        expected = free.params.clone()
+        assert clip_updates(expected, w, UpdateClip(1e-3), clients, 3, 0, "k").all()
+        torch.testing.assert_close(clipped.params, expected, **TOL)
+        if name == "scaffold":
+            assert free.state_delta and free.state_delta.keys() == clipped.state_delta.keys()
+            for key, delta in free.state_delta.items():
+                torch.testing.assert_close(clipped.state_delta[key], delta, **TOL)
+        else:
+            mine = plan.personal.mask(free_engine.model)  # type: ignore[union-attr]
+            kept = [e.personal_rows(w, plan, 1) for e in (free_engine, clipped_engine)]
+            torch.testing.assert_close(kept[1], kept[0], **TOL)
+            assert not torch.equal(kept[0], w[mine].expand_as(kept[0]))  # the personal part trained
 
 
 def test_poisson_batches_draw_each_sample_with_probability_b_over_n() -> None:

@@ -34,6 +34,7 @@ do objectives that need autograd (data terms, local rules).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,7 +48,8 @@ from fedhet.engine.batches import local_batches
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.objective import Aligned, ParameterTerm
 from fedhet.engine.plan import LocalPlan
-from fedhet.engine.request import Trained, TrainRequest
+from fedhet.engine.privacy import clip_rows
+from fedhet.engine.request import CLIPPED, Trained, TrainRequest
 from fedhet.engine.step import Cohort, affine_part, aligned, leaf_direction, term_gradient
 from fedhet.engine.task import Task
 from fedhet.engine.threads import torch_threads
@@ -128,7 +130,8 @@ def default_chunk(model: FlatModel, clients: int, workers: int) -> int:
 
 def train_dense(request: TrainRequest, layers: list[DenseLayer]) -> Trained:
     """Run `request` with hand-derived gradients (see the module docstring). Returns (params (m, P), loss (m,), the
-    cohort's optimiser state after the steps).
+    cohort's optimiser state after the steps; with ``request.clip``, each update clipped to that norm and which were
+    under `CLIPPED`).
 
     On the CPU, chunks run on ``request.workers`` threads (default: torch's intra-op thread count), each op on one
     core: chunks are independent, and small ops gain more from running side by side than from splitting each
@@ -148,6 +151,7 @@ def train_dense(request: TrainRequest, layers: list[DenseLayer]) -> Trained:
     chunk = request.chunk_size if request.chunk_size > 0 else default_chunk(model, m, workers)
     block = max(chunk * workers, BLOCK)  # every worker gets chunks of each block
     fold_lr = cohort.optimizer.plain
+    clipped = torch.zeros(m, dtype=torch.bool, device=dev) if request.clip is not None else None
     for start in range(0, m, block):
         ids = order[start : start + block]
         batches = _Batches(data, plan, ids, layers[-1].shape[0], request.seed, request.round_, fold_lr, model.task)
@@ -158,7 +162,9 @@ def train_dense(request: TrainRequest, layers: list[DenseLayer]) -> Trained:
             mine = ids[part]
             work = target[part] if target is not None else torch.empty(len(mine), model.size, device=dev)
             state = {k: v[mine] for k, v in opt_state.items()}  # copies: the chunk's own optimiser state
-            _Chunk(layers, request, work, x_all, mine, state, batches, part, masks).train()
+            chunk_clipped = _Chunk(layers, request, work, x_all, mine, state, batches, part, masks).train()
+            if clipped is not None and chunk_clipped is not None:
+                clipped[mine] = chunk_clipped
             if target is None:
                 params[mine] = work
             for k, v in state.items():
@@ -166,6 +172,8 @@ def train_dense(request: TrainRequest, layers: list[DenseLayer]) -> Trained:
 
         _map(run, range(0, len(ids), chunk), workers)
         losses[ids] = batches.losses()
+    if clipped is not None:
+        opt_state[CLIPPED] = clipped
     return params, losses, opt_state
 
 
@@ -417,6 +425,13 @@ class _GramFirstLayer:
         else:
             self.grads[:n, t * self.b : (t + 1) * self.b] = grad
 
+    def update_square_norms(self) -> Tensor:
+        """‖W_T − W_0‖² + ‖b_T − b_0‖² of each client (c,) before the weights are written, without affine terms
+        (W_T = W_0 − DᵀX, b_T = b_0 − 1ᵀD): ‖DᵀX‖² + ‖1ᵀD‖² = ⟨X Xᵀ + 1, D Dᵀ⟩ = Σ D ⊙ (X Xᵀ + 1) D, from the
+        Gram matrices the steps used (`gram` holds the + 1 where the layer has a bias)."""
+        assert self.affine is None
+        return (torch.bmm(self.grads, self.grads.mT) * self.gram).sum((1, 2)).clamp_min_(0.0)
+
     def apply(self, weights: _Weights) -> None:
         """W_T = W_0 − DᵀX into the chunk's weights (not written before), b_T = b_0 − 1ᵀD (the bias holds b_0);
         with affine terms ρ^T W_0 + c_T A − DᵀX and ρ^T b_0 + c_T a − 1ᵀD. Client by client, so that each one's
@@ -527,7 +542,9 @@ class _Chunk:
             source = starts[:, keep] if starts is not None else self.request.anchor[keep].expand(c, -1)
             self.work[:, keep].copy_(source)
 
-    def train(self) -> None:
+    def train(self) -> Tensor | None:
+        """Run the chunk's steps; with ``request.clip``, clip each update (`_clip_before_writing` on the Gram path,
+        else `clip_rows` on the written models) and return which were clipped (None without)."""
         batches, part = self.batches, self.part
         c, n, net = len(self.work), len(self.work), self.whole
         remaining, task = self.remaining, self.request.model.task
@@ -550,8 +567,40 @@ class _Chunk:
             z, inputs, acts = self.forward(net, t, n, rows, logits_t, mask)
             grad = task.scaled_grad(z, target_t, scale_t)  # ∂ℓ/∂z · wt/Σwt, × η for plain SGD
             self.backward(net, t, n, grad, inputs, acts, mask)
+        bound, anchor = self.request.clip, self.request.anchor
+        clipped = None
+        gram_form = self.gram is not None and self.gram.affine is None and self.request.starts is None
+        if bound is not None and not math.isinf(bound) and gram_form:
+            clipped = self._clip_before_writing(bound)
         if self.gram is not None:
             self.gram.apply(self.whole[0])
+        if bound is not None and clipped is None:
+            clipped = clip_rows(self.work, anchor, bound)
+        return clipped
+
+    def _clip_before_writing(self, bound: float) -> Tensor:
+        """Client-level DP on the Gram path: each update Δ_k = w_k − w_global clipped to norm ≤ C before the Gram
+        layer's weights are written, so that clipping takes no pass over the chunk's models. ‖Δ_k‖² is the Gram
+        layer's part (`_GramFirstLayer.update_square_norms`) plus the other coordinates' (a few, already written;
+        the Gram layer's bias still holds b_0); a clipped client's D is scaled by s_k = C/‖Δ_k‖ (its Gram layer
+        then ends at W_0 − s_k DᵀX) and its other coordinates moved to w_global + s_k (w_k − w_global). Which
+        clients were clipped (c,) bool."""
+        assert self.gram is not None
+        work, anchor, weight = self.work, self.request.anchor, self.layers[0].weight
+        rest = [part for part in (slice(0, weight.start), slice(weight.stop, work.shape[1])) if part.stop > part.start]
+        square = self.gram.update_square_norms()
+        for part in rest:
+            square += (work[:, part] - anchor[part]).square_().sum(1)
+        norms = square.sqrt_()
+        clipped = norms > bound
+        if not bool(clipped.any()):
+            return clipped
+        scale = torch.where(clipped, bound / norms, torch.ones_like(norms))
+        self.gram.grads.mul_(scale.view(-1, 1, 1))
+        rows = torch.nonzero(clipped).flatten()
+        for part in rest:
+            work[rows, part] = torch.lerp(anchor[part], work[rows, part], scale[rows].unsqueeze(1))
+        return clipped
 
     def forward(
         self, net: list[_Weights], t: int, n: int, rows: Tensor, logits_t: Tensor, mask: list[Tensor | None]

@@ -26,9 +26,9 @@ from fedhet.engine.memory import keep_freed_memory
 from fedhet.engine.numerics import exact_float32
 from fedhet.engine.personal import gather, parameter_mask, scatter_, spans
 from fedhet.engine.plan import PHASES, LocalPlan, LocalResult, LocalSettings
-from fedhet.engine.privacy import clip_updates, noise_key
+from fedhet.engine.privacy import add_noise, clip_rows, noise_key
 from fedhet.engine.protocol import Split
-from fedhet.engine.request import TrainRequest
+from fedhet.engine.request import CLIPPED, TrainRequest
 from fedhet.engine.state import ClientStore
 from fedhet.engine.step import Cohort, fresh_cohort
 from fedhet.engine.vmap_probe import probe_vmap
@@ -159,8 +159,10 @@ class Engine:
         """Local training of the plan's cohort from `global_params` (or the clients' personal models, with
         ``plan.personal``), with the clients' stored state; their new state and personal parts are stored. With
         ``plan.clip`` each client's update (what it sends: the shared part) is clipped and noised as the client
-        would (`fedhet.engine.privacy.clip_updates`)."""
-        cohort, starts, (params, losses, state) = self._run(global_params, plan, round_)
+        would (`fedhet.engine.privacy.clip_updates`; the dense backend clips as it writes the models where nothing
+        reads them unclipped, `TrainRequest.clip`)."""
+        cohort, starts, (params, losses, state) = self._run(global_params, plan, round_, clip=True)
+        clipped = state.pop(CLIPPED, None)
         self.last_backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
         result = LocalResult(plan.clients, params, losses, plan.steps, plan.lr)
         anchor = starts if starts is not None else global_params
@@ -168,8 +170,10 @@ class Engine:
         if plan.personal is not None:
             self._keep_personal(plan, global_params, result, state, round_)
         if plan.clip is not None:  # client-level DP: the update each client sends, clipped (and noised) by it
-            key = noise_key(plan.stream, plan.phase)
-            result.clipped = clip_updates(result.params, global_params, plan.clip, plan.clients, self.seed, round_, key)
+            if clipped is None:  # not clipped by the backend
+                clipped = clip_rows(result.params, global_params, plan.clip.bound)
+            add_noise(result.params, plan.clip, plan.clients, self.seed, round_, noise_key(plan.stream, plan.phase))
+            result.clipped = clipped
         self.client_state.prune(self._keep_from(round_))
         return result
 
@@ -228,12 +232,15 @@ class Engine:
         return rows
 
     def _run(
-        self, global_params: Tensor, plan: LocalPlan, round_: int
+        self, global_params: Tensor, plan: LocalPlan, round_: int, clip: bool = False
     ) -> tuple[Cohort, Tensor | None, tuple[Tensor, Tensor, dict[str, Tensor]]]:
         """The plan's local steps (nothing stored, and `last_backend` left as it is: evaluation does not train the
         run's cohorts): the cohort with its state as read, the start points, and the backend's (params, losses,
-        state after the steps)."""
+        state after the steps). With `clip`, the backend may clip the updates to ``plan.clip``'s bound where nothing
+        reads them unclipped (no personal part, no term state: `TrainRequest.clip`)."""
         cohort = self.cohort(plan, global_params, round_)
+        unread = plan.personal is None and not any(inputs.term.client_state for inputs in cohort.terms)
+        bound = plan.clip.bound if clip and plan.clip is not None and unread else None
         starts = plan.starts if plan.starts is not None else self.personal_starts(global_params, plan, round_)
         backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
         frozen = parameter_mask(self.model, plan.frozen, "local.frozen") if plan.frozen else None
@@ -248,6 +255,7 @@ class Engine:
             self.chunk_size,
             starts=starts,
             frozen=frozen,
+            clip=bound,
         )
         with exact_float32(self.device):
             trained = train_cohort(request, backend, placed=self.placed("train"))

@@ -5,7 +5,8 @@ Client level (`UpdateClip`, a `LocalPlan` field): after its local steps each cli
 Δ_k = w_k − w_start to norm at most C (Andrew et al., NeurIPS 2021, and McMahan et al., ICLR 2018: Δ_k ·
 min(1, C/‖Δ_k‖)) and, for local DP, adds Gaussian noise N(0, σ² I) of its own. The engine applies it once, to the
 update the client sends (the shared part of a personal model), so every backend and every Flower node does the
-same; the noise comes from the stream (seed, "dp-noise/<stream>", round, phase, client).
+same (`clip_updates`; the dense backend clips as it writes the models, with the same numbers up to float rounding:
+`TrainRequest.clip`); the noise comes from the stream (seed, "dp-noise/<stream>", round, phase, client).
 
 Example level (`ExampleDP`, DP-SGD, Abadi et al., CCS 2016, Algorithm 1): each local step clips every sample's
 gradient g_i to norm at most C, sums them, adds N(0, (zC)² I) and divides by the client's expected batch size
@@ -77,9 +78,10 @@ def update_norms(params: Tensor, start: Tensor) -> Tensor:
     """‖w_k − w_start‖ for each row of `params` (m, P), `start` (P,) or (m, P): a block of rows at a time through
     one buffer that stays in cache (no (m, P) temporary)."""
     m, size = params.shape
-    norms = torch.empty(m, dtype=params.dtype)
+    norms = torch.empty(m, dtype=params.dtype, device=params.device)
     blocks = _row_blocks(m, size)
-    buffer = torch.empty(blocks[0].stop - blocks[0].start if blocks else 0, size, dtype=params.dtype)
+    rows = blocks[0].stop - blocks[0].start if blocks else 0
+    buffer = torch.empty(rows, size, dtype=params.dtype, device=params.device)
     for block in blocks:
         base = start if start.dim() == 1 else start[block]
         update = torch.sub(params[block], base, out=buffer[: block.stop - block.start])
@@ -92,23 +94,35 @@ def clip_updates(
 ) -> Tensor:
     """Clip each client's update w_k − w_start to norm ``clip.bound`` and add its local noise, in place on `params`
     (m, P); returns which updates were clipped (m,) bool (‖Δ_k‖ > C). Rows within the bound are left as they are
-    (bit for bit), so an infinite bound without noise changes nothing. `key` names the noise stream.
+    (bit for bit), so an infinite bound without noise changes nothing. `key` names the noise stream."""
+    clipped = clip_rows(params, start, clip.bound)
+    add_noise(params, clip, clients, seed, round_, key)
+    return clipped
 
-    One pass over `params` for the norms (`update_norms`), and one over the clipped rows only:
-    w_start + (w_k − w_start)·C/‖Δ_k‖ (lerp, in place)."""
+
+def clip_rows(params: Tensor, start: Tensor, bound: float) -> Tensor:
+    """Clip each row's update w_k − w_start to norm `bound` in place on `params` (m, P); which rows were clipped
+    (m,) bool. One pass over `params` for the norms (`update_norms`; none for an infinite bound), and one over the
+    clipped rows only: w_start + (w_k − w_start)·C/‖Δ_k‖ (lerp, in place); the other rows are left bit for bit."""
+    if math.isinf(bound):
+        return torch.zeros(len(params), dtype=torch.bool, device=params.device)
     norms = update_norms(params, start)
-    clipped = norms > clip.bound
+    clipped = norms > bound
     if bool(clipped.all()):
-        torch.lerp(start, params, (clip.bound / norms).unsqueeze(1), out=params)
+        torch.lerp(start, params, (bound / norms).unsqueeze(1), out=params)
     elif bool(clipped.any()):
         for i in torch.nonzero(clipped).flatten().tolist():
             base = start if start.dim() == 1 else start[i]
-            torch.lerp(base, params[i], clip.bound / float(norms[i]), out=params[i])
+            torch.lerp(base, params[i], bound / float(norms[i]), out=params[i])
+    return clipped
+
+
+def add_noise(params: Tensor, clip: UpdateClip, clients: Tensor, seed: int, round_: int, key: str) -> None:
+    """Local DP: N(0, ``clip.noise``²) on each coordinate of client k's row, from its stream (seed, key, round, k)."""
     if clip.noise > 0:
         size = params.shape[1]
         for i, k in enumerate(clients.tolist()):
             params[i] += clip.noise * torch.randn(size, generator=torch_gen(seed, key, round_, k))
-    return clipped
 
 
 def noise_key(stream: str, phase: int) -> str:

@@ -18,6 +18,7 @@ from fedhet.engine.plan import LocalPlan
 from fedhet.engine.step import Cohort
 
 Trained = tuple[Tensor, Tensor, dict[str, Tensor]]  # params (m, P), mean loss (m,), the cohort's optimiser state
+CLIPPED = "dp/clipped"  # in a `Trained` state: (m,) bool, the updates a backend clipped to ``TrainRequest.clip``
 
 
 @dataclass
@@ -29,6 +30,11 @@ class TrainRequest:
     personal part of one: `fedhet.engine.personal`). ``frozen`` (P,) marks coordinates the steps leave unchanged
     (whole parameters: FedRep trains its head and its body in turn); the optimiser state of a frozen coordinate
     stays as it was too.
+
+    ``clip`` (client-level DP, `fedhet.engine.privacy`): a backend that can clip each update w_k − anchor to this norm
+    while it writes the models does so and reports which it clipped under `CLIPPED` in its state (the dense
+    backend); the others leave the clipping to the engine. The engine sets it only where nothing reads the
+    unclipped models after training (no personal part, no term state).
     """
 
     model: FlatModel
@@ -42,6 +48,7 @@ class TrainRequest:
     workers: int = 0  # CPU threads of the dense and conv backends (0: torch's intra-op thread count)
     starts: Tensor | None = None  # (m, P) each client's start point (None: the anchor)
     frozen: Tensor | None = None  # (P,) bool: coordinates not trained (None: none)
+    clip: float | None = None  # client-level DP's bound on ‖w_k − anchor‖ (None: no clipping here)
     _frozen_parts: dict[tuple[int, int], bool] = field(default_factory=dict, repr=False)
 
     @property
@@ -91,4 +98,5 @@ class TrainRequest:
             self.workers,
             None if self.starts is None else self.starts.to(device),
             None if self.frozen is None else self.frozen.to(device),
+            self.clip,
         )
