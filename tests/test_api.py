@@ -184,6 +184,7 @@ def test_import_fedhet_is_light_and_help_says_what_to_do_first() -> None:
     assert "fedhet.run(" in out.stdout and "fedhet run --algorithm" in out.stdout
 
 
+@pytest.mark.slow
 def test_python_dash_m_fedhet_and_version_flag() -> None:
     out = python("-m", "fedhet", "--version")
     assert out.returncode == 0 and out.stdout.strip() == f"fedhet {version('fedhet')}"

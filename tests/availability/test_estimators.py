@@ -48,6 +48,7 @@ def test_counts_and_bayesian_formulas_by_hand() -> None:
     assert bayesian_lambda(counts, prior)[0] == pytest.approx(p_aa + p_ii - 1)
 
 
+@pytest.mark.slow
 def test_bayesian_estimates_converge_on_long_chains() -> None:
     pis, lams = np.array([0.9, 0.1, 0.5, 0.3]), np.array([0.9, 0.0, -0.5, 0.6])
     process = Markov(pi=pis.tolist(), lam=lams.tolist())

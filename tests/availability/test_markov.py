@@ -46,6 +46,7 @@ def test_lambda_range_is_checked() -> None:
         process.setup(3, 0)
 
 
+@pytest.mark.slow
 def test_empirical_pi_and_lag_one_correlation_match() -> None:
     pis, lams = [0.9, 0.1, 0.5, 0.3], [0.9, 0.0, -0.6, 0.5]
     process = Markov(pi=pis, lam=lams)

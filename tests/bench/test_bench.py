@@ -90,6 +90,7 @@ def test_interleaved_timing_and_budget() -> None:
     assert [len(t.rounds) for t in timings] == [4, 4]
 
 
+@pytest.mark.slow
 def test_bench_workload_rows_and_ratios() -> None:
     settings = Settings(warmup=1, min_reps=2, max_reps=2, systems=comparators.SYSTEMS)
     rows = bench_workload(TINY, TINY.data(), settings, lambda _: None)
@@ -124,6 +125,7 @@ def test_bench_workload_rows_and_ratios() -> None:
     assert by["machine limit"].train_flop_fraction == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_cnn_workloads_time_the_conv_backend() -> None:
     w = Workload("c", "", {"name": "lenet_cifar"}, (3, 32, 32), clients=2, samples=10, steps=2, batch=5)
     settings = Settings(warmup=0, min_reps=1, max_reps=1, comparators=("plain",))
@@ -196,6 +198,7 @@ def test_targets_say_when_the_plain_loop_changed_speed() -> None:
     assert "the plain loop changed speed in this run (median 800 ms, fastest 450 ms)" in text
 
 
+@pytest.mark.slow
 def test_json_markdown_and_flower_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(comparators, "flower_available", lambda: False)
     said: list[str] = []
@@ -218,6 +221,7 @@ def test_json_markdown_and_flower_skipped(tmp_path: Path, monkeypatch: pytest.Mo
     assert "| tiny | auto (dense) |" in text and "| target | goal | measured | met |" in text
 
 
+@pytest.mark.slow
 def test_cli_bench_and_unknown_workload(monkeypatch: pytest.MonkeyPatch) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["bench", "--workload", "nope"], env={"COLUMNS": "200"})

@@ -44,6 +44,7 @@ def test_run_estimate_says_when_rounds_were_timed_with_fewer_steps(
     assert "run: rounds timed with 3 of their 9 local steps, local training scaled" in out
 
 
+@pytest.mark.slow
 def test_reproduce_estimate_uses_stand_ins_without_the_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # no data folder here: the recipe's datasets are stood in for
     code, out = invoke("reproduce", "fedmgda-bias-attack", "--seeds", "1", "--estimate", "--quiet")

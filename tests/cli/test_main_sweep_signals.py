@@ -105,6 +105,7 @@ def _wait_gone(pids: list[int], seconds: float) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_workers_at_once_and_a_second_sweep_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

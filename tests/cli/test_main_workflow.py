@@ -129,6 +129,7 @@ def test_compare_and_plot_a_sweep_folder_as_mean_and_std_per_point(tmp_path: Pat
     assert code == 2 and "2 --label for 1 paths" in out
 
 
+@pytest.mark.slow
 def test_output_that_is_not_a_terminal_is_not_wrapped(tmp_path: Path) -> None:
     console = UnwrappedConsole(file=(tmp_path / "out.txt").open("w"))
     assert console.width == PIPE_WIDTH

@@ -69,6 +69,7 @@ def _check(name: str, tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []  # no run folder, no data folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", QUICK)
 def test_paper_recipes_are_estimated_on_stand_ins(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
@@ -108,6 +109,7 @@ def test_a_study_is_planned_from_the_runs_it_hands_its_executor(capsys: pytest.C
     assert capsys.readouterr().out == ""  # the study's own messages are not shown
 
 
+@pytest.mark.slow
 def test_an_analytic_study_has_nothing_to_estimate() -> None:
     plan = plan_recipe(get_recipe("maxfl-mean-estimation"), (0,))
     assert plan.configs == [] and "nothing to estimate" in plan.note

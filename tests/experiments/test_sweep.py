@@ -180,6 +180,7 @@ def small_sweep(**changes: Any) -> Sweep:
     return make_sweep({**TINY, **changes}, grid=["local.lr=0.02,0.1", "algorithm=fedavg,fedprox"], seeds=2)
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_serial_run_folders(tmp_path: Path) -> None:
     sweep = small_sweep()
     with Executor(1) as serial:

@@ -155,6 +155,7 @@ def test_dp_sgd_with_shuffled_batches_counts_a_batch_per_pass_in_full(tmp_path: 
         assert float(client["dp_sgd_epsilon"]) == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_a_dp_sgd_target_calibrates_for_a_client_in_every_round(tmp_path: Path) -> None:
     local = {"steps": 3, "lr": 0.1, "batch_size": 8, "dp_sgd": {"clip": 1.0}}
     state = run(

@@ -101,6 +101,7 @@ def test_authors_optimiser_rows_carry_momentum_and_local_epochs() -> None:
         assert store.clients("optimizer.sgd.momentum")  # the clients that trained kept their buffers
 
 
+@pytest.mark.slow
 def test_tiny_table1_writes_the_table_and_figures(tmp_path: Path) -> None:
     result = run_table1(tmp_path, seeds=(0, 1), rounds=6, datasets=("Synthetic",), tuning=False)
     assert set(result.values["Synthetic"]) == set(METHODS)
@@ -116,6 +117,7 @@ def test_tiny_table1_writes_the_table_and_figures(tmp_path: Path) -> None:
     assert folder == tmp_path / "synthetic" / "CA-Fed-code" / "seed0" and (folder / "availability.npz").is_file()
 
 
+@pytest.mark.slow
 def test_cafed_orders_against_unbiased_on_a_reduced_run() -> None:
     """The synthetic task in the paper's setting (150 rounds, 3 seeds), Unbiased and CA-Fed only, both at the
     learning rates tuning picks for every method. Measured over 10 seeds (docs/cafed.md): CA-Fed's second-half

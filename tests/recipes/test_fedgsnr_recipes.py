@@ -99,6 +99,7 @@ def test_table2_varies_active_clients(tmp_path: Path) -> None:
         assert {float(r["participants"]) for r in csv.DictReader(f)} == {2.0}
 
 
+@pytest.mark.slow
 def test_figures_write_entropy_contribution_and_flip(tmp_path: Path) -> None:
     parts = {"α = 0.1": PARTITIONS["α = 0.1"], "Pareto": PARTITIONS["Pareto"]}
     text = figures_study(tmp_path, False, (0,), embedded=True, changes=TINY, partitions=parts, flip_partitions=("IID",))

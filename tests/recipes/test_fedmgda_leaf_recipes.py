@@ -126,6 +126,7 @@ def small(name: str, methods: tuple[str, ...], changes: dict[str, Any]) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_femnist_recipe_reads_leaf_json_and_writes_table_and_violins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -94,6 +94,7 @@ def one_thread() -> Iterator[None]:
         yield
 
 
+@pytest.mark.slow
 def test_fedmgda_plus_improves_more_participants_than_fedavg(tmp_path: Path) -> None:
     """Fig. 4: the share of participants whose training loss did not increase in the round is higher for
     FedMGDA+ (common descent direction) than for FedAvg, on every seed; and the recipe writes its table and
@@ -109,6 +110,7 @@ def test_fedmgda_plus_improves_more_participants_than_fedavg(tmp_path: Path) -> 
     assert (tmp_path / "improved_users.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_bias_attack_hurts_afl_and_qfedavg_but_not_fedmgda_plus() -> None:
     """Table 7: a bias added to the attacker's reported loss pulls AFL's and q-FedAvg's weights to it and costs
     them accuracy; FedMGDA+ never reads the losses, so its model is exactly the unattacked one."""

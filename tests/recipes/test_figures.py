@@ -49,6 +49,7 @@ def fake_states(methods: list[str], metric: str, seeds: int = 2, rounds: int = 1
     return states
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FIGURE_RECIPES)
 def test_recipe_figures_read_well(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     recipe = RECIPES[name]()
@@ -126,6 +127,7 @@ def cafed_arrays(rounds: int = 10, clients: int = 8, seed: int = 0) -> dict[str,
     }
 
 
+@pytest.mark.slow
 def test_cafed_figures_read_well(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fedhet.methods.cafed.availability_aware import tv_distance
     from fedhet.methods.cafed.metrics import cumulative_importance, importance
@@ -174,6 +176,7 @@ def summary(entropy: list[float], scores: np.ndarray, corrupted: int | None = No
     )
 
 
+@pytest.mark.slow
 def test_fedgsnr_figures_read_well(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(1)
     runs = {

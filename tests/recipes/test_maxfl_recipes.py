@@ -71,6 +71,7 @@ def test_byzantine_table_has_attackers_that_opt_in_honestly_and_always() -> None
     )
 
 
+@pytest.mark.slow
 def test_mean_estimation_recipe_writes_table_and_figure(tmp_path: Path) -> None:
     recipe = get_recipe("maxfl-mean-estimation")
     result = run_recipe(recipe, tmp_path, quick=True, seeds=(0,))
