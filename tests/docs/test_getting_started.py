@@ -84,7 +84,8 @@ def test_every_step_runs_as_written(tmp_path: Path) -> None:
     for run in ("first", "patients", "my_model", "from_python"):
         assert (work / "runs" / run / "summary.json").is_file(), run
     resolved = yaml.safe_load((work / "runs" / "my_model" / "config.yaml").read_text())
-    assert resolved["model"] == {"name": "torch", "target": "my_model.py:Net", "kwargs": {"hidden": 64}}
+    target = f"{(work / 'my_model.py').resolve()}:Net"  # config.yaml keeps paths that work from any directory
+    assert resolved["model"] == {"name": "torch", "target": target, "kwargs": {"hidden": 64}}
     assert resolved["dataset"]["name"] == "table" and resolved["partition"]["name"] == "natural"
     assert outputs[-1].strip().endswith("True")  # load_run gives back the metrics of the run
     assert "finished" in outputs[-1]
