@@ -10,7 +10,7 @@ from functools import partial
 
 import torch
 
-from fedhet.bench.personal import _engine
+from fedhet.bench.pairs import workload_engine
 from fedhet.bench.workloads import MLP, Workload
 from fedhet.engine.engine import Engine
 from fedhet.experiments.asynchronous import AsyncQueue, AsyncRunner
@@ -52,7 +52,7 @@ def _counting(engine: Engine, sizes: list[int]) -> None:
 def fedbuff_throughput(turns: int = 5, concurrency: int = 100, buffer: int = 10, backend: str = "dense") -> Throughput:
     """FedBuff (C, K) on 1,000 MLP clients of log-normal speeds against FedAvg rounds of C clients: each turn runs
     C/K server versions of FedBuff (C client updates) and one FedAvg round (C clients)."""
-    engine = _engine(WORKLOAD, backend)
+    engine = workload_engine(WORKLOAD, backend)
     k = WORKLOAD.clients
     context = ServerContext(engine, engine.local, 0, concurrency)
     sync, buff = FedAvg(), FedBuff(concurrency=concurrency, buffer_size=buffer)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from fedhet.bench.asynchronous import fedbuff_throughput
-from fedhet.bench.personal import CostRow, ditto_round, machine_limit, personal_evaluation
+from fedhet.bench.pairs import CostRow
+from fedhet.bench.personal import ditto_round, machine_limit, personal_evaluation
 from fedhet.bench.targets import Target
 
 

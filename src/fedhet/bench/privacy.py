@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from fedhet.bench.personal import CostRow, _engine, _in_turns, _round
+from fedhet.bench.pairs import CostRow, in_turns, print_rows, round_runner, workload_engine
 from fedhet.bench.workloads import MLP, Workload
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan
@@ -27,7 +27,7 @@ def dp_round(reps: int = 21, backend: str = "dense", **dp: object) -> CostRow:
     steps of 10, on one engine and backend. The bound is the median norm of a round's updates unless `dp` gives
     one (half the updates clipped: the regime adaptive clipping aims at, Andrew et al. 2021). The difference is a
     few percent, so the medians take 21 rounds of each: with 5 a busy machine's noise hid it."""
-    engine = _engine(MLP, backend)
+    engine = workload_engine(MLP, backend)
     clients = torch.arange(MLP.clients)
     if "clip" not in dp:
         w = engine.initial_params()
@@ -36,8 +36,8 @@ def dp_round(reps: int = 21, backend: str = "dense", **dp: object) -> CostRow:
     strategies: list[Strategy] = [FedAvg(), DP(**settings)]
     for strategy in strategies:
         strategy.setup(ServerContext(engine, engine.local, 0, MLP.clients))
-    avg, private = (_round(s, engine, clients, [0]) for s in strategies)
-    private_s, avg_s = _in_turns(private, avg, reps)
+    avg, private = (round_runner(s, engine, clients, [0]) for s in strategies)
+    private_s, avg_s = in_turns(private, avg, reps)
     what = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in dp.items())
     return CostRow(f"client-level DP round ({what}; {backend})", "FedAvg round", private_s, avg_s, 1.10)
 
@@ -51,11 +51,11 @@ def dp_sgd_training(reps: int = 3, reference_backend: str = "vectorised") -> Cos
     """DP-SGD's local training (per-sample gradients by vmap, clipped, noised; Poisson batches) against plain SGD's
     on `reference_backend` (vectorised: the same autograd backend; dense: what the run would use without DP-SGD):
     20 clients × 10 steps of 10 of the MLP, 10 clients a chunk."""
-    private = Engine(_engine(DP_SGD).model, DP_SGD.data(), backend="vectorised", seed=0, chunk_size=10)
+    private = Engine(workload_engine(DP_SGD).model, DP_SGD.data(), backend="vectorised", seed=0, chunk_size=10)
     plain = Engine(private.model, private.data, backend=reference_backend, seed=0, chunk_size=10)  # type: ignore[arg-type]
     plan = LocalPlan.uniform(torch.arange(DP_SGD.clients), DP_SGD.steps, DP_SGD.lr, DP_SGD.batch)
     dp_sgd = replace(plan, dp_sgd=ExampleDP(1.0, 1.0, "poisson"))
-    private_s, plain_s = _in_turns(_training(private, dp_sgd), _training(plain, plan), reps)
+    private_s, plain_s = in_turns(_training(private, dp_sgd), _training(plain, plan), reps)
     return CostRow(
         "DP-SGD local training (vectorised)", f"plain SGD ({reference_backend})", private_s, plain_s, float("nan")
     )
@@ -71,12 +71,7 @@ def main() -> None:  # pragma: no cover - a measurement, run by hand
         dp_sgd_training(),
         dp_sgd_training(reference_backend="dense"),
     )
-    for row in rows:
-        verdict = "no goal: stated" if row.goal != row.goal else "met" if row.ratio <= row.goal else "NOT met"
-        print(
-            f"{row.name}: {1e3 * row.method_s:.0f} ms vs {row.reference} {1e3 * row.reference_s:.0f} ms: "
-            f"{row.ratio:.2f}x (goal <= {row.goal:g}x, {verdict})"
-        )
+    print_rows(rows, "no goal: stated")
 
 
 if __name__ == "__main__":  # pragma: no cover
