@@ -113,6 +113,10 @@ def test_a_target_epsilon_with_a_noise_multiplier_or_without_a_mechanism_is_refu
             "strategy 'cafed' chooses its clients",
         ),
         ({"attack": {"name": "malicious", "fraction": 0.2}}, "attack 'malicious' changes who takes part"),
+        (  # refused by configuration: this deadline is long enough that nobody is late
+            {"system": "lognormal", "deadline": {"seconds": 1e6, "policy": "drop"}},
+            "the round's deadline leaves slow clients out",
+        ),
     ],
 )
 def test_a_sample_the_accountant_does_not_assume_is_refused_unless_accepted(

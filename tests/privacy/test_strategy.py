@@ -178,6 +178,7 @@ def test_poisson_sampling_takes_each_client_with_probability_m_over_k() -> None:
         ({"clipping": "adaptive", "noise": "local"}, "adaptive clipping noises the clipped count on the server"),
         ({"clip": math.inf, "noise_multiplier": 1.0}, "give a finite clip"),
         ({"base": {"name": "dp"}}, "the base of dp cannot be dp itself"),
+        ({"base": "fedbuff"}, "'fedbuff' is asynchronous"),
         ({"server_lr": 0.5}, "set algorithm.base.server_lr"),
     ],
 )
