@@ -64,3 +64,32 @@ def test_engine_statistics_and_sampled_losses_use_the_client_streams() -> None:
     one = engine.sampled_losses(w, clients, 2, 0, "any")
     torch.testing.assert_close(one, engine.sampled_losses(w, clients, 2, 0, "any"))  # a fixed stream
     assert not torch.allclose(one, whole)
+
+
+def test_adopted_rows_are_kept_without_a_copy_and_read_back_as_one_view() -> None:
+    store, clients = ClientStore(), torch.tensor([2, 5, 7])
+    block = torch.arange(12.0).view(3, 4)
+    store.write("p", clients, block, 0, keep_from=0, adopt=True)
+    fresh = lambda: torch.full((4,), -1.0)  # noqa: E731
+    same = store.stacked("p", clients, 1, fresh)
+    assert same.data_ptr() == block.data_ptr()  # the rows in the order written: a view, no copy
+    torch.testing.assert_close(same, block)
+    other = store.stacked("p", torch.tensor([7, 2, 9]), 1, fresh)  # another order, a client without rows: a copy
+    assert other.data_ptr() != block.data_ptr()
+    torch.testing.assert_close(other, torch.stack([block[2], block[0], fresh()]))
+    copied = torch.ones(3, 4)
+    store.write("q", clients, copied, 0, keep_from=0)  # not adopted: the store copies
+    assert store.stacked("q", clients, 1, fresh).data_ptr() != copied.data_ptr()
+
+
+def test_a_mostly_forgotten_adopted_tensor_is_copied_out_so_that_it_is_freed() -> None:
+    store, clients = ClientStore(), torch.arange(4)
+    block = torch.ones(4, 3)
+    store.write("p", clients, block, 0, keep_from=0, adopt=True)
+    store.write("p", clients[:3], torch.full((3, 3), 2.0), 8, keep_from=9, adopt=True)  # clients 0-2 forget round 0
+    store.prune(9)
+    (last,) = store.latest("p", torch.tensor([3]), 9)
+    assert last is not None and last.untyped_storage().data_ptr() != block.untyped_storage().data_ptr()
+    torch.testing.assert_close(last, torch.ones(3))  # client 3's row, copied out of the forgotten tensor
+    expected = torch.tensor([[2.0] * 3] * 3 + [[1.0] * 3])
+    torch.testing.assert_close(store.stacked("p", clients, 9, lambda: torch.zeros(3)), expected)

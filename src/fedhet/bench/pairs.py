@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,14 +53,21 @@ def in_turns(first: Callable[[], object], second: Callable[[], object], reps: in
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def round_runner(strategy: Strategy, engine: Engine, clients: torch.Tensor, counter: list[int]) -> Callable[[], None]:
-    def one() -> None:
-        t = counter[0] = counter[0] + 1
-        w = engine.initial_params()
-        result = strategy.local_training(t, clients, w, lambda plan: engine.train(w, plan, t))
-        strategy.aggregate(t, w, result)
+def round_runners(strategies: Sequence[Strategy], engine: Engine, clients: torch.Tensor) -> list[Callable[[], None]]:
+    """For each strategy, one round of it from the initial model, the rounds of all of them numbered by one count:
+    no two rounds share a number, so none finds what another computed (`engine.reuse` keeps a round's products)."""
+    count = itertools.count(1)
 
-    return one
+    def runner(strategy: Strategy) -> Callable[[], None]:
+        def one() -> None:
+            t = next(count)
+            w = engine.initial_params()
+            result = strategy.local_training(t, clients, w, lambda plan: engine.train(w, plan, t))
+            strategy.aggregate(t, w, result)
+
+        return one
+
+    return [runner(s) for s in strategies]
 
 
 def print_rows(rows: Iterable[CostRow], no_goal: str) -> None:

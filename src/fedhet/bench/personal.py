@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fedhet.bench.pairs import CostRow, in_turns, print_rows, round_runner, workload_engine
+from fedhet.bench.pairs import CostRow, in_turns, print_rows, round_runners, workload_engine
 from fedhet.bench.workloads import MLP, Workload
 from fedhet.engine.personal import Personal
 from fedhet.engine.plan import LocalPlan
@@ -22,7 +22,7 @@ def ditto_round(reps: int = 5, backend: str = "dense") -> CostRow:
     strategies: list[Strategy] = [FedAvg(), Ditto()]
     for strategy in strategies:
         strategy.setup(ServerContext(engine, engine.local, 0, MLP.clients))
-    avg, ditto = (round_runner(s, engine, clients, [0]) for s in strategies)
+    avg, ditto = round_runners(strategies, engine, clients)
     ditto_s, avg_s = in_turns(ditto, avg, reps)
     return CostRow(f"Ditto round ({backend})", "FedAvg round", ditto_s, avg_s, 2.2)
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from fedhet.bench.pairs import CostRow, in_turns, print_rows, round_runner, workload_engine
+from fedhet.bench.pairs import CostRow, in_turns, print_rows, round_runners, workload_engine
 from fedhet.bench.workloads import MLP, Workload
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan
@@ -36,7 +36,7 @@ def dp_round(reps: int = 21, backend: str = "dense", **dp: object) -> CostRow:
     strategies: list[Strategy] = [FedAvg(), DP(**settings)]
     for strategy in strategies:
         strategy.setup(ServerContext(engine, engine.local, 0, MLP.clients))
-    avg, private = (round_runner(s, engine, clients, [0]) for s in strategies)
+    avg, private = round_runners(strategies, engine, clients)
     private_s, avg_s = in_turns(private, avg, reps)
     what = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in dp.items())
     return CostRow(f"client-level DP round ({what}; {backend})", "FedAvg round", private_s, avg_s, 1.10)

@@ -44,12 +44,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedhet.data.dataset import ClientData
-from fedhet.engine.batches import local_batches
+from fedhet.engine.batches import gather_rows, local_batches
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.objective import Aligned, ParameterTerm
 from fedhet.engine.plan import LocalPlan
 from fedhet.engine.privacy import clip_rows
 from fedhet.engine.request import CLIPPED, Trained, TrainRequest
+from fedhet.engine.reuse import Reuse, rows_key
 from fedhet.engine.step import Cohort, affine_part, aligned, leaf_direction, term_gradient
 from fedhet.engine.task import Task
 from fedhet.engine.threads import torch_threads
@@ -157,12 +158,15 @@ def train_dense(request: TrainRequest, layers: list[DenseLayer]) -> Trained:
         batches = _Batches(data, plan, ids, layers[-1].shape[0], request.seed, request.round_, fold_lr, model.task)
         target = params[start : start + block] if in_place else None
 
-        def run(lo: int, ids: Tensor = ids, batches: _Batches = batches, target: Tensor | None = target) -> None:
+        def run(
+            lo: int, ids: Tensor = ids, batches: _Batches = batches, target: Tensor | None = target, at: int = start
+        ) -> None:
             part = slice(lo, lo + chunk)
             mine = ids[part]
             work = target[part] if target is not None else torch.empty(len(mine), model.size, device=dev)
             state = {k: v[mine] for k, v in opt_state.items()}  # copies: the chunk's own optimiser state
-            chunk_clipped = _Chunk(layers, request, work, x_all, mine, state, batches, part, masks).train()
+            rows = slice(at + lo, at + lo + len(mine)) if in_place else mine  # the chunk's start points
+            chunk_clipped = _Chunk(layers, request, work, x_all, mine, rows, state, batches, part, masks).train()
             if clipped is not None and chunk_clipped is not None:
                 clipped[mine] = chunk_clipped
             if target is None:
@@ -347,6 +351,7 @@ class _GramFirstLayer:
         starts: Tensor,
         samples: int,
         affine: tuple[Tensor, Tensor, Tensor] | None = None,
+        reuse: Reuse | None = None,
     ) -> None:
         """`index` (T, c, b): the steps' rows of `x_all`; `w0` the layer's start: the flat model (P,) shared by the
         chunk, or each client's (c, P); `starts` (c,): where each client's samples begin in `x_all`; `samples`:
@@ -357,10 +362,12 @@ class _GramFirstLayer:
         self.by_sample = samples > 0
         if self.by_sample:  # X: each client's samples (padded); pos: where each step's rows are in X
             rows = (starts.view(c, 1) + torch.arange(samples, device=starts.device)).clamp_(max=len(x_all) - 1)
-            self.pos = (index - starts.view(1, c, 1)).clamp_(0, samples - 1)  # (T, c, b); padding has weight 0
+            pos = (index - starts.view(1, c, 1)).clamp_(0, samples - 1)  # (T, c, b); padding has weight 0
+            self.flat = pos + samples * torch.arange(c, device=pos.device).view(1, c, 1)  # rows of X as (c·R, d)
         else:  # X: the steps' rows in order, so that step t's are rows t·b … (t+1)·b − 1
             rows = index.permute(1, 0, 2).reshape(c, steps * b)
-        self.x = x_all[rows]  # (c, R, d)
+        self.reuse, self.key = reuse or Reuse(0), rows_key(x_all, rows, layer.bias is not None)
+        self.x, self.gram = self.reuse.inputs(self.key, lambda: _inputs(x_all, rows, layer))  # (c, R, d), (c, R, R)
         if w0.dim() == 1:  # X W_0ᵀ + b_0 with one W_0: one matrix product for the chunk
             self.w0 = w0[layer.weight].view(layer.shape)
             self.z0 = self._outputs_of(w0, layer, c)
@@ -369,9 +376,6 @@ class _GramFirstLayer:
             self.z0 = torch.bmm(self.x, weight.mT)
             if layer.bias is not None:
                 self.z0.add_(w0[:, layer.bias].unsqueeze(1))
-        self.gram = torch.bmm(self.x, self.x.mT)  # (c, R, R)
-        if layer.bias is not None:
-            self.gram.add_(1.0)
         self.grads = torch.zeros_like(self.z0)  # D: rows never recorded (or of clients that stopped) stay zero
         self.affine = affine
         if affine is not None:
@@ -385,16 +389,22 @@ class _GramFirstLayer:
             self.shift = torch.zeros_like(decay)  # c_t, per client
 
     def _outputs_of(self, flat: Tensor, layer: DenseLayer, c: int) -> Tensor:
-        """X Wᵀ + b (c, R, out) for one flat model's first layer W, b: one matrix product for the chunk."""
+        """X Wᵀ + b (c, R, out) for one flat model's first layer W, b: one matrix product for the chunk (or the
+        same product kept from an earlier training of the round, `Reuse`; not to be written into)."""
         weight = flat[layer.weight].view(layer.shape)
         bias = flat[layer.bias] if layer.bias is not None else None
         x = self.x.reshape(-1, self.x.shape[2])
-        return (torch.addmm(bias, x, weight.T) if bias is not None else x @ weight.T).view(c, -1, layer.shape[0])
+
+        def compute() -> Tensor:
+            z = torch.addmm(bias, x, weight.T) if bias is not None else x @ weight.T
+            return z.view(c, -1, layer.shape[0])
+
+        return self.reuse.outputs(self.key, weight, bias, compute)
 
     def _rows(self, z: Tensor, t: int, n: int) -> Tensor:
         """Rows of a (c, R, ·) tensor for step t's inputs of the first n clients (n, b, ·), a view where it can."""
         if self.by_sample:
-            return z[:n].gather(1, self.pos[t, :n].unsqueeze(2).expand(-1, -1, z.shape[2]))
+            return gather_rows(z.view(-1, z.shape[2]), self.flat[t, :n])
         return z[:n, t * self.b : (t + 1) * self.b]
 
     def outputs(self, t: int, n: int) -> Tensor:
@@ -421,7 +431,7 @@ class _GramFirstLayer:
             self.shift[:n] = self.shift[:n] * decay[:n] + pull[:n]
             self.scale[:n] *= decay[:n]
         if self.by_sample:
-            self.grads[:n].scatter_add_(1, self.pos[t, :n].unsqueeze(2).expand_as(grad), grad)
+            self.grads.view(-1, grad.shape[2]).index_add_(0, self.flat[t, :n].view(-1), grad.reshape(-1, grad.shape[2]))
         else:
             self.grads[:n, t * self.b : (t + 1) * self.b] = grad
 
@@ -455,6 +465,15 @@ class _GramFirstLayer:
             bias.value.add_(self.grads.sum(1, keepdim=True), alpha=-1.0)
 
 
+def _inputs(x_all: Tensor, rows: Tensor, layer: DenseLayer) -> tuple[Tensor, Tensor]:
+    """The Gram path's input rows X = x_all[rows] (c, R, d) and X Xᵀ (c, R, R), + 1 where the layer has a bias."""
+    x = gather_rows(x_all, rows)
+    gram = torch.bmm(x, x.mT)
+    if layer.bias is not None:
+        gram.add_(1.0)
+    return x, gram
+
+
 def use_gram_first_layer(layer: DenseLayer, rows: int, plain: bool, terms: bool) -> bool:
     """Whether `_GramFirstLayer` runs a chunk on `rows` input rows R (T·b, or the samples where fewer): plain SGD,
     no parameter terms but affine ones (`terms`: some other term), and R·(in + out) ≤ 2·in·out. The Gram path adds
@@ -482,11 +501,14 @@ class _Chunk:
         work: Tensor,
         x_all: Tensor,
         ids: Tensor,
+        rows: Tensor | slice,
         state: dict[str, Tensor],
         batches: _Batches,
         part: slice,
         masks: list[list[Tensor | None]] | None,
     ) -> None:
+        """`ids`: the chunk's clients (rows of the cohort), `rows` the same as a slice where they are consecutive (the
+        start points are then read in place, not copied)."""
         c, dev = len(ids), work.device
         cohort = request.cohort.rows(ids)
         self.layers, self.request, self.work, self.x_all = layers, request, work, x_all
@@ -509,11 +531,11 @@ class _Chunk:
         self.ones = torch.ones(c, 1, self.b, device=dev)
         self.x_buffer = torch.empty(c * self.b, x_all.shape[1], dtype=x_all.dtype, device=dev)  # a step's inputs
         self.remaining = batches.steps[part].tolist()
-        starts = request.starts[ids] if request.starts is not None else None
-        self.gram = self._gram(starts, ids)
+        starts = request.starts[rows] if request.starts is not None else None
+        self.gram = self._gram(starts)
         self._start_weights(starts)
 
-    def _gram(self, starts: Tensor | None, ids: Tensor) -> _GramFirstLayer | None:
+    def _gram(self, starts: Tensor | None) -> _GramFirstLayer | None:
         """The Gram path for the first layer where it pays (`use_gram_first_layer`) and the layer trains."""
         first, b, part = self.layers[0], self.b, self.part
         steps = self.remaining[0]
@@ -531,7 +553,7 @@ class _Chunk:
             ones = torch.ones_like(self.rate)
             pull = self.pull if self.pull is not None else torch.zeros_like(self.rate)
             affine = (self.decay if self.decay is not None else ones, pull, self.request.anchor)
-        return _GramFirstLayer(self.x_all, index, first, w0, where, samples, affine)
+        return _GramFirstLayer(self.x_all, index, first, w0, where, samples, affine, self.request.reuse)
 
     def _start_weights(self, starts: Tensor | None) -> None:
         """The weights start as the clients' start points, written just before use so that they start in cache;

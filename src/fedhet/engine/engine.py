@@ -14,6 +14,7 @@ from fedhet.engine.conv import conv_is_faster, conv_layers
 from fedhet.engine.dense import dense_layers
 from fedhet.engine.evaluate import (
     ClientScores,
+    personal_columns,
     sampled_losses,
     score_clients,
     score_own_models,
@@ -29,6 +30,7 @@ from fedhet.engine.plan import PHASES, LocalPlan, LocalResult, LocalSettings
 from fedhet.engine.privacy import add_noise, clip_rows, noise_key
 from fedhet.engine.protocol import Split
 from fedhet.engine.request import CLIPPED, TrainRequest
+from fedhet.engine.reuse import Reuse
 from fedhet.engine.state import ClientStore
 from fedhet.engine.step import Cohort, fresh_cohort
 from fedhet.engine.vmap_probe import probe_vmap
@@ -154,6 +156,8 @@ class Engine:
         self.client_state = ClientStore()  # state the clients keep between rounds (see `fedhet.engine.state`)
         self.state_history = 1  # rounds a run may be rewound by and still find the clients' state (a checkpoint's age)
         self.last_backend: str | None = None  # what trained the last cohort (objectives may rule out a backend)
+        self.reuse = Reuse()  # products of the round's mini-batches a second training may reuse (Ditto's)
+        self._masks: dict[tuple[str, ...], Tensor] = {}  # `mask`'s answers
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         """Local training of the plan's cohort from `global_params` (or the clients' personal models, with
@@ -190,6 +194,9 @@ class Engine:
             return self.scores(global_params, split, plan.clients).select(plan.clients)
         layers = dense_layers(self.model)
         data = self.placed(split) or self.split(split)
+        mine = self.mask(plan.personal.parts, f"the personal part '{plan.personal.key}'")
+        columns = personal_columns(layers, mine) if layers is not None else []
+        shared = global_params.to(data.x.device)
         parts = []  # a block of clients at a time: no (m, P) copy of every personal model
         for block in torch.split(torch.arange(len(plan.clients)), PERSONAL_BLOCK):
             some = plan.rows(block)
@@ -199,10 +206,8 @@ class Engine:
                 parts.append(self.own_scores(starts, some.clients, split))
                 continue
             rows = self.personal_rows(global_params, some, round_).to(data.x.device)
-            mine = plan.personal.mask(self.model)
             with exact_float32(self.device):
-                shared = global_params.to(data.x.device)
-                parts.append(score_split_dense(layers, shared, rows, mine, data, some.clients, self.model.task))
+                parts.append(score_split_dense(layers, columns, shared, rows, data, some.clients, self.model.task))
         return ClientScores.concat(parts)
 
     def personal_starts(self, global_params: Tensor, plan: LocalPlan, round_: int) -> Tensor | None:
@@ -210,7 +215,7 @@ class Engine:
         the shared coordinates, each client's personal part (`personal_rows`) on the others."""
         if plan.personal is None:
             return None
-        parts = spans(plan.personal.mask(self.model))
+        parts = spans(self.mask(plan.personal.parts, f"the personal part '{plan.personal.key}'"))
         rows = self.personal_rows(global_params, plan, round_)
         if parts == [slice(0, self.model.size)]:
             return rows  # the whole model is personal
@@ -222,14 +227,22 @@ class Engine:
         personal = plan.personal
         assert personal is not None
         m, version = len(plan.clients), _version(round_, plan.phase)
-        mask = personal.mask(self.model)
-        fresh = self.model.initial_params() if personal.fresh == "initial" else global_params
-        rows = self.client_state.stacked(personal.key, plan.clients, version, fresh[mask])
+        mask = self.mask(personal.parts, f"the personal part '{personal.key}'")
+        fresh = self.model.initial_params if personal.fresh == "initial" else lambda: global_params
+        rows = self.client_state.stacked(personal.key, plan.clients, version, lambda: fresh()[mask])
         if personal.mix is not None:
             alpha = torch.full((m,), personal.mix_initial)
             alpha = self.client_state.read(personal.mix, plan.clients, version, alpha).view(m, 1)
-            rows = rows.mul_(alpha).add_(global_params[mask] * (1 - alpha))
+            rows = rows * alpha + global_params[mask] * (1 - alpha)  # not in place: `rows` may be the store's
         return rows
+
+    def mask(self, patterns: tuple[str, ...], what: str) -> Tensor:
+        """(P,) bool: the coordinates of the parameters `patterns` name (`parameter_mask`; `what` names them in its
+        error), worked out once: not to be written into."""
+        key = (*patterns, what)
+        if key not in self._masks:
+            self._masks[key] = parameter_mask(self.model, patterns, what)
+        return self._masks[key]
 
     def _run(
         self, global_params: Tensor, plan: LocalPlan, round_: int, clip: bool = False
@@ -243,7 +256,7 @@ class Engine:
         bound = plan.clip.bound if clip and plan.clip is not None and unread else None
         starts = plan.starts if plan.starts is not None else self.personal_starts(global_params, plan, round_)
         backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
-        frozen = parameter_mask(self.model, plan.frozen, "local.frozen") if plan.frozen else None
+        frozen = self.mask(plan.frozen, "local.frozen") if plan.frozen else None
         request = TrainRequest(
             self.model,
             self.data.train,
@@ -256,7 +269,9 @@ class Engine:
             starts=starts,
             frozen=frozen,
             clip=bound,
+            reuse=self.reuse,
         )
+        self.reuse.start_round(round_)
         with exact_float32(self.device):
             trained = train_cohort(request, backend, placed=self.placed("train"))
         return cohort, starts, trained
@@ -265,17 +280,22 @@ class Engine:
         self, plan: LocalPlan, global_params: Tensor, result: LocalResult, state: dict[str, Tensor], round_: int
     ) -> None:
         """Store the personal part of the clients that trained (unless every personal parameter was frozen) and
-        send back the shared part only (the received model on the personal coordinates)."""
+        send back the shared part only (the received model on the personal coordinates; where the whole model is
+        personal, every row is the received model, as a read-only view)."""
         personal = plan.personal
         assert personal is not None
-        mask = personal.mask(self.model)
+        mask = self.mask(personal.parts, f"the personal part '{personal.key}'")
         parts = spans(mask)
         trained = result.steps > 0
-        frozen = parameter_mask(self.model, plan.frozen, "local.frozen") if plan.frozen else None
+        frozen = self.mask(plan.frozen, "local.frozen") if plan.frozen else None
+        whole = parts == [slice(0, self.model.size)] and plan.clip is None  # nothing shared, nothing clipped
         if bool(trained.any()) and (frozen is None or not bool(frozen[mask].all())):
             rows = gather(result.params if bool(trained.all()) else result.params[trained], parts)
-            version = _version(round_, plan.phase)
-            self.client_state.write(personal.key, plan.clients[trained], rows, version, self._keep_from(round_))
+            version, keep_from = _version(round_, plan.phase), self._keep_from(round_)
+            self.client_state.write(personal.key, plan.clients[trained], rows, version, keep_from, adopt=whole)
+        if whole:  # the store keeps the trained models' memory; the clients send back the received model
+            result.params = global_params.expand(len(plan.clients), -1)  # a read-only view: no (m, P) copy
+            return
         for part in parts:
             result.params[:, part] = global_params[part]
 

@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.func import vmap
 
 from fedhet.data.dataset import ClientData
+from fedhet.engine.batches import gather_rows
 from fedhet.engine.dense import DenseLayer
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.task import CLASSIFICATION, Task
@@ -169,41 +170,68 @@ def padded_rows(data: ClientData, clients: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(valid, start + pos, start), valid
 
 
+def _client_rows(x: Tensor, rows: Tensor, valid: Tensor) -> Tensor:
+    """x[rows] (m·width, ...) for `padded_rows`: a view where the clients' rows follow each other without padding
+    (clients of one size, in order), else a copy."""
+    first = int(rows[0, 0])
+    if bool(valid.all()) and torch.equal(rows.reshape(-1), torch.arange(first, first + rows.numel())):
+        return x[first : first + rows.numel()]
+    return gather_rows(x, rows.reshape(-1))
+
+
+Columns = list[
+    tuple[int | None, int | None]
+]  # per dense layer: where its weight and bias start in `own` (None: shared)
+
+
+def personal_columns(layers: list[DenseLayer], mine: Tensor) -> Columns:
+    """For each dense layer, the column of a client's personal values (`own` of `score_split_dense`) where its
+    weight and its bias start, None for a shared one; `mine` (P,) marks the personal coordinates (whole parameters)."""
+    at = torch.cumsum(mine.long(), 0) - 1  # a personal coordinate's column in `own`
+
+    def column(where: slice | None) -> int | None:
+        return int(at[where.start]) if where is not None and bool(mine[where].all()) else None
+
+    return [(column(la.weight), column(la.bias)) for la in layers]
+
+
 @torch.no_grad()
 def score_split_dense(
     layers: list[DenseLayer],
+    columns: Columns,
     shared: Tensor,
     own: Tensor,
-    mine: Tensor,
     data: ClientData,
     clients: Tensor,
     task: Task = CLASSIFICATION,
 ) -> ClientScores:
     """Loss and accuracy of each client's model on its own data, for a dense network whose parameters are the
-    shared model's (`shared` (P,)) except where `mine` (P,) marks them personal: `own` (m, |mine|) holds each
-    client's values there, in the model's order. A layer whose parameters are all shared runs as one matrix product
-    over every client's samples, as the global model's evaluation does; a personal one as one product per client.
-    So a personal head costs little more than the global model's evaluation; a whole personal model costs one
-    (samples × in) · (in × out) product per client and layer."""
+    shared model's (`shared` (P,)) except its personal ones (`columns`, from `personal_columns`): `own` (m, |mine|)
+    holds each client's values there, in the model's order. A layer whose parameters are all shared runs as one
+    matrix product over every client's samples, as the global model's evaluation does; a personal one as one product
+    per client. So a personal head costs little more than the global model's evaluation; a whole personal model
+    costs one (samples × in) · (in × out) product per client and layer."""
     rows, valid = padded_rows(data, clients)
     m, width = rows.shape
     if width == 0:
         return ClientScores(torch.zeros(m), torch.zeros(m), data.sizes[clients])
-    at = torch.cumsum(mine.long(), 0) - 1  # a personal coordinate's column in `own`
 
-    def part(where: slice, shape: tuple[int, ...]) -> tuple[Tensor, bool]:
-        if bool(mine[where].all()):
-            first = int(at[where.start])
-            return own[:, first : first + where.stop - where.start].reshape(m, *shape), True
-        return shared[where].view(shape), False
+    def part(where: slice, shape: tuple[int, ...], first: int | None) -> Tensor:
+        if first is None:
+            return shared[where].view(shape)
+        return own[:, first : first + where.stop - where.start].reshape(m, *shape)
 
-    a = data.x[rows.reshape(-1)].reshape(m, width, -1)
-    for i, la in enumerate(layers):
-        weight, personal = part(la.weight, la.shape)
-        z = torch.bmm(a, weight.mT) if personal else (a.reshape(m * width, -1) @ weight.T).view(m, width, -1)
+    a = _client_rows(data.x, rows, valid).reshape(m, width, -1)
+    for i, (la, (weight_at, bias_at)) in enumerate(zip(layers, columns, strict=True)):
+        weight = part(la.weight, la.shape, weight_at)
+        z = (
+            torch.bmm(a, weight.mT)
+            if weight_at is not None
+            else (a.reshape(m * width, -1) @ weight.T).view(m, width, -1)
+        )
         if la.bias is not None:
-            bias, personal = part(la.bias, (la.shape[0],))
-            z.add_(bias.unsqueeze(1) if personal else bias)
+            bias = part(la.bias, (la.shape[0],), bias_at)
+            z.add_(bias.unsqueeze(1) if bias_at is not None else bias)
         if la.activation is not None and i < len(layers) - 1:
             z = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[la.activation](z)
         a = z

@@ -15,6 +15,7 @@ from torch import Tensor
 from fedhet.data.dataset import ClientData
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan
+from fedhet.engine.reuse import Reuse
 from fedhet.engine.step import Cohort
 
 Trained = tuple[Tensor, Tensor, dict[str, Tensor]]  # params (m, P), mean loss (m,), the cohort's optimiser state
@@ -49,6 +50,7 @@ class TrainRequest:
     starts: Tensor | None = None  # (m, P) each client's start point (None: the anchor)
     frozen: Tensor | None = None  # (P,) bool: coordinates not trained (None: none)
     clip: float | None = None  # client-level DP's bound on ‖w_k − anchor‖ (None: no clipping here)
+    reuse: Reuse | None = None  # products of the round's batches kept for the next training (`fedhet.engine.reuse`)
     _frozen_parts: dict[tuple[int, int], bool] = field(default_factory=dict, repr=False)
 
     @property
@@ -99,4 +101,5 @@ class TrainRequest:
             None if self.starts is None else self.starts.to(device),
             None if self.frozen is None else self.frozen.to(device),
             self.clip,
+            self.reuse,
         )

@@ -12,6 +12,7 @@ server that resumes from an older checkpoint finds every client's state as it wa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
@@ -23,6 +24,7 @@ class ClientStore:
 
     def __init__(self) -> None:
         self._rows: dict[str, dict[int, list[tuple[int, Tensor]]]] = {}
+        self._adopted: set[str] = set()  # keys written with `adopt` (the only ones `prune` compacts)
 
     def read(self, key: str, clients: Tensor, round_: int, default: Tensor) -> Tensor:
         """(m, ...) rows of `clients` as they were before round `round_`, written into `default` (m, ...) in place
@@ -32,10 +34,16 @@ class ClientStore:
                 default[i] = row
         return default
 
-    def stacked(self, key: str, clients: Tensor, round_: int, fresh: Tensor) -> Tensor:
-        """(m, ...) rows of `clients` as they were before round `round_`, `fresh` (one row) for a client never
-        written: one new tensor, each row copied once."""
-        return torch.stack([fresh if row is None else row for row in self.latest(key, clients, round_)])
+    def stacked(self, key: str, clients: Tensor, round_: int, fresh: Callable[[], Tensor]) -> Tensor:
+        """(m, ...) rows of `clients` as they were before round `round_`, the row `fresh()` for a client never
+        written: a view of the store's memory where the rows lie in order in one adopted tensor (`write`; not to
+        be written into), else one new tensor, each row copied once."""
+        rows = self.latest(key, clients, round_)
+        block = _as_block(rows)
+        if block is not None:
+            return block
+        default = fresh() if any(row is None for row in rows) else None
+        return torch.stack([default if row is None else row for row in rows])  # type: ignore[misc]
 
     def latest(self, key: str, clients: Tensor, round_: int) -> list[Tensor | None]:
         """Each client's last row written before round `round_` (None: none), the store's own tensors."""
@@ -46,10 +54,14 @@ class ClientStore:
             out.append(earlier[-1] if earlier else None)
         return out
 
-    def write(self, key: str, clients: Tensor, rows: Tensor, round_: int, keep_from: int | None = None) -> None:
+    def write(
+        self, key: str, clients: Tensor, rows: Tensor, round_: int, keep_from: int | None = None, adopt: bool = False
+    ) -> None:
         """Store `rows` as written in round `round_`, replacing any row from that round or later. With
         `keep_from`, also forget the versions of these clients that `prune(keep_from)` would, and copy the new
-        rows into their memory (no fresh allocation per row in a steady run)."""
+        rows into their memory (no fresh allocation per row in a steady run). With `adopt`, keep the rows' own
+        memory instead of copying them (the caller gives `rows` up: nothing writes into it again); `prune` copies
+        out the rows of an adopted tensor that is mostly forgotten, so that it is freed."""
         table = self._rows.setdefault(key, {})
         for k, row in zip(clients.tolist(), rows.detach(), strict=True):
             history = table.get(int(k), [])
@@ -57,17 +69,25 @@ class ClientStore:
             kept.append((round_, None))  # None: the new row's place
             if keep_from is not None:
                 kept = _visible_from(kept, keep_from)
-            alive = {id(v) for _, v in kept}
-            spare = (v for _, v in history if id(v) not in alive and _same_layout(v, row))
-            buffer = next(spare, None)
-            new = buffer.copy_(row) if buffer is not None else row.clone()
+            if adopt:
+                self._adopted.add(key)
+                new = row
+            else:
+                alive = {id(v) for _, v in kept}
+                spare = (v for _, v in history if id(v) not in alive and _same_layout(v, row) and _own_memory(v))
+                buffer = next(spare, None)
+                new = buffer.copy_(row) if buffer is not None else row.clone()
             table[int(k)] = [(r, new if v is None else v) for r, v in kept]
 
     def prune(self, keep_from: int) -> None:
-        """Forget versions no read from round `keep_from` on can see (keep the last one before it)."""
-        for table in self._rows.values():
+        """Forget versions no read from round `keep_from` on can see (keep the last one before it), and copy out
+        the rows still kept of an adopted tensor that is more than half forgotten (the store then holds at most
+        twice the memory of its rows)."""
+        for key, table in self._rows.items():
             for k, history in table.items():
                 table[k] = _visible_from(history, keep_from)
+            if key in self._adopted:
+                _compact(table)
 
     def keys(self) -> list[str]:
         return sorted(self._rows)
@@ -81,6 +101,7 @@ class ClientStore:
         return {key: {k: list(history) for k, history in table.items()} for key, table in self._rows.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._adopted = set()
         self._rows = {
             key: {int(k): [(int(r), v.clone()) for r, v in history] for k, history in table.items()}
             for key, table in state.items()
@@ -98,3 +119,43 @@ def _visible_from(history: list[tuple[int, V]], keep_from: int) -> list[tuple[in
 
 def _same_layout(a: Tensor, b: Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+
+
+def _own_memory(row: Tensor) -> bool:
+    """Whether `row` is all of its memory (not a row of an adopted tensor)."""
+    return row.untyped_storage().nbytes() == row.numel() * row.element_size()
+
+
+def _as_block(rows: list[Tensor | None]) -> Tensor | None:
+    """The rows as one (m, ...) view where they lie in order, evenly spaced, in one tensor's memory (rows of an
+    adopted tensor, read in the order they were written); else None."""
+    if len(rows) < 2 or any(row is None for row in rows):
+        return None
+    first, second = rows[0], rows[1]
+    assert first is not None and second is not None
+    where, step = first.untyped_storage().data_ptr(), second.storage_offset() - first.storage_offset()
+    if step < first.numel() or not first.is_contiguous():
+        return None
+    for i, row in enumerate(rows):
+        assert row is not None
+        same = row.untyped_storage().data_ptr() == where and _same_layout(row, first) and row.is_contiguous()
+        if not same or row.storage_offset() != first.storage_offset() + i * step:
+            return None
+    return first.as_strided((len(rows), *first.shape), (step, *first.stride()), first.storage_offset())
+
+
+def _compact(table: dict[int, list[tuple[int, Tensor]]]) -> None:
+    """Copy out the rows of each adopted tensor whose kept rows fill less than half of it."""
+    kept: dict[int, int] = {}
+    size: dict[int, int] = {}
+    for history in table.values():
+        for _, row in history:
+            if not _own_memory(row):
+                where = row.untyped_storage().data_ptr()
+                kept[where] = kept.get(where, 0) + row.numel() * row.element_size()
+                size[where] = row.untyped_storage().nbytes()
+    sparse = {where for where, used in kept.items() if 2 * used < size[where]}
+    if not sparse:
+        return
+    for k, history in table.items():
+        table[k] = [(r, row.clone() if row.untyped_storage().data_ptr() in sparse else row) for r, row in history]
