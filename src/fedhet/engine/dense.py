@@ -328,10 +328,11 @@ class _GramFirstLayer:
 
         Z_t = x_t W_0ᵀ + b_0 − Σ_{s<t} (x_t x_sᵀ + 1) G_s
 
-    Written over a set of R input rows X (each step's rows are some of them: `pos`), with D the sum of the G rows
+    Written over a set of R input rows X (each step's rows pos_t are some of them), with D the sum of the G rows
     recorded at each row so far: Z_t = (X W_0ᵀ + b_0)[pos_t] − (X Xᵀ + 1)[pos_t] D, and at the end W_T = W_0 − DᵀX,
     b_T = b_0 − 1ᵀD. X W_0ᵀ for every client is one matrix product with the global model, the Gram matrices X Xᵀ
-    one batched product per chunk, and the weights are written once. The per-step work no longer reads and writes
+    one batched product per chunk (both kept for a second training of the round on the same mini-batches,
+    `fedhet.engine.reuse`), and the weights are written once. The per-step work no longer reads and writes
     every client's (out, in) weights, which made this layer memory-bound with small batches. The rows are the
     steps' T·b rows in order, or, where a client's steps see its samples more than once (several epochs: fewer
     samples n than T·b rows), its n samples, each once (`by_sample`). Exact up to float rounding; used where R is

@@ -9,6 +9,10 @@ personal model v_k by as many steps of
 kept on the client (`fedhet.engine.personal`; a client's first v_k is the model's initialisation). The server
 averages the w_k. λ = 0 is local training alone; λ → ∞ is FedAvg's global model. The personalised model of a
 client is its v_k.
+
+Both trainings of a round draw the same mini-batches (the same stream: the paper does not say whether v_k's
+mini-batches are w_k's), so the dense backend's second training reuses what the first computed from them
+(`fedhet.engine.reuse`).
 """
 
 from __future__ import annotations
