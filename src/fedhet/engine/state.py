@@ -12,6 +12,7 @@ server that resumes from an older checkpoint finds every client's state as it wa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -42,8 +43,8 @@ class ClientStore:
         block = _as_block(rows)
         if block is not None:
             return block
-        default = fresh() if any(row is None for row in rows) else None
-        return torch.stack([default if row is None else row for row in rows])  # type: ignore[misc]
+        once = functools.cache(fresh)  # worked out only for a client without rows, and once
+        return torch.stack([once() if row is None else row for row in rows])
 
     def latest(self, key: str, clients: Tensor, round_: int) -> list[Tensor | None]:
         """Each client's last row written before round `round_` (None: none), the store's own tensors."""
