@@ -194,7 +194,7 @@ class Engine:
             return self.scores(global_params, split, plan.clients).select(plan.clients)
         layers = dense_layers(self.model)
         data = self.placed(split) or self.split(split)
-        mine = self.mask(plan.personal.parts, f"the personal part '{plan.personal.key}'")
+        mine = self.mask(plan.personal.parts, plan.personal.what)
         columns = personal_columns(layers, mine) if layers is not None else []
         shared = global_params.to(data.x.device)
         parts = []  # a block of clients at a time: no (m, P) copy of every personal model
@@ -215,7 +215,7 @@ class Engine:
         the shared coordinates, each client's personal part (`personal_rows`) on the others."""
         if plan.personal is None:
             return None
-        parts = spans(self.mask(plan.personal.parts, f"the personal part '{plan.personal.key}'"))
+        parts = spans(self.mask(plan.personal.parts, plan.personal.what))
         rows = self.personal_rows(global_params, plan, round_)
         if parts == [slice(0, self.model.size)]:
             return rows  # the whole model is personal
@@ -227,7 +227,7 @@ class Engine:
         personal = plan.personal
         assert personal is not None
         m, version = len(plan.clients), _version(round_, plan.phase)
-        mask = self.mask(personal.parts, f"the personal part '{personal.key}'")
+        mask = self.mask(personal.parts, personal.what)
         fresh = self.model.initial_params if personal.fresh == "initial" else lambda: global_params
         rows = self.client_state.stacked(personal.key, plan.clients, version, lambda: fresh()[mask])
         if personal.mix is not None:
@@ -284,7 +284,7 @@ class Engine:
         personal, every row is the received model, as a read-only view)."""
         personal = plan.personal
         assert personal is not None
-        mask = self.mask(personal.parts, f"the personal part '{personal.key}'")
+        mask = self.mask(personal.parts, personal.what)
         parts = spans(mask)
         trained = result.steps > 0
         frozen = self.mask(plan.frozen, "local.frozen") if plan.frozen else None

@@ -179,9 +179,8 @@ def _client_rows(x: Tensor, rows: Tensor, valid: Tensor) -> Tensor:
     return gather_rows(x, rows.reshape(-1))
 
 
-Columns = list[
-    tuple[int | None, int | None]
-]  # per dense layer: where its weight and bias start in `own` (None: shared)
+# per dense layer: where its weight and its bias start in a client's personal values (None: shared)
+Columns = list[tuple[int | None, int | None]]
 
 
 def personal_columns(layers: list[DenseLayer], mine: Tensor) -> Columns:

@@ -42,9 +42,14 @@ class Personal:
     mix: str | None = None  # a per-client scalar α: the personal model is α·v + (1 − α)·w
     mix_initial: float = 0.5  # α of a client that has none yet
 
+    @property
+    def what(self) -> str:
+        """How errors name it."""
+        return f"the personal part '{self.key}'"
+
     def mask(self, model: FlatModel) -> Tensor:
         """(P,) bool: the personal coordinates."""
-        return parameter_mask(model, self.parts, f"the personal part '{self.key}'")
+        return parameter_mask(model, self.parts, self.what)
 
 
 def head_names(model: FlatModel) -> list[str]:

@@ -46,7 +46,8 @@ class Reuse:
         found = self._inputs.get(key)
         if found is None:
             found = compute()
-            self._keep(self._inputs, key, found, sum(_size(t) for t in found))
+            if self._room(sum(_size(t) for t in found)):
+                self._inputs[key] = found
         return found
 
     def outputs(self, key: Key, weight: Tensor, bias: Tensor | None, compute: Callable[[], Tensor]) -> Tensor:
@@ -57,18 +58,18 @@ class Reuse:
             if same_bias and torch.equal(kept_weight, weight):
                 return z
         z = compute()
-        entry = (weight.clone(), None if bias is None else bias.clone(), z)
-        with self._lock:
-            if self._bytes + sum(_size(t) for t in (weight, z)) <= self.budget:
-                self._outputs.setdefault(key, []).append(entry)
-                self._bytes += sum(_size(t) for t in (weight, z))
+        if self._room(_size(weight) + _size(z)):  # the layer's values are kept to compare with: copied
+            entry = (weight.clone(), None if bias is None else bias.clone(), z)
+            self._outputs.setdefault(key, []).append(entry)
         return z
 
-    def _keep(self, table: dict[Key, tuple[Tensor, Tensor]], key: Key, value: tuple[Tensor, Tensor], size: int) -> None:
+    def _room(self, size: int) -> bool:
+        """Whether `size` more bytes fit in the budget (then counted as kept)."""
         with self._lock:
-            if self._bytes + size <= self.budget:
-                table[key] = value
-                self._bytes += size
+            if self._bytes + size > self.budget:
+                return False
+            self._bytes += size
+            return True
 
 
 def rows_key(x_all: Tensor, rows: Tensor, bias: bool) -> Key:

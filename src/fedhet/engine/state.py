@@ -64,6 +64,8 @@ class ClientStore:
         memory instead of copying them (the caller gives `rows` up: nothing writes into it again); `prune` copies
         out the rows of an adopted tensor that is mostly forgotten, so that it is freed."""
         table = self._rows.setdefault(key, {})
+        if adopt:
+            self._adopted.add(key)
         for k, row in zip(clients.tolist(), rows.detach(), strict=True):
             history = table.get(int(k), [])
             kept: list[tuple[int, Tensor | None]] = [(r, v) for r, v in history if r < round_]
@@ -71,7 +73,6 @@ class ClientStore:
             if keep_from is not None:
                 kept = _visible_from(kept, keep_from)
             if adopt:
-                self._adopted.add(key)
                 new = row
             else:
                 alive = {id(v) for _, v in kept}
