@@ -247,18 +247,6 @@ def run(
 
     from fedhet.experiments.selection import selected_row
 
-    clients: list[dict[str, Any]] = []
-    if state.client_columns:
-        k = len(next(iter(state.client_columns.values())))
-        names = state.experiment.data.client_names
-        clients = [
-            {
-                "client": float(i),
-                **({"user": names[i]} if names is not None else {}),
-                **{c: float(v[i]) for c, v in state.client_columns.items()},
-            }
-            for i in range(k)
-        ]
     best = state_dict_of(state.experiment.engine.model, state.best_params) if state.best_params is not None else None
     return RunResult(
         config=state.experiment.resolved_config(),
@@ -266,7 +254,7 @@ def run(
         rounds=state.round,
         final=dict(state.final),
         history=[dict(row) for row in state.history],
-        clients=clients,
+        clients=state.client_rows(),
         state_dict=model,
         wall_time_s=state.wall_time_s,
         out=folder,

@@ -292,17 +292,7 @@ def _write_outputs(state: RunState) -> None:
         return
     cfg = state.config
     if state.client_columns:
-        k = len(next(iter(state.client_columns.values())))
-        names = state.experiment.data.client_names
-        rows: list[dict[str, float | str]] = [
-            {
-                "client": float(i),
-                **({"user": names[i]} if names is not None else {}),
-                **{c: float(v[i]) for c, v in state.client_columns.items()},
-            }
-            for i in range(k)
-        ]
-        write_csv(state.folder.path / CLIENTS, rows)
+        write_csv(state.folder.path / CLIENTS, state.client_rows())
     state.folder.save_plugin_files(state.experiment.metrics)
     summary = {
         "algorithm": cfg.spec("algorithm")["name"],

@@ -67,3 +67,19 @@ class RunState:
     @property
     def final(self) -> dict[str, float]:
         return self.history[-1] if self.history else {}
+
+    def client_rows(self) -> list[dict[str, float | str]]:
+        """One row per client at the end (clients.csv): its number, its user's name where each client is one user,
+        and its columns (none before any evaluation)."""
+        if not self.client_columns:
+            return []
+        k = len(next(iter(self.client_columns.values())))
+        names = self.experiment.data.client_names
+        return [
+            {
+                "client": float(i),
+                **({"user": names[i]} if names is not None else {}),
+                **{c: float(v[i]) for c, v in self.client_columns.items()},
+            }
+            for i in range(k)
+        ]
