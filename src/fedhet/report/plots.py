@@ -24,7 +24,7 @@ from matplotlib.ticker import MaxNLocator
 from fedhet.atomic import write_bytes
 from fedhet.errors import ConfigError
 from fedhet.report.labels import MetricInfo, metric_info
-from fedhet.report.runs import RunGroup, RunRecord, common_description, metric_names
+from fedhet.report.runs import RunGroup, RunRecord, as_groups, common_description, metric_names
 
 ROUND_LABEL = "communication round"
 TIME_LABEL = "simulated time (s)"
@@ -190,7 +190,7 @@ def plot_curves(
     `metric` against the round (or, `x` "time", the simulated clock: a group's mean time at each round), each
     labelled by its ``label`` (`read_runs`/`read_groups` set it to what distinguishes it); saved as PNG (or any
     format matplotlib knows)."""
-    groups = [r if isinstance(r, RunGroup) else RunGroup(r.label, [r]) for r in records]
+    groups = as_groups(records)
     runs = [r for g in groups for r in g.runs]
     available = metric_names(runs)
     if metric not in available:

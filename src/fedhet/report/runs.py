@@ -127,6 +127,11 @@ class RunGroup:
         return next((r.selection for r in self.runs if r.selection), "")
 
 
+def as_groups(runs: list[RunRecord] | list[RunGroup]) -> list[RunGroup]:
+    """Runs as groups of one (each keeps its label), or the groups as they are."""
+    return [r if isinstance(r, RunGroup) else RunGroup(r.label, [r]) for r in runs]
+
+
 def config_key(record: RunRecord) -> str:
     """What identifies a run's configuration but its seed (runs that share it are seeds of one configuration)."""
     flat = {

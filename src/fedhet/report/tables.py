@@ -9,7 +9,7 @@ import numpy as np
 from rich.table import Table
 
 from fedhet.report.labels import format_value
-from fedhet.report.runs import RunGroup, RunRecord, common_description
+from fedhet.report.runs import RunGroup, RunRecord, as_groups, common_description
 
 DEFAULT_COLUMNS = (
     "test_accuracy",
@@ -53,11 +53,6 @@ def default_columns(groups: list[RunGroup]) -> tuple[str, ...]:
     have = {k for g in groups for r in g.runs for k in r.summary.get("final", {})}
     shown = tuple(c for c in (*DEFAULT_COLUMNS, *TASK_COLUMNS) if c in have)
     return shown or DEFAULT_COLUMNS
-
-
-def as_groups(runs: list[RunRecord] | list[RunGroup]) -> list[RunGroup]:
-    """Runs as groups of one (each keeps its label), or the groups as they are."""
-    return [r if isinstance(r, RunGroup) else RunGroup(r.label, [r]) for r in runs]
 
 
 def group_cell(group: RunGroup, column: str) -> str:
