@@ -519,6 +519,7 @@ class Executor:
 
 _QUEUE: Any = None  # in a worker process: where it reports the rounds of its runs
 _IN_TASK = False  # in a worker process: whether a run is going on (SIGTERM then stops it as Ctrl-C would)
+_STOPPING = False  # in a worker process: a SIGTERM has stopped the run, which is writing its files
 STOP_GRACE_S = 20.0  # how long a stopped worker has to write its run's files before it is killed
 PR_SET_PDEATHSIG = 1  # Linux prctl option: the signal a process gets when its parent ends
 
@@ -544,8 +545,12 @@ def _init_worker(queue: Any, threads: int, parent: int) -> None:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
+    global _STOPPING
     if not _IN_TASK:
         os._exit(128 + signum)  # between runs: nothing to save
+    if _STOPPING:  # a parent's death sends two (the kernel's and `_die_with_parent`'s watch): the second would cut
+        return  # the run's files short; the watch still ends the process `STOP_GRACE_S` later
+    _STOPPING = True
     raise _Stopped
 
 
