@@ -31,7 +31,7 @@ def check_steps(what: str, steps: float, clients: int, batch: int, input_shape: 
     once that takes more than `MAX_STEPS` steps or whose mini-batches need more than `MAX_BATCH_BYTES`, before
     anything runs (such a training would end in an out-of-memory error or run for days)."""
     if not math.isfinite(steps) or steps > MAX_STEPS:
-        raise ConfigError(f"{what}: {steps:,.0f} local steps per client, more than {MAX_STEPS:,}")
+        raise ConfigError(f"{what}: {steps:,.0f} local steps per client, more than {MAX_STEPS:,}; lower it")
     need = batch_bytes(clients, int(steps), batch, math.prod(input_shape))
     if need > MAX_BATCH_BYTES:
         raise ConfigError(
