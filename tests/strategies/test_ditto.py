@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedhet.engine.optimizers import SGD, Adam
 from fedhet.engine.schedules import SCHEDULES
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
 from fedhet.strategies.base import STRATEGIES
-from fedhet.strategies.ditto import Ditto
+from fedhet.strategies.ditto import Ditto, stable_pull
 from helpers.personal import STEPS, TOL, personal_models, run_round, setup, sgd, weighted
 
 
@@ -105,3 +106,12 @@ def test_ditto_without_its_pull_is_local_training_alone(tmp_path: Path) -> None:
         assert _column(tmp_path / "ditto", key) == pytest.approx(_column(tmp_path / "alone", key), rel=1e-6)
     pulled = run(parse_config(_config({"name": "ditto", "lam": 1.0})), tmp_path / "pulled")
     assert pulled.final["personal_test_loss"] != pytest.approx(alone.final["personal_test_loss"], rel=1e-4)
+
+
+def test_the_bound_on_the_pull_follows_the_client_optimiser() -> None:
+    """v − w shrinks by 1 − ηλ per plain SGD step; heavy ball is stable up to ηλ < 2(1 + μ), Nesterov
+    2(1 + μ)/(1 + 2μ); Adam's steps are bounded by η whatever λ."""
+    assert stable_pull(SGD()) == 2
+    assert stable_pull(SGD(momentum=0.5)) == pytest.approx(3)
+    assert stable_pull(SGD(momentum=0.5, nesterov=True)) == pytest.approx(1.5)
+    assert stable_pull(Adam()) is None
