@@ -8,9 +8,11 @@ Every problem is a one-line `DataError` naming the input and how to fix it.
 
 from __future__ import annotations
 
+import math
 import zipfile
 import zlib
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -18,7 +20,7 @@ import numpy as np
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
-from fedhet.data.dataset import Dataset
+from fedhet.data.dataset import ClientData, Dataset, FederatedData, TargetScale
 from fedhet.data.sources import DATASETS, DatasetSource
 from fedhet.errors import DataError
 
@@ -205,6 +207,24 @@ def standardise(x: torch.Tensor, dims: Sequence[int] = (0,)) -> torch.Tensor:
     mean = x.mean(dim=tuple(dims), keepdim=True)
     std = x.std(dim=tuple(dims), keepdim=True, unbiased=False)
     return (x - mean) / torch.where(std > 0, std, torch.ones_like(std))
+
+
+def standardise_targets(data: FederatedData) -> FederatedData:
+    """`data` with its regression targets standardised for training (`TargetScale`): each column centred on its
+    mean and divided by one scale s, both from the training samples of the clients that train (never the
+    validation, test or unseen clients' samples); s is 1 for targets with no spread."""
+    train = data.train.select(data.seen_ids).y.double()
+    columns = train.reshape(len(train), -1)
+    mean = columns.mean(0) if len(columns) else torch.zeros(columns.shape[1], dtype=torch.float64)
+    spread = float(columns.var(0, unbiased=False).mean().sqrt()) if len(columns) else 0.0
+    scale = TargetScale(mean.float(), spread if spread > 0 and math.isfinite(spread) else 1.0)
+
+    def standardised(part: ClientData) -> ClientData:
+        y = (part.y.double() - mean) / scale.scale  # (N,) or (N, d) minus (d,)
+        return ClientData(part.x, y.to(part.y.dtype), part.offsets)
+
+    val = standardised(data.val) if data.val is not None else None
+    return replace(data, train=standardised(data.train), test=standardised(data.test), val=val, target_scale=scale)
 
 
 def absolute(path: str | None) -> str | None:
