@@ -160,7 +160,7 @@ def task_of(config: RunConfig, parts: Components, data_task: str) -> Task:
 
 def load_dataset(config: RunConfig, parts: Components) -> Dataset:
     """The whole dataset, its labels read as the run's task needs them (numeric targets for a regression)."""
-    numeric = parts.task is not None and not parts.task.classes
+    numeric = None if parts.task is None else not parts.task.classes
     dataset = parts.dataset.for_task(numeric).load(Path(config.data_dir), download=config.download)
     task = task_of(config, parts, dataset.task)
     task.check_labels(dataset.y, dataset.num_classes, f"dataset '{parts.dataset.name}'")
