@@ -292,7 +292,8 @@ class Arrays(DatasetSource):
 
     ``x`` holds the features (N, ...): integers become float32 unless ``tokens`` (then int64 ids for an
     embedding), z-scored with ``standardize``; ``y`` the labels (N,): class ids 0..C-1 or class names, or numeric
-    targets (N,) or (N, d) with ``task: regression`` (or the run's ``task: regression``); ``users`` each sample's
+    targets (N,) or (N, d) with ``task: regression`` (or the run's ``task: regression``; at ``auto``, whole numbers
+    that look like a target are refused: `check_not_a_target`); ``users`` each sample's
     owner (any ids), for ``partition: natural`` (which a run takes when ``users`` is set and its config names no
     partition). Files are read without unpickling (``allow_pickle=False``). Relative paths start at the current
     directory, and are kept absolute in a run folder's config.yaml.

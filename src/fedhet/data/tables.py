@@ -177,7 +177,9 @@ class Table(DatasetSource):
     """A CSV or Parquet table: one row per sample.
 
     ``label`` names the class column (names or integers; its distinct values are numbered in sorted order), or,
-    with ``task: regression`` (or the run's ``task: regression``), the numeric target. ``features`` lists the
+    with ``task: regression`` (or the run's ``task: regression``), the numeric target; when neither names a task, a
+    label of whole numbers that looks like a target (more than 50 values, not 0..C−1) is refused, naming both
+    choices (`fedhet.data.arrays.check_not_a_target`). ``features`` lists the
     input columns (default: every other column but ``user``, leaving out columns that look like row ids, with a
     line saying so); numeric columns are standardised (zero mean, unit variance over the whole table) unless
     ``standardize: false``, and columns listed in ``categorical`` are one-hot encoded (one 0/1 column per distinct
