@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from fedhet.catalog import DATASETS
-from fedhet.data.arrays import check_labels, standardise, to_dataset
+from fedhet.data.arrays import check_labels, standardise, standardise_targets, to_dataset
+from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.data.in_memory import InMemory, hold
 from fedhet.datasets import from_arrays, load
 from fedhet.errors import DataError
@@ -138,3 +139,67 @@ def test_in_memory_data_is_held_by_content() -> None:
     assert InMemory(ref=ref).load(Path()) is data
     with pytest.raises(DataError, match="that this process does not hold; pass the arrays again"):
         DATASETS.build({"name": "in_memory", "ref": "gone@0"}).load(Path())
+
+
+def _federation(train: list[list[float]], test: list[list[float]], seen: list[bool]) -> FederatedData:
+    def part(ys: list[list[float]]) -> ClientData:
+        return ClientData.from_parts([torch.zeros(len(y), 1) for y in ys], [torch.tensor(y) for y in ys])
+
+    return FederatedData("t", part(train), part(test), 1, torch.tensor(seen), task="regression")
+
+
+def test_targets_are_standardised_by_the_training_clients_samples_only() -> None:
+    # seen clients' training targets 1, 3 and 2 (mean 2, variance 2/3); the unseen client's 100 and every test
+    # target are left out of the statistics
+    data = standardise_targets(_federation([[1.0, 3.0], [2.0], [100.0]], [[5.0], [2.0], [0.0]], [True, True, False]))
+    s = (2 / 3) ** 0.5
+    assert data.target_scale is not None and data.target_scale.scale == pytest.approx(s)
+    assert data.target_scale.mean.tolist() == pytest.approx([2.0])
+    assert data.train.y.tolist() == pytest.approx([-1 / s, 1 / s, 0.0, 98 / s], rel=1e-6)
+    assert data.test.y.tolist() == pytest.approx([3 / s, 0.0, -2 / s], rel=1e-6)
+    back = data.target_scale.original(data.test.y)
+    assert back.tolist() == pytest.approx([5.0, 2.0, 0.0], abs=1e-5)
+
+
+def test_two_target_columns_are_centred_each_and_share_one_scale() -> None:
+    part = ClientData.from_parts([torch.zeros(2, 1)], [torch.tensor([[0.0, 10.0], [2.0, 16.0]])])
+    data = standardise_targets(FederatedData("t", part, part, 2, torch.ones(1, dtype=torch.bool), task="regression"))
+    # variances 1 and 9: one scale sqrt((1 + 9) / 2) = sqrt(5) keeps the squared error's weighting of the columns
+    assert data.target_scale is not None and data.target_scale.scale == pytest.approx(5**0.5)
+    assert data.target_scale.mean.tolist() == pytest.approx([1.0, 13.0])
+    expected = torch.tensor([[-1.0, -3.0], [1.0, 3.0]]) / 5**0.5
+    torch.testing.assert_close(data.train.y, expected)
+
+
+def test_constant_targets_are_only_centred() -> None:
+    data = standardise_targets(_federation([[7.0, 7.0]], [[9.0]], [True]))
+    assert data.target_scale is not None and data.target_scale.scale == 1.0 and data.test.y.tolist() == [2.0]
+
+
+TARGET_LIKE = np.arange(25, 346, 3)  # 107 whole numbers from 25: a numeric target, not class ids
+
+
+def test_whole_numbers_that_look_like_a_target_are_refused_unless_a_task_says_so() -> None:
+    x = np.zeros((len(TARGET_LIKE), 2))
+    with pytest.raises(DataError, match=ONE_LINE) as err:
+        from_arrays(x, TARGET_LIKE)
+    said = str(err.value)
+    assert "107 different whole numbers from 25 to 343" in said and "task: regression" in said
+    assert "task: classification" in said
+    assert from_arrays(x, TARGET_LIKE, task="classification").num_classes == 344  # ids as given (0..343)
+    regression = from_arrays(x, TARGET_LIKE, task="regression")
+    assert regression.task == "regression" and regression.y.dtype == torch.float32
+    assert check_labels(TARGET_LIKE, len(TARGET_LIKE), "y", num_classes=400, guessed=True)[1] == 400  # named: kept
+    # class ids 0..C-1 (or 1..C), however many, and up to 50 values of any kind stay classes
+    assert from_arrays(np.zeros((200, 1)), np.arange(200) % 100).num_classes == 100
+    assert from_arrays(np.zeros((100, 1)), np.arange(100) + 1).num_classes == 101
+    assert from_arrays(np.zeros((50, 1)), np.arange(50) * 7).num_classes == 344
+
+
+def test_the_arrays_source_refuses_target_like_labels_only_at_task_auto(tmp_path: Path) -> None:
+    path = tmp_path / "d.npz"
+    np.savez(path, x=np.zeros((len(TARGET_LIKE), 2)), y=TARGET_LIKE)
+    with pytest.raises(DataError, match=r"^dataset 'arrays' .*task: regression"):
+        load({"name": "arrays", "path": str(path)})
+    assert load({"name": "arrays", "path": str(path), "task": "classification"}).num_classes == 344
+    assert load({"name": "arrays", "path": str(path), "task": "regression"}).task == "regression"

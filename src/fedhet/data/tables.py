@@ -19,7 +19,16 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from fedhet.data.arrays import TaskName, absolute, check_targets, data_task, named_users, resolve, standardise
+from fedhet.data.arrays import (
+    TaskName,
+    absolute,
+    check_not_a_target,
+    check_targets,
+    data_task,
+    named_users,
+    resolve,
+    standardise,
+)
 from fedhet.data.dataset import Dataset
 from fedhet.data.sources import DATASETS, DatasetSource
 from fedhet.errors import DataError, FedhetNote
@@ -100,8 +109,9 @@ def one_hot(values: list[Any], column: str, path: Path) -> np.ndarray:
     return out
 
 
-def label_ids(values: list[Any], column: str, path: Path) -> tuple[torch.Tensor, int]:
-    """Class ids of a label column: its distinct values (names, or whole numbers) numbered in sorted order."""
+def label_ids(values: list[Any], column: str, path: Path, guessed: bool = False) -> tuple[torch.Tensor, int]:
+    """Class ids of a label column: its distinct values (names, or whole numbers) numbered in sorted order; when the
+    task is `guessed`, whole numbers that look like a numeric target are refused (`check_not_a_target`)."""
     _check_present(values, column, path)
     as_numbers = numeric(values, column, path)
     if as_numbers is None:
@@ -114,6 +124,8 @@ def label_ids(values: list[Any], column: str, path: Path) -> tuple[torch.Tensor,
                 f"table '{path}': label {values[row]!r} (column '{column}', data row {row + 1}) is not a class; "
                 "labels must be class ids or names, or, for a regression on this column, set task: regression"
             )
+        if guessed:
+            check_not_a_target(as_numbers, f"table '{path}' (column '{column}')")
         keys = as_numbers
     distinct, ids = np.unique(keys, return_inverse=True)
     if len(distinct) < 2:
@@ -165,7 +177,9 @@ class Table(DatasetSource):
     """A CSV or Parquet table: one row per sample.
 
     ``label`` names the class column (names or integers; its distinct values are numbered in sorted order), or,
-    with ``task: regression`` (or the run's ``task: regression``), the numeric target. ``features`` lists the
+    with ``task: regression`` (or the run's ``task: regression``), the numeric target; when neither names a task, a
+    label of whole numbers that looks like a target (more than 50 values, not 0..C−1) is refused, naming both
+    choices (`fedhet.data.arrays.check_not_a_target`). ``features`` lists the
     input columns (default: every other column but ``user``, leaving out columns that look like row ids, with a
     line saying so); numeric columns are standardised (zero mean, unit variance over the whole table) unless
     ``standardize: false``, and columns listed in ``categorical`` are one-hot encoded (one 0/1 column per distinct
@@ -277,7 +291,7 @@ class Table(DatasetSource):
         if task == "regression":
             labels, classes = targets(columns[self.label], self.label, path)
         else:
-            labels, classes = label_ids(columns[self.label], self.label, path)
+            labels, classes = label_ids(columns[self.label], self.label, path, guessed=self.task == "auto")
         users, user_names = None, None
         if self.user is not None:
             _check_present(columns[self.user], self.user, path)

@@ -13,6 +13,7 @@ from fedhet.attacks.base import Attack
 from fedhet.availability.base import Availability
 from fedhet.catalog import ATTACKS, AVAILABILITY, DATASETS, METRIC_PLUGINS, MODELS, PARTITIONERS, STRATEGIES, SYSTEMS
 from fedhet.config_keys import COMPONENT_KEYS
+from fedhet.data.arrays import standardise_targets
 from fedhet.data.dataset import Dataset, FederatedData
 from fedhet.data.federate import federate
 from fedhet.data.labels import corrupt_labels
@@ -65,6 +66,9 @@ class Experiment:
         found: dict[str, Any] = {"algorithm": self.strategy.derived(), "availability": self.availability.derived()}
         found["metrics"] = [plugin.derived() for plugin in self.metrics]
         found["requirements"] = self.requirements.derived() if self.requirements is not None else {}
+        scale = self.data.target_scale
+        if scale is not None:  # the model predicts standardised targets: prediction · scale + mean is in their units
+            found["task"] = {"target_mean": [round(float(m), 6) for m in scale.mean], "target_scale": scale.scale}
         return {key: value for key, value in found.items() if any(value)}
 
     def config_text(self) -> str:
@@ -156,7 +160,7 @@ def task_of(config: RunConfig, parts: Components, data_task: str) -> Task:
 
 def load_dataset(config: RunConfig, parts: Components) -> Dataset:
     """The whole dataset, its labels read as the run's task needs them (numeric targets for a regression)."""
-    numeric = parts.task is not None and not parts.task.classes
+    numeric = None if parts.task is None else not parts.task.classes
     dataset = parts.dataset.for_task(numeric).load(Path(config.data_dir), download=config.download)
     task = task_of(config, parts, dataset.task)
     task.check_labels(dataset.y, dataset.num_classes, f"dataset '{parts.dataset.name}'")
@@ -218,7 +222,8 @@ def explicit_config(config: RunConfig) -> RunConfig:
 
 
 def federate_dataset(config: RunConfig, parts: Components, dataset: Dataset) -> FederatedData:
-    """Split `dataset` among the clients (train, validation, test) and corrupt the configured labels."""
+    """Split `dataset` among the clients (train, validation, test), corrupt the configured labels, and standardise
+    a regression's targets (``task.standardize``) by its training samples."""
     data = federate(
         dataset,
         parts.partition,
@@ -228,7 +233,10 @@ def federate_dataset(config: RunConfig, parts: Components, dataset: Dataset) -> 
         seed=config.seed,
         val_fraction=config.val_fraction,
     )
-    return corrupt_labels(data, config.label_noise, config.seed)
+    data = corrupt_labels(data, config.label_noise, config.seed)
+    if task_of(config, parts, data.task).standardizes_targets() and torch.is_floating_point(data.train.y):
+        data = standardise_targets(data)
+    return data
 
 
 def federated_data(config: RunConfig, parts: Components) -> FederatedData:

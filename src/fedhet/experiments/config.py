@@ -223,7 +223,12 @@ class RunConfig(BaseModel):
     )
     download: bool = Field(False, description="download missing dataset files (checksums verified)")
     checkpoint_every: Count = Field(1, ge=1, description="write checkpoint.pt every n rounds (and after the last)")
-    max_loss: float = Field(1e4, gt=0, description="stop as diverged when the local loss exceeds this")
+    max_loss: float = Field(
+        1e4,
+        gt=0,
+        description="stop as diverged when a local loss is NaN or infinite, or exceeds both this and 100 times the "
+        "initial model's loss (a loss that starts high, as on large regression targets, is no divergence)",
+    )
     track: list[ComponentSpec] = Field(
         default_factory=list,
         description="experiment trackers, e.g. [tensorboard, {name: mlflow, uri: ...}, {name: wandb, project: p}]",

@@ -28,8 +28,10 @@ from fedhet.experiments.evaluation import (
     evaluate_global,
     evaluate_personal,
     evaluation_sample,
+    in_target_units,
     personal_plan,
     spread_scores,
+    target_factor,
 )
 from fedhet.experiments.metrics_log import write_csv
 from fedhet.experiments.participation import ParticipationWriter
@@ -385,21 +387,48 @@ def _personal_evaluation(state: RunState, params: Tensor, sample: Tensor | None)
     return metrics
 
 
+GROWTH_LIMIT = 100.0  # a local loss this many times the initial model's is divergence, however small max_loss is
+
+
 def _check_divergence(state: RunState, losses: Tensor) -> None:
-    """Stop with a clear message when a local loss is NaN/too large or the model is not finite."""
-    cfg = state.config
-    bad_loss = bool((torch.isnan(losses) | (losses > cfg.max_loss)).any())
-    if bad_loss or not bool(torch.isfinite(state.params).all()):
-        worst = float(losses.nan_to_num(float("inf")).max()) if len(losses) else float("nan")
-        targets = state.experiment.data.train.y
-        scale = ""
-        if torch.is_floating_point(targets) and len(targets):  # a regression: the squared error grows with the target
-            low, high = float(targets.min()), float(targets.max())
-            scale = f" (the targets span {low:.4g} to {high:.4g}: large targets need a small rate)"
-        raise DivergenceError(
-            f"round {state.round + 1}: training diverged (largest local loss {worst:.4g}, max_loss "
-            f"{cfg.max_loss:g}); lower local.lr (now {cfg.local.lr}) or algorithm.server_lr{scale}"
+    """Stop with a message naming the cause when a local loss is NaN or infinite, the model is not finite, or a
+    local loss exceeds max(max_loss, GROWTH_LIMIT × the initial model's loss): the loss a model starts from (a
+    regression on large targets starts in the thousands) is no divergence, a loss grown a hundredfold is."""
+    cfg, data = state.config, state.experiment.data
+    finite = bool(torch.isfinite(losses).all()) and bool(torch.isfinite(state.params).all())
+    worst = float(losses.max()) if len(losses) else 0.0
+    if finite and worst <= cfg.max_loss:
+        return
+    lr = f"lower local.lr (now {cfg.local.lr}) or algorithm.server_lr"
+    targets = data.train.y
+    if data.target_scale is None and torch.is_floating_point(targets) and len(targets):
+        lr += (
+            f" (the targets span {float(targets.min()):.4g} to {float(targets.max()):.4g} and task.standardize is "
+            "off: standardised targets train at the default rate)"
         )
+    if not finite:
+        raise DivergenceError(
+            f"round {state.round + 1}: training diverged (a local loss or the model became NaN or infinite: the "
+            f"local steps overflowed); {lr}"
+        )
+    start = _initial_loss(state)
+    if worst <= max(cfg.max_loss, GROWTH_LIMIT * start):
+        return
+    grown = f"{worst / start:.3g} times the initial model's {start:.4g}" if start > 0 else "the initial model's is 0"
+    raise DivergenceError(
+        f"round {state.round + 1}: training diverged (the largest local loss {worst:.4g} is above max_loss "
+        f"{cfg.max_loss:g} and {grown}): the local steps are too large for this data; {lr}"
+    )
+
+
+def _initial_loss(state: RunState) -> float:
+    """The initial model's largest mean training loss over the training clients (computed once, when a local loss
+    first exceeds max_loss)."""
+    if state.initial_loss is None:
+        exp = state.experiment
+        start = exp.engine.losses_at(exp.engine.initial_params(), exp.data.seen_ids, "train")
+        state.initial_loss = float(start.nan_to_num(0.0).max()) if len(start) else 0.0
+    return state.initial_loss
 
 
 @dataclass
@@ -496,10 +525,12 @@ def _evaluate(
         test, train = spread_scores(test, sample), spread_scores(train, sample)
     personal = _personal_evaluation(state, evaluated, sample)
     val = exp.engine.scores(evaluated, "val", sample) if exp.metrics and exp.data.val is not None else None
+    task, scale = exp.engine.model.task, exp.data.target_scale
+    val = in_target_units(val, task, scale) if val is not None else None
     metrics = {
         "round": float(state.round),
         **metrics,
-        "local_loss": local_loss,
+        "local_loss": local_loss * target_factor(task, scale, "loss"),
         "participants": float(outcome.participants),
         "available": float(outcome.available),
         **exp.strategy.round_metrics(),
