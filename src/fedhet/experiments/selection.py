@@ -129,7 +129,7 @@ def check_selection(exp: Experiment) -> None:
     result silently its last): a built-in column (`fedhet.metrics.METRICS`) or a metric plugin's it lacks, or any
     other name when the strategy writes no columns of its own (`Strategy.round_metrics` not overridden)."""
     metric = exp.config.selection_metric()
-    task_names = task_metric_names(exp)
+    task_names = task_metric_names(exp) if metric is not None else None
     if metric is None or task_names is None:
         return
     columns = run_columns(exp, task_names)

@@ -251,7 +251,7 @@ Row = tuple[int, dict[str, str]]  # a CSV row and the line it ends on
 
 def _by_client(path: Path, rows: list[Row]) -> list[Row]:
     """`rows` in the order of their ``client`` ids, which must be 0, 1, ..., n − 1, each once."""
-    where: dict[int, int] = {}  # client id -> its line
+    where: dict[int, Row] = {}  # client id -> its row
     for line, row in rows:
         value = _number(path, line, row, "client", None)
         client = int(value)
@@ -260,15 +260,16 @@ def _by_client(path: Path, rows: list[Row]) -> list[Row]:
                 f"system trace '{path}', line {line}: client '{row['client']}' is not a client id (0, 1, ...)"
             )
         if client in where:
-            raise DataError(f"system trace '{path}', lines {where[client]} and {line}: both are client {client}")
-        where[client] = line
+            raise DataError(f"system trace '{path}', lines {where[client][0]} and {line}: both are client {client}")
+        where[client] = (line, row)
     gap = next(i for i in range(len(rows) + 1) if i not in where)
     if gap < len(rows):
+        largest = max(where)
         raise DataError(
             f"system trace '{path}' has no row for client {gap} (its {len(rows)} rows must be clients 0 to "
-            f"{len(rows) - 1}; the largest id, {max(where)}, is on line {where[max(where)]})"
+            f"{len(rows) - 1}; the largest id, {largest}, is on line {where[largest][0]})"
         )
-    return sorted(rows, key=lambda r: int(float(r[1]["client"])))
+    return [where[i] for i in range(len(rows))]
 
 
 def _figure(path: Path, line: int, row: dict[str, str], column: str) -> float:
