@@ -11,7 +11,7 @@ schedule of one's own is a registered `Schedule` subclass (docs/workflow.md).
 * ``warmup``:       linear from `start` to 1 over the first W rounds (as torch's ``LinearLR``), then `then` over the
   remaining T − W rounds, from its own round 0
 
-Every factor lies in (0, 1] (a warm-up's start, a decay's γ and a cosine's f_min are at most 1), so a scheduled
+Every factor lies in [0, 1] (a warm-up's start, a decay's γ and a cosine's f_min are at most 1), so a scheduled
 rate never exceeds the configured one; `local.lr` and `algorithm.server_lr` set the peak. A warm-up may wrap another
 warm-up, at most `MAX_NESTING` deep.
 """

@@ -29,9 +29,10 @@ from fedhet.seeding import RunAware
 
 MEGABIT = 1e6 / 8  # bytes per second in one Mbit/s
 
-# Bounds on the figures (docs/time.md, "System models"), so that the clock stays finite: with them the longest
-# round (10⁶ steps of 10⁶ samples at 10⁶ ms each, slowed by e^(σ·z) for |z| up to ~8 over 10¹² draws) is below
-# 10⁴⁰ s, far inside float64, and each is far beyond any device or network measured.
+# Bounds on the figures (docs/time.md, "System models"), so that the clock stays finite: with them a run's longest
+# clock (10⁶ rounds of 10⁶ steps of 10⁶ samples at 10⁶ ms each, slowed twice by e^(σ·z), spread and jitter, for |z|
+# up to ~8 over 10¹² draws) is below 10⁶⁰ s, far inside a double (10³⁰⁸); each bound is far beyond any device or
+# network measured.
 MAX_MS = 1e6  # milliseconds per sample or of latency: 1,000 s
 MIN_MBPS, MAX_MBPS = 1e-3, 1e6  # 1 kbit/s to 1 Tbit/s
 MAX_SIGMA = 5.0  # σ of a log-normal spread: the slowest 5% of clients 3,700× slower than the median
