@@ -105,8 +105,10 @@ def test_speeds_are_finite_and_bounded(spec: dict[str, object], message: str) ->
 
 
 def test_the_widest_lognormal_spread_keeps_the_clock_finite() -> None:
-    model = LogNormal(sample_ms=MAX_MS, compute_sigma=MAX_SIGMA, download_mbps=MIN_MBPS, network_sigma=MAX_SIGMA)
+    model = LogNormal(
+        sample_ms=MAX_MS, compute_sigma=MAX_SIGMA, download_mbps=MIN_MBPS, network_sigma=MAX_SIGMA, jitter=MAX_SIGMA
+    )
     model.setup(100_000, seed=0)
-    p = model.profiles(0)
+    p = model.profiles(3)
     down, compute, up = p.durations(torch.arange(100_000), torch.full((100_000,), 10**12), 4e12, 4e12)
-    assert bool(torch.isfinite(down + compute + up).all())
+    assert float((down + compute + up).max()) < 1e60 / 1e6  # 10⁶ such rounds stay below 10⁶⁰ s
