@@ -157,7 +157,7 @@ class LogNormal(SystemModel):
     def _spread(cls, value: float) -> float:
         if value > MAX_SIGMA:
             raise ValueError(
-                f"at most {MAX_SIGMA:g} (got {value:g}): σ = {MAX_SIGMA:g} already makes the slowest 5% of clients "
+                f"at most {MAX_SIGMA:g}: σ = {MAX_SIGMA:g} already makes the slowest 5% of clients "
                 "3,700× slower than the median, and much larger spreads overflow the simulated clock"
             )
         return value
