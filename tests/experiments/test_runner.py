@@ -509,6 +509,21 @@ def test_a_deadline_shortens_rounds_and_a_resumed_timed_run_is_byte_identical(tm
         assert sum(float(r["late_clients"]) for r in rows) > 0
 
 
+def test_a_deadline_nobody_meets_is_one_note_and_counted_across_a_resume(tmp_path: Path) -> None:
+    from fedhet.errors import FedhetNote
+
+    # constant clients: 2 × 50 ms latency alone exceed a 10 ms deadline, so every round is left without updates
+    cfg = parse_config(small(system="constant", deadline={"seconds": 0.01}, rounds=4))
+    note = r"^round 1: no client of the \d+ selected can finish within deadline"
+    with pytest.warns(FedhetNote, match=note) as notes, pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "r", callbacks=[Interrupt(at=2)])
+    assert len([n for n in notes if issubclass(n.category, FedhetNote)]) == 1  # once, not every round
+    state = resume(tmp_path / "r")
+    assert state.final["participants"] == 0 and state.final["time_s"] == pytest.approx(0.04)
+    assert json.loads((tmp_path / "r/summary.json").read_text())["deadline_empty_rounds"] == 4
+    assert torch.equal(state.params, state.experiment.engine.initial_params())  # the model never moved
+
+
 class _Raises(Callback):
     """Raises `error` at the end of round 2: code of the user's (a callback, a plugin) failing, or Ctrl-C."""
 

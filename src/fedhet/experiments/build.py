@@ -32,6 +32,7 @@ from fedhet.errors import ConfigError, FedhetNote
 from fedhet.experiments.config import RunConfig, dump_yaml, parse_config
 from fedhet.experiments.evaluation import scores_personal
 from fedhet.experiments.preflight import check_run
+from fedhet.experiments.selection import check_selection
 from fedhet.metrics.base import Metric, check_columns
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
@@ -292,6 +293,12 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
             used = True
     parts.attack.setup(data.num_clients, config.seed, eligible=data.seen)  # unseen clients never train
     local = local_settings(config, parts)
+    if strategy.asynchronous and config.deadline.seconds is not None:
+        raise ConfigError(
+            f"a deadline cuts synchronous rounds short, and {config.spec('algorithm')['name']} is asynchronous (no "
+            "round waits for its slowest client: algorithm.concurrency and the buffer set the pace); leave the "
+            "deadline out"
+        )
     # an asynchronous strategy needs a clock: without a system model every client runs at the constant one's speed
     system = parts.system if parts.system.simulates_time or not strategy.asynchronous else Constant()
     system.setup(data.num_clients, config.seed)
@@ -348,4 +355,6 @@ def build(config: RunConfig) -> Experiment:
     model = build_model(config, parts, data.input_shape, data.num_classes, data.task)
     check_run(config, data, model)  # before the engine probes the model, and before anything is written
     engine = make_engine(config, parts, model, data)
-    return assemble(config, parts, data, engine)
+    experiment = assemble(config, parts, data, engine)
+    check_selection(experiment)  # before anything is written
+    return experiment

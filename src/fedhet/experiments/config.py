@@ -339,6 +339,28 @@ class RunConfig(BaseModel):
                 raise ValueError(f"requirements.{key} ({value:,}) is more than {limit:,}")
         return self
 
+    @model_validator(mode="after")
+    def _deadline(self) -> RunConfig:
+        """A deadline needs a system model to time the clients against, and its policy needs its seconds."""
+        deadline, system = self.deadline, self.spec("system")["name"]
+        if deadline.seconds is not None and system == "none":
+            raise ValueError(
+                f"deadline.seconds ({deadline.seconds:g}) needs a system model to time the clients against, and "
+                "system is none; set one (system: lognormal, constant or trace; fedhet list systems) or leave the "
+                "deadline out"
+            )
+        if deadline.seconds is None and deadline != Deadline():
+            raise ValueError(
+                f"deadline.policy ({deadline.policy}) and deadline.overselect have no effect without "
+                "deadline.seconds; set the seconds, or leave the deadline out"
+            )
+        if deadline.policy != "overselect" and deadline.overselect != Deadline().overselect:
+            raise ValueError(
+                f"deadline.overselect ({deadline.overselect:g}) is used by deadline.policy overselect only, and the "
+                f"policy is {deadline.policy}; set policy: overselect, or leave overselect out"
+            )
+        return self
+
     def selection_metric(self) -> str | None:
         """The metric that picks the best round: ``selection.metric``, or val_loss with a validation split."""
         if self.selection.metric is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.errors import DivergenceError, FedhetError
+from fedhet.errors import DivergenceError, FedhetError, FedhetNote
 from fedhet.experiments.asynchronous import AsyncRunner
 from fedhet.experiments.build import Experiment, build, explicit_config, resolved_config
 from fedhet.experiments.callbacks import Callback
@@ -44,7 +45,7 @@ from fedhet.experiments.runfolder import (
     RunFolder,
     identity,
 )
-from fedhet.experiments.selection import best_index, rounds_without_improvement, selected_row
+from fedhet.experiments.selection import best_index, missing_metric, rounds_without_improvement, selected_row
 from fedhet.experiments.state import RunState
 from fedhet.experiments.tracking import with_trackers
 from fedhet.experiments.trust import code_of_folder
@@ -276,6 +277,9 @@ def _keep_if_best(state: RunState, metrics: dict[str, float] | None, evaluated: 
     rule = state.rule
     if rule is None or metrics is None or evaluated is None:
         return False
+    note = missing_metric(metrics, rule) if len(state.history) == 1 else None
+    if note is not None:
+        warnings.warn(note, FedhetNote, stacklevel=2)
     if best_index(state.history, rule) != len(state.history) - 1:
         return False
     state.best_round, state.best_params = state.round, evaluated.detach().clone()
@@ -313,6 +317,8 @@ def _write_outputs(state: RunState) -> None:
         summary["selected"] = selected_row(state.history, rule)
     if state.experiment.privacy is not None:
         summary["privacy"] = state.experiment.privacy.summary()
+    if state.clock is not None and cfg.deadline.seconds is not None:
+        summary["deadline_empty_rounds"] = state.clock.empty_rounds
     state.folder.write_summary(summary)
 
 
@@ -472,7 +478,24 @@ def _synchronous_round(state: RunState) -> RoundOutcome:
     if state.clock is not None and clock is not None:
         state.clock.advance(clock.duration(), *clock.traffic())
         columns = {**state.clock.columns(), "late_clients": float(clock.left_out.sum())}
+        if clock.emptied():
+            _note_empty_round(state, clock)
     return RoundOutcome(previous, result, len(clients), int(available.sum()), columns)
+
+
+def _note_empty_round(state: RunState, clock: RoundClock) -> None:
+    """Count a round whose deadline left out every client; the first one of a run is a note."""
+    assert state.clock is not None
+    state.clock.empty_rounds += 1
+    if state.clock.empty_rounds == 1:
+        deadline = state.config.deadline
+        warnings.warn(
+            f"round {state.round + 1}: no client of the {len(clock.clients)} selected can finish within "
+            f"deadline.seconds {deadline.seconds:g} (policy {deadline.policy}), so the model did not change; "
+            "summary.json counts such rounds (deadline_empty_rounds); raise deadline.seconds",
+            FedhetNote,
+            stacklevel=2,
+        )
 
 
 def _asynchronous_round(state: RunState) -> RoundOutcome:

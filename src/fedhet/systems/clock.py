@@ -139,6 +139,10 @@ class RoundClock:
             return float(seconds)
         return last
 
+    def emptied(self) -> bool:
+        """Whether the deadline left out every client of the round (none of their updates arrived)."""
+        return self.deadline.seconds is not None and len(self.clients) > 0 and bool(self.left_out.all())
+
     def traffic(self) -> tuple[float, float]:
         """Bytes sent to the clients and received from those whose update arrived."""
         return float(self.down.sum()), float(self.up[~self.left_out].sum())
@@ -146,11 +150,13 @@ class RoundClock:
 
 @dataclass
 class SimulatedTime:
-    """A run's simulated clock and its traffic so far (the columns ``time_s``, ``bytes_down``, ``bytes_up``)."""
+    """A run's simulated clock and its traffic so far (the columns ``time_s``, ``bytes_down``, ``bytes_up``), and
+    the rounds whose deadline left out every client selected (``empty_rounds``: the model did not move)."""
 
     seconds: float = 0.0
     bytes_down: float = 0.0
     bytes_up: float = 0.0
+    empty_rounds: int = 0
 
     def advance(self, seconds: float, down: float, up: float) -> None:
         self.seconds += seconds
@@ -161,7 +167,8 @@ class SimulatedTime:
         return {"time_s": self.seconds, "bytes_down": self.bytes_down, "bytes_up": self.bytes_up}
 
     def state_dict(self) -> dict[str, float]:
-        return self.columns()
+        return {**self.columns(), "empty_rounds": float(self.empty_rounds)}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.seconds, self.bytes_down, self.bytes_up = (float(state[k]) for k in ("time_s", "bytes_down", "bytes_up"))
+        self.empty_rounds = int(state.get("empty_rounds", 0))  # a checkpoint from before it was counted: none
