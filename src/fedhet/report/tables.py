@@ -96,7 +96,7 @@ def ranking(groups: list[RunGroup]) -> tuple[list[RunGroup], str]:
     if personal:
         rule = "rows ranked by personalised test accuracy (pers. acc; a run without personalised models by its acc)"
     else:
-        rule = f"rows ranked by {SHORT.get(metric, metric)} ({'lowest' if sign > 0 else 'highest'} first)"
+        rule = f"rows ranked by {metric.replace('_', ' ')} ({'lowest' if sign > 0 else 'highest'} first)"
     return ranked, rule
 
 
