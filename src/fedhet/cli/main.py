@@ -664,7 +664,13 @@ def sweep(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="override a key of the base config (repeatable)")
     ] = None,
-    metric: Annotated[str | None, typer.Option(help="final metric that picks the best point")] = None,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            help="final metric that picks the best point (default: test_accuracy; personal_test_accuracy for "
+            "personalised runs; val_loss with a validation split)"
+        ),
+    ] = None,
     mode: Annotated[str | None, typer.Option(help="max or min (default: min for losses, max otherwise)")] = None,
     show: Annotated[list[str] | None, typer.Option(help="another metric for the summary table (repeatable)")] = None,
     imports: Annotated[
