@@ -143,10 +143,12 @@ def evaluate_personal(
 ) -> tuple[dict[str, float], dict[str, Tensor]]:
     """Round metrics and per-client columns of the personalised models `plan` makes from the global model `params`
     (after round `round_`), each scored on its client's own test data: ``personal_test_accuracy`` (mean, std,
-    worst and best 10%), ``personal_test_loss`` and, with `requirements`, ``personal_appeal`` (the share of clients
-    whose personalised model's loss is below their requirement ρ_k, MaxFL's appeal); the same for unseen clients
-    (``unseen_`` prefix); NaN in the columns for clients not in the plan."""
-    data = engine.data
+    worst and best 10%), ``personal_test_loss``, the task's own metrics as for the global model (`task_metrics`:
+    ``personal_test_auc``, ``_f1``, ``_balanced_accuracy`` of a binary task, and their ``_pooled`` values) and, with
+    `requirements`, ``personal_appeal`` (the share of clients whose personalised model's loss is below their
+    requirement ρ_k, MaxFL's appeal); the same for unseen clients (``unseen_`` prefix, not pooled); NaN in the
+    columns for clients not in the plan."""
+    data, task = engine.data, engine.model.task
     scores = scores_of_some(engine.personal_scores(params, plan, round_, "test"), plan.clients, data.test.sizes)
     scored = ~torch.isnan(scores.loss)
     rho = requirements.rho if requirements is not None else None
@@ -156,8 +158,10 @@ def evaluate_personal(
         if bool(group.any()):
             metrics[f"{prefix}personal_test_accuracy"] = float(scores.accuracy[group].double().mean())
             metrics[f"{prefix}personal_test_loss"] = float(scores.loss[group].double().mean())
+            metrics.update(task_metrics(task, scores, group, f"{prefix}personal_test", pooled=not prefix))
             if rho is not None:
                 appealing = scores.loss[group] < rho[group]  # MaxFL's appeal (eq. 1): loss below the requirement
                 metrics[f"{prefix}personal_appeal"] = float(appealing.double().mean())
     columns = {"personal_test_accuracy": scores.accuracy, "personal_test_loss": scores.loss}
+    columns.update({f"personal_test_{name}": values for name, values in scores.extra.items()})
     return metrics, columns
