@@ -143,6 +143,7 @@ def config_key(record: RunRecord) -> str:
 
 SEED_FOLDER = re.compile(r"seed\d+")
 INDEX_LIMIT = 10 * 2**20  # bytes: a larger runs.json is not read for names
+NAME_LIMIT = 60  # characters of a name read from runs.json
 
 
 def group_folder(group: RunGroup) -> Path:
@@ -176,9 +177,10 @@ def given_name(folder: Path, cache: dict[Path, dict[Path, str]]) -> str | None:
     for parent in list(folder.parents)[:3]:
         index = parent / "runs.json"
         if index.is_file() and not (parent / "sweep.json").exists():
-            label = _index(index, cache).get(where)
-            if label:
-                return re.sub(r",? seed \d+$", "", label).strip() or None
+            text = "".join(c if c.isprintable() else " " for c in _index(index, cache).get(where, ""))
+            label = " ".join(text.split())  # one line of printable characters
+            name = re.sub(r",? seed \d+$", "", label).strip()
+            return (name if len(name) <= NAME_LIMIT else name[: NAME_LIMIT - 1] + "…") or None
     return None
 
 
