@@ -194,3 +194,17 @@ def test_a_run_reaches_a_target_at_its_first_round_and_simulated_time() -> None:
     missed = record.reaches("test_accuracy", 0.9)
     assert missed["round"] != missed["round"]  # NaN: never
     assert record.curve("test_accuracy", "time_s") == ([3.0, 7.5, 9.0], [0.5, 0.81, 0.79])
+
+
+def test_a_recipe_name_drops_the_seed_whatever_the_recipe_separates_it_with(tmp_path: Path) -> None:
+    import json
+
+    from fedhet.report.runs import given_name
+
+    for label, name in (("FedAvg, seed 0", "FedAvg"), ("col | row | seed 12", "col | row"), ("seedless", "seedless")):
+        folder = tmp_path / "r" / "m" / "seed0"
+        folder.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "r" / "runs.json").write_text(json.dumps([{"label": label, "folder": "m/seed0"}]))
+        assert given_name(folder, {}) == name
+    (tmp_path / "r" / "sweep.json").write_text("{}")  # a sweep's points are named from their values
+    assert given_name(folder, {}) is None

@@ -4,7 +4,8 @@ a summary table (mean ± std over the seeds of each point) and the best point by
 Each run's numbers are those of its selected round: with a validation split (``val_fraction``), the best round by
 its ``selection.metric`` (val_loss by default), and the sweep then picks its best point by that validation metric
 too and reports the test metrics at those rounds; without one, the last round's (and the summary says that the
-choice was made on test data).
+choice was made on test data). Runs that score personalised models pick the best point by their clients'
+personalised test accuracy unless a metric was chosen (`ranked_by`).
 
 ``OUT/<point>/seed<k>/`` is a normal run folder (`fedhet compare` works on it); ``OUT/<point>/point.json`` holds
 the point's label and values, ``OUT/sweep.json`` the sweep, ``OUT/summary.md`` and ``OUT/summary.csv`` the results.

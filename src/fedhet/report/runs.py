@@ -179,7 +179,7 @@ def given_name(folder: Path, cache: dict[Path, dict[Path, str]]) -> str | None:
         if index.is_file() and not (parent / "sweep.json").exists():
             text = "".join(c if c.isprintable() else " " for c in _index(index, cache).get(where, ""))
             label = " ".join(text.split())  # one line of printable characters
-            name = re.sub(r",? seed \d+$", "", label).strip()
+            name = re.sub(r"[\s,;:|]*\bseed \d+$", "", label).strip()  # "FedAvg, seed 0", "a | b | seed 0"
             return (name if len(name) <= NAME_LIMIT else name[: NAME_LIMIT - 1] + "…") or None
     return None
 
