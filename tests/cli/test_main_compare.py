@@ -84,13 +84,18 @@ def test_compare_names_methods_ranks_by_personal_accuracy_and_plots_a_target(rec
         (["Ditto=mine", "other"], "not both"),
         (["Ditto=same", "FedAvg=same"], "two groups would be called 'same'"),
         (["Ditto=", "FedAvg=x"], "cannot be empty"),
+        (["--target", "inf"], "--target inf: give a finite number"),
+        (["--target", "nan"], "--target nan: give a finite number"),
     ],
 )
-def test_bad_labels_are_one_line_exit_2_and_write_nothing(
+def test_bad_labels_and_targets_are_one_line_exit_2_and_write_nothing(
     written: Path, tmp_path: Path, labels: list[str], fragment: str
 ) -> None:
-    args = [part for label in labels for part in ("--label", label)]
+    args = labels if labels[0].startswith("--") else [part for label in labels for part in ("--label", label)]
     code, out, err = invoke("plot", str(written), *args, "-o", str(tmp_path / "p.png"))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and fragment in err, (out, err)
+    assert not (tmp_path / "p.png").exists()
+    code, out, err = invoke("compare", str(written), *args, "--plot", str(tmp_path / "p.png"))
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and fragment in err, (out, err)
     assert not (tmp_path / "p.png").exists()
 

@@ -569,10 +569,11 @@ def compare(
     runs of one config over seeds (a sweep's points, a recipe's methods) are one row, mean ± std; each is named by
     its recipe's method name or its method and what distinguishes it, or by --label. Rows are ranked by personalised
     test accuracy where runs have personalised models, else by test accuracy; the caption says which."""
-    from fedhet.report.plots import plot_curves
+    from fedhet.report.plots import check_target, plot_curves
     from fedhet.report.runs import read_groups
     from fedhet.report.tables import compare_table, default_columns, reach_columns
 
+    check_target(target)
     records = read_groups(runs, label)
     metric = metric or _default_metric(records)
     table, _ = compare_table(records, tuple(column) if column else default_columns(records), width=console.width)

@@ -97,6 +97,12 @@ def add_caption(fig: Figure, caption: str) -> None:
     fig.text(0.01, bottom, caption, ha="left", va="top", fontsize=7.5, wrap=True, color="0.25")
 
 
+def check_target(target: float | None) -> None:
+    """Refuse a target that no curve can reach or be drawn at (inf, nan), in one line."""
+    if target is not None and not math.isfinite(target):
+        raise ConfigError(f"--target {target}: give a finite number, e.g. --target 0.8")
+
+
 def target_line(ax: Axes, target: float | None) -> None:
     """A horizontal dashed line at `target` (the accuracy to reach), named in the legend."""
     if target is not None:
@@ -245,6 +251,7 @@ def plot_curves(
     `metric` against the round (or, `x` "time", the simulated clock: a group's mean time at each round), each
     labelled by its ``label`` (`read_runs`/`read_groups` set it: the method and what distinguishes it), with a
     dashed line at `target` and, with `logx`, a logarithmic x-axis; saved as PNG (or any format matplotlib knows)."""
+    check_target(target)
     groups = as_groups(records)
     runs = [r for g in groups for r in g.runs]
     available = metric_names(runs)
