@@ -139,6 +139,7 @@ def score_own_models(
     sizes = data.sizes[clients]
 
     task = model.task
+    keep = bool(task.metrics)  # the outputs, only for a task with metrics of its own (they may be large)
 
     def one(w: Tensor, x: Tensor, y: Tensor, wt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         logits = model.logits(w, x)
@@ -146,7 +147,7 @@ def score_own_models(
         denom = wt.sum().clamp_min(1)
         hit = task.correct(logits, y)
         accuracy = (hit.float() * wt).sum() / denom if hit is not None else torch.full_like(denom, float("nan"))
-        return (per * wt).sum() / denom, accuracy, logits
+        return (per * wt).sum() / denom, accuracy, logits if keep else denom
 
     vone = vmap(one)
     outputs, labels, owner = [], [], []  # of every sample scored, for a task with metrics of its own
@@ -159,12 +160,12 @@ def score_own_models(
         w = params[lo : lo + chunk_size].to(dev)
         l_, a_, z = vone(w, data.x[rows], data.y[rows], valid.float().to(dev))
         loss[lo : lo + chunk_size], acc[lo : lo + chunk_size] = l_, a_
-        if task.metrics:
+        if keep:
             outputs.append(z[valid.to(dev)].cpu())
             labels.append(data.y[rows][valid.to(data.y.device)].cpu())
             owner.append((lo + torch.arange(len(ids))).unsqueeze(1).expand(-1, width)[valid.cpu()])
     scores = ClientScores(loss, acc, sizes)
-    if not task.metrics:
+    if not keep:
         return scores
     empty = torch.zeros(0, dtype=torch.long)
     return scores.with_task_scores(
