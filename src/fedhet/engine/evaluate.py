@@ -131,7 +131,7 @@ def score_own_models(
     model: FlatModel, params: Tensor, data: ClientData, clients: Tensor, chunk_size: int = 64
 ) -> ClientScores:
     """Loss and accuracy of client i's OWN model params[i] on client clients[i]'s data (vmap over padded data),
-    on the device of `data`."""
+    on the device of `data`; for a task with metrics of its own (AUC, F1, ...), those too (`Task.client_scores`)."""
     model.module.eval()
     dev = data.x.device
     m = len(clients)
@@ -247,7 +247,8 @@ def score_split_dense(
     holds each client's values there, in the model's order. A layer whose parameters are all shared runs as one
     matrix product over every client's samples, as the global model's evaluation does; a personal one as one product
     per client. So a personal head costs little more than the global model's evaluation; a whole personal model
-    costs one (samples × in) · (in × out) product per client and layer."""
+    costs one (samples × in) · (in × out) product per client and layer. A task's own metrics (AUC, F1, ...) come
+    with the scores (`Task.client_scores`)."""
     rows, valid = padded_rows(data, clients)
     m, width = rows.shape
     if width == 0:
