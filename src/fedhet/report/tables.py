@@ -62,7 +62,7 @@ PERSONAL = "personal_test_accuracy"
 # the columns `fedhet compare` shows by default, among those the runs have: accuracy (classification), the task's own
 # metrics (binary, regression), validation
 TASK_COLUMNS = ("test_auc", "test_f1", "test_balanced_accuracy", "test_rmse", "test_mae", "test_r2", "val_loss")
-RUN_WIDTH = 24  # the run column wraps longer labels
+RUN_WIDTH = 32  # the run column wraps longer labels (a method and two keys fit)
 CELL = 3  # a column's padding and border in rich's default box
 
 
