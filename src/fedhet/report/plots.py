@@ -72,15 +72,8 @@ def outside_legend(ax: Axes, **kwargs: Any) -> None:
         return
     width = ax.get_position().width * ax.figure.bbox.width / ax.figure.dpi  # inches
     columns = max(1, min(len(labels), int(width / (0.35 + 0.062 * longest))))  # 8-point type: ~0.062 in a character
-    ax.legend(
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.14),
-        borderaxespad=0.0,
-        fontsize=8,
-        frameon=False,
-        ncol=columns,
-        **kwargs,
-    )
+    below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.14), "ncol": columns}
+    ax.legend(**{**below, "borderaxespad": 0.0, "fontsize": 8, "frameon": False, **kwargs})
 
 
 def add_caption(fig: Figure, caption: str) -> None:
