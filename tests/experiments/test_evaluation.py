@@ -234,3 +234,27 @@ def test_personalised_losses_are_in_the_targets_units_too() -> None:
     metrics, columns = evaluate_personal(engine, params, LocalPlan.uniform(torch.tensor([0, 1]), 0, 0.1, 2), 1)
     assert metrics["personal_test_loss"] == pytest.approx(425.0, rel=1e-5)
     assert columns["personal_test_loss"].tolist() == pytest.approx([450.0, 400.0], rel=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::fedhet.errors.FedhetNote")  # the table's notes
+def test_personalised_models_of_a_binary_task_get_its_auc_f1_and_balanced_accuracy(tmp_path: Path) -> None:
+    from helpers.tables import write_patients
+
+    spec = {"name": "table", "path": str(write_patients(tmp_path / "patients.csv")), "label": "outcome"}
+    base = {"dataset": {**spec, "user": "site", "missing": "drop"}, "task": "binary", "rounds": 1, "seed": 0}
+    names = ("auc", "f1", "balanced_accuracy")
+    # the global model itself, fine-tuned copies (each client's own model), a personal head (a split dense model)
+    for algorithm, personal in (("fedavg", {"enabled": True}), ("fedavg_ft", {}), ("fedper", {})):
+        state = run(parse_config({**base, "algorithm": algorithm, "personal_eval": {"appeal": False, **personal}}))
+        for name in names:
+            assert 0.0 <= state.final[f"personal_test_{name}"] <= 1.0, (algorithm, name)
+            assert 0.0 <= state.final[f"personal_test_{name}_pooled"] <= 1.0, (algorithm, name)
+            column = state.client_columns[f"personal_test_{name}"]
+            mean = float(column[state.experiment.data.seen].double().nanmean())
+            assert state.final[f"personal_test_{name}"] == pytest.approx(mean, rel=1e-6), (algorithm, name)
+        if algorithm == "fedavg":  # the clients' model is the global one: its metrics
+            for name in names:
+                assert state.final[f"personal_test_{name}"] == pytest.approx(state.final[f"test_{name}"], abs=1e-6)
+                assert state.final[f"personal_test_{name}_pooled"] == pytest.approx(
+                    state.final[f"test_{name}_pooled"], abs=1e-6
+                )

@@ -18,6 +18,7 @@ from fedhet.experiments.sweep import (
     Sweep,
     best_point,
     default_mode,
+    finish_sweep,
     grid_points,
     make_sweep,
     mean_std,
@@ -174,6 +175,25 @@ def test_best_point_takes_the_first_of_equals() -> None:
     results = [PointResult(p, ["finished"], {"m": [0.5]}) for p in points]
     assert best_point(results, "m", "max") is results[0]
     assert mean_std([0.5, 0.7]) == "0.6000 ± 0.1414"
+
+
+def test_a_personalised_sweep_picks_its_best_point_by_personal_accuracy(tmp_path: Path) -> None:
+    sweep = make_sweep({"seed": 0}, grid=["algorithm=fedavg,ditto"])
+    assert not sweep.chosen and sweep.metric == "test_accuracy"
+    for point, seed, (acc, personal) in (("fedavg", 0, (0.9, 0.9)), ("ditto", 0, (0.8, 0.97))):
+        folder = tmp_path / f"algorithm-{point}" / f"seed{seed}"
+        folder.mkdir(parents=True)
+        final = {"round": 4.0, "test_accuracy": acc, "personal_test_accuracy": personal}
+        (folder / "summary.json").write_text(json.dumps({"status": "finished", "final": final}))
+    result = finish_sweep(sweep, tmp_path, [])
+    assert result.best is not None and result.best.point.label == "algorithm=ditto"  # 0.97 > 0.9, not 0.8 < 0.9
+    header = next(line for line in result.table.splitlines() if line.startswith("| point"))
+    assert header == "| point | personal_test_accuracy | test_accuracy | runs finished | folder |"
+    assert "ranked by their personalised models' accuracy" in result.table
+    chosen = make_sweep({"seed": 0}, grid=["algorithm=fedavg,ditto"], metric="test_accuracy")
+    result = finish_sweep(chosen, tmp_path, [])  # --metric test_accuracy: the global model's, personal shown too
+    assert result.best is not None and result.best.point.label == "algorithm=fedavg"
+    assert "| point | test_accuracy | personal_test_accuracy |" in result.table
 
 
 def small_sweep(**changes: Any) -> Sweep:

@@ -534,8 +534,14 @@ RunsArgument = Annotated[
     ),
 ]
 LabelOption = Annotated[
-    list[str] | None, typer.Option("--label", help="a name for each path's runs, in order (repeatable)")
+    list[str] | None,
+    typer.Option(
+        "--label",
+        help="rename a group: OLD=NEW (OLD: its shown name or its folder's, e.g. a sweep point's); or one name per "
+        "path, or per group in the order found (repeatable)",
+    ),
 ]
+LogXOption = Annotated[bool, typer.Option("--log-x", help="a logarithmic x-axis on the figure")]
 
 
 @app.command()
@@ -551,17 +557,23 @@ def compare(
     x: XOption = "round",
     target: Annotated[
         float | None,
-        typer.Option(help="also show when --metric first reached this value: rounds- and time-to-accuracy"),
+        typer.Option(
+            help="also show when --metric first reached this value (rounds- and time-to-accuracy), and draw it on "
+            "the --plot figure"
+        ),
     ] = None,
     label: LabelOption = None,
+    logx: LogXOption = False,
 ) -> None:
-    """Final metrics of runs side by side, at each run's selected round (and their curves with --plot): runs of one
-    config over seeds (a sweep's points, a recipe's methods) are one row, mean ± std; each is named by what
-    distinguishes it (algorithm, parameters that differ, seed) or by --label."""
-    from fedhet.report.plots import plot_curves
+    """Final metrics of runs side by side, at each run's selected round, best first (and their curves with --plot):
+    runs of one config over seeds (a sweep's points, a recipe's methods) are one row, mean ± std; each is named by
+    its recipe's method name or its method and what distinguishes it, or by --label. Rows are ranked by personalised
+    test accuracy where runs have personalised models, else by test accuracy; the caption says which."""
+    from fedhet.report.plots import check_target, plot_curves
     from fedhet.report.runs import read_groups
     from fedhet.report.tables import compare_table, default_columns, reach_columns
 
+    check_target(target)
     records = read_groups(runs, label)
     metric = metric or _default_metric(records)
     table, _ = compare_table(records, tuple(column) if column else default_columns(records), width=console.width)
@@ -575,7 +587,7 @@ def compare(
             reached.add_row(*row)
         console.print(reached)
     if plot is not None:
-        console.print(f"figure: {plot_curves(records, metric, plot, x=x)}")
+        console.print(f"figure: {plot_curves(records, metric, plot, x=x, target=target, logx=logx)}")
 
 
 @app.command()
@@ -588,14 +600,18 @@ def plot(
     output: Annotated[Path, typer.Option("--output", "-o", help="image file to write")] = Path("plot.png"),
     x: XOption = "round",
     label: LabelOption = None,
+    target: Annotated[float | None, typer.Option(help="draw a dashed horizontal line at this value")] = None,
+    logx: LogXOption = False,
 ) -> None:
     """Plot a metric against the round (or the simulated time) for runs: one line per run, or per config over
-    seeds (a sweep's points, a recipe's methods: mean ± std band), named by what distinguishes them or by --label."""
+    seeds (a sweep's points, a recipe's methods: mean ± std band), named by its recipe's method name or its method
+    and what distinguishes it, or by --label."""
     from fedhet.report.plots import plot_curves
     from fedhet.report.runs import read_groups
 
     groups = read_groups(runs, label)
-    console.print(f"figure: {plot_curves(groups, metric or _default_metric(groups), output, x=x)}")
+    metric = metric or _default_metric(groups)
+    console.print(f"figure: {plot_curves(groups, metric, output, x=x, target=target, logx=logx)}")
 
 
 def _default_metric(groups: list[Any]) -> str:
@@ -649,7 +665,13 @@ def sweep(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="override a key of the base config (repeatable)")
     ] = None,
-    metric: Annotated[str | None, typer.Option(help="final metric that picks the best point")] = None,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            help="final metric that picks the best point (default: test_accuracy; personal_test_accuracy for "
+            "personalised runs; val_loss with a validation split)"
+        ),
+    ] = None,
     mode: Annotated[str | None, typer.Option(help="max or min (default: min for losses, max otherwise)")] = None,
     show: Annotated[list[str] | None, typer.Option(help="another metric for the summary table (repeatable)")] = None,
     imports: Annotated[

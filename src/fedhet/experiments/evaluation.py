@@ -169,22 +169,26 @@ def evaluate_personal(
 ) -> tuple[dict[str, float], dict[str, Tensor]]:
     """Round metrics and per-client columns of the personalised models `plan` makes from the global model `params`
     (after round `round_`), each scored on its client's own test data: ``personal_test_accuracy`` (mean, std,
-    worst and best 10%), ``personal_test_loss`` and, with `requirements`, ``personal_appeal`` (the share of clients
-    whose personalised model's loss is below their requirement ρ_k, MaxFL's appeal); the same for unseen clients
-    (``unseen_`` prefix); NaN in the columns for clients not in the plan."""
-    data = engine.data
+    worst and best 10%), ``personal_test_loss``, the task's own metrics as for the global model (`task_metrics`:
+    ``personal_test_auc``, ``_f1``, ``_balanced_accuracy`` of a binary task, and their ``_pooled`` values) and, with
+    `requirements`, ``personal_appeal`` (the share of clients whose personalised model's loss is below their
+    requirement ρ_k, MaxFL's appeal); the same for unseen clients (``unseen_`` prefix, not pooled); NaN in the
+    columns for clients not in the plan."""
+    data, task = engine.data, engine.model.task
     scores = scores_of_some(engine.personal_scores(params, plan, round_, "test"), plan.clients, data.test.sizes)
     scored = ~torch.isnan(scores.loss)
     rho = requirements.rho if requirements is not None else None
     seen, unseen = data.seen & scored, ~data.seen & scored
-    loss = scores.loss * target_factor(engine.model.task, data.target_scale, "loss")  # in the targets' units
+    reported = in_target_units(scores, task, data.target_scale)  # losses and metrics in the targets' units
     metrics = distribution(scores.accuracy[seen], "personal_test_accuracy")  # the spread over seen clients
     for prefix, group in (("", seen), ("unseen_", unseen)):
         if bool(group.any()):
             metrics[f"{prefix}personal_test_accuracy"] = float(scores.accuracy[group].double().mean())
-            metrics[f"{prefix}personal_test_loss"] = float(loss[group].double().mean())
+            metrics[f"{prefix}personal_test_loss"] = float(reported.loss[group].double().mean())
+            metrics.update(task_metrics(task, reported, group, f"{prefix}personal_test", pooled=not prefix))
             if rho is not None:  # ρ_k is in the units the engine trains in, as its losses are
                 appealing = scores.loss[group] < rho[group]  # MaxFL's appeal (eq. 1): loss below the requirement
                 metrics[f"{prefix}personal_appeal"] = float(appealing.double().mean())
-    columns = {"personal_test_accuracy": scores.accuracy, "personal_test_loss": loss}
+    columns = {"personal_test_accuracy": scores.accuracy, "personal_test_loss": reported.loss}
+    columns.update({f"personal_test_{name}": values for name, values in reported.extra.items()})
     return metrics, columns

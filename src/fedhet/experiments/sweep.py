@@ -4,7 +4,8 @@ a summary table (mean ± std over the seeds of each point) and the best point by
 Each run's numbers are those of its selected round: with a validation split (``val_fraction``), the best round by
 its ``selection.metric`` (val_loss by default), and the sweep then picks its best point by that validation metric
 too and reports the test metrics at those rounds; without one, the last round's (and the summary says that the
-choice was made on test data).
+choice was made on test data). Runs that score personalised models pick the best point by their clients'
+personalised test accuracy unless a metric was chosen (`ranked_by`).
 
 ``OUT/<point>/seed<k>/`` is a normal run folder (`fedhet compare` works on it); ``OUT/<point>/point.json`` holds
 the point's label and values, ``OUT/sweep.json`` the sweep, ``OUT/summary.md`` and ``OUT/summary.csv`` the results.
@@ -22,7 +23,7 @@ import itertools
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,7 @@ class Sweep:
     metric: str = "test_accuracy"
     mode: str = "max"
     show: tuple[str, ...] = ()  # more metrics for the summary table
+    chosen: bool = True  # whether `metric` was chosen (--metric, sweep.metric, a validation split), not the default
 
     def points(self) -> list[Point]:
         return grid_points(self.grid)
@@ -246,7 +248,8 @@ def make_sweep(
     extra = tuple(show) or tuple(str(m) for m in section.get("show", ()))
     if not extra and chosen.startswith("val_"):  # chosen on validation: report the test values at those rounds
         extra = tuple(dict.fromkeys(("test_accuracy", f"test_{chosen[4:]}")))
-    return Sweep(base, combined, tuple(range(first, first + count)), chosen, order, extra)
+    given = metric is not None or "metric" in section or runs_select is not None
+    return Sweep(base, combined, tuple(range(first, first + count)), chosen, order, extra, given)
 
 
 # ------------------------------------------------------------------------------------------------- the summary
@@ -289,6 +292,18 @@ def read_results(sweep: Sweep, out: Path) -> list[PointResult]:
     return results
 
 
+PERSONAL = "personal_test_accuracy"
+
+
+def ranked_by(sweep: Sweep, results: list[PointResult]) -> Sweep:
+    """The sweep as its summary ranks it: by ``personal_test_accuracy`` (max) where its runs score personalised
+    models and no metric was chosen (their clients use those, not the global model), else as it is."""
+    if sweep.chosen or sweep.metric != "test_accuracy" or not any(PERSONAL in r.values for r in results):
+        return sweep
+    show = tuple(dict.fromkeys(("test_accuracy", *(m for m in sweep.show if m != PERSONAL))))
+    return replace(sweep, metric=PERSONAL, mode="max", show=show)
+
+
 def best_point(results: list[PointResult], metric: str, mode: str) -> PointResult | None:
     """The point with the best mean of `metric` over its finished seeds (the first of equals); None when no run
     has the metric."""
@@ -308,6 +323,9 @@ def selection_rule_text(sweep: Sweep) -> str:
         else "each run's numbers are those of its last round"
     )
     text = f"Best point by the mean of {sweep.metric} ({sweep.mode}) over seeds; {rounds}."
+    if sweep.metric == PERSONAL and not sweep.chosen:
+        text += " Personalised runs: ranked by their personalised models' accuracy (--metric test_accuracy: the global"
+        text += " model's)."
     if not sweep.metric.startswith("val_"):
         text += " Chosen on a metric that is not a validation one: set val_fraction to choose on validation data."
     return text
@@ -317,6 +335,8 @@ def summary_markdown(sweep: Sweep, results: list[PointResult], best: PointResult
     from fedhet.report.tables import markdown_table
 
     columns = [sweep.metric, *(m for m in sweep.show if m != sweep.metric)]
+    if PERSONAL not in columns and any(PERSONAL in r.values for r in results):  # personalised runs: their accuracy
+        columns.insert(1, PERSONAL)
     columns = [c for c in columns if c == sweep.metric or any(c in r.values for r in results)]
     rows = [
         [
@@ -439,6 +459,7 @@ def finish_sweep(sweep: Sweep, out: Path, outcomes: list[Outcome]) -> SweepResul
     if details:
         write_text(out / "errors.log", details)
     results = read_results(sweep, out)
+    sweep = ranked_by(sweep, results)
     best = best_point(results, sweep.metric, sweep.mode)
     table = summary_markdown(sweep, results, best)
     write_text(out / "summary.md", table)
