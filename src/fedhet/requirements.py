@@ -23,9 +23,10 @@ from torch import Tensor
 from fedhet.engine.plan import LocalPlan
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.errors import ConfigError
+from fedhet.registry import Settings
 
 
-class RequirementsConfig(BaseModel):
+class RequirementsConfig(Settings):
     """How clients set their requirement ρ_k."""
 
     model_config = ConfigDict(extra="forbid")

@@ -7,15 +7,16 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from torch import Tensor
 
 from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.errors import DataError
+from fedhet.registry import Settings
 from fedhet.seeding import numpy_rng
 
 
-class LabelNoise(BaseModel):
+class LabelNoise(Settings):
     """Which clients get corrupted labels, and how.
 
     Mappings: ``reverse`` y → C−1−y; ``shift`` y → (y+1) mod C; ``permutation`` one fixed random derangement

@@ -94,7 +94,9 @@ class DP(Wrapper):
         "client-level differential privacy on any strategy: clipped, noised updates (DP-FedAvg)"
     )
     base: str | dict[str, Any] = Field("fedavg", description="the strategy made private")
-    clip: float = Field(1.0, gt=0, description="C: every update is scaled to norm <= C (.inf: none; adaptive: C0)")
+    clip: float = Field(
+        1.0, gt=0, allow_inf_nan=True, description="C: every update is scaled to norm <= C (.inf: none; adaptive: C0)"
+    )
     clipping: Literal["fixed", "adaptive"] = Field(
         "fixed", description="fixed C, or adaptive: C tracks a quantile of the update norms (Andrew et al. 2021)"
     )
