@@ -264,9 +264,7 @@ def run(
     cleanly and --resume continues it)."""
     if threads is not None and threads < 1:
         raise FedhetError(f"--threads {threads}: give at least 1 torch thread")
-    from fedhet.engine.threads import torch_threads
-
-    with torch_threads(threads):
+    with _torch_threads(threads):
         _run(
             config,
             algorithm,
@@ -293,6 +291,19 @@ def run(
         )
 
 
+@contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    """`fedhet.engine.threads.torch_threads`, without importing torch for nothing: a config error is reported
+    before torch is imported."""
+    if not count and "torch" not in sys.modules:
+        yield
+        return
+    from fedhet.engine.threads import torch_threads
+
+    with torch_threads(count):
+        yield
+
+
 def _run(
     config: Path | None,
     algorithm: str | None,
@@ -317,7 +328,6 @@ def _run(
     trust_imports: bool,
     target_epsilon: float | None,
 ) -> None:
-    callbacks = [] if quiet else [_progress()]
     if engine not in ("native", "flower"):
         raise FedhetError(f"--engine '{engine}' is not one of: native, flower")
     if estimate and engine == "flower":
@@ -332,7 +342,7 @@ def _run(
 
         require_flwr()
     if resume is not None:
-        _resume(resume, rounds, engine, nodes, track or [], callbacks, quiet, trust_imports)
+        _resume(resume, rounds, engine, nodes, track or [], _progress(quiet), quiet, trust_imports)
         return
     from fedhet.experiments.assembly import assemble, default_run_folder
     from fedhet.experiments.config import parse_config
@@ -352,7 +362,7 @@ def _run(
 
         _print_estimates([estimate_run(raw)], "this run")
         return
-    _start(cfg, out or default_run_folder(cfg), overwrite, engine, nodes, callbacks, quiet)
+    _start(cfg, out or default_run_folder(cfg), overwrite, engine, nodes, _progress(quiet), quiet)
 
 
 def _refuse_run_flags(resume: Path, given: list[str]) -> None:
@@ -429,10 +439,13 @@ def _simulate(cfg: Any, out: Path, nodes: int, callbacks: list[Any], trust: bool
     return simulate(cfg, out, nodes, callbacks, trust=trust)
 
 
-def _progress() -> Any:
+def _progress(quiet: bool) -> list[Any]:
+    """The run's callbacks: its progress bar, unless `quiet`."""
+    if quiet:
+        return []
     from fedhet.cli.progress import ProgressBar
 
-    return ProgressBar(console)
+    return [ProgressBar(console)]
 
 
 def _report(state: Any, quiet: bool) -> None:
@@ -481,34 +494,10 @@ def list_(
     ] = None,
 ) -> None:
     """List every registered component with a line each, and where it comes from (fedhet or a plugin)."""
-    from fedhet import catalog
-    from fedhet.metrics import METRICS
-    from fedhet.plugins import load_plugins
-    from fedhet.recipes import RECIPES
-    from fedhet.registry import Registry, closest
+    from fedhet.cli.catalogue import component_groups
+    from fedhet.registry import closest
 
-    load_plugins(imports or [])
-    registries: dict[str, Registry[Any]] = {
-        "algorithms": catalog.STRATEGIES,
-        "terms": catalog.TERMS,
-        "optimizers": catalog.OPTIMIZERS,
-        "server-optimizers": catalog.SERVER_OPTIMIZERS,
-        "rules": catalog.RULES,
-        "schedules": catalog.SCHEDULES,
-        "tasks": catalog.TASKS,
-        "datasets": catalog.DATASETS,
-        "partitioners": catalog.PARTITIONERS,
-        "models": catalog.MODELS,
-        "availability": catalog.AVAILABILITY,
-        "attacks": catalog.ATTACKS,
-        "plugins": catalog.METRIC_PLUGINS,
-    }
-    groups: dict[str, dict[str, tuple[str, str]]] = {
-        group: {c.name: (c.description, registry.origin(c.name)) for c in registry}
-        for group, registry in registries.items()
-    }
-    groups["metrics"] = {name: (text, "fedhet") for name, text in METRICS.items()}
-    groups["recipes"] = {name: (factory().description, "fedhet") for name, factory in sorted(RECIPES.items())}
+    groups = component_groups(imports or [])
     if what is not None and what not in groups:
         raise FedhetError(f"cannot list '{what}'{closest(what, list(groups))}; choose one of: {', '.join(groups)}")
     for group, entries in groups.items():
