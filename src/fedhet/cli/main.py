@@ -20,7 +20,8 @@ from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.table import Table
 
-from fedhet.errors import FedhetError, FedhetNote, FedhetWarning
+from fedhet import notes
+from fedhet.errors import FedhetError, FedhetWarning
 
 app = typer.Typer(
     name="fedhet",
@@ -76,18 +77,20 @@ class Terminated(KeyboardInterrupt):
 
 @contextmanager
 def _one_line_warnings() -> Iterator[None]:
-    """While inside, a `FedhetWarning` prints as one ``warning: ...`` line on stderr (not Python's two lines), once
-    per command: a second command in the same process (a notebook, a test) says its notes again."""
+    """While inside, a `FedhetWarning` prints as one ``warning: ...`` (or ``note: ...``) line on stderr (not Python's
+    two lines), once per command: a second command in the same process (a notebook, a test) says its notes again."""
     previous = warnings.showwarning
 
     def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
         if issubclass(category, FedhetWarning):
-            text = " ".join(str(message).split())
-            kind = "[cyan]note:[/]" if issubclass(category, FedhetNote) else "[yellow]warning:[/]"
-            err_console.print(f"{kind} {escape(text)}", highlight=False, soft_wrap=True)
+            kind, text = notes.describe(message, category)
+            if notes.first_time(kind, text):
+                colour = "cyan" if kind == "note" else "yellow"
+                err_console.print(f"[{colour}]{kind}:[/] {escape(text)}", highlight=False, soft_wrap=True)
         else:
             previous(message, category, *args, **kwargs)
 
+    notes.forget()
     with warnings.catch_warnings():
         warnings.simplefilter("default", FedhetWarning)  # a new filter: Python forgets the warnings it has shown
         warnings.showwarning = show
