@@ -19,12 +19,48 @@ import typer
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from fedhet import notes
 from fedhet.errors import FedhetError, FedhetWarning
 
+try:  # typer ≥ 0.20 has its own copy of click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click.exceptions import ClickException  # type: ignore[assignment]
+
+
+@contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    """A usage error (an unknown option, a bad option value, a missing argument) as one ``error: ...`` line on
+    stderr with its exit code (2), like every other error, instead of typer's usage and box."""
+    try:
+        yield
+    except ClickException as err:
+        if type(err).__name__ == "NoArgsIsHelpError":  # `fedhet` alone: its help, as typer shows it
+            raise
+        text = " ".join(err.format_message().split()).rstrip(".")
+        ctx = getattr(err, "ctx", None)
+        hint = f"; see {ctx.command_path} --help" if ctx is not None else ""
+        _say_error(text[:1].lower() + text[1:] + hint)
+        raise typer.Exit(err.exit_code) from None
+
+
+class OneLineErrors(TyperGroup):
+    """fedhet's group of commands, whose usage errors are one line each (`_one_line_usage_errors`)."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:  # the group's own options: fedhet --bogus
+        with _one_line_usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:  # a command's options and arguments: fedhet run --rounds many
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
+
+
 app = typer.Typer(
     name="fedhet",
+    cls=OneLineErrors,
     help="Federated learning when clients differ: run, compare and plot experiments.",
     no_args_is_help=True,
     add_completion=False,
