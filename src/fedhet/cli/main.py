@@ -24,7 +24,7 @@ from typer.core import TyperGroup
 from fedhet import notes
 from fedhet.errors import FedhetError, FedhetWarning
 
-try:  # typer ≥ 0.20 has its own copy of click
+try:  # newer typer has its own copy of click
     from typer._click.exceptions import ClickException
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click.exceptions import ClickException  # type: ignore[assignment]
