@@ -215,12 +215,13 @@ def test_the_task_names_its_own_metrics() -> None:
 )  # fmt: skip
 def test_a_selection_metric_the_run_does_not_write_is_refused(settings: dict[str, object], message: str) -> None:
     from fedhet.experiments.build import build
+    from fedhet.experiments.selection import check_selection
 
     if not message:  # the control: a metric the run writes is accepted
-        build(parse_config({**TINY, **settings}))
+        check_selection(build(parse_config({**TINY, **settings})))
         return
     with pytest.raises(ConfigError, match=message):
-        build(parse_config({**TINY, **settings}))
+        check_selection(build(parse_config({**TINY, **settings})))
 
 
 def test_a_strategys_own_column_may_be_selected_and_an_unknown_one_is_a_note() -> None:

@@ -32,7 +32,6 @@ from fedhet.errors import ConfigError, FedhetNote
 from fedhet.experiments.config import RunConfig, dump_yaml, parse_config
 from fedhet.experiments.evaluation import scores_personal
 from fedhet.experiments.preflight import check_run
-from fedhet.experiments.selection import check_selection
 from fedhet.metrics.base import Metric, check_columns
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
@@ -355,6 +354,4 @@ def build(config: RunConfig) -> Experiment:
     model = build_model(config, parts, data.input_shape, data.num_classes, data.task)
     check_run(config, data, model)  # before the engine probes the model, and before anything is written
     engine = make_engine(config, parts, model, data)
-    experiment = assemble(config, parts, data, engine)
-    check_selection(experiment)  # before anything is written
-    return experiment
+    return assemble(config, parts, data, engine)

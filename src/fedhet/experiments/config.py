@@ -19,13 +19,13 @@ from pydantic import (
 )
 
 from fedhet.config_keys import COMPONENT_KEYS
-from fedhet.data.labels import LabelNoise
+from fedhet.data.label_noise import LabelNoise
 from fedhet.errors import ConfigError
 from fedhet.experiments.trackers import validate_track
 from fedhet.privacy.settings import DPSGDConfig, PrivacyConfig
 from fedhet.registry import Settings, format_validation_error, with_defaults
-from fedhet.requirements import RequirementsConfig
-from fedhet.systems.clock import Deadline
+from fedhet.requirements_config import RequirementsConfig
+from fedhet.systems.deadline import Deadline
 from fedhet.yaml_text import MAX_CONFIG_BYTES, MAX_CONFIG_VALUES, check_expanded, load_yaml, safe_yaml
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "RunConfig", "load_yaml", "parse_config", "safe_yaml"]

@@ -29,7 +29,7 @@ from pathlib import Path
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
-from fedhet import atomic
+from fedhet import atomic, notes
 from fedhet.errors import ConfigError, DataError, DivergenceError, FedhetError
 from fedhet.experiments.callbacks import Callback
 
@@ -463,7 +463,10 @@ class Executor:
                 key, done, total = self._queue.get_nowait()
             except (Empty, OSError, ValueError):
                 return
-            self.monitor.rounds(key, done, total)
+            if key == NOTE:  # a worker's note (`_init_worker`): shown here, once for all the runs
+                notes.show_again(done, total)
+            else:
+                self.monitor.rounds(key, done, total)
 
     # ------------------------------------------------------------------------------------------------- Ray
 
@@ -517,7 +520,8 @@ class Executor:
             raise
 
 
-_QUEUE: Any = None  # in a worker process: where it reports the rounds of its runs
+_QUEUE: Any = None  # in a worker process: where it reports the rounds of its runs (and its notes)
+NOTE = -1  # the key of a note on the queue: (NOTE, kind, text)
 _IN_TASK = False  # in a worker process: whether a run is going on (SIGTERM then stops it as Ctrl-C would)
 _STOPPING = False  # in a worker process: a SIGTERM has stopped the run, which is writing its files
 STOP_GRACE_S = 20.0  # how long a stopped worker has to write its run's files before it is killed
@@ -531,7 +535,7 @@ class _Stopped(KeyboardInterrupt):
 def _init_worker(queue: Any, threads: int, parent: int) -> None:
     """A worker process ignores Ctrl-C (the parent stops it), stops its run on SIGTERM as Ctrl-C stops a run (the
     run folder says "interrupted" and resumes), ends with its parent however the parent ends (`_die_with_parent`),
-    reports to `queue`, runs torch on `threads`."""
+    reports its rounds and notes to `queue`, runs torch on `threads`."""
     import signal
 
     import torch
@@ -541,6 +545,7 @@ def _init_worker(queue: Any, threads: int, parent: int) -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     _die_with_parent(parent)
     _QUEUE = queue
+    notes.forward_to(lambda kind, text: queue.put((NOTE, kind, text)))
     torch.set_num_threads(max(1, threads))
 
 

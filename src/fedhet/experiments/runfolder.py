@@ -29,6 +29,7 @@ from fedhet.errors import ConfigError, FedhetError
 from fedhet.experiments.checkpoint import CheckpointError, dump_view, loads
 from fedhet.experiments.config import dump_yaml, load_yaml, parse_config
 from fedhet.experiments.metrics_log import MetricsLog
+from fedhet.summary_json import summary_text
 
 CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT, BEST = (
     "config.yaml",
@@ -221,7 +222,7 @@ class RunFolder:
         if self.plugin_files:
             self.record(self.plugin_files)
             summary = {**summary, "files": sorted(set(self.plugin_files))}
-        write_text(self.path / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        write_text(self.path / SUMMARY, summary_text(summary))
 
 
 # ---- the marker and the lock ----------------------------------------------------------------------------------

@@ -45,7 +45,13 @@ from fedhet.experiments.runfolder import (
     RunFolder,
     identity,
 )
-from fedhet.experiments.selection import best_index, missing_metric, rounds_without_improvement, selected_row
+from fedhet.experiments.selection import (
+    best_index,
+    check_selection,
+    missing_metric,
+    rounds_without_improvement,
+    selected_row,
+)
 from fedhet.experiments.state import RunState
 from fedhet.experiments.tracking import with_trackers
 from fedhet.experiments.trust import code_of_folder
@@ -86,6 +92,7 @@ def run(
     its own work is done (and timed) as in a real run, on made-up values.
     """
     experiment = builder(config)
+    check_selection(experiment)  # before anything is written
     state = RunState.start(experiment, out=out, score_sample_only=score_sample_only)
     if out is None:
         return _loop(state, callbacks or [])
@@ -115,6 +122,7 @@ def resume(
         how = f"if you do, resume with fedhet run --resume {out} --trust-imports"
         with code_of_folder(raw, out / CONFIG, trust, how):
             experiment = builder(parse_config(raw))
+        check_selection(experiment)
         state = RunState.start(experiment, out=out, folder=folder)
         saved = folder.read_checkpoint()
         if saved is not None:

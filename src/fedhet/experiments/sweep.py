@@ -39,6 +39,7 @@ from fedhet.experiments.naming import MAX_LENGTH, safe_name
 from fedhet.experiments.runfolder import FolderLock, check_claimable, read_marker
 from fedhet.experiments.selection import better
 from fedhet.registry import closest
+from fedhet.summary_json import read_summary
 
 SWEEP_KEYS = ("grid", "seeds", "metric", "mode", "show")
 SWEEP_FILES = ("sweep.json", "runs.json", "summary.md", "summary.csv", "errors.log")
@@ -280,8 +281,8 @@ def read_results(sweep: Sweep, out: Path) -> list[PointResult]:
         for seed in sweep.seeds:
             path = sweep.folder(out, point, seed) / "summary.json"
             try:
-                summary = json.loads(path.read_text())
-            except (OSError, ValueError):
+                summary = read_summary(path)
+            except (OSError, ValueError, RecursionError):
                 summary = {"status": "missing"}
             statuses.append(str(summary.get("status", "missing")))
             row = summary.get("selected") or summary.get("final", {})  # the selected round's, else the last

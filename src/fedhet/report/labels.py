@@ -167,10 +167,16 @@ def metric_info(name: str) -> MetricInfo:
     return MetricInfo(name, words, words[:1].upper() + words[1:], description)
 
 
+BYTES = ("bytes_down", "bytes_up")  # amounts of bytes: whole numbers, thousands apart (a mean over seeds too)
+
+
 def format_value(name: str, value: float, digits: int = 4) -> str:
-    """`value` of metric `name` for a table: counts as integers, other numbers with `digits` decimals."""
+    """`value` of metric `name` for a table: counts as integers, bytes as whole numbers with thousands separators
+    (``1,234,560``), other numbers with `digits` decimals."""
     if math.isnan(value):
         return "n/a"
+    if name in BYTES and math.isfinite(value):
+        return f"{value:,.0f}"
     if metric_info(name).count and float(value).is_integer():
         return str(int(value))
     return f"{value:.{digits}f}"

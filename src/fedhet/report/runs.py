@@ -12,6 +12,7 @@ from typing import Any
 
 from fedhet.config_keys import COMPONENT_KEYS, flatten
 from fedhet.errors import ConfigError
+from fedhet.summary_json import read_summary
 from fedhet.yaml_text import check_expanded, load_yaml
 
 
@@ -63,7 +64,7 @@ def read_run(path: Path) -> RunRecord:
     if not summary_file.is_file() or not metrics_file.is_file():
         raise ConfigError(f"'{path}' is not a run folder (needs summary.json and metrics.csv from fedhet run)")
     try:
-        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+        summary = read_summary(summary_file)
     except (UnicodeDecodeError, ValueError) as err:
         raise ConfigError(f"'{summary_file}' is not valid JSON ({err}); rerun or resume that run") from None
     except RecursionError:

@@ -23,26 +23,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan
 from fedhet.systems.base import Profiles
+from fedhet.systems.deadline import Deadline
 
-Policy = Literal["drop", "partial", "overselect"]
 FLOAT_BYTES = 4
-
-
-class Deadline(BaseModel):
-    """A synchronous round's deadline (the config's ``deadline``; none: every round waits for its last client)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    seconds: float | None = Field(None, gt=0, description="seconds after a round starts (none: wait for everyone)")
-    policy: Policy = Field("drop", description="drop the late clients, take their partial work, or over-select")
-    overselect: float = Field(0.3, ge=0, description="r: overselect selects ⌈(1 + r)·m⌉ clients, keeps the first m")
 
 
 def plan_bytes(plan: LocalPlan, size: int, personal: int) -> tuple[float, float]:
