@@ -224,6 +224,24 @@ def reuse(task: Task) -> Outcome | None:
     return Outcome(task, status, history, reused=True, attempts=0)
 
 
+def refuse_linked_folders(root: Path, tasks: Sequence[Task]) -> None:
+    """Refuse (`fedhet.atomic.LinkError`, one line) tasks whose run folder, or a folder between it and `root` (a
+    sweep's point folder), is a link, or whose run folder's own files are (`refuse_links`): a sweep or recipe
+    never follows one (it would write a run into another folder, perhaps another run's)."""
+    from fedhet.experiments.runfolder import refuse_links
+
+    for task in tasks:
+        try:
+            parts = task.out.relative_to(root).parts
+        except ValueError:
+            parts = ()
+        for depth in range(1, len(parts)):
+            atomic.refuse_link(root.joinpath(*parts[:depth]))
+        atomic.refuse_link(task.out)
+        if task.out.is_dir():
+            refuse_links(task.out)
+
+
 def write_text(path: Path, text: str) -> None:
     """Write `text` to `path` atomically (`fedhet.atomic`: a temporary file, then a rename)."""
     atomic.write_text(path, text)
