@@ -27,7 +27,10 @@ from fedhet.errors import FedhetError
 
 TEMP_SUFFIX = ".tmp"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-LINK_HINT = "fedhet never reads or writes a folder of its own through a link (it could change a file elsewhere)"
+LINK_HINT = (
+    "fedhet never reads or writes a folder of its own through a link (it could change a file elsewhere): replace it "
+    "by a copy, or move it away"
+)
 
 
 class LinkError(FedhetError):
@@ -42,13 +45,13 @@ def refuse_link(path: Path) -> None:
     except (FileNotFoundError, NotADirectoryError):
         return
     if stat.S_ISLNK(info.st_mode):
-        raise LinkError(f"'{path}' is a symbolic link (to '{os.readlink(path)}'); {LINK_HINT}: replace it by a copy, or move it away")
+        raise LinkError(f"'{path}' is a symbolic link (to '{os.readlink(path)}'); {LINK_HINT}")
     if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
         raise _hard_link(path, info.st_nlink)
 
 
 def _hard_link(path: Path, names: int) -> LinkError:
-    return LinkError(f"'{path}' is a hard link (its file has {names} names); {LINK_HINT}: replace it by a copy, or move it away")
+    return LinkError(f"'{path}' is a hard link (its file has {names} names); {LINK_HINT}")
 
 
 def open_plain(path: Path, flags: int, mode: int = 0o666) -> int:

@@ -128,3 +128,11 @@ def test_runs_use_the_threads_they_are_given(tmp_path: Path) -> None:
     before = torch.get_num_threads()
     [outcome] = Executor(1, threads=1).run(tasks(tmp_path, (0.05,)), post=lambda state: torch.get_num_threads())
     assert outcome.result == 1 and torch.get_num_threads() == before
+
+
+def test_every_run_gets_one_torch_thread_by_default() -> None:
+    """A run's numbers depend on its thread count (the backend and the dense backend's chunks): runs made here one
+    after another get the one thread a worker process gives them, not this process's setting."""
+    assert Executor(1, threads=None).threads == 1
+    assert Executor(3, threads=None).threads == 1
+    assert Executor(1, threads=4).threads == 4

@@ -618,7 +618,9 @@ RayOption = Annotated[
 ]
 ThreadsOption = Annotated[
     int | None,
-    typer.Option(help="torch threads per run (default: one per run when runs go to several workers, else torch's)"),
+    typer.Option(
+        help="torch threads per run (default: one; the same config and seed give the same numbers with any --workers)"
+    ),
 ]
 INTERRUPTED = "interrupted; run the same command again to continue (finished runs are reused, cut-off runs resume)"
 

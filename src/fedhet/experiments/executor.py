@@ -309,10 +309,9 @@ class Executor:
 
             if importlib.util.find_spec("ray") is None:  # before any folder is made
                 raise FedhetError(f"--ray needs Ray: {RAY_HINT}")
-        in_process = workers == 1 and ray is None
-        # None: one thread per run where runs go to workers (every core busy), this process's setting where they
-        # run here one after another
-        self.threads = threads if threads is not None else (0 if in_process else 1)
+        # None: one thread per run, however the runs are made (a run's numbers depend on its thread count: the
+        # same run made here or in a worker must write the same metrics.csv)
+        self.threads = threads if threads is not None else 1
         self.ray_address, self.retries = ray, retries
         self.workers = workers if workers is not None or ray is not None else default_workers(self.threads or 1)
         self.callbacks, self.monitor = callbacks, monitor or Monitor()

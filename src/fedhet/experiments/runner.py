@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.atomic import read_plain, write_bytes
+from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import DivergenceError, FedhetError, FedhetNote
 from fedhet.experiments.asynchronous import AsyncRunner
 from fedhet.experiments.build import Experiment, build, explicit_config, resolved_config
