@@ -141,25 +141,23 @@ def _sweep_folder(root: Path) -> None:
     (root / "mine" / "seed0" / "notes.txt").write_text("mine")
 
 
+def _linked_seed(root: Path) -> None:
+    (root / "s" / "lr-0.05").mkdir()
+    (root / "s" / "lr-0.05" / "seed0").symlink_to(root / "mine" / "seed0")
+
+
+def _linked_metrics(root: Path) -> None:
+    (root / "s" / "lr-0.02" / "seed0").mkdir(parents=True)
+    os.link(root / "mine" / "seed0" / "metrics.csv", root / "s" / "lr-0.02" / "seed0" / "metrics.csv")
+
+
 SWEEP_LINKS: dict[str, tuple[Setup, str]] = {
     "a point folder links to your folder": (
         lambda root: (root / "s" / "lr-0.05").symlink_to(root / "mine"),
         "lr-0.05' is a symbolic link",
     ),
-    "a seed folder links to your run folder": (
-        lambda root: (
-            (root / "s" / "lr-0.05").mkdir(),
-            (root / "s" / "lr-0.05" / "seed0").symlink_to(root / "mine" / "seed0"),
-        ),
-        "seed0' is a symbolic link",
-    ),
-    "a run's metrics.csv is a hard link to yours": (
-        lambda root: (
-            (root / "s" / "lr-0.02" / "seed0").mkdir(parents=True),
-            os.link(root / "mine" / "seed0" / "metrics.csv", root / "s" / "lr-0.02" / "seed0" / "metrics.csv"),
-        ),
-        "metrics.csv' is a hard link",
-    ),
+    "a seed folder links to your run folder": (_linked_seed, "seed0' is a symbolic link"),
+    "a run's metrics.csv is a hard link to yours": (_linked_metrics, "metrics.csv' is a hard link"),
 }
 
 
