@@ -228,6 +228,16 @@ def test_overwrite_removes_only_what_the_marker_lists(finished_run: Path, tmp_pa
         assert (tmp_path / "run" / name).read_text() == "mine"
 
 
+@pytest.mark.slow
+def test_a_model_that_calls_sys_exit_mid_run_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _write("nets.py", EXITING_FORWARD.replace("or not Path('r').exists()", "and Path('r').exists()"))(tmp_path)
+    args = ["run", "--dataset", "digits", "--model", "torch", "--set", "model.target=nets.py:Net", "--rounds", "3"]
+    result = runner.invoke(app, [*args, "--set", "num_clients=4", "--quiet", "--out", "r"], env={"COLUMNS": "200"})
+    _check_one_line(result, "round 2: the run's code (its model, a plugin or a callback) called sys.exit(0)")
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "failed"
+
+
 # ---- user code that calls sys.exit, hostile data files -----------------------------------------------------------
 
 OWN_DATA = ["--rounds", "1", "--set", "num_clients=4", "--set", "partition.min_size=2", "--quiet", "--out", "r"]
@@ -236,6 +246,16 @@ YS = np.arange(40) % 2
 EXITING_MODEL = (
     "import sys\nfrom torch import nn\n\nclass Net(nn.Module):\n    def __init__(self, num_classes):\n"
     "        super().__init__()\n        sys.exit(0)\n"
+)
+
+EXITING_FORWARD = (
+    "import sys\nfrom pathlib import Path\nfrom torch import nn\n\nclass Net(nn.Module):\n"
+    "    def __init__(self, num_classes):\n        super().__init__()\n        self.l = nn.Linear(64, num_classes)\n"
+    "    def forward(self, x):\n"
+    "        rows = Path('r/metrics.csv').read_text().splitlines() if Path('r/metrics.csv').exists() else []\n"
+    "        if len(rows) > 1 or not Path('r').exists():  # before the run starts, or in its second round\n"
+    "            sys.exit(0)\n"
+    "        return self.l(x.flatten(1))\n"
 )
 
 
@@ -290,6 +310,11 @@ CASES: dict[str, tuple[list[str], Setup, str]] = {
         ["run", "--dataset", "digits", "--model", "torch", "--set", "model.target=nets.py:Net", *OWN_DATA],
         _write("nets.py", EXITING_MODEL),
         "failed: SystemExit: 0",
+    ),
+    "a model whose forward calls sys.exit(0)": (
+        ["run", "--dataset", "digits", "--model", "torch", "--set", "model.target=nets.py:Net", *OWN_DATA],
+        _write("nets.py", EXITING_FORWARD),
+        "called sys.exit(0)",
     ),
     "a .npy that is a zip file": (
         ["run", "c.yaml", *OWN_DATA],

@@ -149,6 +149,9 @@ def friendly(func: F) -> F:
         except RuntimeError as err:
             if not _out_of_memory(err):
                 raise
+        except SystemExit as err:  # sys.exit() in user code (a model, a plugin) must not end fedhet as a success
+            _say_error(f"code the run imports (a model, a plugin) called sys.exit({err.code!r}); fedhet stopped there")
+            raise typer.Exit(2) from None
         except KeyboardInterrupt as err:
             hint = getattr(err, "fedhet_hint", "")
             err_console.print(f"interrupted{'; ' + hint if hint else ''}", highlight=False, soft_wrap=True)

@@ -165,7 +165,7 @@ def run_task(
         return Outcome(task, "diverged", error=str(err), wall_time_s=time.perf_counter() - started)
     except FedhetError as err:
         return Outcome(task, "failed", error=str(err), wall_time_s=time.perf_counter() - started)
-    except Exception as err:  # a bug or a plugin's error: recorded, the other runs go on
+    except (Exception, SystemExit) as err:  # a bug, a plugin's error or sys.exit(): recorded, the other runs go on
         return Outcome(
             task,
             "failed",

@@ -597,6 +597,12 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
         raise
     except (OSError, FedhetError):  # a full disk, every Flower node lost: interrupted, to resume once it is fixed
         raise
+    except SystemExit as err:  # sys.exit() in a model's, plugin's or callback's code: a failure, not a success
+        state.status = "failed"
+        raise FedhetError(
+            f"round {state.round + 1}: the run's code (its model, a plugin or a callback) called "
+            f"sys.exit({err.code!r}); the run failed"
+        ) from None
     except Exception:  # a crash in code (a plugin's, a model's, a callback's): the run failed
         state.status = "failed"
         raise
