@@ -297,7 +297,6 @@ class FolderLock:
             handle.close()
             raise RunFolderError(f"'{path}' {not_ours(path, found, kind)}; choose another --out")
         lock = cls(path, handle, Marker(kind, found.files if found is not None else (), os.getpid()))
-        lock.listed = found.files if found is not None else ()
         try:
             lock.record(files, always=True)
         except BaseException:
