@@ -147,6 +147,8 @@ class Registry(Generic[C]):
             return cls(**params)
         except ValidationError as err:
             raise ConfigError(format_validation_error(err, where, cls)) from None
+        except SystemExit as err:  # a plugin's sys.exit() must not end fedhet as a success
+            raise ConfigError(f"building {where} '{name}' failed: SystemExit: {err.code}") from None
 
 
 def with_defaults(value: Any, default: Any) -> Any:

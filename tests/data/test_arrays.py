@@ -203,3 +203,50 @@ def test_the_arrays_source_refuses_target_like_labels_only_at_task_auto(tmp_path
         load({"name": "arrays", "path": str(path)})
     assert load({"name": "arrays", "path": str(path), "task": "classification"}).num_classes == 344
     assert load({"name": "arrays", "path": str(path), "task": "regression"}).task == "regression"
+
+
+def _npy_bytes(header: str, data: bytes, pad: int = 0) -> bytes:
+    """A version-2 .npy file: magic, header length, the header dict (padded with `pad` spaces), the data."""
+    text = (header + " " * pad + "\n").encode()
+    return b"\x93NUMPY\x02\x00" + len(text).to_bytes(4, "little") + text + data
+
+
+def test_hostile_npy_files_are_refused_before_they_are_read(tmp_path: Path) -> None:
+    """A zip under a .npy name, a header beyond NumPy's limit and a shape claiming more than the file holds: each a
+    one-line error (the last before anything of that size is allocated)."""
+    np.save(tmp_path / "y.npy", np.array([0, 1]))
+    header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }"
+    files = {
+        "zip.npy": (np.savez, "is a .npz archive: give it as 'path'"),
+        "header.npy": (_npy_bytes(header, bytes(48), pad=20_000), "its header is longer than a NumPy file's"),
+        "shape.npy": (
+            _npy_bytes(header.replace("(2, 3)", "(1000000000000000, 3)"), bytes(48)),
+            "its header claims shape (1000000000000000, 3) (24,000,000,000,000,000 bytes), it holds 48",
+        ),
+    }
+    for name, (content, message) in files.items():
+        if callable(content):
+            content(tmp_path / name, x=np.zeros((2, 3)))
+            (tmp_path / f"{name}.npz").rename(tmp_path / name)
+        else:
+            (tmp_path / name).write_bytes(content)
+        with pytest.raises(DataError, match=ONE_LINE) as err:
+            load({"name": "arrays", "x": str(tmp_path / name), "y": str(tmp_path / "y.npy")})
+        assert message in str(err.value) and name in str(err.value), str(err.value)
+    (tmp_path / "ok.npy").write_bytes(_npy_bytes(header, np.arange(6.0).tobytes()))  # a padded header is fine
+    data = load({"name": "arrays", "x": str(tmp_path / "ok.npy"), "y": str(tmp_path / "y.npy")})
+    assert data.x.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+def test_an_npz_member_with_a_huge_header_is_named(tmp_path: Path) -> None:
+    import zipfile
+
+    header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }"
+    with zipfile.ZipFile(tmp_path / "d.npz", "w") as archive:
+        archive.writestr("x.npy", _npy_bytes(header, bytes(48), pad=20_000))
+        buffer_y = tmp_path / "y.npy"
+        np.save(buffer_y, np.array([0, 1]))
+        archive.write(buffer_y, "y.npy")
+    with pytest.raises(DataError, match=ONE_LINE) as err:
+        load({"name": "arrays", "path": str(tmp_path / "d.npz")})
+    assert "array 'x' of" in str(err.value) and "its header is longer than a NumPy file's" in str(err.value)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fedhet.catalog import DATASETS
+from fedhet.data.tables import MAX_CATEGORIES
 from fedhet.datasets import load
 from fedhet.errors import DataError, FedhetNote
 
@@ -102,7 +103,15 @@ def test_parquet_gives_the_same_dataset_as_csv(tmp_path: Path) -> None:
         ([["f", "y", "f"], [1, "a", 2]], {"label": "y"}, "column 'f' appears twice"),
         ([["f", "y"]], {"label": "y"}, "has no data rows"),
         ([["y"], ["a"], ["b"]], {"label": "y"}, "has no feature column"),
-        ([["f", "y"], ["inf", "a"], [1, "b"]], {"label": "y"}, "infinite feature value"),
+        ([["f", "y"], ["inf", "a"], [1, "b"]], {"label": "y"}, "holds 'inf' in data row 1, which is infinite"),
+        ([["f", "y"], [1, "a"], ["NaN", "b"]], {"label": "y"}, "column 'f' holds 'NaN' in data row 2, which is NaN"),
+        ([["f", "y"], ["1e400", "a"], [1, "b"]], {"label": "y"}, "holds '1e400' in data row 1, which is out of range"),
+        ([["f", "y"], ["-1e39", "a"], [1, "b"]], {"label": "y"}, "holds '-1e39' in data row 1, which is out of range"),
+        (
+            [["c", "y"], *([f"v{i}", "ab"[i % 2]] for i in range(MAX_CATEGORIES + 1))],
+            {"label": "y", "categorical": ["c"]},
+            f"column 'c' has {MAX_CATEGORIES + 1:,} distinct values, more than the {MAX_CATEGORIES:,} one-hot columns",
+        ),
     ],
 )
 def test_bad_tables_are_one_line_errors(

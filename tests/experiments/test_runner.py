@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -144,6 +145,25 @@ def test_a_loss_that_starts_above_max_loss_is_no_divergence() -> None:
 
 def test_a_run_whose_loss_never_drops_below_a_tiny_max_loss_finishes(tmp_path: Path) -> None:
     assert run(parse_config(small(max_loss=1e-3, rounds=2))).status == "finished"
+
+
+@pytest.mark.slow
+def test_a_run_cut_off_after_its_last_checkpoint_resumes_to_the_same_summary(tmp_path: Path) -> None:
+    """Killed after the last checkpoint, before summary.json: the resume trains no round, and still says which
+    backend trained the run (APFL's is vectorised; the engine's choice for a plain cohort would be dense)."""
+    cfg = parse_config(small(algorithm="apfl", rounds=2))
+    run(cfg, tmp_path / "full")
+    shutil.copytree(tmp_path / "full", tmp_path / "cut")
+    (tmp_path / "cut" / "summary.json").unlink()
+    resumed = resume(tmp_path / "cut")
+    assert resumed.round == 2 and not resumed.already_finished
+
+    def summary(name: str) -> dict[str, object]:
+        found = json.loads((tmp_path / name / "summary.json").read_text())
+        return {k: v for k, v in found.items() if k != "wall_time_s"}
+
+    assert summary("full")["backend"] == "vectorised"
+    assert summary("cut") == summary("full")
 
 
 def test_divergence_stops_with_message_and_keeps_files(tmp_path: Path) -> None:

@@ -318,3 +318,28 @@ def test_a_sweep_chooses_on_validation_and_reports_test_at_each_runs_selected_ro
     text = (tmp_path / "summary.md").read_text()
     assert "best round by val_loss (selection)" in text and "mean ± std over seeds" in text
     assert f"best by val_loss (min): {result.best.point.label}" in text and "test_accuracy" in text
+
+
+@pytest.mark.slow
+def test_a_serial_sweep_gives_the_numbers_of_worker_processes_whatever_this_process_threads(
+    tmp_path: Path,
+) -> None:
+    """With 4 torch threads in this process, a sweep run here used them (test_loss differed in the 8th digit from
+    the workers' one thread); now both make each run on one thread unless told otherwise."""
+    import torch
+
+    sweep = make_sweep(
+        {"dataset": "digits", "rounds": 1, "num_clients": 20, "clients_per_round": 20}, ["local.lr=0.02,0.05"]
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        with Executor(1, threads=None) as serial:
+            run_sweep(sweep, tmp_path / "serial", serial)
+        with Executor(2, threads=None) as pool:
+            run_sweep(sweep, tmp_path / "pool", pool)
+    finally:
+        torch.set_num_threads(before)
+    for point in ("lr-0.02", "lr-0.05"):
+        serial_csv = (tmp_path / "serial" / point / "seed0" / "metrics.csv").read_bytes()
+        assert serial_csv == (tmp_path / "pool" / point / "seed0" / "metrics.csv").read_bytes()

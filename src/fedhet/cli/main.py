@@ -188,6 +188,9 @@ def friendly(func: F) -> F:
         except RuntimeError as err:
             if not _out_of_memory(err):
                 raise
+        except SystemExit as err:  # sys.exit() in user code (a model, a plugin) must not end fedhet as a success
+            _say_error(f"code the run imports (a model, a plugin) called sys.exit({err.code!r}); fedhet stopped there")
+            raise typer.Exit(2) from None
         except KeyboardInterrupt as err:
             hint = getattr(err, "fedhet_hint", "")
             err_console.print(f"interrupted{'; ' + hint if hint else ''}", highlight=False, soft_wrap=True)
@@ -662,7 +665,9 @@ RayOption = Annotated[
 ]
 ThreadsOption = Annotated[
     int | None,
-    typer.Option(help="torch threads per run (default: one per run when runs go to several workers, else torch's)"),
+    typer.Option(
+        help="torch threads per run (default: one; the same config and seed give the same numbers with any --workers)"
+    ),
 ]
 INTERRUPTED = "interrupted; run the same command again to continue (finished runs are reused, cut-off runs resume)"
 

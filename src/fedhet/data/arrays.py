@@ -272,15 +272,47 @@ def resolve(path: str, what: str) -> Path:
 MAX_CLASSES = 100_000  # a label id above it is a mistake (a sample id, a timestamp), not a class
 
 
+MAX_NPY_HEADER = 10_000  # bytes: NumPy's own limit (np.save writes headers of about a hundred)
+
+
+def _npy_problem(err: ValueError) -> str:
+    """What NumPy's ValueError about a .npy file (or an array of a .npz archive) means, for a one-line error."""
+    text = str(err)
+    if "Header info length" in text:
+        return f"its header is longer than a NumPy file's ({MAX_NPY_HEADER:,} bytes at most): a crafted or damaged file"
+    if "allow_pickle" in text or "Object arrays" in text:
+        return "it holds Python objects, which fedhet does not unpickle; save numbers"
+    return f"it is damaged ({text.splitlines()[0] if text else type(err).__name__})"
+
+
 def _read_npy(path: Path, what: str) -> np.ndarray:
+    """One ``.npy`` file, checked before its data is read: the magic string (a ``.npz`` archive under a ``.npy``
+    name is refused), a header of NumPy's size, numbers only, and as many bytes as the header's shape claims."""
+    fmt = np.lib.format
     try:
-        return np.asarray(np.load(path, allow_pickle=False))
+        with path.open("rb") as f:
+            try:
+                version = fmt.read_magic(f)
+            except ValueError:
+                f.seek(0)
+                zipped = f.read(2) == b"PK"
+                kind = "a .npz archive: give it as 'path' (its arrays by key)" if zipped else "not a NumPy .npy file"
+                raise DataError(f"{what}: '{path}' is {kind}") from None
+            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, _, dtype = read_header(f, max_header_size=MAX_NPY_HEADER)
+            if dtype.hasobject:
+                raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+            claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            held = path.stat().st_size - f.tell()
+            if claimed > held:
+                raise DataError(
+                    f"{what}: '{path}' is truncated or damaged: its header claims shape {tuple(shape)} "
+                    f"({claimed:,} bytes), it holds {held:,}"
+                )
+            f.seek(0)
+            return np.asarray(np.load(f, allow_pickle=False))
     except ValueError as err:
-        if "allow_pickle" in str(err) or "Object arrays" in str(err):
-            raise DataError(
-                f"{what}: '{path}' holds Python objects, which fedhet does not unpickle; save numbers"
-            ) from None
-        raise DataError(f"{what}: '{path}' is not a NumPy file ({str(err).splitlines()[0]})") from None
+        raise DataError(f"{what}: '{path}': {_npy_problem(err)}") from None
     except (OSError, EOFError) as err:
         raise DataError(f"{what}: cannot read '{path}' ({str(err).splitlines()[0]})") from None
 
@@ -346,12 +378,7 @@ class Arrays(DatasetSource):
                     try:
                         arrays[role] = archive[key]
                     except ValueError as err:
-                        if "allow_pickle" in str(err) or "Object arrays" in str(err):
-                            raise DataError(
-                                f"dataset 'arrays': array '{key}' of '{file}' holds Python objects, which fedhet does "
-                                "not unpickle; save numbers"
-                            ) from None
-                        raise DataError(f"dataset 'arrays': array '{key}' of '{file}' is damaged ({err})") from None
+                        raise DataError(f"dataset 'arrays': array '{key}' of '{file}': {_npy_problem(err)}") from None
                     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:  # truncated, a bad CRC
                         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
                         raise DataError(f"dataset 'arrays': array '{key}' of '{file}' is damaged ({reason})") from None

@@ -99,14 +99,39 @@ def numeric(values: list[Any], column: str, path: Path) -> np.ndarray | None:
         return None
 
 
+MAX_CATEGORIES = 1_000  # one-hot columns of one categorical column (the Adult loader's bound too)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def one_hot(values: list[Any], column: str, path: Path) -> np.ndarray:
-    """(N, V) indicator columns, one per distinct value in sorted order."""
+    """(N, V) indicator columns, one per distinct value in sorted order (V at most `MAX_CATEGORIES`)."""
     _check_present(values, column, path)
     text = np.asarray([str(v) for v in values])
-    _, ids = np.unique(text, return_inverse=True)
+    distinct, ids = np.unique(text, return_inverse=True)
+    if len(distinct) > MAX_CATEGORIES:
+        raise DataError(
+            f"table '{path}': categorical column '{column}' has {len(distinct):,} distinct values, more than the "
+            f"{MAX_CATEGORIES:,} one-hot columns fedhet makes of one column; group its rare values, or leave it out "
+            "of 'features' and 'categorical'"
+        )
     out = np.zeros((len(values), int(ids.max()) + 1 if len(values) else 0), dtype=np.float64)
     out[np.arange(len(values)), ids.reshape(-1)] = 1.0
     return out
+
+
+def _check_finite(numbers: np.ndarray, values: list[Any], column: str, path: Path) -> None:
+    """Refuse a feature cell that is not a finite float32 number: a NaN or inf written as text, or a number beyond
+    float32's range (1e400 reads as inf, 1e39 becomes inf as float32)."""
+    bad = ~np.isfinite(numbers) | (np.abs(numbers) > FLOAT32_MAX)
+    if bad.any():
+        row = int(np.argmax(bad))
+        value = float(numbers[row])
+        written = str(values[row]).strip().lower().lstrip("+-")
+        what = "NaN" if math.isnan(value) else "infinite" if written in ("inf", "infinity") else "out of range"
+        raise DataError(
+            f"table '{path}': column '{column}' holds {values[row]!r} in data row {row + 1}, which is {what} "
+            f"(features are finite float32 numbers, at most {FLOAT32_MAX:.3g} in size); fix or drop that row"
+        )
 
 
 def label_ids(values: list[Any], column: str, path: Path, guessed: bool = False) -> tuple[torch.Tensor, int]:
@@ -279,14 +304,18 @@ class Table(DatasetSource):
                     f"table '{path}': column '{column}' is not numeric (e.g. {example!r}); list it under "
                     "'categorical' to one-hot encode it, or leave it out of 'features'"
                 )
+            _check_finite(values, columns[column], column, path)
             blocks.append(values.reshape(-1, 1))
             numeric_mask.append(True)
         x = torch.from_numpy(np.concatenate(blocks, axis=1).astype(np.float32))
         if self.standardize and any(numeric_mask):
             cols = torch.tensor(numeric_mask)
             x[:, cols] = standardise(x[:, cols])
-        if not bool(torch.isfinite(x).all()):
-            raise DataError(f"table '{path}' holds an infinite feature value; fill or drop such rows")
+        if not bool(torch.isfinite(x).all()):  # finite values too far apart for float32 once standardised
+            raise DataError(
+                f"table '{path}': standardising its numeric features overflows float32 (values too far apart); "
+                "rescale the columns, or set dataset.standardize: false"
+            )
         task = data_task(self.task)
         if task == "regression":
             labels, classes = targets(columns[self.label], self.label, path)

@@ -165,7 +165,7 @@ def run_task(
         return Outcome(task, "diverged", error=str(err), wall_time_s=time.perf_counter() - started)
     except FedhetError as err:
         return Outcome(task, "failed", error=str(err), wall_time_s=time.perf_counter() - started)
-    except Exception as err:  # a bug or a plugin's error: recorded, the other runs go on
+    except (Exception, SystemExit) as err:  # a bug, a plugin's error or sys.exit(): recorded, the other runs go on
         return Outcome(
             task,
             "failed",
@@ -222,6 +222,24 @@ def reuse(task: Task) -> Outcome | None:
     with metrics.open() as f:
         history = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
     return Outcome(task, status, history, reused=True, attempts=0)
+
+
+def refuse_linked_folders(root: Path, tasks: Sequence[Task]) -> None:
+    """Refuse (`fedhet.atomic.LinkError`, one line) tasks whose run folder, or a folder between it and `root` (a
+    sweep's point folder), is a link, or whose run folder's own files are (`refuse_links`): a sweep or recipe
+    never follows one (it would write a run into another folder, perhaps another run's)."""
+    from fedhet.experiments.runfolder import refuse_links
+
+    for task in tasks:
+        try:
+            parts = task.out.relative_to(root).parts
+        except ValueError:
+            parts = ()
+        for depth in range(1, len(parts)):
+            atomic.refuse_link(root.joinpath(*parts[:depth]))
+        atomic.refuse_link(task.out)
+        if task.out.is_dir():
+            refuse_links(task.out)
 
 
 def write_text(path: Path, text: str) -> None:
@@ -291,10 +309,9 @@ class Executor:
 
             if importlib.util.find_spec("ray") is None:  # before any folder is made
                 raise FedhetError(f"--ray needs Ray: {RAY_HINT}")
-        in_process = workers == 1 and ray is None
-        # None: one thread per run where runs go to workers (every core busy), this process's setting where they
-        # run here one after another
-        self.threads = threads if threads is not None else (0 if in_process else 1)
+        # None: one thread per run, however the runs are made (a run's numbers depend on its thread count: the
+        # same run made here or in a worker must write the same metrics.csv)
+        self.threads = threads if threads is not None else 1
         self.ray_address, self.retries = ray, retries
         self.workers = workers if workers is not None or ray is not None else default_workers(self.threads or 1)
         self.callbacks, self.monitor = callbacks, monitor or Monitor()

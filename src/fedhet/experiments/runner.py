@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedhet.atomic import read_plain, write_bytes
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import DivergenceError, FedhetError, FedhetNote
 from fedhet.experiments.asynchronous import AsyncRunner
@@ -34,7 +35,7 @@ from fedhet.experiments.evaluation import (
     spread_scores,
     target_factor,
 )
-from fedhet.experiments.metrics_log import write_csv
+from fedhet.experiments.metrics_log import csv_bytes, write_csv
 from fedhet.experiments.participation import ParticipationWriter
 from fedhet.experiments.runfolder import (
     CHECKPOINT,
@@ -134,9 +135,11 @@ def resume(
             folder.write_config(experiment.config_text())
         elif saved is not None and state.round == state.config.rounds and _finished(folder.path):
             state.status, state.already_finished = "finished", True
+            _repair_clients(state)
             return state
         elif saved is not None and _out_of_patience(state):  # stopped early by selection.patience: done
             state.status, state.already_finished = "stopped early", True
+            _repair_clients(state)
             return state
         _write_best(state)  # the checkpoint's selected model (a cut-off run may have written a later one)
         return _loop(state, callbacks or [])
@@ -176,6 +179,25 @@ def _finished(out: Path) -> bool:
     return isinstance(summary, dict) and summary.get("status") == "finished"
 
 
+def _repair_clients(state: RunState) -> None:
+    """A finished run's clients.csv as its last checkpoint has it (the file is written from the checkpoint's client
+    columns): a damaged or missing one is written again, with a note."""
+    assert state.folder is not None
+    path = state.folder.path / CLIENTS
+    expected = csv_bytes(state.client_rows()) if state.client_columns else None
+    try:
+        found: bytes | None = read_plain(path)
+    except (FileNotFoundError, IsADirectoryError):
+        found = None
+    if expected is not None and found != expected:
+        write_bytes(path, expected)
+        warnings.warn(
+            f"'{path}' did not match the run's checkpoint; it was written again from the checkpoint",
+            FedhetNote,
+            stacklevel=2,
+        )
+
+
 def _checkpoint(state: RunState) -> dict[str, Any]:
     """What a checkpoint holds besides metrics.csv's extent (the history itself is metrics.csv)."""
     exp = state.experiment
@@ -186,6 +208,7 @@ def _checkpoint(state: RunState) -> dict[str, Any]:
         "wall_time_s": state.wall_time_s,
         "last_row": state.final,
         "client_columns": state.client_columns,  # clients.csv of the last evaluation
+        "backend": exp.engine.last_backend,  # summary.json's, also when a resume has no round left to train
         "strategy": exp.strategy.state_dict(),
         "availability": exp.availability.state_dict(),
         "engine": exp.engine.state_dict(),
@@ -241,6 +264,8 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
         reason = str(err).splitlines()[0][:100] if str(err) else type(err).__name__
         raise CheckpointError(f"{what} does not fit this run ({reason}); {restart}") from None
     state.params, state.round, state.wall_time_s, state.client_columns = params, round_, wall_time, columns
+    if isinstance(saved.get("backend"), str):
+        exp.engine.last_backend = saved["backend"]
     try:
         if state.clock is not None:
             state.clock.load_state_dict(saved["clock"])
@@ -633,6 +658,12 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
         raise
     except (OSError, FedhetError):  # a full disk, every Flower node lost: interrupted, to resume once it is fixed
         raise
+    except SystemExit as err:  # sys.exit() in a model's, plugin's or callback's code: a failure, not a success
+        state.status = "failed"
+        raise FedhetError(
+            f"round {state.round + 1}: the run's code (its model, a plugin or a callback) called "
+            f"sys.exit({err.code!r}); the run failed"
+        ) from None
     except Exception:  # a crash in code (a plugin's, a model's, a callback's): the run failed
         state.status = "failed"
         raise

@@ -30,11 +30,21 @@ from typing import Any
 import numpy as np
 import yaml
 
+from fedhet.atomic import refuse_link
 from fedhet.errors import ConfigError
 from fedhet.experiments.assembly import set_key
 from fedhet.experiments.build import components
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.executor import DONE, Executor, Outcome, Task, reuse, write_index, write_text
+from fedhet.experiments.executor import (
+    DONE,
+    Executor,
+    Outcome,
+    Task,
+    refuse_linked_folders,
+    reuse,
+    write_index,
+    write_text,
+)
 from fedhet.experiments.naming import MAX_LENGTH, safe_name
 from fedhet.experiments.runfolder import FolderLock, check_claimable, read_marker
 from fedhet.experiments.selection import better
@@ -394,6 +404,7 @@ def run_sweep(sweep: Sweep, out: Path, executor: Executor) -> SweepResult:
     check_claimable(out, "sweep")
     _check_base(sweep, out)
     tasks = sweep.tasks(out)
+    refuse_linked_folders(out, tasks)
     executor.check_data([t for t in tasks if reuse(t) is None])  # before anything is written
     with FolderLock.claim(out, "sweep") as lock:
         _check_base(sweep, out)  # again under the lock: another sweep may have written it meanwhile
@@ -429,6 +440,8 @@ def write_plan(sweep: Sweep, out: Path, lock: FolderLock | None = None) -> None:
     its marker does not list, a folder of yours with a point's name, is refused), or, without `lock`, a folder
     inside one of fedhet's that the caller holds (a recipe's)."""
     points = sweep.points()
+    for point in points:
+        refuse_link(out / point.name)  # never followed: it would put runs into another folder
     if lock is not None:
         for point in points:
             if (out / point.name).exists() and point.name not in lock.marker.files:
