@@ -25,7 +25,8 @@ DELTA = 1e-5
 
 def config(algorithm: Any = None, **changes: Any) -> Any:
     raw: dict[str, Any] = {
-        "algorithm": algorithm or {"name": "dp", "base": "fedavg", "clip": 0.5, "noise_multiplier": 1.2},
+        "algorithm": algorithm
+        or {"name": "dp", "base": "fedavg", "clip": 0.5, "noise_multiplier": 1.2, "sampling": "fixed"},
         "dataset": "digits",
         "partition": {"name": "dirichlet", "alpha": 0.5, "min_size": 20},
         "model": "logistic",
@@ -74,7 +75,7 @@ def test_epsilon_after_each_round_is_dp_accountings_for_poisson_sampling(tmp_pat
 
 def test_local_noise_counts_each_clients_own_rounds(tmp_path: Path) -> None:
     algorithm = {"name": "dp", "base": "fedavg", "clip": 0.5, "noise_multiplier": 3.0, "noise": "local"}
-    run(config(algorithm), tmp_path / "r")
+    run(config({**algorithm, "sampling": "fixed"}), tmp_path / "r")
     clients = rows(tmp_path / "r/clients.csv")
     worst = 0.0
     for client in clients:
@@ -109,7 +110,7 @@ def test_a_target_epsilon_with_a_noise_multiplier_or_without_a_mechanism_is_refu
         ({"availability": {"name": "markov", "pi": 0.5}}, "availability 'markov' decides who can be sampled"),
         ({"availability": "appeal"}, "availability 'appeal' decides who can be sampled"),  # MaxFL's opt-outs
         (
-            {"algorithm": {"name": "dp", "base": "cafed", "noise_multiplier": 1.0}},
+            {"algorithm": {"name": "dp", "base": "cafed", "noise_multiplier": 1.0, "sampling": "fixed"}},
             "strategy 'cafed' chooses its clients",
         ),
         ({"attack": {"name": "malicious", "fraction": 0.2}}, "attack 'malicious' changes who takes part"),
@@ -123,7 +124,7 @@ def test_a_sample_the_accountant_does_not_assume_is_refused_unless_accepted(
     tmp_path: Path, changes: dict, reason: str
 ) -> None:
     changes = dict(changes)
-    algorithm = changes.pop("algorithm", {"name": "dp", "base": "fedavg", "noise_multiplier": 1.0})
+    algorithm = changes.pop("algorithm", {"name": "dp", "base": "fedavg", "noise_multiplier": 1.0, "sampling": "fixed"})
     with pytest.raises(ConfigError, match=f"uniform sample of clients each round, but {reason}.*amplification: false"):
         run(config(algorithm, **changes))
     if algorithm["base"] == "cafed":  # no declared weights for central noise: with local noise any base runs

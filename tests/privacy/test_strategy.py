@@ -66,9 +66,9 @@ BASES = ["fedavg", {"name": "fedprox", "mu": 0.1}, {"name": "maxfl", "eps": 0.01
 @pytest.mark.parametrize("backend", ["dense", "vectorised", "sequential", "conv"])
 @pytest.mark.parametrize("base", BASES, ids=lambda b: b if isinstance(b, str) else b["name"])
 def test_no_noise_and_an_infinite_bound_is_the_bare_strategy(backend: str, base: str | dict) -> None:
-    bare = _rounds(_setup(STRATEGIES.build(base), _engine(backend), m=3), _engine(backend))
+    wrapped = DP(base=base, clip=math.inf, noise_multiplier=0.0, sampling="fixed")
+    bare = _rounds(_setup(STRATEGIES.build(wrapped.base), _engine(backend), m=3), _engine(backend))
     engine = _engine(backend)
-    wrapped = DP(base=base, clip=math.inf, noise_multiplier=0.0)
     got = _rounds(_setup(wrapped, engine, m=3), engine)
     torch.testing.assert_close(got, bare, atol=0, rtol=0)
 
@@ -96,7 +96,7 @@ def test_central_noise_by_hand() -> None:
 def test_central_noise_pays_for_the_largest_weight() -> None:
     """FedAvg by samples weighs client k by n_k/Σn: the noise is zC max_k p_k."""
     engine = _engine("dense")
-    strategy = _setup(DP(base="fedavg", clip=0.3, noise_multiplier=1.5), engine)
+    strategy = _setup(DP(base={"name": "fedavg", "weighting": "samples"}, clip=0.3, noise_multiplier=1.5), engine)
     w = engine.initial_params()
     result = strategy.local_training(0, torch.arange(4), w, lambda plan: engine.train(w, plan, 0))
     strategy.aggregate(0, w, result)

@@ -29,22 +29,24 @@ round), a client's local noise from its own stream.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.privacy import UpdateClip
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, FedhetWarning
 from fedhet.seeding import numpy_rng, torch_gen
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train
 from fedhet.strategies.wrapper import Wrapper
 
 DEFAULT_NOISE_MULTIPLIER = 1.0  # z without noise_multiplier and without a target ε
 COUNT_NOISE_SHARE = 20  # σ_b = m/20 (Andrew et al. 2021, §3: "we set σ_b = m/20 throughout")
+MAX_EXPONENT = 30.0  # adaptive clipping's step C <- C exp(x) takes |x| <= 30 (C stays a finite, positive float)
 
 
 def update_noise_multiplier(z: float, count_noise: float) -> float:
@@ -69,7 +71,8 @@ def adaptive_bound(
     """C·exp(−η_C (b̃ − γ)) with b̃ = (unclipped + noise)/m: Andrew et al.'s geometric update of the clipping bound
     towards the γ-quantile of the update norms (`count_noise` is the drawn N(0, σ_b²) value)."""
     share = (unclipped + count_noise) / max(cohort, 1.0)
-    return bound * math.exp(-lr * (share - quantile))
+    step = min(MAX_EXPONENT, max(-MAX_EXPONENT, -lr * (share - quantile)))
+    return min(max(bound * math.exp(step), 1e-30), 1e30)
 
 
 def weights_of(strategy: Strategy) -> bool:
@@ -93,13 +96,17 @@ class DP(Wrapper):
     description: ClassVar[str] = (
         "client-level differential privacy on any strategy: clipped, noised updates (DP-FedAvg)"
     )
-    base: str | dict[str, Any] = Field("fedavg", description="the strategy made private")
+    base: str | dict[str, Any] = Field(
+        "fedavg", validate_default=True, description="the strategy made private (weighting: uniform unless given)"
+    )
     clip: float = Field(1.0, gt=0, description="C: every update is scaled to norm <= C (.inf: none; adaptive: C0)")
     clipping: Literal["fixed", "adaptive"] = Field(
         "fixed", description="fixed C, or adaptive: C tracks a quantile of the update norms (Andrew et al. 2021)"
     )
     quantile: float = Field(0.5, ge=0, le=1, description="γ: adaptive clipping's target share of unclipped updates")
-    clip_lr: float = Field(0.2, gt=0, description="η_C: adaptive clipping's step C <- C exp(-η_C (b - γ))")
+    clip_lr: float = Field(
+        0.2, gt=0, le=10, description="η_C: adaptive clipping's step C <- C exp(-η_C (b - γ)) (at most 10)"
+    )
     count_noise: float | None = Field(
         None, ge=0, description="σ_b: noise on adaptive clipping's count of unclipped updates (None: m/20)"
     )
@@ -110,12 +117,14 @@ class DP(Wrapper):
         "central", description="central: the server noises the aggregate; local: each client noises its update"
     )
     sampling: Literal["fixed", "poisson"] = Field(
-        "fixed", description="fixed: the base's m of K clients; poisson: each client with probability m/K"
+        "poisson",
+        description="poisson: each client with probability m/K (DP-FedAvg's); fixed: the base's m of K clients",
     )
 
     _bound: float = PrivateAttr(1.0)
     _z: float | None = PrivateAttr(None)
     _last: dict[str, float] = PrivateAttr(default_factory=dict)
+    _warned: bool = PrivateAttr(False)
 
     @classmethod
     def check_base(cls, built: Strategy) -> None:
@@ -125,6 +134,24 @@ class DP(Wrapper):
                 f"'{built.name}' is asynchronous (updates one by one, no rounds), and dp accounts per round: "
                 "choose a synchronous base such as fedavg"
             )
+
+    @field_validator("base", mode="before")
+    @classmethod
+    def _uniform_by_default(cls, value: Any) -> Any:
+        """DP-FedAvg weighs every client's clipped update equally (McMahan et al. 2018, Algorithm 1: a fixed
+        denominator): a base with a ``weighting`` the config leaves out weighs uniformly, as the noise is sized by
+        the largest weight (by samples it is m·max_k p_k times larger)."""
+        spec = {"name": value} if isinstance(value, str) else value
+        if not isinstance(spec, dict) or "weighting" in spec or not isinstance(spec.get("name"), str):
+            return value
+        try:
+            fields = STRATEGIES.get(spec["name"]).model_fields
+        except ConfigError:
+            return value  # the base's own validation says what is wrong
+        weighting = fields.get("weighting")
+        if weighting is None or weighting.annotation is None or "uniform" not in str(weighting.annotation):
+            return value
+        return {**spec, "weighting": "uniform"}
 
     @model_validator(mode="after")
     def _consistent(self) -> DP:
@@ -216,6 +243,7 @@ class DP(Wrapper):
             weights = self.inner.aggregation_weights(round_, result)
             assert weights is not None  # `setup` refused bases without them
             std = self.update_z * self._bound * float(weights.abs().max()) if len(weights) else 0.0
+            self._warn_if_swamped(round_, global_params, result, weights, std)
             if std > 0:
                 noise = torch.randn(global_params.shape, generator=torch_gen(self.ctx.seed, "dp-central-noise", round_))
                 self.inner.perturb_next_step(noise.mul_(std).to(global_params.dtype))
@@ -235,6 +263,36 @@ class DP(Wrapper):
             "dp_noise_multiplier": self.z,
         }
         return new
+
+    def _warn_if_swamped(
+        self, round_: int, global_params: Tensor, result: LocalResult, weights: Tensor, std: float
+    ) -> None:
+        """Warn once (one line) when the aggregate's noise outweighs the clipped mean update d = Σ_k p_k Δ_k by
+        more than √T: then even the T rounds' updates added up (signal T‖d‖, noise √T‖ξ‖) are mostly noise."""
+        if self._warned or std <= 0 or not len(weights):
+            return
+        p = weights.to(result.params.dtype)
+        signal = float(torch.linalg.vector_norm(p.sum() * global_params - p @ result.params))  # ‖Σ_k p_k Δ_k‖
+        noise = std * math.sqrt(global_params.numel())
+        rounds = max(1, self.ctx.rounds)
+        if noise <= math.sqrt(rounds) * signal:
+            return
+        self._warned = True
+        unequal = float(weights.abs().max()) * len(weights)
+        hint = (
+            f", or weigh clients uniformly (this base's largest weight makes it {unequal:.3g}x)"
+            if unequal > 1.01
+            else ""
+        )
+        warnings.warn(
+            f"client-level DP noise swamps the updates: round {round_ + 1}'s central noise has norm {noise:.3g} "
+            f"(σ = {std:.3g} on each of {global_params.numel():,} parameters) against {signal:.3g} for the clipped "
+            f"mean update, more than √rounds = {math.sqrt(rounds):.3g} times it (the run's noise outweighs its "
+            f"updates, expect a model far below a non-private one); lower z = {self.z:.3g} (a larger target ε), "
+            f"take more clients a round (σ = zC/m) or more rounds, or use a smaller model{hint}",
+            FedhetWarning,
+            stacklevel=2,
+        )
 
     def personalization(self, clients: Tensor) -> LocalPlan | None:
         return self.inner.personalization(clients)
