@@ -97,6 +97,31 @@ def test_a_target_epsilon_sets_the_noise_before_the_run_within_one_percent(tmp_p
     assert "target_epsilon: 3.0" in (tmp_path / "r/config.yaml").read_text()
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "dp_sgd", "key"),
+    [
+        pytest.param("fedavg", {"clip": 1.0}, "example", marks=pytest.mark.slow),
+        ({"name": "dp", "base": "fedavg", "clip": 0.5, "noise": "local"}, None, "client"),
+        ({"name": "dp", "base": "fedavg", "clip": 0.5, "noise": "local", "sampling": "fixed"}, None, "client"),
+    ],
+    ids=["dp-sgd", "local noise, poisson", "local noise, fixed"],
+)
+def test_a_target_epsilon_lands_on_the_target_with_a_part_of_the_clients_a_round(
+    tmp_path: Path, algorithm: Any, dp_sgd: Any, key: str
+) -> None:
+    """4 of 12 clients a round for 6 rounds: each client's ε counts the rounds it took part in, and the target
+    calibrates for the most frequent participant's (drawn before the run), not for one in every round."""
+    local = {"steps": 3, "lr": 0.1, "batch_size": 8, **({"dp_sgd": dp_sgd} if dp_sgd else {})}
+    run(config(algorithm, local=local, rounds=6, privacy={"target_epsilon": 4.0}), tmp_path / "r")
+    clients = rows(tmp_path / "r/clients.csv")
+    assert max(int(c["dp_rounds"] if key == "client" else c["dp_sgd_steps"]) for c in clients) < 6 * (
+        1 if key == "client" else 3
+    )  # nobody took part in every round: a calibration for that would land below the target
+    summary = json.loads((tmp_path / "r/summary.json").read_text())["privacy"]
+    assert summary["target_epsilon"] == 4.0
+    assert 4.0 * 0.995 <= summary[key]["epsilon"] <= 4.0 + 1e-9
+
+
 def test_a_target_epsilon_with_a_noise_multiplier_or_without_a_mechanism_is_refused() -> None:
     with pytest.raises(ConfigError, match="not both"):
         run(config(privacy={"target_epsilon": 3.0}))

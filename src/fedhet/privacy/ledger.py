@@ -386,7 +386,7 @@ class PrivacyLedger:
                 "noise": self.client.noise,
                 "sampling": self.client.sampling,
                 "clipping": self.client.clipping,
-                "clip": self.client.clip,
+                "clip": self.client.initial_bound(),
                 "clip_final": self.client.bound,
                 "rounds": self.rounds,
             }

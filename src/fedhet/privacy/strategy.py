@@ -99,7 +99,12 @@ class DP(Wrapper):
     base: str | dict[str, Any] = Field(
         "fedavg", validate_default=True, description="the strategy made private (weighting: uniform unless given)"
     )
-    clip: float = Field(1.0, gt=0, description="C: every update is scaled to norm <= C (.inf: none; adaptive: C0)")
+    clip: float | None = Field(
+        None,
+        gt=0,
+        description="C: every update is scaled to norm <= C (.inf: none; adaptive: C0; None: from the noise, "
+        "C = rms(w0)·m/(z√T), so that the run's noise on a coordinate stays at the initial weights' scale)",
+    )
     clipping: Literal["fixed", "adaptive"] = Field(
         "fixed", description="fixed C, or adaptive: C tracks a quantile of the update norms (Andrew et al. 2021)"
     )
@@ -159,14 +164,33 @@ class DP(Wrapper):
             raise ValueError(
                 "adaptive clipping noises the clipped count on the server: use noise: central, or clipping: fixed"
             )
-        if math.isinf(self.clip) and (self.clipping == "adaptive" or (self.noise_multiplier or 0) > 0):
+        if (
+            self.clip is not None
+            and math.isinf(self.clip)
+            and (self.clipping == "adaptive" or (self.noise_multiplier or 0) > 0)
+        ):
             raise ValueError("the noise is z times the clipping bound C: give a finite clip")
         return self
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
-        self._bound = self.clip
+        self._bound = self.clip if self.clip is not None else 1.0
         self._z = self.noise_multiplier
+
+    def initial_bound(self) -> float:
+        """C (adaptive: C₀): the configured one, else (``clip`` unset) the bound at which the noise the run puts on
+        one coordinate of the model, √T·σ with σ = z·C/m (central) or z·C/√m (local), equals the initial
+        weights' root mean square: C = rms(w₀)·m/(z√T). It reads only public numbers (the model's initial
+        weights, z, m, T): no privacy is spent on it, and without noise there is no bound (∞)."""
+        if self.clip is not None:
+            return self.clip
+        if self.z == 0:
+            return math.inf
+        w0 = self.ctx.engine.initial_params()
+        rms = float(w0.double().pow(2).mean().sqrt()) if w0.numel() else 1.0
+        m = self.cohort_size()
+        share = m if self.noise == "central" else math.sqrt(m)
+        return rms * share / (self.z * math.sqrt(max(1, self.ctx.rounds))) if rms > 0 else 1.0
 
     @property
     def z(self) -> float:
@@ -174,8 +198,12 @@ class DP(Wrapper):
         return DEFAULT_NOISE_MULTIPLIER if self._z is None else self._z
 
     def use_noise_multiplier(self, z: float) -> None:
-        """Set z before the run (from a target ε)."""
+        """Set z before the run (from a target ε), and the bound that follows from it when ``clip`` is unset."""
         self._z = z
+        self._bound = self.initial_bound()
+
+    def derived(self) -> dict[str, Any]:
+        return {"clip": self.initial_bound()} if self.clip is None else {}
 
     def cohort_size(self) -> float:
         """m: the cohort the noise is calibrated to (clients_per_round; Poisson's expectation q·K)."""
@@ -198,13 +226,14 @@ class DP(Wrapper):
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
-        self._bound, self._last = self.clip, {}
+        self._last = {}
         if self.noise == "central" and self.z > 0 and not weights_of(self.inner):
             raise ConfigError(
                 f"central DP noise is calibrated to the weights of the base's aggregate, and '{self.inner.name}' "
                 "does not aggregate by a weighted sum of the updates; use algorithm.noise: local, or a base such as "
                 "fedavg, fedprox or maxfl"
             )
+        self._bound = self.initial_bound()
 
     def select(self, round_: int, available: Tensor) -> Tensor:
         if self.sampling == "fixed":
