@@ -318,7 +318,7 @@ class DP(Wrapper):
             f"(σ = {std:.3g} on each of {global_params.numel():,} parameters) against {signal:.3g} for the clipped "
             f"mean update, more than √rounds = {math.sqrt(rounds):.3g} times it (the run's noise outweighs its "
             f"updates, expect a model far below a non-private one); lower z = {self.z:.3g} (a larger target ε), "
-            f"take more clients a round (σ = zC/m) or more rounds, or use a smaller model{hint}",
+            f"take more clients a round (σ = zC/m), or use a smaller model{hint}",
             FedhetWarning,
             stacklevel=2,
         )
