@@ -35,7 +35,16 @@ from fedhet.experiments.preflight import check_run
 from fedhet.metrics.base import Metric, check_columns
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
-from fedhet.privacy.ledger import PrivacyLedger, RunShape, check_sampling, find_dp
+from fedhet.privacy.ledger import (
+    PrivacyLedger,
+    RunShape,
+    check_dp_sgd,
+    check_sampling,
+    check_unused_privacy,
+    find_dp,
+    planned_participations,
+    sampling_problem,
+)
 from fedhet.registry import Component, spec_of
 from fedhet.requirements import ClientRequirements, UsesRequirements
 from fedhet.seeding import derive_seed
@@ -314,25 +323,32 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     for plugin in parts.metrics:
         plugin.setup(engine, config.seed)
     used = used or (config.personal_eval.appeal and scores_personal(strategy, config.personal_eval))
-    privacy = privacy_ledger(config, strategy, data, local)
+    privacy = privacy_ledger(config, strategy, data, local, engine, dropping)
     return Experiment(
         config, data, engine, strategy, availability, parts.metrics, requirements if used else None, system, privacy
     )
 
 
 def privacy_ledger(
-    config: RunConfig, strategy: Strategy, data: FederatedData, local: LocalSettings
+    config: RunConfig,
+    strategy: Strategy,
+    data: FederatedData,
+    local: LocalSettings,
+    engine: EngineProtocol,
+    dropping: bool = False,
 ) -> PrivacyLedger | None:
-    """The run's privacy accounting when it asks for DP (`fedhet.privacy.ledger`; sets the noise from a target ε)."""
+    """The run's privacy accounting when it asks for DP (`fedhet.privacy.ledger`; sets the noise from a target ε),
+    after the refusals that need the built run (before anything is written)."""
     dp, sgd = find_dp(strategy), config.local.dp_sgd
     if dp is None and sgd is None:
-        if config.privacy.target_epsilon is not None:
-            raise ConfigError(
-                "privacy.target_epsilon (--target-epsilon) sets the noise of a DP mechanism, and this run has none: "
-                "use algorithm dp (client level) or local.dp_sgd (example level)"
-            )
+        check_unused_privacy(config.privacy)
         return None
+    if sgd is not None:
+        check_dp_sgd(config.backend, strategy, engine, data.seen)
     sizes = data.train.sizes
+    uniform = (
+        sampling_problem(strategy, config.spec("availability")["name"], config.spec("attack")["name"], dropping) is None
+    )
     shape = RunShape(
         config.rounds,
         config.clients_per_round,
@@ -340,6 +356,7 @@ def privacy_ledger(
         data.seen,
         local.plan(torch.arange(len(sizes)), sizes).steps,
         local.batch_size,
+        planned_participations(strategy, data.seen, config.rounds) if uniform else None,
     )
     return PrivacyLedger(config.privacy, dp, sgd, shape)
 
