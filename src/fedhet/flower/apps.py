@@ -47,7 +47,10 @@ from fedhet.experiments.runner import CHECKPOINT, CONFIG, SUMMARY, resume, run, 
 from fedhet.experiments.state import RunState  # noqa: E402
 from fedhet.flower.codec import Arrays, Config, Payload  # noqa: E402
 from fedhet.flower.node import (  # noqa: E402
+    NO_STATE,
+    STATEFUL,
     NodeWorker,
+    Stamp,
     config_from_text,
     config_text,
     derived_partition,
@@ -58,7 +61,7 @@ from fedhet.flower.remote import RemoteEngine, Settings, remote_builder  # noqa:
 from fedhet.imports import ImportPolicy, import_policy  # noqa: E402
 
 log = logging.getLogger("fedhet.flower")
-STATE_KEY = "fedhet-client-state"
+STATE_KEY, STAMP_KEY = "fedhet-client-state", "fedhet-client-state-stamp"  # the blob, and its `Stamp`
 PACKED, LAYOUT = "fedhet.packed", "fedhet.layout"  # a message's small arrays as one, and their layout
 PACK_BELOW = 64 << 10  # bytes
 POLL_S, MAX_POLL_S = 0.005, 0.1  # how often the server looks for the nodes' replies
@@ -217,25 +220,33 @@ def _state_file(config: Config, node_config: dict[str, Any], policy: NodePolicy)
     return path
 
 
-def _load_state(
+def _sync_state(
     worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any], policy: NodePolicy
 ) -> None:
-    """The clients' state from Flower's context (this run), else from the node's state file (a resumed run); both
-    are read weights-only and checksummed (`fedhet.experiments.checkpoint.load_state`)."""
+    """Give `worker` the clients' state this node saved last: from Flower's context (this run's; the worker's own
+    copy when it is that one, by its stamp: a simulation's node may be answered by another actor each time), else
+    from the node's state file (a resumed run), else none. Both are read weights-only and checksummed
+    (`fedhet.experiments.checkpoint.load_state`); whether it is the version the server expects is the worker's
+    check (`NodeWorker.check_state`)."""
     if STATE_KEY in context.state:
-        blob = context.state[STATE_KEY]["blob"].numpy().tobytes()
-        worker.engine.load_state_dict(load_state(blob, "the node's client state"))
+        saved = context.state.get(STAMP_KEY)
+        if saved is None or Stamp(int(saved["version"]), str(saved["token"])) != worker.stamp:
+            blob = context.state[STATE_KEY]["blob"].numpy().tobytes()
+            worker.load(load_state(blob, "the node's client state"))
         return
     path = _state_file(config, node_config, policy)
     if path is not None and path.is_file():
-        worker.engine.load_state_dict(load_state(path, f"node state file '{path}'"))
+        worker.load(load_state(path, f"node state file '{path}'"))
+    elif worker.stamp != NO_STATE:  # the state of another run this process served
+        worker.reset()
 
 
 def _save_state(
     worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any], policy: NodePolicy
 ) -> None:
-    data = save_state(worker.engine.state_dict())
+    data = save_state(worker.state())
     context.state[STATE_KEY] = ArrayRecord({"blob": Array(np.frombuffer(data, dtype=np.uint8).copy())})
+    context.state[STAMP_KEY] = ConfigRecord({"version": worker.stamp.version, "token": worker.stamp.token})
     path = _state_file(config, node_config, policy)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -247,9 +258,10 @@ def answer_with(message: Message, context: Context, policy: NodePolicy) -> Messa
     arrays, config = _payload(message.content)
     node_config = dict(context.node_config)
     worker = _worker(config, node_config, policy)
+    worker.name = f"node {context.node_id}"
     op = str(config["op"])
-    if op == "train":
-        _load_state(worker, context, config, node_config, policy)
+    if op in STATEFUL:
+        _sync_state(worker, context, config, node_config, policy)
     out_arrays, out_config = worker.handle(op, arrays, config)
     if op == "train":
         _save_state(worker, context, config, node_config, policy)
