@@ -203,7 +203,6 @@ class NodeWorker:
         )
         self.engine.state_history = config.checkpoint_every  # the server may rewind to its last checkpoint
         self.stamp = NO_STATE  # the version of the clients' state the engine holds
-        self.name = "this node"  # how errors name it (Flower's node id: set by the ClientApp)
 
     # -- the clients' state, versioned -------------------------------------------------------------------------
 
@@ -225,7 +224,8 @@ class NodeWorker:
         """Make sure the engine holds the state the server's last training on this node left (`config`'s
         ``state_version`` and ``state_token``), before a call reads it. A node ahead of the server (a server resumed
         from its checkpoint) forgets what came after; a node behind it, or holding another version of it, raises
-        `StaleStateError` naming a client, the node and the round: its answer would silently be another model's."""
+        `StaleStateError` naming a client and the round (the server names the node): its answer would silently be
+        another model's."""
         expected = Stamp(int(config.get("state_version", -1)), str(config.get("state_token", "")))
         if self.stamp == expected:
             return
@@ -240,9 +240,9 @@ class NodeWorker:
             held = self.stamp.describe()
         more = f" (and {len(clients) - 1} more)" if len(clients) > 1 else ""
         raise StaleStateError(
-            f"client {int(clients[0]) if len(clients) else '?'}{more} on {self.name}: round {round_} needs "
-            f"{expected.describe()}, but the node holds {held}; it lost its clients' state (resume the run from "
-            "its checkpoint)"
+            f"the state of client {int(clients[0]) if len(clients) else '?'}{more} for round {round_} is "
+            f"{'missing' if self.stamp == NO_STATE else 'stale'}: the server's last training on this node left "
+            f"{expected.describe()}, the node holds {held}"
         )
 
     def _rewind(self, to: Stamp) -> None:

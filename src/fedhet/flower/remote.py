@@ -26,7 +26,7 @@ from fedhet.engine.engine import BackendChoice, resolve_backend
 from fedhet.engine.evaluate import ClientScores, scores_of_some
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.protocol import EngineProtocol, Split
-from fedhet.errors import ConfigError, DataError
+from fedhet.errors import ConfigError, DataError, FedhetError
 from fedhet.experiments.build import Components, Experiment, assemble, build_model, components, local_settings
 from fedhet.experiments.config import RunConfig
 from fedhet.flower.codec import (
@@ -66,6 +66,7 @@ class InProcessTransport:
         self.workers = workers
         self.dead: set[int] = set()
         self.calls: list[str] = []
+        self.refusals: dict[int, str] = {}  # as `fedhet.flower.apps.GridTransport`'s
 
     def nodes(self) -> list[int]:
         return sorted(set(self.workers) - self.dead)
@@ -75,7 +76,10 @@ class InProcessTransport:
         for node, (arrays, config) in requests.items():
             self.calls.append(str(config["op"]))
             if node not in self.dead:
-                replies[node] = self.workers[node].handle(str(config["op"]), arrays, config)
+                try:
+                    replies[node] = self.workers[node].handle(str(config["op"]), arrays, config)
+                except FedhetError as err:
+                    self.refusals[node] = str(err)
         return replies
 
 
@@ -150,6 +154,7 @@ class RemoteEngine:
             if pending:
                 request: dict[int, Payload] = {n: ({}, {**self.base, "op": "meta"}) for n in pending}
                 metas.update(self.transport.ask(request, settings.timeout))
+                self._stop_if_refused(request)
             if len(metas) >= settings.min_nodes or time.monotonic() > deadline:
                 return metas
             time.sleep(0.5)
@@ -231,6 +236,7 @@ class RemoteEngine:
             n: (a, {**self.base, **(config or {}), **self._expected(n, op), "op": op}) for n, a in per_node.items()
         }
         replies = self.transport.ask(requests, self.settings.timeout) if requests else {}
+        self._stop_if_refused(requests)
         if op == "train":
             for node, (_, answer) in replies.items():
                 self.stamps[node] = (int(answer["state_version"]), str(answer["state_token"]))
@@ -244,6 +250,14 @@ class RemoteEngine:
                 "every node was lost; restart the SuperNodes, then run again: the run resumes from its checkpoint"
             )
         return {n: r[0] for n, r in replies.items()}
+
+    def _stop_if_refused(self, requests: dict[int, Payload]) -> None:
+        """A node that refused a call (its config, a stale client state) would refuse it again: the run stops with
+        one line naming the node and what it refused, instead of losing the node or asking it again."""
+        refusals: dict[int, str] = getattr(self.transport, "refusals", {})
+        for node in requests:
+            if node in refusals:
+                raise ConfigError(f"node {node}: {refusals.pop(node)}")
 
     def _expected(self, node: int, op: str) -> Config:
         """What a call that reads the clients' state tells `node` of the state it must hold (`NodeWorker.check_state`):
