@@ -413,7 +413,9 @@ class RemoteEngine:
         self.stamps = {n: by_client[self._first_client(n)] for n in self.node_ids if self._first_client(n) in by_client}
 
     def _first_client(self, node: int) -> int:
-        return int(torch.nonzero(self.owner == self.node_ids.index(node))[0])
+        """The lowest client id `node` holds (-1: none)."""
+        held = torch.nonzero(self.owner == self.node_ids.index(node)).flatten()
+        return int(held[0]) if len(held) else -1
 
 
 class NodeAvailability(Availability):
