@@ -295,8 +295,9 @@ def test_a_node_that_lost_its_state_stops_the_run_naming_the_node_client_and_rou
     message = str(info.value)
     assert "\n" not in message
     assert re.fullmatch(
-        r"node 1: the state of client \d+( \(and \d+ more\))? for round \d+ is missing: the server's last training "
-        r"on this node left the state round \d+'s training left \(phase \d\), the node holds no client state",
+        r"node 1: the state of client \d+( \(and \d+ more\))? for (the evaluation after )?round 3 is missing: the "
+        r"server's last training on this node left the state of round \d's training \(phase \d\), the node holds no "
+        r"client state",
         message,
     ), message
 

@@ -122,21 +122,23 @@ def test_a_missing_or_stale_state_is_one_line_naming_the_client_and_the_round() 
     params = worker.engine.initial_params().numpy()
     first = int(plan.clients[0])
     request = {**arrays, "params": params}
+    # the evaluation after round 3 (0-based training round 2 wrote version 2 × 8 + 1 = 17), on a node with no state
     with pytest.raises(
         StaleStateError,
-        match=rf"^the state of client {first} \(and 2 more\) for round 3 is missing: "
-        r"the server's last training on this node left the state round 2's training left \(phase 1\), "
-        r"the node holds no client state$",
+        match=rf"^the state of client {first} \(and 2 more\) for the evaluation after round 3 is missing: the "
+        r"server's last training on this node left the state of round 3's training \(phase 1\), the node holds no "
+        r"client state$",
     ):
-        worker.handle("personal_scores", request, {**config, "state_version": 17, "state_token": "a" * 16, "round": 3})
-    worker.handle("train", request, {**config, "round": 1})  # version 9
+        evaluation = {**config, "state_version": 17, "state_token": "a" * 16, "round": 3, "split": "test"}
+        worker.handle("personal_scores", request, evaluation)
+    worker.handle("train", request, {**config, "round": 1})  # round 2's training: version 9
     with pytest.raises(
         StaleStateError,
-        match=r"for round 3 is stale: .* round 2's training left .*, the node holds "
-        r"the state round 1's training left \(phase 1\)$",
+        match=r"for round 4 is stale: .* left the state of round 3's training \(phase 1\), the node holds the "
+        r"state of round 2's training \(phase 1\)$",
     ):
         worker.handle("train", request, {**config, "state_version": 17, "state_token": "b" * 16, "round": 3})
-    with pytest.raises(StaleStateError, match=r"is stale: .*, the node holds .* round 1's .* by another training$"):
+    with pytest.raises(StaleStateError, match=r"for round 3 is stale: .* holds .* round 2's .* by another training$"):
         worker.handle("train", request, {**config, "state_version": 9, "state_token": "c" * 16, "round": 2})
 
 
@@ -150,6 +152,6 @@ def test_a_node_ahead_of_a_resumed_server_forgets_what_came_after() -> None:
         k: [9, 17] for k in kept
     }
     # the server resumed from its checkpoint of round 1: round 2 again, expecting round 1's state
-    worker.check_state({"state_version": 9, "state_token": str(one["state_token"])}, plan.clients, 2)
+    worker.check_state({"state_version": 9, "state_token": str(one["state_token"])}, plan.clients, "round 3")
     assert {k: [r for r, _ in h] for k, h in worker.engine.client_state.state_dict()["ditto.v"].items()} == kept
     assert worker.stamp.version == 9 and worker.stamp.token == one["state_token"]

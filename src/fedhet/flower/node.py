@@ -51,7 +51,7 @@ class Stamp:
     def describe(self) -> str:
         if self.version < 0:
             return "no client state"
-        return f"the state round {self.version // PHASES}'s training left (phase {self.version % PHASES})"
+        return f"the state of round {self.version // PHASES + 1}'s training (phase {self.version % PHASES})"
 
 
 NO_STATE = Stamp(-1, "")
@@ -212,7 +212,7 @@ class NodeWorker:
 
     def load(self, state: dict[str, Any]) -> None:
         """Take `state` (`state`'s form) as the clients' state."""
-        self.engine.load_state_dict(state.get("engine", {}))
+        self.engine.load_state_dict(state.get("engine", state))  # (an older fedhet saved the engine's alone)
         self.stamp = Stamp(int(state.get("version", -1)), str(state.get("token", "")))
 
     def reset(self) -> None:
@@ -220,12 +220,12 @@ class NodeWorker:
         self.engine.load_state_dict({})
         self.stamp = NO_STATE
 
-    def check_state(self, config: Config, clients: Tensor, round_: int) -> None:
+    def check_state(self, config: Config, clients: Tensor, when: str) -> None:
         """Make sure the engine holds the state the server's last training on this node left (`config`'s
         ``state_version`` and ``state_token``), before a call reads it. A node ahead of the server (a server resumed
         from its checkpoint) forgets what came after; a node behind it, or holding another version of it, raises
-        `StaleStateError` naming a client and the round (the server names the node): its answer would silently be
-        another model's."""
+        `StaleStateError` naming a client and the round (`when`: "round 5", "the evaluation after round 5"; the
+        server names the node): its answer would silently be another model's."""
         expected = Stamp(int(config.get("state_version", -1)), str(config.get("state_token", "")))
         if self.stamp == expected:
             return
@@ -240,7 +240,7 @@ class NodeWorker:
             held = self.stamp.describe()
         more = f" (and {len(clients) - 1} more)" if len(clients) > 1 else ""
         raise StaleStateError(
-            f"the state of client {int(clients[0]) if len(clients) else '?'}{more} for round {round_} is "
+            f"the state of client {int(clients[0]) if len(clients) else '?'}{more} for {when} is "
             f"{'missing' if self.stamp == NO_STATE else 'stale'}: the server's last training on this node left "
             f"{expected.describe()}, the node holds {held}"
         )
@@ -288,7 +288,10 @@ class NodeWorker:
         assert params is not None
         if op in STATEFUL:
             plan = decode_plan(arrays, config)
-            self.check_state(config, plan.clients, round_)
+            evaluation = op == "personal_scores" and split == "test"  # after round `round_`, else in round_ + 1
+            self.check_state(
+                config, plan.clients, f"the evaluation after round {round_}" if evaluation else f"round {round_ + 1}"
+            )
             if op == "personal_scores":
                 return encode_scores(engine.personal_scores(params, plan, round_, split)), {}
             self.stamp = UNFINISHED

@@ -54,8 +54,8 @@ class Transport(Protocol):
 
     def ask(self, requests: dict[int, Payload], timeout: float) -> dict[int, Payload]:
         """Send each node its request; the replies of the nodes that answered in time and without error. A node
-        that refuses (raises a `fedhet.errors.FedhetError`: a config it does not allow, a stale state) makes `ask`
-        raise it as a `ConfigError` naming the node."""
+        that refuses (raises a `fedhet.errors.FedhetError`: a config it does not allow, a stale state) goes into the
+        transport's ``refusals`` (node -> reason), with which `RemoteEngine` stops the run."""
         ...
 
 
