@@ -90,7 +90,8 @@ def _ditto_node() -> tuple[Any, Any, Any]:
     data, clients = derived_partition(config, config_text(config), 0, 2)
     worker = NodeWorker(config, data, clients)
     plan = LocalPlan.uniform(clients, 3, 0.05, 8, stream="ditto", personal=Personal(key="ditto.v"), phase=1)
-    return worker, plan, encode_plan(plan)
+    arrays, config = encode_plan(plan)
+    return worker, plan, (arrays, {**config, "state_version": -1, "state_token": ""})  # the server's first call
 
 
 def test_a_training_stamps_the_state_with_its_version_and_a_token_of_its_own() -> None:
@@ -155,3 +156,13 @@ def test_a_node_ahead_of_a_resumed_server_forgets_what_came_after() -> None:
     worker.check_state({"state_version": 9, "state_token": str(one["state_token"])}, plan.clients, "round 3")
     assert {k: [r for r, _ in h] for k, h in worker.engine.client_state.state_dict()["ditto.v"].items()} == kept
     assert worker.stamp.version == 9 and worker.stamp.token == one["state_token"]
+
+
+def test_a_server_that_sends_no_state_version_is_refused() -> None:
+    from fedhet.errors import ConfigError
+
+    worker, _, (arrays, config) = _ditto_node()
+    request = {**arrays, "params": worker.engine.initial_params().numpy()}
+    older = {k: v for k, v in config.items() if not k.startswith("state_")}
+    with pytest.raises(ConfigError, match="sent no client state version: give it and every node the same fedhet"):
+        worker.handle("train", request, {**older, "round": 1})

@@ -226,7 +226,9 @@ class NodeWorker:
         from its checkpoint) forgets what came after; a node behind it, or holding another version of it, raises
         `StaleStateError` naming a client and the round (`when`: "round 5", "the evaluation after round 5"; the
         server names the node): its answer would silently be another model's."""
-        expected = Stamp(int(config.get("state_version", -1)), str(config.get("state_token", "")))
+        if "state_version" not in config:  # a server that keeps no stamps: every answer could be another state's
+            raise ConfigError("the server sent no client state version: give it and every node the same fedhet version")
+        expected = Stamp(int(config["state_version"]), str(config.get("state_token", "")))
         if self.stamp == expected:
             return
         if self.stamp.version > expected.version:
