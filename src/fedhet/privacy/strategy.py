@@ -168,9 +168,12 @@ class DP(Wrapper):
         if (
             self.clip is not None
             and math.isinf(self.clip)
-            and (self.clipping == "adaptive" or (self.noise_multiplier or 0) > 0)
+            and (self.clipping == "adaptive" or self.noise_multiplier is None or self.noise_multiplier > 0)
         ):
-            raise ValueError("the noise is z times the clipping bound C: give a finite clip")
+            raise ValueError(
+                "the noise is z times the clipping bound C: give a finite clip (an infinite one only with "
+                "noise_multiplier: 0, the bare strategy)"
+            )
         return self
 
     def model_post_init(self, context: Any, /) -> None:
