@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import torch
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, model_validator
 from torch import Tensor
 
 from fedhet.attacks import inversion, membership
@@ -118,6 +118,12 @@ class DeepLeakage(Metric):
     _images: tuple[Tensor, Tensor] | None = PrivateAttr(None)
     _shape: tuple[int, int, int] = PrivateAttr((1, 1, 1))
 
+    @model_validator(mode="after")
+    def _noise_needs_clip(self) -> DeepLeakage:
+        if self.noise_multiplier > 0 and self.clip is None:
+            raise ValueError("noise_multiplier needs clip (the noise's scale is z·clip)")
+        return self
+
     def columns(self) -> tuple[str, ...]:
         return ("dlg_psnr", "dlg_ssim", "dlg_label_accuracy")
 
@@ -126,8 +132,6 @@ class DeepLeakage(Metric):
         if self.client >= engine.data.num_clients:
             last = engine.data.num_clients - 1
             raise ConfigError(f"metrics 'dlg': client {self.client} is not a client id (0..{last})")
-        if self.noise_multiplier > 0 and self.clip is None:
-            raise ConfigError("metrics 'dlg': noise_multiplier needs clip (the noise's scale is z·clip)")
         self._shape = image_shape(engine.data.input_shape, "dlg")
         self._done, self._images = False, None
 
