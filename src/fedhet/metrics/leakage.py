@@ -107,7 +107,9 @@ class DeepLeakage(Metric):
     round: int = Field(1, ge=1, description="attack the global model that starts this round (or the next evaluated)")
     client: int = Field(0, ge=0, description="the attacked client's id")
     batch: int = Field(1, ge=1, le=64, description="the client's first `batch` training samples make the gradient")
-    method: inversion.Method = "dlg"
+    method: inversion.Method = Field(
+        "dlg", description="dlg (L-BFGS, soft label), idlg (label from the output layer), geiping (cosine + TV, Adam)"
+    )
     iterations: int = Field(300, ge=1, description="L-BFGS iterations (dlg, idlg) or Adam steps (geiping)")
     tv_weight: float = Field(1e-2, ge=0, description="weight of the total-variation prior (geiping)")
     clip: float | None = Field(None, gt=0, description="clip the gradient to this L2 norm (DP-FedAvg's C)")
