@@ -22,7 +22,7 @@ from fedhet.attacks.inversion import (
 )
 from fedhet.data.embedded import Digits
 from fedhet.engine.functional import FlatModel
-from fedhet.models.zoo import MLP
+from fedhet.models.zoo import MLP, LeNetCifar
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,16 @@ def test_idlg_reads_the_label_from_the_output_layer(digits: tuple[torch.Tensor, 
     for i in range(10):
         g = true_gradient(model, model.initial_params(), x[i : i + 1], y[i : i + 1], 10)
         assert int(infer_labels(model, g, 10, 1)) == int(y[i])
+
+
+def test_idlg_reads_the_label_from_lenet_too() -> None:
+    """LeNet-5 (ReLU, max-pooling) on a random 3×32×32 image: the label leaks from the output layer."""
+    torch.manual_seed(0)
+    model = FlatModel(LeNetCifar().build((3, 32, 32), 10))
+    x = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    for label in (2, 7):
+        g = true_gradient(model, model.initial_params(), x, torch.tensor([label]), 10)
+        assert int(infer_labels(model, g, 10, 1)) == label
 
 
 @pytest.mark.parametrize(
