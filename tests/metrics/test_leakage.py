@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from fedhet.cli.main import app
+from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
+from fedhet.metrics.leakage import DeepLeakage, MembershipInference
 
 
 def config(metrics: list[Any], rounds: int = 2) -> Any:
@@ -74,3 +79,16 @@ def test_dlg_refuses_what_it_cannot_attack(plugin: dict[str, Any], message: str,
     assert len(result.stderr.strip().splitlines()) == 1
     assert message in result.stderr
     assert list(out.iterdir()) == []  # refused before anything was written
+
+
+def test_without_samples_the_plugins_write_nan() -> None:
+    """A Flower run's server holds the clients' sizes but no samples: NaN, not an error."""
+    offsets = torch.tensor([0, 5, 10])
+    part = ClientData(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), offsets)
+    engine = SimpleNamespace(data=FederatedData("remote", part, part, 2, torch.ones(2, dtype=torch.bool)))
+    view = SimpleNamespace(engine=engine, round=1, params=torch.zeros(3), previous=torch.zeros(3))
+    for plugin in (MembershipInference(), DeepLeakage()):
+        plugin.setup(engine, 0)
+        row, _ = plugin.compute(view)  # type: ignore[arg-type]
+        assert set(row) == set(plugin.columns())
+        assert all(math.isnan(v) for v in row.values())
