@@ -21,10 +21,10 @@ from fedhet.experiments.runner import run
 from fedhet.metrics.leakage import DeepLeakage, MembershipInference
 
 
-def config(metrics: list[Any], rounds: int = 2) -> Any:
+def config(metrics: list[Any], rounds: int = 2, dataset: str = "digits") -> Any:
     return parse_config(
         {
-            "dataset": "digits",
+            "dataset": dataset,
             "model": {"name": "mlp", "hidden": [16]},
             "num_clients": 4,
             "clients_per_round": 2,
@@ -67,6 +67,7 @@ def test_dlg_with_dp_noise_recovers_noise() -> None:
     ],
 )
 def test_dlg_refuses_what_it_cannot_attack(plugin: dict[str, Any], message: str, tmp_path: Path) -> None:
+    """Each refusal is one line on stderr, exit code 2, before the run folder is written."""
     with pytest.raises(ConfigError, match=message):
         run(config([plugin], 1))
     cfg, out = tmp_path / "c.yaml", tmp_path / "out"
@@ -92,3 +93,8 @@ def test_without_samples_the_plugins_write_nan() -> None:
         row, _ = plugin.compute(view)  # type: ignore[arg-type]
         assert set(row) == set(plugin.columns())
         assert all(math.isnan(v) for v in row.values())
+
+
+def test_dlg_refuses_samples_that_are_not_images() -> None:
+    with pytest.raises(ConfigError, match="attacks images"):
+        run(config([{"name": "dlg"}], 1, dataset="breast_cancer"))  # 30 features

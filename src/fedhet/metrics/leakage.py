@@ -134,7 +134,13 @@ class DeepLeakage(Metric):
         if self.client >= engine.data.num_clients:
             last = engine.data.num_clients - 1
             raise ConfigError(f"metrics 'dlg': client {self.client} is not a client id (0..{last})")
-        self._shape = image_shape(engine.data.input_shape, "dlg")
+        try:
+            self._shape = image_shape(engine.data.input_shape, "dlg")
+        except ConfigError:
+            raise ConfigError(
+                f"metrics 'dlg' attacks images (C, H, W), (H, W) or flat square ones; this dataset's samples have "
+                f"shape {engine.data.input_shape}"
+            ) from None
         self._done, self._images = False, None
 
     def compute(self, view: RoundView) -> tuple[dict[str, float], dict[str, Tensor]]:
