@@ -4,7 +4,8 @@
 #
 #   scripts/flower_local.sh demo  CONFIG.yaml RUN_FOLDER [NODES]   start, run, stop (default 3 nodes)
 #   scripts/flower_local.sh start CONFIG.yaml RUN_FOLDER [NODES]   partitions, SuperLink and SuperNodes (background)
-#   scripts/flower_local.sh run   RUN_FOLDER      submit the run (resumes RUN_FOLDER's checkpoint if there is one)
+#   scripts/flower_local.sh run   RUN_FOLDER      submit the run (resumes RUN_FOLDER's checkpoint if there is one);
+#                                                 exit 2 when it is refused (its one `error:` line says why)
 #   scripts/flower_local.sh kill  RUN_FOLDER I    stop SuperNode I (and the helpers it started)
 #   scripts/flower_local.sh stop  RUN_FOLDER      stop everything started for RUN_FOLDER
 #
@@ -100,9 +101,11 @@ TOML
 }
 
 run() {
-  local out work
-  out=$(realpath -m "$1"); work=$out/deploy
-  FLWR_HOME=$work/flwr-home "$bin/flwr" run "$work/app" fedhet-local --stream 2>&1 | tee -a "$work/flwr-run.log"
+  local out work said
+  out=$(realpath -m "$1"); work=$out/deploy; said=$work/flwr-run.last
+  FLWR_HOME=$work/flwr-home "$bin/flwr" run "$work/app" fedhet-local --stream 2>&1 | tee "$said" | tee -a "$work/flwr-run.log"
+  # the ServerApp says a refusal (a node's, or of the config) as one `error:` line and ends the run: exit 2 (as fedhet)
+  if grep -q '^error: ' "$said"; then exit 2; fi
   if [ -f "$out/summary.json" ]; then
     "$bin/python" -c "import json,sys; s=json.load(open(sys.argv[1])); print('fedhet run', s['status'], '|', s['rounds'], 'of', s['rounds_planned'], 'rounds | nodes lost:', s.get('nodes_lost'))" "$out/summary.json"
   fi

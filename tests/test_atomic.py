@@ -85,3 +85,36 @@ def test_a_failed_write_that_names_no_file_is_given_the_targets_name(
         with pytest.raises(OSError, match="No space left") as info:
             write(tmp_path / "m.csv", b"x" if write is atomic.append_bytes else "x")  # type: ignore[operator]
         assert info.value.filename == str(tmp_path / "m.csv")
+
+
+@pytest.mark.parametrize("hard", [False, True])
+def test_what_changes_a_file_in_place_refuses_a_link(tmp_path: Path, hard: bool) -> None:
+    """Appending, cutting and reading in place would reach the file a symbolic or hard link leads to (outside the
+    run folder): refused in one line, the file untouched. A rename replaces the link itself."""
+    outside = tmp_path / "outside.csv"
+    outside.write_bytes(b"yours\n")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    link = folder / "metrics.csv"
+    os.link(outside, link) if hard else link.symlink_to(outside)
+    kind = "hard" if hard else "symbolic"
+    for change in (
+        lambda: atomic.append_bytes(link, b"row\n"),
+        lambda: atomic.truncate(link, 0),
+        lambda: atomic.read_plain(link),
+        lambda: atomic.refuse_link(link),
+    ):
+        with pytest.raises(atomic.LinkError, match=f"metrics.csv' is a {kind} link.*never reads or writes") as info:
+            change()
+        assert "\n" not in str(info.value)
+    assert outside.read_bytes() == b"yours\n"
+    atomic.write_text(link, "new\n")
+    assert outside.read_bytes() == b"yours\n" and link.read_bytes() == b"new\n" and not link.is_symlink()
+
+
+def test_plain_files_and_missing_ones_pass(tmp_path: Path) -> None:
+    atomic.refuse_link(tmp_path / "missing")
+    atomic.refuse_link(tmp_path)  # a folder has several names ('.', its entry): not a hard link
+    atomic.append_bytes(tmp_path / "log", b"abc")
+    atomic.truncate(tmp_path / "log", 1)
+    assert atomic.read_plain(tmp_path / "log") == b"a"

@@ -22,6 +22,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from fedhet.notes import install as _install_notes
 from fedhet.version import package_version
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     __version__: str
 
 __all__ = ["Callback", "Config", "RunResult", "__version__", "datasets", "errors", "load_run", "model_factory", "run"]
+
+_install_notes()  # fedhet's notes print as one line each, once (`fedhet.notes`)
 
 # Loaded on first use, so that `import fedhet` stays light (no torch, no metadata scan until needed).
 _LAZY = {

@@ -27,7 +27,7 @@ from fedhet.engine.rules import RULES
 from fedhet.engine.schedules import SCHEDULES
 from fedhet.engine.task import TASKS
 from fedhet.methods import cafed, fedgsnr, fedmgda, maxfl
-from fedhet.metrics import fairness, speed
+from fedhet.metrics import fairness, leakage, speed
 from fedhet.metrics.base import METRIC_PLUGINS
 from fedhet.models import fedmgda as fedmgda_models
 from fedhet.models import torch_model, zoo

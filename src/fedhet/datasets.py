@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedhet.data.arrays import ArrayLike, to_dataset
+from fedhet.data.arrays import ArrayLike, TaskName, to_dataset
 from fedhet.data.dataset import Dataset
 
 __all__ = ["Dataset", "from_arrays", "load", "names"]
@@ -25,15 +25,19 @@ def from_arrays(
     name: str = "arrays",
     num_classes: int | None = None,
     tokens: bool = False,
+    task: TaskName = "auto",
 ) -> Dataset:
     """A checked `Dataset` from NumPy arrays, torch tensors or nested lists.
 
     `x` holds the features (N, ...) (integers become float32 unless `tokens`), `y` the labels (N,): class ids
-    0..C-1 or class names (numbered in sorted order); `users` (N,), optional, each sample's owner for
-    ``partition: natural``. Raises `fedhet.errors.DataError` (one line) on mixed shapes, non-numeric features
-    or labels that are not classes.
+    0..C-1 or class names (numbered in sorted order), or with ``task="regression"`` numeric targets (N,) or (N, d)
+    (a run trains on them standardised and reports in their units: ``task: {name: regression, standardize: ...}``);
+    `users` (N,), optional, each sample's owner for ``partition: natural``. Raises `fedhet.errors.DataError` (one
+    line) on mixed shapes, non-numeric features, or labels that are not classes (with ``task="auto"``, also whole
+    numbers that look like a numeric target: more than 50 values that are not 0..C-1; ``task="classification"``
+    keeps them as classes).
     """
-    return to_dataset(name, x, y, users, num_classes=num_classes, tokens=tokens)
+    return to_dataset(name, x, y, users, num_classes=num_classes, tokens=tokens, task=task)
 
 
 def load(spec: str | Mapping[str, Any], data_dir: str | Path = "data", download: bool = False) -> Dataset:

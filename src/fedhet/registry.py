@@ -7,18 +7,36 @@ and `build` validates a ``{"name": ..., **params}`` mapping into an instance wit
 from __future__ import annotations
 
 import difflib
+import math
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from fedhet.errors import ConfigError
 
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: the models and updates are float32
 
-class Component(BaseModel):
+
+class Settings(BaseModel):
+    """Base of every model of settings (the run config's sections, every component): a number must be finite
+    (NaN and ±inf are refused; a field that gives ``.inf`` a meaning says ``allow_inf_nan=True``) and, where
+    finite, within float32's range: fedhet trains in float32, where 1e300 is already infinite."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _within_float32(cls, value: Any) -> Any:
+        if isinstance(value, float) and math.isfinite(value) and abs(value) > FLOAT32_MAX:
+            raise ValueError(f"must be within float32's range (±{FLOAT32_MAX:.3g}), the precision fedhet trains in")
+        return value
+
+
+class Component(Settings):
     """Base of every configurable component: its fields are its parameters (unknown keys are errors).
 
     A parameter that is itself a component (a strategy's server optimiser, FedGSNR's base strategy) given as a
@@ -129,6 +147,8 @@ class Registry(Generic[C]):
             return cls(**params)
         except ValidationError as err:
             raise ConfigError(format_validation_error(err, where, cls)) from None
+        except SystemExit as err:  # a plugin's sys.exit() must not end fedhet as a success
+            raise ConfigError(f"building {where} '{name}' failed: SystemExit: {err.code}") from None
 
 
 def with_defaults(value: Any, default: Any) -> Any:

@@ -17,23 +17,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.errors import ConfigError
-
-
-class RequirementsConfig(BaseModel):
-    """How clients set their requirement ρ_k."""
-
-    model_config = ConfigDict(extra="forbid")
-    steps: int = Field(100, ge=0, description="τ_l: solo SGD steps of the local model ŵ_k")
-    lr: float | None = Field(None, gt=0, description="learning rate of the solo training (default: local.lr)")
-    batch_size: int | None = Field(None, ge=1, description="batch size of the solo training (default: local)")
-    constant: float | None = Field(None, description="use this ρ for every client instead")
-    file: str | None = Field(None, description="text/CSV file with one ρ per client instead")
+from fedhet.requirements_config import RequirementsConfig
 
 
 @dataclass

@@ -211,6 +211,18 @@ CASES: dict[str, tuple[list[str], Setup, str]] = {
         _both(_write("g/summary.json", "{}"), _write("g/metrics.csv", "round\r\n1,2,3\r\n")),
         "not a metrics table",
     ),
+    # usage errors: typer's usage box becomes one line, for every command
+    "a word for a number": (["run", "--target-epsilon", "lots"], _none, "invalid value for '--target-epsilon'"),
+    "a word for a count": (["run", "--rounds", "many"], _none, "invalid value for '--rounds'"),
+    "sweep workers": (["sweep", "--workers", "x"], _none, "invalid value for '--workers'"),
+    "reproduce seeds": (["reproduce", "maxfl", "--seeds", "two"], _none, "invalid value for '--seeds'"),
+    "compare target": (["compare", "g", "--target", "high"], _none, "invalid value for '--target'"),
+    "bench threads": (["bench", "--threads", "all"], _none, "invalid value for '--threads'"),
+    "an option without its value": (["list", "--import"], _none, "option '--import' requires an argument"),
+    "a missing argument": (["plot"], _none, "missing argument 'runs'; see fedhet plot --help"),
+    "an unknown option": (["run", "--bogus"], _none, "no such option: --bogus"),
+    "an unknown option of fedhet": (["--bogus"], _none, "no such option: --bogus; see fedhet --help"),
+    "an unknown command": (["bogus"], _none, "no such command 'bogus'"),
 }
 
 

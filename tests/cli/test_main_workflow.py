@@ -118,15 +118,18 @@ def test_compare_and_plot_a_sweep_folder_as_mean_and_std_per_point(tmp_path: Pat
     code, out = invoke("compare", str(tmp_path / "sw"), "--plot", str(tmp_path / "cmp.png"), "--column", "val_loss")
     assert code == 0, out
     text = " ".join(out.split())
-    assert "local.lr=0.01" in text and " ± " in text and "mean ± std over 2 seeds per row" in text
+    assert "fedavg, lr=0.01" in text and " ± " in text and "mean ± std over 2 seeds per row" in text
+    assert "rows ranked by test accuracy (highest first)" in text
     assert "values at each run's best round by val_loss (min)" in text and (tmp_path / "cmp.png").stat().st_size > 1000
     code, out = invoke(
         "plot", str(tmp_path / "sw" / "lr-0.01"), str(tmp_path / "sw" / "lr-0.1"),
         "--label", "slow", "--label", "fast", "-o", str(tmp_path / "p.png"),
     )  # fmt: skip
     assert code == 0 and (tmp_path / "p.png").stat().st_size > 1000, out
-    code, out = invoke("plot", str(tmp_path / "sw"), "--label", "a", "--label", "b")
-    assert code == 2 and "2 --label for 1 paths" in out
+    code, out = invoke("plot", str(tmp_path / "sw"), "--label", "a", "--label", "b", "-o", str(tmp_path / "ab.png"))
+    assert code == 0, out  # one name per group, in order
+    code, out = invoke("plot", str(tmp_path / "sw"), "--label", "a", "--label", "b", "--label", "c")
+    assert code == 2 and "3 --label for 1 paths and 2 groups" in out
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from fedhet.catalog import DATASETS
-from fedhet.data.arrays import check_labels, standardise, to_dataset
+from fedhet.data.arrays import check_labels, standardise, standardise_targets, to_dataset
+from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.data.in_memory import InMemory, hold
 from fedhet.datasets import from_arrays, load
 from fedhet.errors import DataError
@@ -138,3 +139,114 @@ def test_in_memory_data_is_held_by_content() -> None:
     assert InMemory(ref=ref).load(Path()) is data
     with pytest.raises(DataError, match="that this process does not hold; pass the arrays again"):
         DATASETS.build({"name": "in_memory", "ref": "gone@0"}).load(Path())
+
+
+def _federation(train: list[list[float]], test: list[list[float]], seen: list[bool]) -> FederatedData:
+    def part(ys: list[list[float]]) -> ClientData:
+        return ClientData.from_parts([torch.zeros(len(y), 1) for y in ys], [torch.tensor(y) for y in ys])
+
+    return FederatedData("t", part(train), part(test), 1, torch.tensor(seen), task="regression")
+
+
+def test_targets_are_standardised_by_the_training_clients_samples_only() -> None:
+    # seen clients' training targets 1, 3 and 2 (mean 2, variance 2/3); the unseen client's 100 and every test
+    # target are left out of the statistics
+    data = standardise_targets(_federation([[1.0, 3.0], [2.0], [100.0]], [[5.0], [2.0], [0.0]], [True, True, False]))
+    s = (2 / 3) ** 0.5
+    assert data.target_scale is not None and data.target_scale.scale == pytest.approx(s)
+    assert data.target_scale.mean.tolist() == pytest.approx([2.0])
+    assert data.train.y.tolist() == pytest.approx([-1 / s, 1 / s, 0.0, 98 / s], rel=1e-6)
+    assert data.test.y.tolist() == pytest.approx([3 / s, 0.0, -2 / s], rel=1e-6)
+    back = data.target_scale.original(data.test.y)
+    assert back.tolist() == pytest.approx([5.0, 2.0, 0.0], abs=1e-5)
+
+
+def test_two_target_columns_are_centred_each_and_share_one_scale() -> None:
+    part = ClientData.from_parts([torch.zeros(2, 1)], [torch.tensor([[0.0, 10.0], [2.0, 16.0]])])
+    data = standardise_targets(FederatedData("t", part, part, 2, torch.ones(1, dtype=torch.bool), task="regression"))
+    # variances 1 and 9: one scale sqrt((1 + 9) / 2) = sqrt(5) keeps the squared error's weighting of the columns
+    assert data.target_scale is not None and data.target_scale.scale == pytest.approx(5**0.5)
+    assert data.target_scale.mean.tolist() == pytest.approx([1.0, 13.0])
+    expected = torch.tensor([[-1.0, -3.0], [1.0, 3.0]]) / 5**0.5
+    torch.testing.assert_close(data.train.y, expected)
+
+
+def test_constant_targets_are_only_centred() -> None:
+    data = standardise_targets(_federation([[7.0, 7.0]], [[9.0]], [True]))
+    assert data.target_scale is not None and data.target_scale.scale == 1.0 and data.test.y.tolist() == [2.0]
+
+
+TARGET_LIKE = np.arange(25, 346, 3)  # 107 whole numbers from 25: a numeric target, not class ids
+
+
+def test_whole_numbers_that_look_like_a_target_are_refused_unless_a_task_says_so() -> None:
+    x = np.zeros((len(TARGET_LIKE), 2))
+    with pytest.raises(DataError, match=ONE_LINE) as err:
+        from_arrays(x, TARGET_LIKE)
+    said = str(err.value)
+    assert "107 different whole numbers from 25 to 343" in said and "task: regression" in said
+    assert "task: classification" in said
+    assert from_arrays(x, TARGET_LIKE, task="classification").num_classes == 344  # ids as given (0..343)
+    regression = from_arrays(x, TARGET_LIKE, task="regression")
+    assert regression.task == "regression" and regression.y.dtype == torch.float32
+    assert check_labels(TARGET_LIKE, len(TARGET_LIKE), "y", num_classes=400, guessed=True)[1] == 400  # named: kept
+    # class ids 0..C-1 (or 1..C), however many, and up to 50 values of any kind stay classes
+    assert from_arrays(np.zeros((200, 1)), np.arange(200) % 100).num_classes == 100
+    assert from_arrays(np.zeros((100, 1)), np.arange(100) + 1).num_classes == 101
+    assert from_arrays(np.zeros((50, 1)), np.arange(50) * 7).num_classes == 344
+
+
+def test_the_arrays_source_refuses_target_like_labels_only_at_task_auto(tmp_path: Path) -> None:
+    path = tmp_path / "d.npz"
+    np.savez(path, x=np.zeros((len(TARGET_LIKE), 2)), y=TARGET_LIKE)
+    with pytest.raises(DataError, match=r"^dataset 'arrays' .*task: regression"):
+        load({"name": "arrays", "path": str(path)})
+    assert load({"name": "arrays", "path": str(path), "task": "classification"}).num_classes == 344
+    assert load({"name": "arrays", "path": str(path), "task": "regression"}).task == "regression"
+
+
+def _npy_bytes(header: str, data: bytes, pad: int = 0) -> bytes:
+    """A version-2 .npy file: magic, header length, the header dict (padded with `pad` spaces), the data."""
+    text = (header + " " * pad + "\n").encode()
+    return b"\x93NUMPY\x02\x00" + len(text).to_bytes(4, "little") + text + data
+
+
+def test_hostile_npy_files_are_refused_before_they_are_read(tmp_path: Path) -> None:
+    """A zip under a .npy name, a header beyond NumPy's limit and a shape claiming more than the file holds: each a
+    one-line error (the last before anything of that size is allocated)."""
+    np.save(tmp_path / "y.npy", np.array([0, 1]))
+    header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }"
+    files = {
+        "zip.npy": (np.savez, "is a .npz archive: give it as 'path'"),
+        "header.npy": (_npy_bytes(header, bytes(48), pad=20_000), "its header is longer than a NumPy file's"),
+        "shape.npy": (
+            _npy_bytes(header.replace("(2, 3)", "(1000000000000000, 3)"), bytes(48)),
+            "its header claims shape (1000000000000000, 3) (24,000,000,000,000,000 bytes), it holds 48",
+        ),
+    }
+    for name, (content, message) in files.items():
+        if callable(content):
+            content(tmp_path / name, x=np.zeros((2, 3)))
+            (tmp_path / f"{name}.npz").rename(tmp_path / name)
+        else:
+            (tmp_path / name).write_bytes(content)
+        with pytest.raises(DataError, match=ONE_LINE) as err:
+            load({"name": "arrays", "x": str(tmp_path / name), "y": str(tmp_path / "y.npy")})
+        assert message in str(err.value) and name in str(err.value), str(err.value)
+    (tmp_path / "ok.npy").write_bytes(_npy_bytes(header, np.arange(6.0).tobytes()))  # a padded header is fine
+    data = load({"name": "arrays", "x": str(tmp_path / "ok.npy"), "y": str(tmp_path / "y.npy")})
+    assert data.x.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+def test_an_npz_member_with_a_huge_header_is_named(tmp_path: Path) -> None:
+    import zipfile
+
+    header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }"
+    with zipfile.ZipFile(tmp_path / "d.npz", "w") as archive:
+        archive.writestr("x.npy", _npy_bytes(header, bytes(48), pad=20_000))
+        buffer_y = tmp_path / "y.npy"
+        np.save(buffer_y, np.array([0, 1]))
+        archive.write(buffer_y, "y.npy")
+    with pytest.raises(DataError, match=ONE_LINE) as err:
+        load({"name": "arrays", "path": str(tmp_path / "d.npz")})
+    assert "array 'x' of" in str(err.value) and "its header is longer than a NumPy file's" in str(err.value)

@@ -12,6 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from fedhet.catalog import DATASETS
+from fedhet.data.tables import MAX_CATEGORIES
 from fedhet.datasets import load
 from fedhet.errors import DataError, FedhetNote
 
@@ -101,7 +103,15 @@ def test_parquet_gives_the_same_dataset_as_csv(tmp_path: Path) -> None:
         ([["f", "y", "f"], [1, "a", 2]], {"label": "y"}, "column 'f' appears twice"),
         ([["f", "y"]], {"label": "y"}, "has no data rows"),
         ([["y"], ["a"], ["b"]], {"label": "y"}, "has no feature column"),
-        ([["f", "y"], ["inf", "a"], [1, "b"]], {"label": "y"}, "infinite feature value"),
+        ([["f", "y"], ["inf", "a"], [1, "b"]], {"label": "y"}, "holds 'inf' in data row 1, which is infinite"),
+        ([["f", "y"], [1, "a"], ["NaN", "b"]], {"label": "y"}, "column 'f' holds 'NaN' in data row 2, which is NaN"),
+        ([["f", "y"], ["1e400", "a"], [1, "b"]], {"label": "y"}, "holds '1e400' in data row 1, which is out of range"),
+        ([["f", "y"], ["-1e39", "a"], [1, "b"]], {"label": "y"}, "holds '-1e39' in data row 1, which is out of range"),
+        (
+            [["c", "y"], *([f"v{i}", "ab"[i % 2]] for i in range(MAX_CATEGORIES + 1))],
+            {"label": "y", "categorical": ["c"]},
+            f"column 'c' has {MAX_CATEGORIES + 1:,} distinct values, more than the {MAX_CATEGORIES:,} one-hot columns",
+        ),
     ],
 )
 def test_bad_tables_are_one_line_errors(
@@ -204,3 +214,24 @@ def test_paths_are_kept_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     source = DATASETS.build({"name": "table", "path": "p.csv", "label": "outcome"})
     assert source.path == str(tmp_path / "p.csv")  # type: ignore[attr-defined]
     assert DATASETS.build({"name": "table", "path": "nope.csv", "label": "y"}).path == "nope.csv"  # type: ignore[attr-defined]
+
+
+def test_a_whole_number_label_of_many_values_is_refused_as_a_guess(tmp_path: Path) -> None:
+    """scikit-learn's diabetes target (214 whole numbers from 25 to 346) once became a 214-class classifier."""
+    rng = np.random.default_rng(0)
+    rows = [
+        ["x", "y"],
+        *([round(float(v), 3), int(t)] for v, t in zip(rng.normal(size=120), range(25, 385, 3), strict=True)),
+    ]
+    path = write_csv(tmp_path / "d.csv", rows)
+    with pytest.raises(DataError, match=ONE_LINE) as err:
+        table(path, label="y")
+    assert "column 'y'): the labels are 120 different whole numbers from 25 to 382" in str(err.value)
+    assert "--set task=regression" in str(err.value) and "task: classification" in str(err.value)
+    with pytest.warns(FedhetNote):
+        assert table(path, label="y", task="classification").num_classes == 120  # named: classes, numbered
+        assert table(path, label="y", task="regression").y[:2].tolist() == [25.0, 28.0]
+        # a run that names a class task (task: classification) reads a source left at auto as classes
+        source = DATASETS.build({"name": "table", "path": str(path), "label": "y"}, where="dataset")
+        assert source.for_task(False).load(tmp_path).num_classes == 120
+        assert source.for_task(True).load(tmp_path).task == "regression" and source.for_task(None) is source

@@ -6,7 +6,8 @@ command is either run here, in order, in a folder per page that holds the files 
 neither fails `test_every_command_is_run_somewhere`, so a new command in the docs cannot go unrun.
 
 Run here as written, in-process (`fedhet` is the CLI's typer app), with two changes: a paper recipe (`fedhet
-reproduce`) runs with ``--quick`` (a full recipe takes minutes to an hour; `tests/recipes` pins their claims), and a
+reproduce`) whose quick version tests/recipes does not run runs here with ``--quick --seeds 1`` (a full recipe takes
+minutes to an hour), and a
 command that logs to a tracker whose library is not installed must refuse in one line naming the extra to install
 (the trackers' CI stage has them). What a command claims to write is checked: the run folder's summary
 (``--out``), the figure (``--plot``, ``-o``) and the JSON (``--json``).
@@ -95,10 +96,24 @@ def commands(page: Path) -> list[Command]:
 PAGES_ELSEWHERE = {"getting-started.md": "tests/docs/test_getting_started.py (the whole page, in a shell)"}
 
 
+RECIPE_TESTS = ROOT / "tests" / "recipes"
+
+
+def recipe_tested(command: Command) -> str | None:
+    """A paper recipe whose quick version tests/recipes runs (and checks its claims): it is not run again here."""
+    found = re.search(r"fedhet reproduce ([a-z0-9-]+)", command.text)
+    if found is None:
+        return None
+    quoted = re.compile(rf"[\"']{re.escape(found[1])}[\"']")
+    tests = [p.name for p in sorted(RECIPE_TESTS.glob("test_*.py")) if quoted.search(p.read_text())]
+    return f"tests/recipes/{tests[0]} (the recipe's quick version and its claims)" if tests else None
+
+
 def elsewhere(command: Command) -> str | None:
     if command.page.name in PAGES_ELSEWHERE:
         return PAGES_ELSEWHERE[command.page.name]
-    return next((why for pattern, why in ELSEWHERE.items() if re.search(pattern, command.text)), None)
+    pattern = next((why for pattern, why in ELSEWHERE.items() if re.search(pattern, command.text)), None)
+    return pattern or recipe_tested(command)
 
 
 def argv(command: Command) -> list[str]:
@@ -108,8 +123,10 @@ def argv(command: Command) -> list[str]:
         words = makefile_recipe(words[1])
     assert words[0] == "fedhet", command
     words = words[1:]
-    if words[0] == "reproduce" and "--quick" not in words:
-        words.append("--quick")
+    if words[0] == "reproduce":  # a recipe no test of tests/recipes runs: its quick version, one seed
+        words += [flag for flag in ("--quick",) if flag not in words] + (
+            ["--seeds", "1"] if "--seeds" not in words else []
+        )
     return words
 
 

@@ -99,6 +99,35 @@ def test_recognises_the_papers_dense_models_and_nothing_else() -> None:
     assert dense_layers(FlatModel(nn.Sequential(nn.Linear(4, 3), nn.Flatten(), nn.Linear(3, 2)))) is None
 
 
+@pytest.mark.parametrize("gram", [True, False])
+@pytest.mark.parametrize("terms", [(), (Proximal(mu=0.1), WeightDecay(lam=0.01))], ids=["sgd", "terms"])
+def test_linear_layers_in_a_row_match_the_sequential_backend(
+    monkeypatch: pytest.MonkeyPatch, gram: bool, terms: tuple
+) -> None:
+    """A hidden Linear layer without an activation feeds the next directly (issue 42: `auto` picked dense for
+    nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2)) and the first step raised an IndexError)."""
+    import fedhet.engine.dense as dense
+
+    monkeypatch.setattr(dense, "use_gram_first_layer", lambda *a: gram)
+    torch.manual_seed(0)
+    for module in (
+        nn.Sequential(nn.Linear(5, 2), nn.Linear(2, 3)),
+        nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 4), nn.Linear(4, 3)),
+    ):
+        model = FlatModel(module)
+        layers = dense_layers(model)
+        assert layers is not None and layers[-2].activation is None
+        assert resolve_backend("auto", model, cohort=5) == "dense"
+        data = tiny_data([9, 3, 14, 2, 11], dim=5, classes=3).train
+        w0 = model.initial_params()
+        plan = _plan(model, terms=terms)
+        seq = train_sequential(TrainRequest(model, data, w0, plan, cohort(plan, w0), 3, 2))
+        den = train_dense(TrainRequest(model, data, w0, plan, cohort(plan, w0), 3, 2, workers=1), layers)
+        assert float((seq[0] - w0).abs().max()) > 1e-2
+        torch.testing.assert_close(den[0], seq[0], **TOL)
+        torch.testing.assert_close(den[1], seq[1], equal_nan=True, **TOL)
+
+
 def test_image_inputs_are_flattened() -> None:
     torch.manual_seed(0)
     model = FlatModel(MODELS.build({"name": "mlp", "hidden": [7]}).build((2, 3, 3), 4))

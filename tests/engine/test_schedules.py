@@ -9,7 +9,7 @@ import pytest
 
 import fedhet
 from fedhet.catalog import SCHEDULES
-from fedhet.engine.schedules import Schedule
+from fedhet.engine.schedules import MAX_NESTING, Schedule
 from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.state import RunState
@@ -102,3 +102,36 @@ def test_a_schedule_of_ones_own() -> None:
     seen = LearningRates()
     fedhet.run({**SMALL, "rounds": 2, "schedules": {"local_lr": "test_halving_once"}}, callbacks=[seen])
     assert seen.local == pytest.approx([0.2, 0.1])
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ({"name": "exponential", "gamma": 1e200}, "less than or equal to 1"),
+        ({"name": "exponential", "gamma": math.inf}, "finite number"),
+        ({"name": "step", "gamma": 2.0}, "less than or equal to 1"),
+        ({"name": "step", "gamma": math.nan}, "finite number"),
+        ({"name": "warmup", "start": math.inf}, "finite number"),
+        ({"name": "cosine", "min_factor": math.nan}, "finite number"),
+    ],
+)
+def test_a_schedule_grows_no_rate_beyond_the_configured_one(spec: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SCHEDULES.build(spec, where="schedules.local_lr")
+
+
+def nested(depth: int) -> dict[str, object]:
+    """`depth` warm-ups of one round, each wrapping the next, around the constant schedule."""
+    spec: dict[str, object] = {"name": "constant"}
+    for _ in range(depth):
+        spec = {"name": "warmup", "rounds": 1, "start": 0.5, "then": spec}
+    return spec
+
+
+def test_schedules_nest_to_a_bounded_depth() -> None:
+    # 16 deep is allowed: round t is the last warm-up round of the t-th warm-up, so each starts at 0.5
+    assert factors(nested(MAX_NESTING), 3) == pytest.approx([0.5, 0.5, 0.5])
+    with pytest.raises(ConfigError, match=f"nested more than {MAX_NESTING} deep"):
+        SCHEDULES.build(nested(MAX_NESTING + 1), where="schedules.local_lr")
+    with pytest.raises(ConfigError, match=f"nested more than {MAX_NESTING} deep"):  # refused before any recursion
+        SCHEDULES.build(nested(2000), where="schedules.local_lr")

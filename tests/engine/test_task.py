@@ -245,3 +245,14 @@ def test_dp_sgd_takes_the_tasks_loss(task: Task, outputs: int, backend: str) -> 
         (g,) = torch.autograd.grad(task.loss(model.logits(v, x[i : i + 1]), y[i : i + 1]).sum(), v)
         total += g * min(1.0, 0.05 / float(g.norm()))
     torch.testing.assert_close(engine.train(w, one, 0).params[0], w - 0.5 * total / 4, **TOL)
+
+
+def test_a_regression_trains_on_standardised_targets_unless_told_and_says_what_scales() -> None:
+    from fedhet.experiments.config import parse_config
+
+    assert Regression().standardizes_targets() and not Regression(standardize=False).standardizes_targets()
+    assert not Classification().standardizes_targets() and not Binary().standardizes_targets()
+    assert Regression.target_powers == {"loss": 2, "mae": 1, "rmse": 1}  # R² is scale-free
+    assert Classification.target_powers == {}
+    config = parse_config({"task": {"name": "regression", "standardize": False}})
+    assert TASKS.build(config.task, where="task").standardizes_targets() is False

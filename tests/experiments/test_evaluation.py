@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +184,77 @@ def test_personalised_evaluation_every_nth_evaluation_and_the_last() -> None:
     history = state.history
     assert "personal_test_accuracy" not in history[0] and "personal_test_accuracy" in history[1]
     assert "personal_test_accuracy" in history[-1]
+
+
+def _constant_predictor() -> tuple[Any, torch.Tensor]:
+    """An engine over two clients' regression targets, standardised by their training samples (10, 30, 10, 30: mean
+    20, scale 10), and a linear model at zero: it predicts the standardised 0, the training mean 20."""
+    from torch import nn
+
+    from fedhet.data.arrays import standardise_targets
+    from fedhet.data.dataset import FederatedData
+    from fedhet.engine.engine import Engine
+    from fedhet.engine.functional import FlatModel
+    from fedhet.engine.task import Regression
+
+    def part(ys: list[list[float]]) -> ClientData:
+        return ClientData.from_parts([torch.ones(len(y), 1) for y in ys], [torch.tensor(y) for y in ys])
+
+    raw = FederatedData(
+        "t", part([[10.0, 30.0], [10.0, 30.0]]), part([[20.0, 50.0], [0.0]]), 1, torch.ones(2, dtype=torch.bool)
+    )
+    data = standardise_targets(replace(raw, task="regression"))
+    engine = Engine(FlatModel(nn.Linear(1, 1), Regression()), data, backend="sequential", seed=0)
+    return engine, torch.zeros(2)
+
+
+def test_a_regression_reports_its_metrics_in_the_targets_units() -> None:
+    """By hand: client 0's test targets 20 and 50 against the prediction 20 (errors 0, 30), client 1's 0 (error 20)."""
+    engine, params = _constant_predictor()
+    metrics, columns, test, _ = evaluate_global(engine, params)
+    assert columns["test_loss"].tolist() == pytest.approx([450.0, 400.0], rel=1e-5)  # the squared error, not / 10²
+    assert metrics["test_loss"] == pytest.approx(425.0, rel=1e-5)
+    assert columns["test_mae"].tolist() == pytest.approx([15.0, 20.0], rel=1e-5)
+    assert metrics["test_mae"] == pytest.approx(17.5, rel=1e-5)
+    assert metrics["test_rmse"] == pytest.approx((450**0.5 + 20) / 2, rel=1e-5)
+    assert metrics["test_r2"] == pytest.approx(-1.0, rel=1e-5)  # client 0 (mean 35); client 1's one target: none
+    assert metrics["test_mae_pooled"] == pytest.approx(50 / 3, rel=1e-5)
+    assert metrics["test_rmse_pooled"] == pytest.approx((1300 / 3) ** 0.5, rel=1e-5)
+    assert metrics["test_r2_pooled"] == pytest.approx(1 - 1300 / (3800 / 3), rel=1e-5)  # scikit-learn's, pooled
+    assert test.outputs is not None and test.outputs.flatten().tolist() == pytest.approx([20.0] * 3)
+    # the engine itself stays in the units it trains in (the strategies' F_k, the requirements ρ_k)
+    assert engine.losses_at(params, torch.tensor([0, 1]), "test").tolist() == pytest.approx([4.5, 4.0], rel=1e-5)
+
+
+def test_personalised_losses_are_in_the_targets_units_too() -> None:
+    from fedhet.engine.plan import LocalPlan
+    from fedhet.experiments.evaluation import evaluate_personal
+
+    engine, params = _constant_predictor()
+    metrics, columns = evaluate_personal(engine, params, LocalPlan.uniform(torch.tensor([0, 1]), 0, 0.1, 2), 1)
+    assert metrics["personal_test_loss"] == pytest.approx(425.0, rel=1e-5)
+    assert columns["personal_test_loss"].tolist() == pytest.approx([450.0, 400.0], rel=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::fedhet.errors.FedhetNote")  # the table's notes
+def test_personalised_models_of_a_binary_task_get_its_auc_f1_and_balanced_accuracy(tmp_path: Path) -> None:
+    from helpers.tables import write_patients
+
+    spec = {"name": "table", "path": str(write_patients(tmp_path / "patients.csv")), "label": "outcome"}
+    base = {"dataset": {**spec, "user": "site", "missing": "drop"}, "task": "binary", "rounds": 1, "seed": 0}
+    names = ("auc", "f1", "balanced_accuracy")
+    # the global model itself, fine-tuned copies (each client's own model), a personal head (a split dense model)
+    for algorithm, personal in (("fedavg", {"enabled": True}), ("fedavg_ft", {}), ("fedper", {})):
+        state = run(parse_config({**base, "algorithm": algorithm, "personal_eval": {"appeal": False, **personal}}))
+        for name in names:
+            assert 0.0 <= state.final[f"personal_test_{name}"] <= 1.0, (algorithm, name)
+            assert 0.0 <= state.final[f"personal_test_{name}_pooled"] <= 1.0, (algorithm, name)
+            column = state.client_columns[f"personal_test_{name}"]
+            mean = float(column[state.experiment.data.seen].double().nanmean())
+            assert state.final[f"personal_test_{name}"] == pytest.approx(mean, rel=1e-6), (algorithm, name)
+        if algorithm == "fedavg":  # the clients' model is the global one: its metrics
+            for name in names:
+                assert state.final[f"personal_test_{name}"] == pytest.approx(state.final[f"test_{name}"], abs=1e-6)
+                assert state.final[f"personal_test_{name}_pooled"] == pytest.approx(
+                    state.final[f"test_{name}_pooled"], abs=1e-6
+                )

@@ -3,6 +3,7 @@ result function, and its one-line errors."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -128,3 +129,34 @@ def test_runs_use_the_threads_they_are_given(tmp_path: Path) -> None:
     before = torch.get_num_threads()
     [outcome] = Executor(1, threads=1).run(tasks(tmp_path, (0.05,)), post=lambda state: torch.get_num_threads())
     assert outcome.result == 1 and torch.get_num_threads() == before
+
+
+def test_every_run_gets_one_torch_thread_by_default() -> None:
+    """A run's numbers depend on its thread count (the backend and the dense backend's chunks): runs made here one
+    after another get the one thread a worker process gives them, not this process's setting."""
+    assert Executor(1, threads=None).threads == 1
+    assert Executor(3, threads=None).threads == 1
+    assert Executor(1, threads=4).threads == 4
+
+
+def test_linked_run_folders_are_refused_below_the_root_only(tmp_path: Path) -> None:
+    """A sweep's or recipe's run folder, the folders between it and the sweep's own, and the run's files must not be
+    links; what lies above the sweep folder is the user's choice (a --out that is a link is fine)."""
+    from fedhet.atomic import LinkError
+    from fedhet.experiments.executor import refuse_linked_folders
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "out").symlink_to(tmp_path / "real")
+    root = tmp_path / "out"
+    task = Task({}, root / "point" / "seed0")
+    refuse_linked_folders(root, [task])  # nothing there yet
+    (tmp_path / "yours").mkdir()
+    (root / "point").symlink_to(tmp_path / "yours")
+    with pytest.raises(LinkError, match="point' is a symbolic link"):
+        refuse_linked_folders(root, [task])
+    (root / "point").unlink()
+    (root / "point" / "seed0").mkdir(parents=True)
+    (tmp_path / "yours" / "summary.json").write_text("{}")
+    os.link(tmp_path / "yours" / "summary.json", root / "point" / "seed0" / "summary.json")
+    with pytest.raises(LinkError, match=r"summary\.json' is a hard link"):
+        refuse_linked_folders(root, [task])

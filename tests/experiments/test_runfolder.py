@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fedhet.atomic import LinkError
 from fedhet.experiments.metrics_log import MetricsLog, write_csv
 from fedhet.experiments.runfolder import (
     LOCK,
@@ -135,6 +136,51 @@ def test_overwrite_removes_only_what_the_marker_lists(tmp_path: Path) -> None:
         pass
     assert sorted(os.listdir(out)) == sorted([".hidden", LOCK, "config.yaml", "metrics.csv", "mine.csv", "sub"])
     assert (out / "sub" / "file.txt").is_file() and (tmp_path / "outside.txt").is_file()
+
+
+def test_overwrite_with_a_marker_that_lists_nothing_removes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    with RunFolder.create(out, "rounds: 1\n"):
+        pass
+    (out / LOCK).write_text('{"fedhet": "run", "pid": null, "files": []}\n')
+    for name in ("best.pt", "availability.npz", "summary.json", "clients.csv"):
+        (out / name).write_text("mine")
+    with RunFolder.create(out, "rounds: 2\n", overwrite=True) as folder:
+        assert folder.read_config() == {"rounds": 2}
+    for name in ("best.pt", "availability.npz", "summary.json", "clients.csv"):
+        assert (out / name).read_text() == "mine", name
+
+
+@pytest.mark.parametrize("name", ["metrics.csv", "checkpoint.pt", "config.yaml", "plugin.csv", LOCK])
+def test_a_run_folder_whose_files_are_links_is_not_opened(tmp_path: Path, name: str) -> None:
+    out = tmp_path / "r"
+    with RunFolder.create(out, "rounds: 1\n") as folder:
+        folder.record(["plugin.csv"])
+        folder.write_checkpoint({"round": 1})
+    (out / "plugin.csv").write_text("x")
+    os.link(out / name, tmp_path / "elsewhere")  # a hard link: the same file under a name outside the folder
+    before = (tmp_path / "elsewhere").read_bytes()
+    with pytest.raises(LinkError, match=f"'{out / name}' is a hard link"):
+        RunFolder.open(out)
+    (out / name).unlink()
+    (out / name).symlink_to(tmp_path / "elsewhere")
+    if name == LOCK:  # a marker that is a symbolic link is no marker
+        with pytest.raises(RunFolderError, match="not a run folder of fedhet's"):
+            RunFolder.open(out)
+    else:
+        with pytest.raises(LinkError, match=f"'{out / name}' is a symbolic link"):
+            RunFolder.open(out)
+    assert (tmp_path / "elsewhere").read_bytes() == before
+
+
+def test_a_hard_linked_marker_is_not_claimed(tmp_path: Path) -> None:
+    with RunFolder.create(tmp_path / "r", "rounds: 1\n"):
+        pass
+    os.link(tmp_path / "r" / LOCK, tmp_path / "other.lock")
+    before = (tmp_path / "other.lock").read_bytes()
+    with pytest.raises(LinkError, match="is a hard link"):
+        FolderLock.claim(tmp_path / "r", "run", ["more.csv"])
+    assert (tmp_path / "other.lock").read_bytes() == before
 
 
 def test_a_marker_that_is_a_link_is_neither_trusted_nor_written_through(tmp_path: Path) -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +16,7 @@ from fedhet.errors import ConfigError, DivergenceError
 from fedhet.experiments.callbacks import Callback, EarlyStopping
 from fedhet.experiments.checkpoint import CheckpointError
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.runner import RunState, resume, run, run_or_resume
+from fedhet.experiments.runner import RunState, _check_divergence, resume, run, run_or_resume
 
 SMALL = {
     "dataset": "digits",
@@ -94,6 +97,73 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path: Path, algorit
     assert (tmp_path / "cut/clients.csv").read_text() == (tmp_path / "full/clients.csv").read_text()
     if algorithm in ("ditto", "fedrep", "apfl"):
         assert "personal_test_accuracy" in (tmp_path / "full/metrics.csv").read_text()
+
+
+def _divergence_state(initial: list[float], max_loss: float = 100.0, scaled: bool = True) -> Any:
+    """What `_check_divergence` reads of a run: clients whose initial model has training losses `initial`."""
+    calls: list[int] = []
+
+    def losses_at(params: torch.Tensor, clients: torch.Tensor, split: str) -> torch.Tensor:
+        calls.append(len(clients))
+        return torch.tensor(initial)
+
+    engine = SimpleNamespace(losses_at=losses_at, initial_params=lambda: torch.zeros(3))
+    train = SimpleNamespace(y=torch.tensor([25.0, 346.0]))
+    data = SimpleNamespace(train=train, target_scale=object() if scaled else None, seen_ids=torch.arange(len(initial)))
+    config = SimpleNamespace(max_loss=max_loss, local=SimpleNamespace(lr=0.003))
+    experiment = SimpleNamespace(engine=engine, data=data)
+    return SimpleNamespace(
+        config=config, experiment=experiment, params=torch.zeros(3), round=0, initial_loss=None, calls=calls
+    )
+
+
+def test_divergence_is_a_loss_above_max_loss_and_a_hundred_times_the_initial_one() -> None:
+    state = _divergence_state([2.0, 5.0])  # the initial model's largest loss: 5, so the bound is max(100, 500)
+    _check_divergence(state, torch.tensor([1.0, 99.0]))  # below max_loss: the initial loss is not even computed
+    assert state.calls == []
+    _check_divergence(state, torch.tensor([3.0, 500.0]))  # above max_loss, not 100 times the start
+    _check_divergence(state, torch.tensor([499.0]))
+    assert state.calls == [2] and state.initial_loss == 5.0  # computed once, over the training clients
+    with pytest.raises(DivergenceError, match=r"^round 1: .*local loss 600 is above max_loss 100 and 120 times the "
+                       r"initial model's 5\): .*lower local.lr \(now 0.003\) or algorithm.server_lr$"):  # fmt: skip
+        _check_divergence(state, torch.tensor([3.0, 600.0]))
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(DivergenceError, match="became NaN or infinite"):
+            _check_divergence(state, torch.tensor([1.0, bad]))
+    state.params = torch.tensor([0.0, float("nan"), 0.0])
+    with pytest.raises(DivergenceError, match="became NaN or infinite"):
+        _check_divergence(state, torch.tensor([1.0]))
+
+
+def test_a_loss_that_starts_above_max_loss_is_no_divergence() -> None:
+    """A regression on raw targets starts with a squared error of thousands: max_loss alone stopped it in round 1."""
+    state = _divergence_state([30_000.0], max_loss=10_000.0, scaled=False)
+    _check_divergence(state, torch.tensor([29_000.0, 31_000.0]))
+    with pytest.raises(DivergenceError, match=r"the targets span 25 to 346 and task.standardize is off"):
+        _check_divergence(state, torch.tensor([3.1e6]))
+
+
+def test_a_run_whose_loss_never_drops_below_a_tiny_max_loss_finishes(tmp_path: Path) -> None:
+    assert run(parse_config(small(max_loss=1e-3, rounds=2))).status == "finished"
+
+
+@pytest.mark.slow
+def test_a_run_cut_off_after_its_last_checkpoint_resumes_to_the_same_summary(tmp_path: Path) -> None:
+    """Killed after the last checkpoint, before summary.json: the resume trains no round, and still says which
+    backend trained the run (APFL's is vectorised; the engine's choice for a plain cohort would be dense)."""
+    cfg = parse_config(small(algorithm="apfl", rounds=2))
+    run(cfg, tmp_path / "full")
+    shutil.copytree(tmp_path / "full", tmp_path / "cut")
+    (tmp_path / "cut" / "summary.json").unlink()
+    resumed = resume(tmp_path / "cut")
+    assert resumed.round == 2 and not resumed.already_finished
+
+    def summary(name: str) -> dict[str, object]:
+        found = json.loads((tmp_path / name / "summary.json").read_text())
+        return {k: v for k, v in found.items() if k != "wall_time_s"}
+
+    assert summary("full")["backend"] == "vectorised"
+    assert summary("cut") == summary("full")
 
 
 def test_divergence_stops_with_message_and_keeps_files(tmp_path: Path) -> None:
@@ -457,6 +527,21 @@ def test_a_deadline_shortens_rounds_and_a_resumed_timed_run_is_byte_identical(tm
     assert float(rows[-1]["time_s"]) < waiting.final["time_s"]  # the deadline shortened the rounds
     if policy != "partial":
         assert sum(float(r["late_clients"]) for r in rows) > 0
+
+
+def test_a_deadline_nobody_meets_is_one_note_and_counted_across_a_resume(tmp_path: Path) -> None:
+    from fedhet.errors import FedhetNote
+
+    # constant clients: 2 × 50 ms latency alone exceed a 10 ms deadline, so every round is left without updates
+    cfg = parse_config(small(system="constant", deadline={"seconds": 0.01}, rounds=4))
+    note = r"^round 1: no client of the \d+ selected can finish within deadline"
+    with pytest.warns(FedhetNote, match=note) as notes, pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "r", callbacks=[Interrupt(at=2)])
+    assert len([n for n in notes if issubclass(n.category, FedhetNote)]) == 1  # once, not every round
+    state = resume(tmp_path / "r")
+    assert state.final["participants"] == 0 and state.final["time_s"] == pytest.approx(0.04)
+    assert json.loads((tmp_path / "r/summary.json").read_text())["deadline_empty_rounds"] == 4
+    assert torch.equal(state.params, state.experiment.engine.initial_params())  # the model never moved
 
 
 class _Raises(Callback):

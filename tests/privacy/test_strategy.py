@@ -4,6 +4,7 @@ no noise and no bound, and the bases it refuses."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from fedhet.data.dataset import FederatedData
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.privacy import UpdateClip, update_norms
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, FedhetWarning
 from fedhet.methods.maxfl.strategy import MaxFL
 from fedhet.privacy.strategy import DP, adaptive_bound, update_noise_multiplier, weights_of
 from fedhet.requirements import ClientRequirements, Requirements, RequirementsConfig
@@ -66,9 +67,9 @@ BASES = ["fedavg", {"name": "fedprox", "mu": 0.1}, {"name": "maxfl", "eps": 0.01
 @pytest.mark.parametrize("backend", ["dense", "vectorised", "sequential", "conv"])
 @pytest.mark.parametrize("base", BASES, ids=lambda b: b if isinstance(b, str) else b["name"])
 def test_no_noise_and_an_infinite_bound_is_the_bare_strategy(backend: str, base: str | dict) -> None:
-    bare = _rounds(_setup(STRATEGIES.build(base), _engine(backend), m=3), _engine(backend))
+    wrapped = DP(base=base, clip=math.inf, noise_multiplier=0.0, sampling="fixed")
+    bare = _rounds(_setup(STRATEGIES.build(wrapped.base), _engine(backend), m=3), _engine(backend))
     engine = _engine(backend)
-    wrapped = DP(base=base, clip=math.inf, noise_multiplier=0.0)
     got = _rounds(_setup(wrapped, engine, m=3), engine)
     torch.testing.assert_close(got, bare, atol=0, rtol=0)
 
@@ -96,7 +97,7 @@ def test_central_noise_by_hand() -> None:
 def test_central_noise_pays_for_the_largest_weight() -> None:
     """FedAvg by samples weighs client k by n_k/Σn: the noise is zC max_k p_k."""
     engine = _engine("dense")
-    strategy = _setup(DP(base="fedavg", clip=0.3, noise_multiplier=1.5), engine)
+    strategy = _setup(DP(base={"name": "fedavg", "weighting": "samples"}, clip=0.3, noise_multiplier=1.5), engine)
     w = engine.initial_params()
     result = strategy.local_training(0, torch.arange(4), w, lambda plan: engine.train(w, plan, 0))
     strategy.aggregate(0, w, result)
@@ -188,7 +189,65 @@ def test_contradictions_are_refused_in_one_line(spec: dict, message: str) -> Non
 
 
 def test_a_wrapper_without_noise_multiplier_takes_one() -> None:
-    strategy = _setup(DP(base="fedavg"), _engine("dense"))
+    strategy = _setup(DP(base="fedavg", clip=1.0), _engine("dense"))
     assert isinstance(strategy, DP) and strategy.z == 1.0
     strategy.use_noise_multiplier(2.5)  # what a target ε does before the run
     assert strategy.z == 2.5 and strategy.client_clip() == UpdateClip(1.0, 0.0)
+
+
+def test_a_base_weighs_clients_uniformly_unless_told() -> None:
+    """DP-FedAvg's uniform weights are the default of a base with a ``weighting``; an explicit one is kept."""
+    assert DP().inner.weighting == "uniform"  # type: ignore[attr-defined]
+    assert DP(base="fedprox").inner.weighting == "uniform"  # type: ignore[attr-defined]
+    assert DP(base={"name": "fedavg", "weighting": "samples"}).inner.weighting == "samples"  # type: ignore[attr-defined]
+    assert DP(base="maxfl").base["name"] == "maxfl"  # no weighting to set
+    assert DP().sampling == "poisson"  # DP-FedAvg's: each client with probability q
+
+
+@pytest.mark.parametrize(("z", "warns"), [(50.0, True), (0.01, False)])
+def test_noise_that_swamps_the_updates_is_said_in_one_line(z: float, warns: bool) -> None:
+    """‖ξ‖ = σ√P against √T‖Σ_k p_k Δ_k‖ (T = 1 here): σ = zC/m with every update clipped to C = 0.01, so the
+    mean update has norm at most C and the noise's is about z·C/4·√P (P = 26)."""
+    engine = _engine("dense")
+    strategy = _setup(DP(clip=0.01, noise_multiplier=z, sampling="fixed"), engine)
+    w = engine.initial_params()
+    clients = torch.arange(4)
+    result = strategy.local_training(0, clients, w, lambda plan: engine.train(w, plan, 0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        strategy.aggregate(0, w, result)
+        strategy.aggregate(1, w, result)  # once a run
+    said = [str(c.message) for c in caught if issubclass(c.category, FedhetWarning)]
+    assert len(said) == (1 if warns else 0)
+    if warns:
+        assert "noise swamps the updates" in said[0] and "\n" not in said[0]
+        assert f"σ = {z * 0.01 / 4:.3g} on each of 26 parameters" in said[0]
+
+
+@pytest.mark.parametrize("lr", [10.0, 1e6])
+def test_adaptive_clipping_keeps_a_finite_positive_bound(lr: float) -> None:
+    """C exp(−η(b̃ − γ)) with a huge step: the exponent is held to ±30, so C stays finite and positive."""
+    up = adaptive_bound(1.0, 0.0, 0.0, 10, 0.5, lr)  # no update unclipped: C grows
+    down = adaptive_bound(1.0, 10.0, 0.0, 10, 0.5, lr)
+    assert math.isfinite(up) and up == pytest.approx(math.exp(min(30.0, lr * 0.5)))
+    assert 0 < down == pytest.approx(math.exp(-min(30.0, lr * 0.5)))
+
+
+@pytest.mark.parametrize(("noise", "share"), [("central", 4.0), ("local", 2.0)])
+def test_a_clip_left_out_is_set_from_the_noise(noise: str, share: float) -> None:
+    """C = rms(w₀)·m/(z√T) (local noise: √m): the run's noise on a coordinate, √T·zC/m, is the initial weights'
+    rms; m = 4, z = 2, T = 9 here; no noise: no bound."""
+    engine = _engine("dense")
+    w0 = engine.initial_params()
+    rms = float(w0.double().pow(2).mean().sqrt())
+    strategy = DP(noise_multiplier=2.0, noise=noise)  # type: ignore[arg-type]
+    ctx = make_context(engine, m=4)
+    ctx.rounds = 9
+    strategy.setup(ctx)
+    assert strategy.bound == pytest.approx(rms * share / (2.0 * 3.0))
+    assert strategy.derived() == {"clip": pytest.approx(rms * share / 6.0)}
+    strategy.use_noise_multiplier(4.0)  # a target ε's z moves the bound with it
+    assert strategy.bound == pytest.approx(rms * share / 12.0)
+    quiet = DP(noise_multiplier=0.0)
+    quiet.setup(ctx)
+    assert quiet.bound == math.inf and DP(clip=0.5).derived() == {}

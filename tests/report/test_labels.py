@@ -23,3 +23,9 @@ def test_format_value() -> None:
     assert format_value("available", 9.5) == "9.5000"  # a mean of counts keeps its decimals
     assert format_value("test_accuracy", 1.0) == "1.0000"
     assert format_value("test_accuracy", math.nan) == "n/a"
+
+
+def test_bytes_are_whole_numbers_with_thousands_separators() -> None:
+    assert format_value("bytes_up", 1234560.0) == "1,234,560"
+    assert format_value("bytes_down", 2469120.5) == "2,469,120"  # a mean over seeds: no decimals either
+    assert format_value("bytes_up", 0.0) == "0" and format_value("bytes_up", math.nan) == "n/a"

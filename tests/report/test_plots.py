@@ -119,3 +119,32 @@ def test_groups_of_seeds_are_mean_lines_with_std_bands(tmp_path: Path, monkeypat
     assert np.isclose(band.max(), 0.6 + 0.1)  # mean + std at round 3 (0.5, 0.6, 0.7: std 0.1)
     text = " ".join(t.get_text() for t in fig.texts)
     assert "One line per configuration" in text and "the mean over its 2/3 seeds" in text and "± 1 standard" in text
+
+
+def test_long_labels_go_below_the_axes_and_the_caption_below_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = [record(f"r{i}", "fedavg", i, [0.1 * i, 0.2 * i, 0.3 * i]) for i in range(1, 5)]
+    groups = [RunGroup(f"method {i} with a rather long name, lr=0.{i}", [r]) for i, r in enumerate(runs)]
+    with kept_figures(monkeypatch) as figs:
+        plot_curves(groups, "test_accuracy", tmp_path / "long.png", target=0.5, logx=True)
+    (fig,) = figs
+    check_figure(fig, rounds=False)  # no legend on the data
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    legend = ax.get_legend().get_window_extent(renderer)
+    area = ax.get_window_extent(renderer)
+    assert legend.y1 < area.y0 and legend.x1 <= fig.bbox.x1 + 1  # below the axes, within the figure's width
+    assert fig.texts[0].get_window_extent(renderer).y1 <= legend.y0 + 1  # the caption under the legend
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "communication round (log scale)"
+    assert ax.xaxis.get_major_formatter()(10.0, 0) == "10"
+    target = [line for line in ax.lines if line.get_label() == "target 0.5"]
+    assert target and np.allclose(target[0].get_ydata(), 0.5) and "target 0.5" in legend_texts(fig)
+    assert "Dashed grey line: the target 0.5" in fig.texts[0].get_text()
+    short = [RunGroup("fedavg", runs[:1]), RunGroup("ditto", runs[1:2])]
+    with kept_figures(monkeypatch) as figs:
+        plot_curves(short, "test_accuracy", tmp_path / "short.png")
+    (fig,) = figs
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    legend, area = fig.axes[0].get_legend().get_window_extent(renderer), fig.axes[0].get_window_extent(renderer)
+    assert legend.x0 >= area.x1  # short names: a column beside the axes

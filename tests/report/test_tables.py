@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from fedhet.report.runs import RunGroup, RunRecord
-from fedhet.report.tables import DEFAULT_COLUMNS, compare_table, default_columns, final_rows
+from fedhet.report.tables import DEFAULT_COLUMNS, compare_table, default_columns, final_rows, ranking
 
 
 def records(n: int = 3) -> list[RunRecord]:
@@ -59,3 +59,25 @@ def test_groups_of_seeds_show_mean_and_std_at_each_runs_selected_round() -> None
     text = " ".join(" ".join(render(table, 200)).split())
     assert "mean ± std over 2 seeds per row" in text and "values at each run's best round by val_loss (min)" in text
     assert default_columns([group]) == ("test_accuracy",)
+
+
+def test_personalised_runs_show_their_columns_first_and_rank_by_personal_accuracy() -> None:
+    def group(name: str, accuracy: float, personal: float | None) -> RunGroup:
+        final = {"test_accuracy": accuracy, "test_loss": 0.5}
+        if personal is not None:
+            final |= {"personal_test_accuracy": personal, "personal_test_accuracy_worst10": personal - 0.1}
+        return RunGroup(name, [RunRecord(Path(name), {"rounds": 5, "final": final}, [], label=name)])
+
+    groups = [group("FedAvg", 0.9, None), group("Ditto", 0.8, 0.95), group("FedRep", 0.2, 0.97)]
+    columns = default_columns(groups)
+    assert columns[:3] == ("personal_test_accuracy", "personal_test_accuracy_worst10", "test_accuracy")
+    ranked, rule = ranking(groups)
+    assert [g.label for g in ranked] == ["FedRep", "Ditto", "FedAvg"]  # FedAvg: its global model, 0.9
+    assert "personalised test accuracy" in rule
+    table, _ = compare_table(groups, columns)
+    lines = render(table, 200)
+    names = [line.split()[1] for line in lines if len(line.split()) > 1]
+    assert [n for n in names if n in ("FedRep", "Ditto", "FedAvg")] == ["FedRep", "Ditto", "FedAvg"]
+    assert "rows ranked by personalised test accuracy" in " ".join(" ".join(lines).split())
+    plain = [group("a", 0.5, None), group("b", 0.7, None), group("c", float("nan"), None)]
+    assert [g.label for g in ranking(plain)[0]] == ["b", "a", "c"]  # no value: last

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
+from fedhet.engine.optimizers import SGD, Adam
+from fedhet.engine.schedules import SCHEDULES
+from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
-from fedhet.strategies.ditto import Ditto
+from fedhet.strategies.base import STRATEGIES
+from fedhet.strategies.ditto import Ditto, stable_pull
 from helpers.personal import STEPS, TOL, personal_models, run_round, setup, sgd, weighted
 
 
@@ -29,6 +34,49 @@ def test_two_rounds_match_the_hand_computed_updates(backend: str) -> None:
         _, w = run_round(strategy, engine, w, t)
         torch.testing.assert_close(w, expected_w, **TOL)
         torch.testing.assert_close(personal_models(strategy, engine, w, t + 1), torch.stack(v), **TOL)
+
+
+@pytest.mark.parametrize("backend", ["dense", "vectorised", "sequential"])
+def test_the_personal_model_takes_its_own_learning_rate_and_steps(backend: str) -> None:
+    """Algorithm 1's η and s for v_k (here 0.03 and 5) while w_k keeps local.lr and local.steps (0.1 and 2)."""
+    lam, eta, s = 0.5, 0.03, 5
+    strategy = Ditto(lam=lam, personal_lr=eta, personal_steps=s)
+    engine = setup(strategy, backend)
+    model = engine.model
+    w = model.initial_params()
+    v = [w, w]
+    for t in range(2):
+        expected_w = weighted([sgd(model, w, k, STEPS) for k in range(2)])
+        v = [sgd(model, v[k], k, s, lr=eta, extra=lambda u, a=w: lam * (u - a)) for k in range(2)]
+        _, w = run_round(strategy, engine, w, t)
+        torch.testing.assert_close(w, expected_w, **TOL)
+        torch.testing.assert_close(personal_models(strategy, engine, w, t + 1), torch.stack(v), **TOL)
+
+
+def test_the_personal_learning_rate_follows_the_local_schedule() -> None:
+    strategy = Ditto(personal_lr=0.02)
+    engine = setup(strategy, "sequential")
+    strategy.ctx.local_schedule, strategy.ctx.rounds = SCHEDULES.build({"name": "exponential", "gamma": 0.5}), 4
+    strategy.ctx.start_round(2)
+    plan = strategy.personal_plan(strategy.configure(2, torch.tensor([0, 1]), engine.model.initial_params()))
+    assert plan.lr.tolist() == pytest.approx([0.005, 0.005])  # 0.02 · 0.5²
+    assert plan.steps.tolist() == [STEPS, STEPS]  # s defaults to the global model's steps
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ({"lam": 20.0}, "algorithm.lam 20 × local.lr 0.1 = 2"),  # η·λ = 2: v − w never shrinks
+        ({"lam": 1e30}, "use lam < 20"),
+        ({"lam": 1.0, "personal_lr": 3.0}, "algorithm.personal_lr 3"),
+    ],
+)
+def test_a_pull_that_would_overshoot_is_refused(params: dict[str, float], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        setup(Ditto(**params), "sequential")
+    setup(Ditto(lam=19.0), "sequential")  # η·λ = 1.9 < 2: accepted
+    with pytest.raises(ConfigError, match="finite number"):
+        STRATEGIES.build({"name": "ditto", "lam": float("inf")}, where="algorithm")
 
 
 def _config(algorithm: object) -> dict[str, object]:
@@ -58,3 +106,12 @@ def test_ditto_without_its_pull_is_local_training_alone(tmp_path: Path) -> None:
         assert _column(tmp_path / "ditto", key) == pytest.approx(_column(tmp_path / "alone", key), rel=1e-6)
     pulled = run(parse_config(_config({"name": "ditto", "lam": 1.0})), tmp_path / "pulled")
     assert pulled.final["personal_test_loss"] != pytest.approx(alone.final["personal_test_loss"], rel=1e-4)
+
+
+def test_the_bound_on_the_pull_follows_the_client_optimiser() -> None:
+    """v − w shrinks by 1 − ηλ per plain SGD step; heavy ball is stable up to ηλ < 2(1 + μ), Nesterov
+    2(1 + μ)/(1 + 2μ); Adam's steps are bounded by η whatever λ."""
+    assert stable_pull(SGD()) == 2
+    assert stable_pull(SGD(momentum=0.5)) == pytest.approx(3)
+    assert stable_pull(SGD(momentum=0.5, nesterov=True)) == pytest.approx(1.5)
+    assert stable_pull(Adam()) is None

@@ -17,11 +17,21 @@ def test_the_staleness_functions_are_the_paper_s() -> None:
     assert staleness_weight(s, "hinge", 10, 4).tolist() == pytest.approx([1, 1, 1, 1 / 11, 1 / 51])
 
 
-def test_a_fresh_update_is_mixed_in_with_alpha_and_a_stale_one_with_less() -> None:
+def test_a_fresh_update_has_the_paper_s_staleness_one() -> None:
+    """Algorithm 1: x_t ← (1 − α_t) x_{t−1} + α_t x_new, α_t = α s(t − τ); an update trained from x_{t−1} (a version
+    lag of 0) has t − τ = 1, one with a lag of 3 has t − τ = 4."""
     w, local = torch.tensor([1.0, 1.0]), torch.tensor([[3.0, -1.0]])
     result = LocalResult(torch.tensor([2]), local, torch.zeros(1), torch.ones(1), torch.ones(1))
-    strategy = FedAsync(alpha=0.6, staleness="polynomial", a=0.5)
-    fresh = strategy.aggregate_buffer(7, w, result, w.unsqueeze(0), torch.tensor([0]))
+    constant = FedAsync(alpha=0.6, staleness="constant")
+    fresh = constant.aggregate_buffer(7, w, result, w.unsqueeze(0), torch.tensor([0]))
     torch.testing.assert_close(fresh, torch.tensor([0.4 + 1.8, 0.4 - 0.6]))  # (1 − α) w + α w_k
-    stale = strategy.aggregate_buffer(7, w, result, w.unsqueeze(0), torch.tensor([3]))
-    torch.testing.assert_close(stale, fedasync_step(w, local[0], 0.6 * 0.5))  # α s(3) = 0.6 / √4
+    polynomial = FedAsync(alpha=0.6, staleness="polynomial", a=0.5)
+    fresh = polynomial.aggregate_buffer(7, w, result, w.unsqueeze(0), torch.tensor([0]))
+    torch.testing.assert_close(fresh, fedasync_step(w, local[0], 0.6 / 2**0.5))  # α s(1) = 0.6 (1 + 1)^(−1/2)
+    stale = polynomial.aggregate_buffer(7, w, result, w.unsqueeze(0), torch.tensor([3]))
+    torch.testing.assert_close(stale, fedasync_step(w, local[0], 0.6 / 5**0.5))  # α s(4) = 0.6 (4 + 1)^(−1/2)
+    hinge = FedAsync(alpha=0.6, staleness="hinge", a=10, b=4)
+    at_b = hinge.aggregate_buffer(7, w, result, w.unsqueeze(0), torch.tensor([3]))
+    torch.testing.assert_close(at_b, fedasync_step(w, local[0], 0.6))  # t − τ = 4 ≤ b: no discount
+    past_b = hinge.aggregate_buffer(7, w, result, w.unsqueeze(0), torch.tensor([4]))
+    torch.testing.assert_close(past_b, fedasync_step(w, local[0], 0.6 / 11))  # 1 / (10 (5 − 4) + 1)

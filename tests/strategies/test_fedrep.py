@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from fedhet.engine.personal import parameter_mask
+from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
+from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.fedrep import FedRep
 from helpers.personal import STEPS, TOL, personal_models, run_round, setup, sgd, weighted
 
@@ -41,3 +43,14 @@ def test_fedrep_with_everything_shared_is_fedavg(tmp_path: Path) -> None:
     avg = run(parse_config({**config, "algorithm": "fedavg"}), tmp_path / "avg")
     torch.testing.assert_close(rep.params, avg.params)
     assert (tmp_path / "rep" / "metrics.csv").read_text() == (tmp_path / "avg" / "metrics.csv").read_text()
+
+
+def test_unknown_personal_parameters_and_too_many_head_steps_are_refused_at_setup() -> None:
+    with pytest.raises(ConfigError, match=r"algorithm\.personal of fedrep: 'nope' matches none"):
+        setup(FedRep(personal=["nope"]), "sequential")
+    with pytest.raises(ConfigError, match="1,001,000 local steps per client, more than 1,000,000"):
+        setup(FedRep(head_factor=1000), "sequential", steps=1001)  # τ_h = ⌈1000 · 1001⌉
+    setup(FedRep(head_factor=1000), "sequential", steps=1000)  # τ_h = 10⁶: accepted (2 clients, tiny batches)
+    for bad in (float("inf"), 1e12, 0.0):
+        with pytest.raises(ConfigError, match=r"algorithm\.head_factor"):
+            STRATEGIES.build({"name": "fedrep", "head_factor": bad}, where="algorithm")

@@ -89,3 +89,19 @@ def test_the_simulated_time_adds_up_and_round_trips() -> None:
     again = SimulatedTime()
     again.load_state_dict(clock.state_dict())
     assert again.columns() == {"time_s": 3.5, "bytes_down": 11.0, "bytes_up": 5.0}
+
+
+def test_a_round_is_empty_when_the_deadline_leaves_everyone_out() -> None:
+    # communication alone is 3 s (see SIZE): a 2.9 s deadline leaves all three out, 3.2 s only those whose steps
+    # do not fit (client 0 fits 10 steps of 10 samples at 1 ms: 0.1 s)
+    for seconds, empty in ((2.9, True), (3.2, False)):
+        clock = RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES, Deadline(seconds=seconds))
+        clock.schedule(_plan([10, 10, 10]), SIZE, 0)
+        assert clock.emptied() is empty
+    assert not RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES).emptied()  # no deadline: never
+    time = SimulatedTime(1.0, 2.0, 3.0, empty_rounds=2)
+    again = SimulatedTime()
+    again.load_state_dict(time.state_dict())
+    assert again == time
+    again.load_state_dict({"time_s": 1.0, "bytes_down": 2.0, "bytes_up": 3.0})  # a checkpoint from before
+    assert again.empty_rounds == 0

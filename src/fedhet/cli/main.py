@@ -19,11 +19,48 @@ import typer
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
-from fedhet.errors import FedhetError, FedhetNote, FedhetWarning
+from fedhet import notes
+from fedhet.errors import FedhetError, FedhetWarning
+
+try:  # newer typer has its own copy of click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click.exceptions import ClickException  # type: ignore[assignment]
+
+
+@contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    """A usage error (an unknown option, a bad option value, a missing argument) as one ``error: ...`` line on
+    stderr with its exit code (2), like every other error, instead of typer's usage and box."""
+    try:
+        yield
+    except ClickException as err:
+        if type(err).__name__ == "NoArgsIsHelpError":  # `fedhet` alone: its help, as typer shows it
+            raise
+        text = " ".join(err.format_message().split()).rstrip(".")
+        ctx = getattr(err, "ctx", None)
+        hint = f"; see {ctx.command_path} --help" if ctx is not None else ""
+        _say_error(text[:1].lower() + text[1:] + hint)
+        raise typer.Exit(err.exit_code) from None
+
+
+class OneLineErrors(TyperGroup):
+    """fedhet's group of commands, whose usage errors are one line each (`_one_line_usage_errors`)."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:  # the group's own options: fedhet --bogus
+        with _one_line_usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:  # a command's options and arguments: fedhet run --rounds many
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
+
 
 app = typer.Typer(
     name="fedhet",
+    cls=OneLineErrors,
     help="Federated learning when clients differ: run, compare and plot experiments.",
     no_args_is_help=True,
     add_completion=False,
@@ -76,18 +113,20 @@ class Terminated(KeyboardInterrupt):
 
 @contextmanager
 def _one_line_warnings() -> Iterator[None]:
-    """While inside, a `FedhetWarning` prints as one ``warning: ...`` line on stderr (not Python's two lines), once
-    per command: a second command in the same process (a notebook, a test) says its notes again."""
+    """While inside, a `FedhetWarning` prints as one ``warning: ...`` (or ``note: ...``) line on stderr (not Python's
+    two lines), once per command: a second command in the same process (a notebook, a test) says its notes again."""
     previous = warnings.showwarning
 
     def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
         if issubclass(category, FedhetWarning):
-            text = " ".join(str(message).split())
-            kind = "[cyan]note:[/]" if issubclass(category, FedhetNote) else "[yellow]warning:[/]"
-            err_console.print(f"{kind} {escape(text)}", highlight=False, soft_wrap=True)
+            kind, text = notes.describe(message, category)
+            if notes.first_time(kind, text):
+                colour = "cyan" if kind == "note" else "yellow"
+                err_console.print(f"[{colour}]{kind}:[/] {escape(text)}", highlight=False, soft_wrap=True)
         else:
             previous(message, category, *args, **kwargs)
 
+    notes.forget()
     with warnings.catch_warnings():
         warnings.simplefilter("default", FedhetWarning)  # a new filter: Python forgets the warnings it has shown
         warnings.showwarning = show
@@ -149,6 +188,9 @@ def friendly(func: F) -> F:
         except RuntimeError as err:
             if not _out_of_memory(err):
                 raise
+        except SystemExit as err:  # sys.exit() in user code (a model, a plugin) must not end fedhet as a success
+            _say_error(f"code the run imports (a model, a plugin) called sys.exit({err.code!r}); fedhet stopped there")
+            raise typer.Exit(2) from None
         except KeyboardInterrupt as err:
             hint = getattr(err, "fedhet_hint", "")
             err_console.print(f"interrupted{'; ' + hint if hint else ''}", highlight=False, soft_wrap=True)
@@ -264,9 +306,7 @@ def run(
     cleanly and --resume continues it)."""
     if threads is not None and threads < 1:
         raise FedhetError(f"--threads {threads}: give at least 1 torch thread")
-    from fedhet.engine.threads import torch_threads
-
-    with torch_threads(threads):
+    with _torch_threads(threads):
         _run(
             config,
             algorithm,
@@ -293,6 +333,19 @@ def run(
         )
 
 
+@contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    """`fedhet.engine.threads.torch_threads`, without importing torch for nothing: a config error is reported
+    before torch is imported."""
+    if not count and "torch" not in sys.modules:
+        yield
+        return
+    from fedhet.engine.threads import torch_threads
+
+    with torch_threads(count):
+        yield
+
+
 def _run(
     config: Path | None,
     algorithm: str | None,
@@ -317,7 +370,6 @@ def _run(
     trust_imports: bool,
     target_epsilon: float | None,
 ) -> None:
-    callbacks = [] if quiet else [_progress()]
     if engine not in ("native", "flower"):
         raise FedhetError(f"--engine '{engine}' is not one of: native, flower")
     if estimate and engine == "flower":
@@ -332,7 +384,7 @@ def _run(
 
         require_flwr()
     if resume is not None:
-        _resume(resume, rounds, engine, nodes, track or [], callbacks, quiet, trust_imports)
+        _resume(resume, rounds, engine, nodes, track or [], _progress(quiet), quiet, trust_imports)
         return
     from fedhet.experiments.assembly import assemble, default_run_folder
     from fedhet.experiments.config import parse_config
@@ -352,7 +404,7 @@ def _run(
 
         _print_estimates([estimate_run(raw)], "this run")
         return
-    _start(cfg, out or default_run_folder(cfg), overwrite, engine, nodes, callbacks, quiet)
+    _start(cfg, out or default_run_folder(cfg), overwrite, engine, nodes, _progress(quiet), quiet)
 
 
 def _refuse_run_flags(resume: Path, given: list[str]) -> None:
@@ -429,10 +481,13 @@ def _simulate(cfg: Any, out: Path, nodes: int, callbacks: list[Any], trust: bool
     return simulate(cfg, out, nodes, callbacks, trust=trust)
 
 
-def _progress() -> Any:
+def _progress(quiet: bool) -> list[Any]:
+    """The run's callbacks: its progress bar, unless `quiet`."""
+    if quiet:
+        return []
     from fedhet.cli.progress import ProgressBar
 
-    return ProgressBar(console)
+    return [ProgressBar(console)]
 
 
 def _report(state: Any, quiet: bool) -> None:
@@ -481,34 +536,10 @@ def list_(
     ] = None,
 ) -> None:
     """List every registered component with a line each, and where it comes from (fedhet or a plugin)."""
-    from fedhet import catalog
-    from fedhet.metrics import METRICS
-    from fedhet.plugins import load_plugins
-    from fedhet.recipes import RECIPES
-    from fedhet.registry import Registry, closest
+    from fedhet.cli.catalogue import component_groups
+    from fedhet.registry import closest
 
-    load_plugins(imports or [])
-    registries: dict[str, Registry[Any]] = {
-        "algorithms": catalog.STRATEGIES,
-        "terms": catalog.TERMS,
-        "optimizers": catalog.OPTIMIZERS,
-        "server-optimizers": catalog.SERVER_OPTIMIZERS,
-        "rules": catalog.RULES,
-        "schedules": catalog.SCHEDULES,
-        "tasks": catalog.TASKS,
-        "datasets": catalog.DATASETS,
-        "partitioners": catalog.PARTITIONERS,
-        "models": catalog.MODELS,
-        "availability": catalog.AVAILABILITY,
-        "attacks": catalog.ATTACKS,
-        "plugins": catalog.METRIC_PLUGINS,
-    }
-    groups: dict[str, dict[str, tuple[str, str]]] = {
-        group: {c.name: (c.description, registry.origin(c.name)) for c in registry}
-        for group, registry in registries.items()
-    }
-    groups["metrics"] = {name: (text, "fedhet") for name, text in METRICS.items()}
-    groups["recipes"] = {name: (factory().description, "fedhet") for name, factory in sorted(RECIPES.items())}
+    groups = component_groups(imports or [])
     if what is not None and what not in groups:
         raise FedhetError(f"cannot list '{what}'{closest(what, list(groups))}; choose one of: {', '.join(groups)}")
     for group, entries in groups.items():
@@ -534,8 +565,14 @@ RunsArgument = Annotated[
     ),
 ]
 LabelOption = Annotated[
-    list[str] | None, typer.Option("--label", help="a name for each path's runs, in order (repeatable)")
+    list[str] | None,
+    typer.Option(
+        "--label",
+        help="rename a group: OLD=NEW (OLD: its shown name or its folder's, e.g. a sweep point's); or one name per "
+        "path, or per group in the order found (repeatable)",
+    ),
 ]
+LogXOption = Annotated[bool, typer.Option("--log-x", help="a logarithmic x-axis on the figure")]
 
 
 @app.command()
@@ -551,17 +588,23 @@ def compare(
     x: XOption = "round",
     target: Annotated[
         float | None,
-        typer.Option(help="also show when --metric first reached this value: rounds- and time-to-accuracy"),
+        typer.Option(
+            help="also show when --metric first reached this value (rounds- and time-to-accuracy), and draw it on "
+            "the --plot figure"
+        ),
     ] = None,
     label: LabelOption = None,
+    logx: LogXOption = False,
 ) -> None:
-    """Final metrics of runs side by side, at each run's selected round (and their curves with --plot): runs of one
-    config over seeds (a sweep's points, a recipe's methods) are one row, mean ± std; each is named by what
-    distinguishes it (algorithm, parameters that differ, seed) or by --label."""
-    from fedhet.report.plots import plot_curves
+    """Final metrics of runs side by side, at each run's selected round, best first (and their curves with --plot):
+    runs of one config over seeds (a sweep's points, a recipe's methods) are one row, mean ± std; each is named by
+    its recipe's method name or its method and what distinguishes it, or by --label. Rows are ranked by personalised
+    test accuracy where runs have personalised models, else by test accuracy; the caption says which."""
+    from fedhet.report.plots import check_target, plot_curves
     from fedhet.report.runs import read_groups
     from fedhet.report.tables import compare_table, default_columns, reach_columns
 
+    check_target(target)
     records = read_groups(runs, label)
     metric = metric or _default_metric(records)
     table, _ = compare_table(records, tuple(column) if column else default_columns(records), width=console.width)
@@ -575,7 +618,7 @@ def compare(
             reached.add_row(*row)
         console.print(reached)
     if plot is not None:
-        console.print(f"figure: {plot_curves(records, metric, plot, x=x)}")
+        console.print(f"figure: {plot_curves(records, metric, plot, x=x, target=target, logx=logx)}")
 
 
 @app.command()
@@ -588,14 +631,18 @@ def plot(
     output: Annotated[Path, typer.Option("--output", "-o", help="image file to write")] = Path("plot.png"),
     x: XOption = "round",
     label: LabelOption = None,
+    target: Annotated[float | None, typer.Option(help="draw a dashed horizontal line at this value")] = None,
+    logx: LogXOption = False,
 ) -> None:
     """Plot a metric against the round (or the simulated time) for runs: one line per run, or per config over
-    seeds (a sweep's points, a recipe's methods: mean ± std band), named by what distinguishes them or by --label."""
+    seeds (a sweep's points, a recipe's methods: mean ± std band), named by its recipe's method name or its method
+    and what distinguishes it, or by --label."""
     from fedhet.report.plots import plot_curves
     from fedhet.report.runs import read_groups
 
     groups = read_groups(runs, label)
-    console.print(f"figure: {plot_curves(groups, metric or _default_metric(groups), output, x=x)}")
+    metric = metric or _default_metric(groups)
+    console.print(f"figure: {plot_curves(groups, metric, output, x=x, target=target, logx=logx)}")
 
 
 def _default_metric(groups: list[Any]) -> str:
@@ -618,7 +665,9 @@ RayOption = Annotated[
 ]
 ThreadsOption = Annotated[
     int | None,
-    typer.Option(help="torch threads per run (default: one per run when runs go to several workers, else torch's)"),
+    typer.Option(
+        help="torch threads per run (default: one; the same config and seed give the same numbers with any --workers)"
+    ),
 ]
 INTERRUPTED = "interrupted; run the same command again to continue (finished runs are reused, cut-off runs resume)"
 
@@ -649,7 +698,13 @@ def sweep(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="override a key of the base config (repeatable)")
     ] = None,
-    metric: Annotated[str | None, typer.Option(help="final metric that picks the best point")] = None,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            help="final metric that picks the best point (default: test_accuracy; personal_test_accuracy for "
+            "personalised runs; val_loss with a validation split)"
+        ),
+    ] = None,
     mode: Annotated[str | None, typer.Option(help="max or min (default: min for losses, max otherwise)")] = None,
     show: Annotated[list[str] | None, typer.Option(help="another metric for the summary table (repeatable)")] = None,
     imports: Annotated[

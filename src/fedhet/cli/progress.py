@@ -52,6 +52,12 @@ class ProgressBar(Callback):
         return False
 
     def on_run_end(self, state: RunState) -> None:
+        """Stop the bar where the run ended; a run stopped early (``selection.patience``) ends it full, its time
+        left at zero, and says so (else its clock would stay at the time the planned rounds had left)."""
+        if state.status == "stopped early":
+            planned = state.config.rounds
+            text = f"{self._text(state)}, stopped early ({state.round} of {planned} rounds)".lstrip(", ")
+            self.progress.update(self.task, total=state.round, completed=state.round, metric=text)
         self.progress.stop()
 
     def _text(self, state: RunState) -> str:

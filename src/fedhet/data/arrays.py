@@ -8,9 +8,11 @@ Every problem is a one-line `DataError` naming the input and how to fix it.
 
 from __future__ import annotations
 
+import math
 import zipfile
 import zlib
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -18,7 +20,7 @@ import numpy as np
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 
-from fedhet.data.dataset import Dataset
+from fedhet.data.dataset import ClientData, Dataset, FederatedData, TargetScale
 from fedhet.data.sources import DATASETS, DatasetSource
 from fedhet.errors import DataError
 
@@ -83,11 +85,33 @@ def check_features(x: ArrayLike, what: str, tokens: bool = False) -> torch.Tenso
     return torch.from_numpy(np.ascontiguousarray(out))
 
 
-def check_labels(y: ArrayLike, n: int, what: str, num_classes: int | None = None) -> tuple[torch.Tensor, int]:
+MANY_CLASSES = 50  # more whole-number labels than this, not numbered 0..C−1 (or 1..C), look like a numeric target
+
+
+def check_not_a_target(values: np.ndarray, what: str) -> None:
+    """Refuse whole-number labels that look like a numeric target (a count, an age, a price) rather than class ids:
+    more than `MANY_CLASSES` distinct values that are not the consecutive ids 0..C−1 or 1..C (scikit-learn's
+    diabetes targets: 214 values from 25 to 346). Called only where the task is a guess (a source's ``task: auto``
+    and a run that names none); naming either task decides."""
+    distinct = np.unique(values)
+    if len(distinct) <= MANY_CLASSES or (distinct[0] in (0, 1) and distinct[-1] - distinct[0] == len(distinct) - 1):
+        return
+    raise DataError(
+        f"{what}: the labels are {len(distinct)} different whole numbers from {distinct[0]:g} to {distinct[-1]:g}, "
+        "like a numeric target rather than class ids 0..C-1; for a regression set task: regression "
+        f"(--set task=regression), or task: classification to train {len(distinct)} classes"
+    )
+
+
+def check_labels(
+    y: ArrayLike, n: int, what: str, num_classes: int | None = None, guessed: bool = False
+) -> tuple[torch.Tensor, int]:
     """Labels as int64 class ids and the number of classes.
 
     Integers (or whole floats) are class ids 0..C-1 (C = `num_classes`, or the largest id + 1); strings and
-    booleans are class names, numbered in sorted order. Fractions, negatives and NaN are DataErrors.
+    booleans are class names, numbered in sorted order. Fractions, negatives and NaN are DataErrors, and so, when
+    the task is `guessed` and `num_classes` not given, are whole numbers that look like a target
+    (`check_not_a_target`).
     """
     arr = as_numpy(y, what)
     if arr.ndim == 2 and arr.shape[1] == 1:
@@ -114,6 +138,8 @@ def check_labels(y: ArrayLike, n: int, what: str, num_classes: int | None = None
                 f"{what}: label {float(arr[row]):g} (row {row}) is not a class; labels must be integer class ids "
                 "or names (for numeric targets set task: regression)"
             )
+    if guessed and num_classes is None:
+        check_not_a_target(arr, what)
     ids = arr.astype(np.int64)
     if ids.min() < 0:
         row = int(np.argmax(ids < 0))
@@ -185,7 +211,8 @@ def to_dataset(
 ) -> Dataset:
     """A checked `Dataset` from features `x` (N, ...), labels `y` (N,) and optional users (N,).
 
-    `task` "regression" takes `y` as numeric targets (N,) or (N, d); any other task as classes. `standardize`
+    `task` "regression" takes `y` as numeric targets (N,) or (N, d); "auto" as classes unless they look like a
+    numeric target (`check_not_a_target`: refused); any other task as classes. `standardize`
     z-scores every feature over the samples (not token ids). `where` names the input in error messages (a file, a
     column); it defaults to `name`."""
     what = where or name
@@ -193,11 +220,11 @@ def to_dataset(
     if task == "regression":
         labels, classes = check_targets(y, len(features), what)
     else:
-        labels, classes = check_labels(y, len(features), what, num_classes)
+        labels, classes = check_labels(y, len(features), what, num_classes, guessed=task == "auto")
     if standardize and not tokens:
         features = standardise(features)
     owners, names = named_users(users, len(features), what) if users is not None else (None, None)
-    return Dataset(name, features, labels, classes, users=owners, task=task, user_names=names)
+    return Dataset(name, features, labels, classes, users=owners, task=data_task(task), user_names=names)
 
 
 def standardise(x: torch.Tensor, dims: Sequence[int] = (0,)) -> torch.Tensor:
@@ -205,6 +232,24 @@ def standardise(x: torch.Tensor, dims: Sequence[int] = (0,)) -> torch.Tensor:
     mean = x.mean(dim=tuple(dims), keepdim=True)
     std = x.std(dim=tuple(dims), keepdim=True, unbiased=False)
     return (x - mean) / torch.where(std > 0, std, torch.ones_like(std))
+
+
+def standardise_targets(data: FederatedData) -> FederatedData:
+    """`data` with its regression targets standardised for training (`TargetScale`): each column centred on its
+    mean and divided by one scale s, both from the training samples of the clients that train (never the
+    validation, test or unseen clients' samples); s is 1 for targets with no spread."""
+    train = data.train.select(data.seen_ids).y.double()
+    columns = train.reshape(len(train), -1)
+    mean = columns.mean(0) if len(columns) else torch.zeros(columns.shape[1], dtype=torch.float64)
+    spread = float(columns.var(0, unbiased=False).mean().sqrt()) if len(columns) else 0.0
+    scale = TargetScale(mean.float(), spread if spread > 0 and math.isfinite(spread) else 1.0)
+
+    def standardised(part: ClientData) -> ClientData:
+        y = (part.y.double() - mean) / scale.scale  # (N,) or (N, d) minus (d,)
+        return ClientData(part.x, y.to(part.y.dtype), part.offsets)
+
+    val = standardised(data.val) if data.val is not None else None
+    return replace(data, train=standardised(data.train), test=standardised(data.test), val=val, target_scale=scale)
 
 
 def absolute(path: str | None) -> str | None:
@@ -227,15 +272,47 @@ def resolve(path: str, what: str) -> Path:
 MAX_CLASSES = 100_000  # a label id above it is a mistake (a sample id, a timestamp), not a class
 
 
+MAX_NPY_HEADER = 10_000  # bytes: NumPy's own limit (np.save writes headers of about a hundred)
+
+
+def _npy_problem(err: ValueError) -> str:
+    """What NumPy's ValueError about a .npy file (or an array of a .npz archive) means, for a one-line error."""
+    text = str(err)
+    if "Header info length" in text:
+        return f"its header is longer than a NumPy file's ({MAX_NPY_HEADER:,} bytes at most): a crafted or damaged file"
+    if "allow_pickle" in text or "Object arrays" in text:
+        return "it holds Python objects, which fedhet does not unpickle; save numbers"
+    return f"it is damaged ({text.splitlines()[0] if text else type(err).__name__})"
+
+
 def _read_npy(path: Path, what: str) -> np.ndarray:
+    """One ``.npy`` file, checked before its data is read: the magic string (a ``.npz`` archive under a ``.npy``
+    name is refused), a header of NumPy's size, numbers only, and as many bytes as the header's shape claims."""
+    fmt = np.lib.format
     try:
-        return np.asarray(np.load(path, allow_pickle=False))
+        with path.open("rb") as f:
+            try:
+                version = fmt.read_magic(f)
+            except ValueError:
+                f.seek(0)
+                zipped = f.read(2) == b"PK"
+                kind = "a .npz archive: give it as 'path' (its arrays by key)" if zipped else "not a NumPy .npy file"
+                raise DataError(f"{what}: '{path}' is {kind}") from None
+            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, _, dtype = read_header(f, max_header_size=MAX_NPY_HEADER)
+            if dtype.hasobject:
+                raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+            claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            held = path.stat().st_size - f.tell()
+            if claimed > held:
+                raise DataError(
+                    f"{what}: '{path}' is truncated or damaged: its header claims shape {tuple(shape)} "
+                    f"({claimed:,} bytes), it holds {held:,}"
+                )
+            f.seek(0)
+            return np.asarray(np.load(f, allow_pickle=False))
     except ValueError as err:
-        if "allow_pickle" in str(err) or "Object arrays" in str(err):
-            raise DataError(
-                f"{what}: '{path}' holds Python objects, which fedhet does not unpickle; save numbers"
-            ) from None
-        raise DataError(f"{what}: '{path}' is not a NumPy file ({str(err).splitlines()[0]})") from None
+        raise DataError(f"{what}: '{path}': {_npy_problem(err)}") from None
     except (OSError, EOFError) as err:
         raise DataError(f"{what}: cannot read '{path}' ({str(err).splitlines()[0]})") from None
 
@@ -247,7 +324,8 @@ class Arrays(DatasetSource):
 
     ``x`` holds the features (N, ...): integers become float32 unless ``tokens`` (then int64 ids for an
     embedding), z-scored with ``standardize``; ``y`` the labels (N,): class ids 0..C-1 or class names, or numeric
-    targets (N,) or (N, d) with ``task: regression`` (or the run's ``task: regression``); ``users`` each sample's
+    targets (N,) or (N, d) with ``task: regression`` (or the run's ``task: regression``; at ``auto``, whole numbers
+    that look like a target are refused: `check_not_a_target`); ``users`` each sample's
     owner (any ids), for ``partition: natural`` (which a run takes when ``users`` is set and its config names no
     partition). Files are read without unpickling (``allow_pickle=False``). Relative paths start at the current
     directory, and are kept absolute in a run folder's config.yaml.
@@ -300,12 +378,7 @@ class Arrays(DatasetSource):
                     try:
                         arrays[role] = archive[key]
                     except ValueError as err:
-                        if "allow_pickle" in str(err) or "Object arrays" in str(err):
-                            raise DataError(
-                                f"dataset 'arrays': array '{key}' of '{file}' holds Python objects, which fedhet does "
-                                "not unpickle; save numbers"
-                            ) from None
-                        raise DataError(f"dataset 'arrays': array '{key}' of '{file}' is damaged ({err})") from None
+                        raise DataError(f"dataset 'arrays': array '{key}' of '{file}': {_npy_problem(err)}") from None
                     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:  # truncated, a bad CRC
                         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
                         raise DataError(f"dataset 'arrays': array '{key}' of '{file}' is damaged ({reason})") from None
@@ -325,6 +398,6 @@ class Arrays(DatasetSource):
             num_classes=self.num_classes,
             tokens=self.tokens,
             where=f"dataset 'arrays' ({where})",
-            task=data_task(self.task),
+            task=self.task,
             standardize=self.standardize,
         )

@@ -85,6 +85,22 @@ class ClientData:
         return ClientData(self.x[rows], self.y[rows], offsets)
 
 
+@dataclass(frozen=True)
+class TargetScale:
+    """How a regression's targets were standardised for training: y' = (y − mean) / scale, with `mean` (d,) each
+    target column's and one `scale` s for every column (the root of their mean variance: a column's std when
+    there is one). The training loss is then the squared error in the targets' units divided by s², so a model
+    minimises the same error, better conditioned; a loss in the targets' units is s² times the standardised one,
+    an MAE or RMSE s times, R² the same (`fedhet.engine.task.Task.target_powers`)."""
+
+    mean: Tensor  # (d,)
+    scale: float
+
+    def original(self, y: Tensor) -> Tensor:
+        """Standardised targets or predictions (..., d) or (N,) back in the targets' units."""
+        return y * self.scale + self.mean.to(y.dtype)
+
+
 @dataclass
 class FederatedData:
     """Every client's train, test and (optionally) validation data, and which clients take part in training (seen)
@@ -99,6 +115,7 @@ class FederatedData:
     val: ClientData | None = None  # each client's validation samples (``val_fraction``; None: no validation split)
     task: str = "classification"  # the dataset's task (`Dataset.task`)
     client_names: tuple[str, ...] | None = None  # each client's user (site) name, when a client is one user
+    target_scale: TargetScale | None = None  # regression targets standardised for training (None: as given)
 
     def __post_init__(self) -> None:
         if self.train.num_clients != self.test.num_clients or len(self.seen) != self.train.num_clients:

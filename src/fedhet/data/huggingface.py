@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from fedhet.data.arrays import check_features, check_labels, check_users, resolve
 from fedhet.data.dataset import Dataset
-from fedhet.data.images import pil_pixels, pixels_to_tensor, stack_pixels
+from fedhet.data.images import MAX_SIDE, SizeOption, pil_pixels, pixels_to_tensor, stack_pixels
 from fedhet.data.sources import DATASETS, DatasetSource
 from fedhet.errors import ConfigError, DataError
 from fedhet.registry import closest
@@ -86,7 +86,7 @@ class HuggingFace(DatasetSource):
     features: list[str] | None = Field(None, description="input columns (default: all but label and user)")
     user: str | None = Field(None, description="column of sample owners, for partition 'natural'")
     tokens: bool = Field(False, description="integer features are token ids (kept as int64)")
-    size: tuple[int, int] | None = Field(None, description="resize images to [height, width]")
+    size: SizeOption | None = Field(None, description=f"resize images to [height, width] (1 to {MAX_SIDE} each)")
     grayscale: bool = Field(False, description="images: one grey channel instead of RGB")
     normalize: bool = Field(True, description="images: standardise each channel")
 

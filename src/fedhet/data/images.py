@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ from fedhet.errors import DataError
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 Size = tuple[int, int]
+MAX_SIDE = 4096  # pixels: a larger resize is a typo (and its images would not fit in memory)
+Side = Annotated[int, Field(ge=1, le=MAX_SIDE)]
+SizeOption = tuple[Side, Side]  # a source's ``size`` option: [height, width], each 1 to `MAX_SIDE`
 
 
 def require_pillow() -> Any:
@@ -79,7 +82,7 @@ class ImageFolder(DatasetSource):
     name: ClassVar[str] = "image_folder"
     description: ClassVar[str] = "your images: a folder with one subfolder of PNG/JPEG files per class"
     path: str = Field(..., description="the folder holding one subfolder per class")
-    size: tuple[int, int] | None = Field(None, description="resize every image to [height, width]")
+    size: SizeOption | None = Field(None, description=f"resize every image to [height, width] (1 to {MAX_SIDE} each)")
     grayscale: bool = Field(False, description="one grey channel instead of RGB")
     normalize: bool = Field(True, description="standardise each channel to zero mean, unit variance")
     user_pattern: str | None = Field(None, description="regex; its first group of the file path gives the user")

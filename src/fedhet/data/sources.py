@@ -29,11 +29,12 @@ class DatasetSource(Component):
         users are not the user's choice (LEAF's writers keep the partition the config names)."""
         return None
 
-    def for_task(self, numeric: bool) -> DatasetSource:
-        """This source reading its labels as numeric targets where a run's task needs them (regression) and the
-        source has a ``task`` option left at ``auto`` (tables, arrays); otherwise itself."""
-        if numeric and getattr(self, "task", None) == "auto":
-            return self.model_copy(update={"task": "regression"})
+    def for_task(self, numeric: bool | None) -> DatasetSource:
+        """This source reading its labels as the run's task needs them where the source has a ``task`` option left
+        at ``auto`` (tables, arrays): numeric targets for a task without classes (regression), classes for one with
+        (`numeric` False: whole numbers stay classes however many); otherwise (None: the run names no task) itself."""
+        if numeric is not None and getattr(self, "task", None) == "auto":
+            return self.model_copy(update={"task": "regression" if numeric else "classification"})
         return self
 
     def stand_in(self, scale: float = 1.0) -> Dataset | None:

@@ -19,7 +19,16 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from fedhet.data.arrays import TaskName, absolute, check_targets, data_task, named_users, resolve, standardise
+from fedhet.data.arrays import (
+    TaskName,
+    absolute,
+    check_not_a_target,
+    check_targets,
+    data_task,
+    named_users,
+    resolve,
+    standardise,
+)
 from fedhet.data.dataset import Dataset
 from fedhet.data.sources import DATASETS, DatasetSource
 from fedhet.errors import DataError, FedhetNote
@@ -90,18 +99,44 @@ def numeric(values: list[Any], column: str, path: Path) -> np.ndarray | None:
         return None
 
 
+MAX_CATEGORIES = 1_000  # one-hot columns of one categorical column (the Adult loader's bound too)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def one_hot(values: list[Any], column: str, path: Path) -> np.ndarray:
-    """(N, V) indicator columns, one per distinct value in sorted order."""
+    """(N, V) indicator columns, one per distinct value in sorted order (V at most `MAX_CATEGORIES`)."""
     _check_present(values, column, path)
     text = np.asarray([str(v) for v in values])
-    _, ids = np.unique(text, return_inverse=True)
+    distinct, ids = np.unique(text, return_inverse=True)
+    if len(distinct) > MAX_CATEGORIES:
+        raise DataError(
+            f"table '{path}': categorical column '{column}' has {len(distinct):,} distinct values, more than the "
+            f"{MAX_CATEGORIES:,} one-hot columns fedhet makes of one column; group its rare values, or leave it out "
+            "of 'features' and 'categorical'"
+        )
     out = np.zeros((len(values), int(ids.max()) + 1 if len(values) else 0), dtype=np.float64)
     out[np.arange(len(values)), ids.reshape(-1)] = 1.0
     return out
 
 
-def label_ids(values: list[Any], column: str, path: Path) -> tuple[torch.Tensor, int]:
-    """Class ids of a label column: its distinct values (names, or whole numbers) numbered in sorted order."""
+def _check_finite(numbers: np.ndarray, values: list[Any], column: str, path: Path) -> None:
+    """Refuse a feature cell that is not a finite float32 number: a NaN or inf written as text, or a number beyond
+    float32's range (1e400 reads as inf, 1e39 becomes inf as float32)."""
+    bad = ~np.isfinite(numbers) | (np.abs(numbers) > FLOAT32_MAX)
+    if bad.any():
+        row = int(np.argmax(bad))
+        value = float(numbers[row])
+        written = str(values[row]).strip().lower().lstrip("+-")
+        what = "NaN" if math.isnan(value) else "infinite" if written in ("inf", "infinity") else "out of range"
+        raise DataError(
+            f"table '{path}': column '{column}' holds {values[row]!r} in data row {row + 1}, which is {what} "
+            f"(features are finite float32 numbers, at most {FLOAT32_MAX:.3g} in size); fix or drop that row"
+        )
+
+
+def label_ids(values: list[Any], column: str, path: Path, guessed: bool = False) -> tuple[torch.Tensor, int]:
+    """Class ids of a label column: its distinct values (names, or whole numbers) numbered in sorted order; when the
+    task is `guessed`, whole numbers that look like a numeric target are refused (`check_not_a_target`)."""
     _check_present(values, column, path)
     as_numbers = numeric(values, column, path)
     if as_numbers is None:
@@ -114,6 +149,8 @@ def label_ids(values: list[Any], column: str, path: Path) -> tuple[torch.Tensor,
                 f"table '{path}': label {values[row]!r} (column '{column}', data row {row + 1}) is not a class; "
                 "labels must be class ids or names, or, for a regression on this column, set task: regression"
             )
+        if guessed:
+            check_not_a_target(as_numbers, f"table '{path}' (column '{column}')")
         keys = as_numbers
     distinct, ids = np.unique(keys, return_inverse=True)
     if len(distinct) < 2:
@@ -165,7 +202,9 @@ class Table(DatasetSource):
     """A CSV or Parquet table: one row per sample.
 
     ``label`` names the class column (names or integers; its distinct values are numbered in sorted order), or,
-    with ``task: regression`` (or the run's ``task: regression``), the numeric target. ``features`` lists the
+    with ``task: regression`` (or the run's ``task: regression``), the numeric target; when neither names a task, a
+    label of whole numbers that looks like a target (more than 50 values, not 0..C−1) is refused, naming both
+    choices (`fedhet.data.arrays.check_not_a_target`). ``features`` lists the
     input columns (default: every other column but ``user``, leaving out columns that look like row ids, with a
     line saying so); numeric columns are standardised (zero mean, unit variance over the whole table) unless
     ``standardize: false``, and columns listed in ``categorical`` are one-hot encoded (one 0/1 column per distinct
@@ -265,19 +304,23 @@ class Table(DatasetSource):
                     f"table '{path}': column '{column}' is not numeric (e.g. {example!r}); list it under "
                     "'categorical' to one-hot encode it, or leave it out of 'features'"
                 )
+            _check_finite(values, columns[column], column, path)
             blocks.append(values.reshape(-1, 1))
             numeric_mask.append(True)
         x = torch.from_numpy(np.concatenate(blocks, axis=1).astype(np.float32))
         if self.standardize and any(numeric_mask):
             cols = torch.tensor(numeric_mask)
             x[:, cols] = standardise(x[:, cols])
-        if not bool(torch.isfinite(x).all()):
-            raise DataError(f"table '{path}' holds an infinite feature value; fill or drop such rows")
+        if not bool(torch.isfinite(x).all()):  # finite values too far apart for float32 once standardised
+            raise DataError(
+                f"table '{path}': standardising its numeric features overflows float32 (values too far apart); "
+                "rescale the columns, or set dataset.standardize: false"
+            )
         task = data_task(self.task)
         if task == "regression":
             labels, classes = targets(columns[self.label], self.label, path)
         else:
-            labels, classes = label_ids(columns[self.label], self.label, path)
+            labels, classes = label_ids(columns[self.label], self.label, path, guessed=self.task == "auto")
         users, user_names = None, None
         if self.user is not None:
             _check_present(columns[self.user], self.user, path)

@@ -88,7 +88,8 @@ def _is_flatten(module: nn.Module) -> bool:
 
 def dense_layers(model: FlatModel) -> list[DenseLayer] | None:
     """The model as a list of dense layers, or None when it is not (an optional leading Flatten, then Linear
-    layers each optionally followed by ReLU/Tanh/Sigmoid and Dropout, ending with a Linear layer)."""
+    layers each optionally followed by ReLU/Tanh/Sigmoid and Dropout, ending with a Linear layer; a hidden Linear
+    layer without an activation feeds the next one directly)."""
     leaves = _leaves(model.module)
     if leaves and _is_flatten(leaves[0]):
         leaves = leaves[1:]
@@ -308,12 +309,19 @@ def _threshold(grad: Tensor, out: Tensor) -> Tensor:
     return torch.ops.aten.threshold_backward(grad, out, 0)
 
 
-# σ, and the gradient through σ from its output, as autograd computes them
-_FORWARD: dict[str, Callable[[Tensor], Tensor]] = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+# σ, and the gradient through σ from its output, as autograd computes them ("": a hidden Linear layer followed
+# directly by another, σ the identity)
+_FORWARD: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": torch.relu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "": lambda z: z,
+}
 _BACKWARD: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "relu": _threshold,
     "tanh": torch.ops.aten.tanh_backward,
     "sigmoid": torch.ops.aten.sigmoid_backward,
+    "": lambda grad, out: grad,
 }
 
 
@@ -637,8 +645,9 @@ class _Chunk:
             else self.x_buffer[:0]  # not needed: the first layer's outputs come from the Gram matrices
         )
         inputs, acts = [a], list[Tensor]()
+        last = len(self.layers) - 1
         for i, (w, la, m) in enumerate(zip(net, self.layers, mask, strict=True)):
-            out = logits_t if la.activation is None else None
+            out = logits_t if i == last else None
             bias = w.bias.value if w.bias is not None else None
             if i == 0 and gram is not None:
                 z = gram.outputs(t, n)
@@ -648,13 +657,13 @@ class _Chunk:
                 z = torch.baddbmm(bias, a, w.weight_t, out=out)
             else:
                 z = torch.bmm(a, w.weight_t, out=out)
-            if la.activation is None:
+            if i == last:
                 return z, inputs, acts
-            a = _FORWARD[la.activation](z)
+            a = _FORWARD[la.activation or ""](z)
             acts.append(a)
             inputs.append(a * m if m is not None else a)
             a = inputs[-1]
-        raise AssertionError("the last dense layer has no activation")  # `dense_layers` guarantees it
+        raise AssertionError("a model without dense layers")  # `dense_layers` gives at least one
 
     def backward(
         self,

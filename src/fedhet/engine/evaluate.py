@@ -32,9 +32,15 @@ class ClientScores:
     owner: Tensor | None = None  # (N,) the client of each of them
 
     def select(self, clients: Tensor) -> ClientScores:
-        """The scores of `clients`, in that order (without the samples' outputs)."""
+        """The scores of `clients`, in that order (with their samples' outputs, owned by their place in it)."""
         extra = {k: v[clients] for k, v in self.extra.items()}
-        return ClientScores(self.loss[clients], self.accuracy[clients], self.count[clients], extra)
+        out = ClientScores(self.loss[clients], self.accuracy[clients], self.count[clients], extra)
+        if self.outputs is not None and self.labels is not None and self.owner is not None:
+            place = torch.full((len(self.loss),), -1, dtype=torch.long)
+            place[clients] = torch.arange(len(clients))
+            keep = place[self.owner] >= 0
+            out.outputs, out.labels, out.owner = self.outputs[keep], self.labels[keep], place[self.owner[keep]]
+        return out
 
     def pooled(self, task: Task, clients: Tensor) -> dict[str, float]:
         """The task's metrics over the samples of `clients` (a (K,) mask) pooled (none without the outputs)."""
@@ -45,10 +51,27 @@ class ClientScores:
 
     @staticmethod
     def concat(parts: list[ClientScores]) -> ClientScores:
-        """Scores of consecutive groups of clients, one after the other (without the samples' outputs)."""
+        """Scores of consecutive groups of clients, one after the other (with the samples' outputs where every
+        part has them)."""
         loss, accuracy, count = (torch.cat([getattr(p, f) for p in parts]) for f in ("loss", "accuracy", "count"))
         extra = {k: torch.cat([p.extra[k] for p in parts]) for k in (parts[0].extra if parts else {})}
-        return ClientScores(loss, accuracy, count, extra)
+        out = ClientScores(loss, accuracy, count, extra)
+        if parts and all(p.outputs is not None and p.labels is not None and p.owner is not None for p in parts):
+            starts = np.cumsum([0] + [len(p.loss) for p in parts[:-1]])
+            out.outputs = torch.cat([p.outputs for p in parts if p.outputs is not None])
+            out.labels = torch.cat([p.labels for p in parts if p.labels is not None])
+            out.owner = torch.cat(
+                [p.owner + int(at) for p, at in zip(parts, starts, strict=True) if p.owner is not None]
+            )
+        return out
+
+    def with_task_scores(self, task: Task, outputs: Tensor, labels: Tensor, owner: Tensor) -> ClientScores:
+        """These scores with the task's own metrics (`Task.client_scores`) of the samples' `outputs` (N, out) and
+        `labels`, each of the client at place `owner` (N,) in them; as they are for a task without such metrics."""
+        if task.metrics:
+            self.outputs, self.labels, self.owner = outputs.detach().cpu(), labels.cpu(), owner.cpu()
+            self.extra = task.client_scores(self.outputs, self.labels, self.owner, len(self.loss))
+        return self
 
 
 @torch.no_grad()
@@ -108,7 +131,7 @@ def score_own_models(
     model: FlatModel, params: Tensor, data: ClientData, clients: Tensor, chunk_size: int = 64
 ) -> ClientScores:
     """Loss and accuracy of client i's OWN model params[i] on client clients[i]'s data (vmap over padded data),
-    on the device of `data`."""
+    on the device of `data`; for a task with metrics of its own (AUC, F1, ...), those too (`Task.client_scores`)."""
     model.module.eval()
     dev = data.x.device
     m = len(clients)
@@ -116,16 +139,18 @@ def score_own_models(
     sizes = data.sizes[clients]
 
     task = model.task
+    keep = bool(task.metrics)  # the outputs, only for a task with metrics of its own (they may be large)
 
-    def one(w: Tensor, x: Tensor, y: Tensor, wt: Tensor) -> tuple[Tensor, Tensor]:
+    def one(w: Tensor, x: Tensor, y: Tensor, wt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         logits = model.logits(w, x)
         per = task.loss(logits, y)
         denom = wt.sum().clamp_min(1)
         hit = task.correct(logits, y)
         accuracy = (hit.float() * wt).sum() / denom if hit is not None else torch.full_like(denom, float("nan"))
-        return (per * wt).sum() / denom, accuracy
+        return (per * wt).sum() / denom, accuracy, logits if keep else denom
 
     vone = vmap(one)
+    outputs, labels, owner = [], [], []  # of every sample scored, for a task with metrics of its own
     for lo in range(0, m, chunk_size):
         ids = clients[lo : lo + chunk_size]
         width = int(data.sizes[ids].max()) if len(ids) else 0
@@ -133,9 +158,22 @@ def score_own_models(
             continue
         rows, valid = padded_rows(data, ids)
         w = params[lo : lo + chunk_size].to(dev)
-        l_, a_ = vone(w, data.x[rows], data.y[rows], valid.float().to(dev))
+        l_, a_, z = vone(w, data.x[rows], data.y[rows], valid.float().to(dev))
         loss[lo : lo + chunk_size], acc[lo : lo + chunk_size] = l_, a_
-    return ClientScores(loss, acc, sizes)
+        if keep:
+            outputs.append(z[valid.to(dev)].cpu())
+            labels.append(data.y[rows][valid.to(data.y.device)].cpu())
+            owner.append((lo + torch.arange(len(ids))).unsqueeze(1).expand(-1, width)[valid.cpu()])
+    scores = ClientScores(loss, acc, sizes)
+    if not keep:
+        return scores
+    empty = torch.zeros(0, dtype=torch.long)
+    return scores.with_task_scores(
+        task,
+        torch.cat(outputs) if outputs else torch.zeros(0, task.outputs(1)),
+        torch.cat(labels) if labels else data.y[:0].cpu(),
+        torch.cat(owner) if owner else empty,
+    )
 
 
 @torch.no_grad()
@@ -209,11 +247,14 @@ def score_split_dense(
     holds each client's values there, in the model's order. A layer whose parameters are all shared runs as one
     matrix product over every client's samples, as the global model's evaluation does; a personal one as one product
     per client. So a personal head costs little more than the global model's evaluation; a whole personal model
-    costs one (samples × in) · (in × out) product per client and layer."""
+    costs one (samples × in) · (in × out) product per client and layer. A task's own metrics (AUC, F1, ...) come
+    with the scores (`Task.client_scores`)."""
     rows, valid = padded_rows(data, clients)
     m, width = rows.shape
     if width == 0:
-        return ClientScores(torch.zeros(m), torch.zeros(m), data.sizes[clients])
+        none = ClientScores(torch.zeros(m), torch.zeros(m), data.sizes[clients])
+        outputs = torch.zeros(0, layers[-1].shape[0])
+        return none.with_task_scores(task, outputs, data.y[:0], torch.zeros(0, dtype=torch.long))
 
     def part(where: slice, shape: tuple[int, ...], first: int | None) -> Tensor:
         if first is None:
@@ -241,4 +282,6 @@ def score_split_dense(
     loss = (nll * wt).sum(1) / denom
     hit = task.correct(a, y)
     accuracy = (hit.to(a.dtype) * wt).sum(1) / denom if hit is not None else torch.full_like(loss, float("nan"))
-    return ClientScores(loss.cpu(), accuracy.cpu(), data.sizes[clients])
+    scores = ClientScores(loss.cpu(), accuracy.cpu(), data.sizes[clients])
+    owner = torch.arange(m, device=valid.device).unsqueeze(1).expand(-1, width)[valid]
+    return scores.with_task_scores(task, a[valid.to(a.device)], y[valid.to(y.device)], owner)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 
 import torch
@@ -12,8 +13,31 @@ from fedhet.engine.optimizers import SGD, ClientOptimizer
 from fedhet.engine.personal import Personal
 from fedhet.engine.privacy import ExampleDP, UpdateClip
 from fedhet.engine.rules import LocalRule
+from fedhet.errors import ConfigError
 
 PHASES = 8  # trainings of one round that may build on each other (`LocalPlan.phase`)
+MAX_STEPS = 1_000_000  # local steps a client may be asked for in one training (the bound of the config's local.steps)
+MAX_BATCH_BYTES = 4 << 30  # the padded mini-batches of one training's cohort: indices, weights and gathered inputs
+
+
+def batch_bytes(clients: int, steps: int, batch: int, features: int) -> int:
+    """Bytes of one training's padded mini-batches: (clients, steps, batch) int64 indices and float32 weights, and
+    the float32 inputs they gather (every batch is padded to `batch` rows; see `fedhet.engine.batches`)."""
+    return clients * steps * batch * (12 + 4 * features)
+
+
+def check_steps(what: str, steps: float, clients: int, batch: int, input_shape: tuple[int, ...]) -> None:
+    """Refuse in one line (`ConfigError` naming `what`) a training of `steps` local steps for `clients` clients at
+    once that takes more than `MAX_STEPS` steps or whose mini-batches need more than `MAX_BATCH_BYTES`, before
+    anything runs (such a training would end in an out-of-memory error or run for days)."""
+    if not math.isfinite(steps) or steps > MAX_STEPS:
+        raise ConfigError(f"{what}: {steps:,.0f} local steps per client, more than {MAX_STEPS:,}; lower it")
+    need = batch_bytes(clients, int(steps), batch, math.prod(input_shape))
+    if need > MAX_BATCH_BYTES:
+        raise ConfigError(
+            f"{what}: {int(steps):,} local steps × batch {batch:,} × {clients:,} clients need about "
+            f"{need / 2**30:,.1f} GiB of mini-batches (at most {MAX_BATCH_BYTES / 2**30:.0f}); lower it"
+        )
 
 
 @dataclass(frozen=True)

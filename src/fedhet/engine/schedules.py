@@ -10,6 +10,10 @@ schedule of one's own is a registered `Schedule` subclass (docs/workflow.md).
 * ``cosine``:       f_min + (1 − f_min) · ½ (1 + cos(π t / T))   (Loshchilov & Hutter's annealing, no restarts)
 * ``warmup``:       linear from `start` to 1 over the first W rounds (as torch's ``LinearLR``), then `then` over the
   remaining T − W rounds, from its own round 0
+
+Every factor lies in [0, 1] (a warm-up's start, a decay's γ and a cosine's f_min are at most 1), so a scheduled
+rate never exceeds the configured one; `local.lr` and `algorithm.server_lr` set the peak. A warm-up may wrap another
+warm-up, at most `MAX_NESTING` deep.
 """
 
 from __future__ import annotations
@@ -17,13 +21,17 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from pydantic import Field, field_serializer, field_validator
+from pydantic import ConfigDict, Field, field_serializer, field_validator
 
 from fedhet.registry import Component, Registry, spec_of
+
+MAX_NESTING = 16  # schedules inside schedules (a warm-up's `then`): deeper is a generated config, not a schedule
 
 
 class Schedule(Component):
     """A learning rate's multiplier in round `round_` (0-based) of `rounds` planned rounds."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     def factor(self, round_: int, rounds: int) -> float:
         raise NotImplementedError
@@ -50,7 +58,7 @@ class Step(Schedule):
     name: ClassVar[str] = "step"
     description: ClassVar[str] = "times gamma every `every` rounds (FedMGDA+'s decay)"
     every: int = Field(100, ge=1, description="rounds between two decays")
-    gamma: float = Field(0.1, gt=0, description="the factor applied at each decay")
+    gamma: float = Field(0.1, gt=0, le=1, description="the factor applied at each decay (at most 1: a decay)")
 
     def factor(self, round_: int, rounds: int) -> float:
         return self.gamma ** (round_ // self.every)
@@ -62,7 +70,7 @@ class Exponential(Schedule):
 
     name: ClassVar[str] = "exponential"
     description: ClassVar[str] = "times gamma every round"
-    gamma: float = Field(0.99, gt=0, description="the factor applied each round")
+    gamma: float = Field(0.99, gt=0, le=1, description="the factor applied each round (at most 1: a decay)")
 
     def factor(self, round_: int, rounds: int) -> float:
         return self.gamma**round_
@@ -96,7 +104,14 @@ class Warmup(Schedule):
     @field_validator("then", mode="before")
     @classmethod
     def _then(cls, value: Any) -> Any:
-        return value if isinstance(value, Schedule) else SCHEDULES.build(value, where="then")
+        if isinstance(value, Schedule):
+            return value
+        depth, inner = 1, value
+        while isinstance(inner, dict) and "then" in inner:  # counted before building: no recursion on deep input
+            depth, inner = depth + 1, inner["then"]
+            if depth > MAX_NESTING:
+                raise ValueError(f"schedules are nested more than {MAX_NESTING} deep (a warm-up's then in a then ...)")
+        return SCHEDULES.build(value, where="then")
 
     @field_serializer("then")
     def _dump_then(self, value: Schedule) -> dict[str, Any]:

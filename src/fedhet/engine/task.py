@@ -7,7 +7,8 @@ gradients, evaluation `Task.loss_value`, `Task.correct` and `Task.client_scores`
 * ``binary``: one output z, the logit of class 1; ℓ = log(1 + e^z) − y z (binary cross-entropy with logits);
   accuracy, ROC AUC, F1 and balanced accuracy (the positive class is 1).
 * ``regression``: d outputs (d target columns, usually 1); ℓ = (1/d) Σ_j (z_j − y_j)² (the squared error); MAE,
-  RMSE and R².
+  RMSE and R². By default (``standardize``) it trains on standardised targets (y − μ) / s, and every loss and
+  metric a run reports is in the targets' own units (`target_powers`; `fedhet.data.dataset.TargetScale`).
 
 The metric definitions are scikit-learn's (``roc_auc_score``, ``f1_score``, ``balanced_accuracy_score``,
 ``mean_absolute_error``, ``root_mean_squared_error``, ``r2_score``): the pooled values are computed by it, and the
@@ -23,6 +24,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from scipy.stats import rankdata
 from torch import Tensor
 from torch.func import grad, vmap
@@ -41,6 +43,12 @@ class Task(Component):
     accuracy: ClassVar[bool] = True  # predictions are classes: accuracy columns are written
     classes: ClassVar[bool] = True  # labels are class ids (label-based partitioners and label noise apply)
     metrics: ClassVar[tuple[str, ...]] = ()  # the names `client_scores` and `pooled_scores` give
+    # the power of the target scale s in each reported value ("loss" and the metrics' names): s² for a squared error
+    target_powers: ClassVar[dict[str, int]] = {}
+
+    def standardizes_targets(self) -> bool:
+        """Whether a run trains this task on standardised targets (`fedhet.data.arrays.standardise_targets`)."""
+        return False
 
     def outputs(self, num_classes: int) -> int:
         """The model's output width for a dataset of `num_classes` classes (or target columns)."""
@@ -234,6 +242,14 @@ class Regression(Task):
     accuracy: ClassVar[bool] = False
     classes: ClassVar[bool] = False
     metrics: ClassVar[tuple[str, ...]] = ("mae", "rmse", "r2")
+    target_powers: ClassVar[dict[str, int]] = {"loss": 2, "mae": 1, "rmse": 1}  # R²: none (scale-free)
+    standardize: bool = Field(
+        True,
+        description="train on (y − mean) / std of the training targets; losses and metrics stay in the targets' units",
+    )
+
+    def standardizes_targets(self) -> bool:
+        return self.standardize
 
     def loss(self, z: Tensor, y: Tensor) -> Tensor:
         return (z - y.to(z.dtype).reshape(z.shape)).square().mean(-1)

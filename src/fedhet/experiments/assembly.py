@@ -100,7 +100,7 @@ def set_key(raw: dict[str, Any], key: str, value: Any, where: str) -> None:
     node = raw
     for depth, part in enumerate(parts[:-1]):
         child = node.get(part)
-        if isinstance(child, str) and depth == 0 and part in COMPONENT_KEYS:
+        if isinstance(child, str) and depth == 0 and part in (*COMPONENT_KEYS, "task"):
             child = {"name": child}
         elif child is None:
             child = {}

@@ -13,6 +13,7 @@ from fedhet.attacks.base import Attack
 from fedhet.availability.base import Availability
 from fedhet.catalog import ATTACKS, AVAILABILITY, DATASETS, METRIC_PLUGINS, MODELS, PARTITIONERS, STRATEGIES, SYSTEMS
 from fedhet.config_keys import COMPONENT_KEYS
+from fedhet.data.arrays import standardise_targets
 from fedhet.data.dataset import Dataset, FederatedData
 from fedhet.data.federate import federate
 from fedhet.data.labels import corrupt_labels
@@ -34,7 +35,16 @@ from fedhet.experiments.preflight import check_run
 from fedhet.metrics.base import Metric, check_columns
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
-from fedhet.privacy.ledger import PrivacyLedger, RunShape, check_sampling, find_dp
+from fedhet.privacy.ledger import (
+    PrivacyLedger,
+    RunShape,
+    check_dp_sgd,
+    check_sampling,
+    check_unused_privacy,
+    find_dp,
+    planned_participations,
+    sampling_problem,
+)
 from fedhet.registry import Component, spec_of
 from fedhet.requirements import ClientRequirements, UsesRequirements
 from fedhet.seeding import derive_seed
@@ -65,6 +75,9 @@ class Experiment:
         found: dict[str, Any] = {"algorithm": self.strategy.derived(), "availability": self.availability.derived()}
         found["metrics"] = [plugin.derived() for plugin in self.metrics]
         found["requirements"] = self.requirements.derived() if self.requirements is not None else {}
+        scale = self.data.target_scale
+        if scale is not None:  # the model predicts standardised targets: prediction · scale + mean is in their units
+            found["task"] = {"target_mean": [round(float(m), 6) for m in scale.mean], "target_scale": scale.scale}
         return {key: value for key, value in found.items() if any(value)}
 
     def config_text(self) -> str:
@@ -156,7 +169,7 @@ def task_of(config: RunConfig, parts: Components, data_task: str) -> Task:
 
 def load_dataset(config: RunConfig, parts: Components) -> Dataset:
     """The whole dataset, its labels read as the run's task needs them (numeric targets for a regression)."""
-    numeric = parts.task is not None and not parts.task.classes
+    numeric = None if parts.task is None else not parts.task.classes
     dataset = parts.dataset.for_task(numeric).load(Path(config.data_dir), download=config.download)
     task = task_of(config, parts, dataset.task)
     task.check_labels(dataset.y, dataset.num_classes, f"dataset '{parts.dataset.name}'")
@@ -218,7 +231,8 @@ def explicit_config(config: RunConfig) -> RunConfig:
 
 
 def federate_dataset(config: RunConfig, parts: Components, dataset: Dataset) -> FederatedData:
-    """Split `dataset` among the clients (train, validation, test) and corrupt the configured labels."""
+    """Split `dataset` among the clients (train, validation, test), corrupt the configured labels, and standardise
+    a regression's targets (``task.standardize``) by its training samples."""
     data = federate(
         dataset,
         parts.partition,
@@ -228,7 +242,10 @@ def federate_dataset(config: RunConfig, parts: Components, dataset: Dataset) -> 
         seed=config.seed,
         val_fraction=config.val_fraction,
     )
-    return corrupt_labels(data, config.label_noise, config.seed)
+    data = corrupt_labels(data, config.label_noise, config.seed)
+    if task_of(config, parts, data.task).standardizes_targets() and torch.is_floating_point(data.train.y):
+        data = standardise_targets(data)
+    return data
 
 
 def federated_data(config: RunConfig, parts: Components) -> FederatedData:
@@ -284,6 +301,12 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
             used = True
     parts.attack.setup(data.num_clients, config.seed, eligible=data.seen)  # unseen clients never train
     local = local_settings(config, parts)
+    if strategy.asynchronous and config.deadline.seconds is not None:
+        raise ConfigError(
+            f"a deadline cuts synchronous rounds short, and {config.spec('algorithm')['name']} is asynchronous (no "
+            "round waits for its slowest client: algorithm.concurrency and the buffer set the pace); leave the "
+            "deadline out"
+        )
     # an asynchronous strategy needs a clock: without a system model every client runs at the constant one's speed
     system = parts.system if parts.system.simulates_time or not strategy.asynchronous else Constant()
     system.setup(data.num_clients, config.seed)
@@ -300,25 +323,32 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     for plugin in parts.metrics:
         plugin.setup(engine, config.seed)
     used = used or (config.personal_eval.appeal and scores_personal(strategy, config.personal_eval))
-    privacy = privacy_ledger(config, strategy, data, local)
+    privacy = privacy_ledger(config, strategy, data, local, engine, dropping)
     return Experiment(
         config, data, engine, strategy, availability, parts.metrics, requirements if used else None, system, privacy
     )
 
 
 def privacy_ledger(
-    config: RunConfig, strategy: Strategy, data: FederatedData, local: LocalSettings
+    config: RunConfig,
+    strategy: Strategy,
+    data: FederatedData,
+    local: LocalSettings,
+    engine: EngineProtocol,
+    dropping: bool = False,
 ) -> PrivacyLedger | None:
-    """The run's privacy accounting when it asks for DP (`fedhet.privacy.ledger`; sets the noise from a target ε)."""
+    """The run's privacy accounting when it asks for DP (`fedhet.privacy.ledger`; sets the noise from a target ε),
+    after the refusals that need the built run (before anything is written)."""
     dp, sgd = find_dp(strategy), config.local.dp_sgd
     if dp is None and sgd is None:
-        if config.privacy.target_epsilon is not None:
-            raise ConfigError(
-                "privacy.target_epsilon (--target-epsilon) sets the noise of a DP mechanism, and this run has none: "
-                "use algorithm dp (client level) or local.dp_sgd (example level)"
-            )
+        check_unused_privacy(config.privacy)
         return None
+    if sgd is not None:
+        check_dp_sgd(config.backend, strategy, engine, data.seen)
     sizes = data.train.sizes
+    uniform = (
+        sampling_problem(strategy, config.spec("availability")["name"], config.spec("attack")["name"], dropping) is None
+    )
     shape = RunShape(
         config.rounds,
         config.clients_per_round,
@@ -326,6 +356,7 @@ def privacy_ledger(
         data.seen,
         local.plan(torch.arange(len(sizes)), sizes).steps,
         local.batch_size,
+        planned_participations(strategy, data.seen, config.rounds) if uniform else None,
     )
     return PrivacyLedger(config.privacy, dp, sgd, shape)
 

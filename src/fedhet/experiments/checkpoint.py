@@ -144,12 +144,14 @@ def loads(source: Path | bytes, what: str) -> dict[str, Any]:
     stored = body.pop("sha256", None)
     try:
         actual = digest(body)
+        if stored != actual:
+            raise CheckpointError(f"{what} is corrupt (its checksum does not match its content)")
+        del body["format"], body["version"]
+        return dict(decode(body))
     except TypeError:
-        actual = None
-    if stored != actual:
-        raise CheckpointError(f"{what} is corrupt (its checksum does not match its content)")
-    del body["format"], body["version"]
-    return dict(decode(body))
+        raise CheckpointError(f"{what} is corrupt (its checksum does not match its content)") from None
+    except RecursionError:  # a crafted file: fedhet's own state nests a few levels deep
+        raise CheckpointError(f"{what} is corrupt (its content is nested too deeply)") from None
 
 
 def _load(source: Path | bytes, what: str) -> Any:

@@ -7,7 +7,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -20,13 +19,13 @@ from pydantic import (
 )
 
 from fedhet.config_keys import COMPONENT_KEYS
-from fedhet.data.labels import LabelNoise
+from fedhet.data.label_noise import LabelNoise
 from fedhet.errors import ConfigError
 from fedhet.experiments.trackers import validate_track
 from fedhet.privacy.settings import DPSGDConfig, PrivacyConfig
-from fedhet.registry import format_validation_error, with_defaults
-from fedhet.requirements import RequirementsConfig
-from fedhet.systems.clock import Deadline
+from fedhet.registry import Settings, format_validation_error, with_defaults
+from fedhet.requirements_config import RequirementsConfig
+from fedhet.systems.deadline import Deadline
 from fedhet.yaml_text import MAX_CONFIG_BYTES, MAX_CONFIG_VALUES, check_expanded, load_yaml, safe_yaml
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "RunConfig", "load_yaml", "parse_config", "safe_yaml"]
@@ -53,7 +52,7 @@ def _no_bool(value: Any) -> Any:
 Count = Annotated[int, BeforeValidator(_no_bool)]
 
 
-class LocalConfig(BaseModel):
+class LocalConfig(Settings):
     """Default local training of every client (a strategy may change it per client)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -83,7 +82,7 @@ class LocalConfig(BaseModel):
         return with_defaults(value, cls.model_fields["optimizer"].default)
 
 
-class PersonalEvalConfig(BaseModel):
+class PersonalEvalConfig(Settings):
     """Personalised evaluation: each client's own model scored on its own test data, beside the global model."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -104,7 +103,7 @@ class PersonalEvalConfig(BaseModel):
     )
 
 
-class SelectionConfig(BaseModel):
+class SelectionConfig(Settings):
     """Which evaluated round's model is the run's result, and early stopping: the best round by a (validation)
     metric is kept beside the last (``best.pt``), and tables report its row (`fedhet.experiments.selection`)."""
 
@@ -123,7 +122,7 @@ class SelectionConfig(BaseModel):
     min_delta: float = Field(0.0, ge=0, description="an improvement must beat the best so far by more than this")
 
 
-class SchedulesConfig(BaseModel):
+class SchedulesConfig(Settings):
     """Learning-rate schedules over the rounds (fedhet list schedules): η_t = η · factor(t, T)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -141,7 +140,7 @@ class SchedulesConfig(BaseModel):
         raise ValueError("must be a name or a mapping with a 'name' key")
 
 
-class RunConfig(BaseModel):
+class RunConfig(Settings):
     """Everything that defines a run. Components are a name or a mapping ``{name: ..., <params>}``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -223,7 +222,14 @@ class RunConfig(BaseModel):
     )
     download: bool = Field(False, description="download missing dataset files (checksums verified)")
     checkpoint_every: Count = Field(1, ge=1, description="write checkpoint.pt every n rounds (and after the last)")
-    max_loss: float = Field(1e4, gt=0, description="stop as diverged when the local loss exceeds this")
+    max_loss: float = Field(
+        1e4,
+        gt=0,
+        allow_inf_nan=True,
+        description="stop as diverged when a local loss is NaN or infinite, or exceeds both this and 100 times the "
+        "initial model's loss (a loss that starts high, as on large regression targets, is no divergence; .inf: "
+        "only NaN or infinite losses)",
+    )
     track: list[ComponentSpec] = Field(
         default_factory=list,
         description="experiment trackers, e.g. [tensorboard, {name: mlflow, uri: ...}, {name: wandb, project: p}]",
@@ -332,6 +338,28 @@ class RunConfig(BaseModel):
             limit = MAX_STEPS if key == "steps" else MAX_BATCH
             if isinstance(value, int) and value > limit:
                 raise ValueError(f"requirements.{key} ({value:,}) is more than {limit:,}")
+        return self
+
+    @model_validator(mode="after")
+    def _deadline(self) -> RunConfig:
+        """A deadline needs a system model to time the clients against, and its policy needs its seconds."""
+        deadline, system = self.deadline, self.spec("system")["name"]
+        if deadline.seconds is not None and system == "none":
+            raise ValueError(
+                f"deadline.seconds ({deadline.seconds:g}) needs a system model to time the clients against, and "
+                "system is none; set one (system: lognormal, constant or trace; fedhet list systems) or leave the "
+                "deadline out"
+            )
+        if deadline.seconds is None and deadline != Deadline():
+            raise ValueError(
+                f"deadline.policy ({deadline.policy}) and deadline.overselect have no effect without "
+                "deadline.seconds; set the seconds, or leave the deadline out"
+            )
+        if deadline.policy != "overselect" and deadline.overselect != Deadline().overselect:
+            raise ValueError(
+                f"deadline.overselect ({deadline.overselect:g}) is used by deadline.policy overselect only, and the "
+                f"policy is {deadline.policy}; set policy: overselect, or leave overselect out"
+            )
         return self
 
     def selection_metric(self) -> str | None:

@@ -9,9 +9,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedhet.data.dataset import TargetScale
 from fedhet.engine.evaluate import ClientScores, scores_of_some
 from fedhet.engine.plan import LocalPlan, LocalSettings
-from fedhet.engine.protocol import EngineProtocol
+from fedhet.engine.protocol import EngineProtocol, Split
 from fedhet.engine.task import Task
 from fedhet.experiments.config import PersonalEvalConfig
 from fedhet.metrics.clients import distribution, pooled
@@ -40,9 +41,14 @@ def evaluate_global(
     model on every client, or on `clients` only (the others NaN in the columns; the metrics are those of the
     clients evaluated, and ``evaluated`` says how many seen clients that was; with `count` also when all were).
     With a validation split, the same on each client's validation data (``val_*``). A task without accuracy
-    (regression) writes no accuracy columns, and a task's own metrics (`fedhet.engine.task`) join them."""
+    (regression) writes no accuracy columns, and a task's own metrics (`fedhet.engine.task`) join them; a
+    regression's losses and metrics are in its targets' units (`in_target_units`)."""
     data, task = engine.data, engine.model.task
-    test, train = engine.scores(params, "test", clients), engine.scores(params, "train", clients)
+
+    def scores(split: Split) -> ClientScores:
+        return in_target_units(engine.scores(params, split, clients), task, data.target_scale)
+
+    test, train = scores("test"), scores("train")
     scored = ~torch.isnan(test.loss)  # not evaluated, or a client a remote engine could not reach
     seen, unseen = data.seen & scored, ~data.seen & scored
     metrics: dict[str, float] = {}
@@ -72,7 +78,7 @@ def evaluate_global(
         "train_loss": train.loss,
     }
     if data.val is not None:
-        val = engine.scores(params, "val", clients)
+        val = scores("val")
         if task.accuracy:
             metrics["val_accuracy"] = float(val.accuracy[seen].double().mean())
         metrics["val_loss"] = float(val.loss[seen].double().mean())
@@ -81,6 +87,26 @@ def evaluate_global(
         columns.update({"val_accuracy": val.accuracy} if task.accuracy else {})
         columns["val_loss"] = val.loss
     return metrics, columns, test, train
+
+
+def target_factor(task: Task, scale: TargetScale | None, name: str) -> float:
+    """What a reported value `name` ("loss" or one of the task's metrics) of a model trained on targets standardised
+    by `scale` is multiplied by to be in the targets' units: s^p, p the task's `Task.target_powers` (1 without a
+    scale)."""
+    return scale.scale ** task.target_powers.get(name, 0) if scale is not None else 1.0
+
+
+def in_target_units(scores: ClientScores, task: Task, scale: TargetScale | None) -> ClientScores:
+    """`scores` in the targets' own units (`target_factor`: a squared error × s², MAE and RMSE × s, R² as it is),
+    the scored outputs and labels mapped back for the pooled metrics; `scores` itself without a scale. The engine's
+    losses stay in the units it trains in (the F_k of the strategies, the requirements ρ_k)."""
+    if scale is None:
+        return scores
+    extra = {name: values * target_factor(task, scale, name) for name, values in scores.extra.items()}
+    out = replace(scores, loss=scores.loss * target_factor(task, scale, "loss"), extra=extra)
+    if scores.outputs is not None and scores.labels is not None:
+        out.outputs, out.labels = scale.original(scores.outputs), scale.original(scores.labels)
+    return out
 
 
 def task_metrics(
@@ -143,21 +169,26 @@ def evaluate_personal(
 ) -> tuple[dict[str, float], dict[str, Tensor]]:
     """Round metrics and per-client columns of the personalised models `plan` makes from the global model `params`
     (after round `round_`), each scored on its client's own test data: ``personal_test_accuracy`` (mean, std,
-    worst and best 10%), ``personal_test_loss`` and, with `requirements`, ``personal_appeal`` (the share of clients
-    whose personalised model's loss is below their requirement ρ_k, MaxFL's appeal); the same for unseen clients
-    (``unseen_`` prefix); NaN in the columns for clients not in the plan."""
-    data = engine.data
+    worst and best 10%), ``personal_test_loss``, the task's own metrics as for the global model (`task_metrics`:
+    ``personal_test_auc``, ``_f1``, ``_balanced_accuracy`` of a binary task, and their ``_pooled`` values) and, with
+    `requirements`, ``personal_appeal`` (the share of clients whose personalised model's loss is below their
+    requirement ρ_k, MaxFL's appeal); the same for unseen clients (``unseen_`` prefix, not pooled); NaN in the
+    columns for clients not in the plan."""
+    data, task = engine.data, engine.model.task
     scores = scores_of_some(engine.personal_scores(params, plan, round_, "test"), plan.clients, data.test.sizes)
     scored = ~torch.isnan(scores.loss)
     rho = requirements.rho if requirements is not None else None
     seen, unseen = data.seen & scored, ~data.seen & scored
+    reported = in_target_units(scores, task, data.target_scale)  # losses and metrics in the targets' units
     metrics = distribution(scores.accuracy[seen], "personal_test_accuracy")  # the spread over seen clients
     for prefix, group in (("", seen), ("unseen_", unseen)):
         if bool(group.any()):
             metrics[f"{prefix}personal_test_accuracy"] = float(scores.accuracy[group].double().mean())
-            metrics[f"{prefix}personal_test_loss"] = float(scores.loss[group].double().mean())
-            if rho is not None:
+            metrics[f"{prefix}personal_test_loss"] = float(reported.loss[group].double().mean())
+            metrics.update(task_metrics(task, reported, group, f"{prefix}personal_test", pooled=not prefix))
+            if rho is not None:  # ρ_k is in the units the engine trains in, as its losses are
                 appealing = scores.loss[group] < rho[group]  # MaxFL's appeal (eq. 1): loss below the requirement
                 metrics[f"{prefix}personal_appeal"] = float(appealing.double().mean())
-    columns = {"personal_test_accuracy": scores.accuracy, "personal_test_loss": scores.loss}
+    columns = {"personal_test_accuracy": scores.accuracy, "personal_test_loss": reported.loss}
+    columns.update({f"personal_test_{name}": values for name, values in reported.extra.items()})
     return metrics, columns

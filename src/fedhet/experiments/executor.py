@@ -29,7 +29,7 @@ from pathlib import Path
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
-from fedhet import atomic
+from fedhet import atomic, notes
 from fedhet.errors import ConfigError, DataError, DivergenceError, FedhetError
 from fedhet.experiments.callbacks import Callback
 
@@ -165,7 +165,7 @@ def run_task(
         return Outcome(task, "diverged", error=str(err), wall_time_s=time.perf_counter() - started)
     except FedhetError as err:
         return Outcome(task, "failed", error=str(err), wall_time_s=time.perf_counter() - started)
-    except Exception as err:  # a bug or a plugin's error: recorded, the other runs go on
+    except (Exception, SystemExit) as err:  # a bug, a plugin's error or sys.exit(): recorded, the other runs go on
         return Outcome(
             task,
             "failed",
@@ -222,6 +222,24 @@ def reuse(task: Task) -> Outcome | None:
     with metrics.open() as f:
         history = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
     return Outcome(task, status, history, reused=True, attempts=0)
+
+
+def refuse_linked_folders(root: Path, tasks: Sequence[Task]) -> None:
+    """Refuse (`fedhet.atomic.LinkError`, one line) tasks whose run folder, or a folder between it and `root` (a
+    sweep's point folder), is a link, or whose run folder's own files are (`refuse_links`): a sweep or recipe
+    never follows one (it would write a run into another folder, perhaps another run's)."""
+    from fedhet.experiments.runfolder import refuse_links
+
+    for task in tasks:
+        try:
+            parts = task.out.relative_to(root).parts
+        except ValueError:
+            parts = ()
+        for depth in range(1, len(parts)):
+            atomic.refuse_link(root.joinpath(*parts[:depth]))
+        atomic.refuse_link(task.out)
+        if task.out.is_dir():
+            refuse_links(task.out)
 
 
 def write_text(path: Path, text: str) -> None:
@@ -291,10 +309,9 @@ class Executor:
 
             if importlib.util.find_spec("ray") is None:  # before any folder is made
                 raise FedhetError(f"--ray needs Ray: {RAY_HINT}")
-        in_process = workers == 1 and ray is None
-        # None: one thread per run where runs go to workers (every core busy), this process's setting where they
-        # run here one after another
-        self.threads = threads if threads is not None else (0 if in_process else 1)
+        # None: one thread per run, however the runs are made (a run's numbers depend on its thread count: the
+        # same run made here or in a worker must write the same metrics.csv)
+        self.threads = threads if threads is not None else 1
         self.ray_address, self.retries = ray, retries
         self.workers = workers if workers is not None or ray is not None else default_workers(self.threads or 1)
         self.callbacks, self.monitor = callbacks, monitor or Monitor()
@@ -463,7 +480,10 @@ class Executor:
                 key, done, total = self._queue.get_nowait()
             except (Empty, OSError, ValueError):
                 return
-            self.monitor.rounds(key, done, total)
+            if key == NOTE:  # a worker's note (`_init_worker`): shown here, once for all the runs
+                notes.show_again(done, total)
+            else:
+                self.monitor.rounds(key, done, total)
 
     # ------------------------------------------------------------------------------------------------- Ray
 
@@ -517,7 +537,8 @@ class Executor:
             raise
 
 
-_QUEUE: Any = None  # in a worker process: where it reports the rounds of its runs
+_QUEUE: Any = None  # in a worker process: where it reports the rounds of its runs (and its notes)
+NOTE = -1  # the key of a note on the queue: (NOTE, kind, text)
 _IN_TASK = False  # in a worker process: whether a run is going on (SIGTERM then stops it as Ctrl-C would)
 _STOPPING = False  # in a worker process: a SIGTERM has stopped the run, which is writing its files
 STOP_GRACE_S = 20.0  # how long a stopped worker has to write its run's files before it is killed
@@ -531,7 +552,7 @@ class _Stopped(KeyboardInterrupt):
 def _init_worker(queue: Any, threads: int, parent: int) -> None:
     """A worker process ignores Ctrl-C (the parent stops it), stops its run on SIGTERM as Ctrl-C stops a run (the
     run folder says "interrupted" and resumes), ends with its parent however the parent ends (`_die_with_parent`),
-    reports to `queue`, runs torch on `threads`."""
+    reports its rounds and notes to `queue`, runs torch on `threads`."""
     import signal
 
     import torch
@@ -541,6 +562,7 @@ def _init_worker(queue: Any, threads: int, parent: int) -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     _die_with_parent(parent)
     _QUEUE = queue
+    notes.forward_to(lambda kind, text: queue.put((NOTE, kind, text)))
     torch.set_num_threads(max(1, threads))
 
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fedhet.atomic import append_bytes, write_bytes
+from fedhet.atomic import append_bytes, read_plain, truncate, write_bytes
 
 
 class MetricsLog:
@@ -54,7 +54,10 @@ class MetricsLog:
         Rows past `count` (written after the checkpoint, perhaps half) are cut off; a header widened after the
         checkpoint (a new column) is narrowed back, so that the resumed run writes what an uninterrupted one does.
         """
-        data = self.path.read_bytes() if self.path.is_file() else b""
+        try:
+            data = read_plain(self.path)
+        except (FileNotFoundError, IsADirectoryError):
+            data = b""
         lines = data.split(b"\r\n")
         if columns and len(lines) < count + 2:
             raise ValueError(f"it holds fewer rows than the checkpoint's {count}")
@@ -69,8 +72,7 @@ class MetricsLog:
             raise ValueError("it was changed since the checkpoint")
         if data[: len(canonical)] == canonical:
             if len(data) > len(canonical):
-                with self.path.open("r+b") as f:
-                    f.truncate(len(canonical))
+                truncate(self.path, len(canonical))
         else:
             write_bytes(self.path, canonical)
         self.columns, self.rows = list(columns), rows
@@ -93,12 +95,17 @@ def _csv_text(columns: list[str], rows: Sequence[Mapping[str, float | str]], hea
     return buffer.getvalue()
 
 
-def write_csv(path: Path, rows: Sequence[Mapping[str, float | str]]) -> None:
-    """Write `rows` (all columns of all rows, in first-seen order) atomically."""
+def csv_bytes(rows: Sequence[Mapping[str, float | str]]) -> bytes:
+    """`rows` as CSV: all columns of all rows, in first-seen order."""
     columns: list[str] = []
     for row in rows:
         columns.extend(c for c in row if c not in columns)
-    write_bytes(path, _csv_text(columns, rows, header=True).encode())
+    return _csv_text(columns, rows, header=True).encode()
+
+
+def write_csv(path: Path, rows: Sequence[Mapping[str, float | str]]) -> None:
+    """Write `rows` (`csv_bytes`) atomically."""
+    write_bytes(path, csv_bytes(rows))
 
 
 def _fmt(value: float | str) -> str:

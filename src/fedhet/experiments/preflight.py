@@ -9,11 +9,10 @@ import torch
 
 from fedhet.data.dataset import FederatedData
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.plan import MAX_BATCH_BYTES, batch_bytes
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import RunConfig
 from fedhet.experiments.trackers import validate_track
-
-MAX_BATCH_BYTES = 4 << 30  # the padded mini-batches of one round's cohort: indices, weights and gathered inputs
 
 
 def check_run(config: RunConfig, data: FederatedData, model: FlatModel) -> None:
@@ -22,12 +21,6 @@ def check_run(config: RunConfig, data: FederatedData, model: FlatModel) -> None:
         spec.require()  # a tracker whose library is missing: before the run folder is created
     check_batch_memory(config, data)
     check_model_fits(config, data, model)
-
-
-def batch_bytes(clients: int, steps: int, batch: int, features: int) -> int:
-    """Bytes of one round's padded mini-batches: (clients, steps, batch) int64 indices and float32 weights, and the
-    float32 inputs they gather (every batch is padded to `batch` rows; see `fedhet.engine.batches`)."""
-    return clients * steps * batch * (12 + 4 * features)
 
 
 def local_steps(config: RunConfig, data: FederatedData) -> int:

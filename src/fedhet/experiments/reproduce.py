@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.errors import ConfigError
-from fedhet.experiments.executor import Executor, Outcome, Task, raise_failures, reuse, write_index, write_text
+from fedhet.experiments.executor import (
+    Executor,
+    Outcome,
+    Task,
+    raise_failures,
+    refuse_linked_folders,
+    reuse,
+    write_index,
+    write_text,
+)
 from fedhet.experiments.naming import safe_name
 from fedhet.experiments.runfolder import FolderLock, check_claimable
 from fedhet.experiments.state import RunState
@@ -147,6 +156,7 @@ def run_recipe(
         for method in recipe.methods
         for seed in seeds
     ]
+    refuse_linked_folders(out, tasks)
     executor.check_data([t for t in tasks if reuse(t) is None])  # the paper's files, before anything is written
     with FolderLock.claim(out, "recipe"):
         return _run_methods(recipe, out, quick, seeds, embedded, tasks, executor, say)

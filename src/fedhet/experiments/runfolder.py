@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from fedhet.atomic import TEMP_SUFFIX, _replace, is_temp_of, write_bytes, write_text
+from fedhet.atomic import TEMP_SUFFIX, _replace, is_temp_of, open_plain, refuse_link, write_bytes, write_text
 from fedhet.errors import ConfigError, FedhetError
 from fedhet.experiments.checkpoint import CheckpointError, dump_view, loads
 from fedhet.experiments.config import dump_yaml, load_yaml, parse_config
 from fedhet.experiments.metrics_log import MetricsLog
+from fedhet.summary_json import summary_text
 
 CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT, BEST = (
     "config.yaml",
@@ -83,7 +84,7 @@ class RunFolder:
             if holds_run(path):
                 if not overwrite:
                     raise RunFolderError(already_holds(path))
-                remove_own_files(path)
+                remove_own_files(path, folder._lock.listed)
             clean_leftovers(path)
             write_text(path / CONFIG, config_text)
             folder.metrics.start()
@@ -101,6 +102,7 @@ class RunFolder:
             older = " (a run folder of fedhet 0.3.0 or earlier has none: continue it with that version)"
             old = marker is None and (path / CHECKPOINT).is_file() and (path / CONFIG).is_file()
             raise RunFolderError(f"'{path}' {what}{older if old else ''}; start a run with fedhet run --out NEW_FOLDER")
+        refuse_links(path, marker)
         folder = cls(path)
         folder._lock = FolderLock.claim(path, "run")
         try:
@@ -221,7 +223,7 @@ class RunFolder:
         if self.plugin_files:
             self.record(self.plugin_files)
             summary = {**summary, "files": sorted(set(self.plugin_files))}
-        write_text(self.path / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        write_text(self.path / SUMMARY, summary_text(summary))
 
 
 # ---- the marker and the lock ----------------------------------------------------------------------------------
@@ -272,6 +274,7 @@ class FolderLock:
 
     def __init__(self, path: Path, handle: IO[bytes], marker: Marker) -> None:
         self.path, self._handle, self.marker = path, handle, marker
+        self.listed = marker.files  # the files the marker listed before this claim (``--overwrite`` removes those)
 
     @classmethod
     def claim(cls, path: Path, kind: str, files: Iterable[str] = ()) -> FolderLock:
@@ -280,7 +283,7 @@ class FolderLock:
         check_claimable(path, kind)
         try:
             path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+            fd = open_plain(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)  # rewritten in place: never through a link
         except OSError as err:
             raise RunFolderError(f"cannot write the folder '{path}': {err.strerror or err}") from None
         handle = os.fdopen(fd, "r+b")
@@ -396,9 +399,19 @@ def prepare_new(path: Path, overwrite: bool) -> None:
     """`check_new`, then claim `path` (its marker), and with `overwrite` remove the run already there (under the
     lock), so that a run started by another process (a Flower simulation) finds a fresh folder of fedhet's."""
     check_new(path, overwrite)
-    with FolderLock.claim(path, "run", RUN_FILES):
+    with FolderLock.claim(path, "run", RUN_FILES) as lock:
         if overwrite and holds_run(path):
-            remove_own_files(path)
+            remove_own_files(path, lock.listed)
+
+
+def refuse_links(path: Path, marker: Marker | None = None) -> None:
+    """Refuse (`LinkError`, one line) a folder of fedhet's whose marker, own files (`OWN_FILES` and those its
+    `marker` lists) or node state is a symbolic or hard link: fedhet reads them, appends to metrics.csv and cuts it
+    back, which would reach a file outside the folder."""
+    marker = marker if marker is not None else read_marker(path)
+    names = (LOCK, *OWN_FILES, NODE_STATE, *(marker.files if marker is not None else ()))
+    for name in dict.fromkeys(n for n in names if n == LOCK or _bare(n)):
+        refuse_link(path / name)
 
 
 def _bare(name: str) -> bool:
@@ -421,13 +434,14 @@ def clean_leftovers(path: Path, names: Iterable[str] | None = None) -> None:
             entry.unlink(missing_ok=True)
 
 
-def remove_own_files(path: Path) -> None:
-    """Remove the files the marker of run folder `path` lists (not the marker, nothing else; nothing at all in a
-    folder without fedhet's run marker)."""
+def remove_own_files(path: Path, listed: Iterable[str] | None = None) -> None:
+    """Remove the files the marker of run folder `path` lists (`listed`: what it listed before this process claimed
+    it; not the marker, nothing else; nothing at all in a folder without fedhet's run marker). A link is removed,
+    never what it leads to."""
     marker = read_marker(path)
     if marker is None or marker.kind != "run":
         return
-    names = [n for n in dict.fromkeys((*OWN_FILES, *marker.files)) if _bare(n)]
+    names = [n for n in dict.fromkeys(marker.files if listed is None else listed) if _bare(n)]
     for name in names:
         entry = path / name
         if name == NODE_STATE:

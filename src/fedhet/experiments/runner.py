@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fedhet.atomic import read_plain, write_bytes
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.errors import DivergenceError, FedhetError
+from fedhet.errors import DivergenceError, FedhetError, FedhetNote
 from fedhet.experiments.asynchronous import AsyncRunner
 from fedhet.experiments.build import Experiment, build, explicit_config, resolved_config
 from fedhet.experiments.callbacks import Callback
@@ -28,10 +30,12 @@ from fedhet.experiments.evaluation import (
     evaluate_global,
     evaluate_personal,
     evaluation_sample,
+    in_target_units,
     personal_plan,
     spread_scores,
+    target_factor,
 )
-from fedhet.experiments.metrics_log import write_csv
+from fedhet.experiments.metrics_log import csv_bytes, write_csv
 from fedhet.experiments.participation import ParticipationWriter
 from fedhet.experiments.runfolder import (
     CHECKPOINT,
@@ -42,7 +46,13 @@ from fedhet.experiments.runfolder import (
     RunFolder,
     identity,
 )
-from fedhet.experiments.selection import best_index, rounds_without_improvement, selected_row
+from fedhet.experiments.selection import (
+    best_index,
+    check_selection,
+    missing_metric,
+    rounds_without_improvement,
+    selected_row,
+)
 from fedhet.experiments.state import RunState
 from fedhet.experiments.tracking import with_trackers
 from fedhet.experiments.trust import code_of_folder
@@ -83,6 +93,7 @@ def run(
     its own work is done (and timed) as in a real run, on made-up values.
     """
     experiment = builder(config)
+    check_selection(experiment)  # before anything is written
     state = RunState.start(experiment, out=out, score_sample_only=score_sample_only)
     if out is None:
         return _loop(state, callbacks or [])
@@ -112,6 +123,7 @@ def resume(
         how = f"if you do, resume with fedhet run --resume {out} --trust-imports"
         with code_of_folder(raw, out / CONFIG, trust, how):
             experiment = builder(parse_config(raw))
+        check_selection(experiment)
         state = RunState.start(experiment, out=out, folder=folder)
         saved = folder.read_checkpoint()
         if saved is not None:
@@ -123,9 +135,11 @@ def resume(
             folder.write_config(experiment.config_text())
         elif saved is not None and state.round == state.config.rounds and _finished(folder.path):
             state.status, state.already_finished = "finished", True
+            _repair_clients(state)
             return state
         elif saved is not None and _out_of_patience(state):  # stopped early by selection.patience: done
             state.status, state.already_finished = "stopped early", True
+            _repair_clients(state)
             return state
         _write_best(state)  # the checkpoint's selected model (a cut-off run may have written a later one)
         return _loop(state, callbacks or [])
@@ -165,6 +179,25 @@ def _finished(out: Path) -> bool:
     return isinstance(summary, dict) and summary.get("status") == "finished"
 
 
+def _repair_clients(state: RunState) -> None:
+    """A finished run's clients.csv as its last checkpoint has it (the file is written from the checkpoint's client
+    columns): a damaged or missing one is written again, with a note."""
+    assert state.folder is not None
+    path = state.folder.path / CLIENTS
+    expected = csv_bytes(state.client_rows()) if state.client_columns else None
+    try:
+        found: bytes | None = read_plain(path)
+    except (FileNotFoundError, IsADirectoryError):
+        found = None
+    if expected is not None and found != expected:
+        write_bytes(path, expected)
+        warnings.warn(
+            f"'{path}' did not match the run's checkpoint; it was written again from the checkpoint",
+            FedhetNote,
+            stacklevel=2,
+        )
+
+
 def _checkpoint(state: RunState) -> dict[str, Any]:
     """What a checkpoint holds besides metrics.csv's extent (the history itself is metrics.csv)."""
     exp = state.experiment
@@ -175,6 +208,7 @@ def _checkpoint(state: RunState) -> dict[str, Any]:
         "wall_time_s": state.wall_time_s,
         "last_row": state.final,
         "client_columns": state.client_columns,  # clients.csv of the last evaluation
+        "backend": exp.engine.last_backend,  # summary.json's, also when a resume has no round left to train
         "strategy": exp.strategy.state_dict(),
         "availability": exp.availability.state_dict(),
         "engine": exp.engine.state_dict(),
@@ -230,6 +264,8 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
         reason = str(err).splitlines()[0][:100] if str(err) else type(err).__name__
         raise CheckpointError(f"{what} does not fit this run ({reason}); {restart}") from None
     state.params, state.round, state.wall_time_s, state.client_columns = params, round_, wall_time, columns
+    if isinstance(saved.get("backend"), str):
+        exp.engine.last_backend = saved["backend"]
     try:
         if state.clock is not None:
             state.clock.load_state_dict(saved["clock"])
@@ -274,6 +310,9 @@ def _keep_if_best(state: RunState, metrics: dict[str, float] | None, evaluated: 
     rule = state.rule
     if rule is None or metrics is None or evaluated is None:
         return False
+    note = missing_metric(metrics, rule) if len(state.history) == 1 else None
+    if note is not None:
+        warnings.warn(note, FedhetNote, stacklevel=2)
     if best_index(state.history, rule) != len(state.history) - 1:
         return False
     state.best_round, state.best_params = state.round, evaluated.detach().clone()
@@ -311,6 +350,8 @@ def _write_outputs(state: RunState) -> None:
         summary["selected"] = selected_row(state.history, rule)
     if state.experiment.privacy is not None:
         summary["privacy"] = state.experiment.privacy.summary()
+    if state.clock is not None and cfg.deadline.seconds is not None:
+        summary["deadline_empty_rounds"] = state.clock.empty_rounds
     state.folder.write_summary(summary)
 
 
@@ -385,21 +426,48 @@ def _personal_evaluation(state: RunState, params: Tensor, sample: Tensor | None)
     return metrics
 
 
+GROWTH_LIMIT = 100.0  # a local loss this many times the initial model's is divergence, however small max_loss is
+
+
 def _check_divergence(state: RunState, losses: Tensor) -> None:
-    """Stop with a clear message when a local loss is NaN/too large or the model is not finite."""
-    cfg = state.config
-    bad_loss = bool((torch.isnan(losses) | (losses > cfg.max_loss)).any())
-    if bad_loss or not bool(torch.isfinite(state.params).all()):
-        worst = float(losses.nan_to_num(float("inf")).max()) if len(losses) else float("nan")
-        targets = state.experiment.data.train.y
-        scale = ""
-        if torch.is_floating_point(targets) and len(targets):  # a regression: the squared error grows with the target
-            low, high = float(targets.min()), float(targets.max())
-            scale = f" (the targets span {low:.4g} to {high:.4g}: large targets need a small rate)"
-        raise DivergenceError(
-            f"round {state.round + 1}: training diverged (largest local loss {worst:.4g}, max_loss "
-            f"{cfg.max_loss:g}); lower local.lr (now {cfg.local.lr}) or algorithm.server_lr{scale}"
+    """Stop with a message naming the cause when a local loss is NaN or infinite, the model is not finite, or a
+    local loss exceeds max(max_loss, GROWTH_LIMIT × the initial model's loss): the loss a model starts from (a
+    regression on large targets starts in the thousands) is no divergence, a loss grown a hundredfold is."""
+    cfg, data = state.config, state.experiment.data
+    finite = bool(torch.isfinite(losses).all()) and bool(torch.isfinite(state.params).all())
+    worst = float(losses.max()) if len(losses) else 0.0
+    if finite and worst <= cfg.max_loss:
+        return
+    lr = f"lower local.lr (now {cfg.local.lr}) or algorithm.server_lr"
+    targets = data.train.y
+    if data.target_scale is None and torch.is_floating_point(targets) and len(targets):
+        lr += (
+            f" (the targets span {float(targets.min()):.4g} to {float(targets.max()):.4g} and task.standardize is "
+            "off: standardised targets train at the default rate)"
         )
+    if not finite:
+        raise DivergenceError(
+            f"round {state.round + 1}: training diverged (a local loss or the model became NaN or infinite: the "
+            f"local steps overflowed); {lr}"
+        )
+    start = _initial_loss(state)
+    if worst <= max(cfg.max_loss, GROWTH_LIMIT * start):
+        return
+    grown = f"{worst / start:.3g} times the initial model's {start:.4g}" if start > 0 else "the initial model's is 0"
+    raise DivergenceError(
+        f"round {state.round + 1}: training diverged (the largest local loss {worst:.4g} is above max_loss "
+        f"{cfg.max_loss:g} and {grown}): the local steps are too large for this data; {lr}"
+    )
+
+
+def _initial_loss(state: RunState) -> float:
+    """The initial model's largest mean training loss over the training clients (computed once, when a local loss
+    first exceeds max_loss)."""
+    if state.initial_loss is None:
+        exp = state.experiment
+        start = exp.engine.losses_at(exp.engine.initial_params(), exp.data.seen_ids, "train")
+        state.initial_loss = float(start.nan_to_num(0.0).max()) if len(start) else 0.0
+    return state.initial_loss
 
 
 @dataclass
@@ -443,7 +511,24 @@ def _synchronous_round(state: RunState) -> RoundOutcome:
     if state.clock is not None and clock is not None:
         state.clock.advance(clock.duration(), *clock.traffic())
         columns = {**state.clock.columns(), "late_clients": float(clock.left_out.sum())}
+        if clock.emptied():
+            _note_empty_round(state, clock)
     return RoundOutcome(previous, result, len(clients), int(available.sum()), columns)
+
+
+def _note_empty_round(state: RunState, clock: RoundClock) -> None:
+    """Count a round whose deadline left out every client; the first one of a run is a note."""
+    assert state.clock is not None
+    state.clock.empty_rounds += 1
+    if state.clock.empty_rounds == 1:
+        deadline = state.config.deadline
+        warnings.warn(
+            f"round {state.round + 1}: no client of the {len(clock.clients)} selected can finish within "
+            f"deadline.seconds {deadline.seconds:g} (policy {deadline.policy}), so the model did not change; "
+            "summary.json counts such rounds (deadline_empty_rounds); raise deadline.seconds",
+            FedhetNote,
+            stacklevel=2,
+        )
 
 
 def _asynchronous_round(state: RunState) -> RoundOutcome:
@@ -496,10 +581,12 @@ def _evaluate(
         test, train = spread_scores(test, sample), spread_scores(train, sample)
     personal = _personal_evaluation(state, evaluated, sample)
     val = exp.engine.scores(evaluated, "val", sample) if exp.metrics and exp.data.val is not None else None
+    task, scale = exp.engine.model.task, exp.data.target_scale
+    val = in_target_units(val, task, scale) if val is not None else None
     metrics = {
         "round": float(state.round),
         **metrics,
-        "local_loss": local_loss,
+        "local_loss": local_loss * target_factor(task, scale, "loss"),
         "participants": float(outcome.participants),
         "available": float(outcome.available),
         **exp.strategy.round_metrics(),
@@ -571,6 +658,12 @@ def _loop(state: RunState, callbacks: list[Callback]) -> RunState:
         raise
     except (OSError, FedhetError):  # a full disk, every Flower node lost: interrupted, to resume once it is fixed
         raise
+    except SystemExit as err:  # sys.exit() in a model's, plugin's or callback's code: a failure, not a success
+        state.status = "failed"
+        raise FedhetError(
+            f"round {state.round + 1}: the run's code (its model, a plugin or a callback) called "
+            f"sys.exit({err.code!r}); the run failed"
+        ) from None
     except Exception:  # a crash in code (a plugin's, a model's, a callback's): the run failed
         state.status = "failed"
         raise

@@ -45,6 +45,7 @@ class RunState:
     pending: AsyncQueue | None = None  # an asynchronous run's clients in flight and buffer (None: synchronous)
     best_round: int = 0  # the selected round so far (``selection``; 0: none yet, or no selection)
     best_params: Tensor | None = None  # its evaluated model
+    initial_loss: float | None = None  # the initial model's largest training loss (the divergence test's scale)
 
     @property
     def rule(self) -> Rule | None:

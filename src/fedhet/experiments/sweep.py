@@ -4,7 +4,8 @@ a summary table (mean ± std over the seeds of each point) and the best point by
 Each run's numbers are those of its selected round: with a validation split (``val_fraction``), the best round by
 its ``selection.metric`` (val_loss by default), and the sweep then picks its best point by that validation metric
 too and reports the test metrics at those rounds; without one, the last round's (and the summary says that the
-choice was made on test data).
+choice was made on test data). Runs that score personalised models pick the best point by their clients'
+personalised test accuracy unless a metric was chosen (`ranked_by`).
 
 ``OUT/<point>/seed<k>/`` is a normal run folder (`fedhet compare` works on it); ``OUT/<point>/point.json`` holds
 the point's label and values, ``OUT/sweep.json`` the sweep, ``OUT/summary.md`` and ``OUT/summary.csv`` the results.
@@ -22,22 +23,33 @@ import itertools
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
+from fedhet.atomic import refuse_link
 from fedhet.errors import ConfigError
 from fedhet.experiments.assembly import set_key
 from fedhet.experiments.build import components
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.executor import DONE, Executor, Outcome, Task, reuse, write_index, write_text
+from fedhet.experiments.executor import (
+    DONE,
+    Executor,
+    Outcome,
+    Task,
+    refuse_linked_folders,
+    reuse,
+    write_index,
+    write_text,
+)
 from fedhet.experiments.naming import MAX_LENGTH, safe_name
 from fedhet.experiments.runfolder import FolderLock, check_claimable, read_marker
 from fedhet.experiments.selection import better
 from fedhet.registry import closest
+from fedhet.summary_json import read_summary
 
 SWEEP_KEYS = ("grid", "seeds", "metric", "mode", "show")
 SWEEP_FILES = ("sweep.json", "runs.json", "summary.md", "summary.csv", "errors.log")
@@ -176,6 +188,7 @@ class Sweep:
     metric: str = "test_accuracy"
     mode: str = "max"
     show: tuple[str, ...] = ()  # more metrics for the summary table
+    chosen: bool = True  # whether `metric` was chosen (--metric, sweep.metric, a validation split), not the default
 
     def points(self) -> list[Point]:
         return grid_points(self.grid)
@@ -246,7 +259,8 @@ def make_sweep(
     extra = tuple(show) or tuple(str(m) for m in section.get("show", ()))
     if not extra and chosen.startswith("val_"):  # chosen on validation: report the test values at those rounds
         extra = tuple(dict.fromkeys(("test_accuracy", f"test_{chosen[4:]}")))
-    return Sweep(base, combined, tuple(range(first, first + count)), chosen, order, extra)
+    given = metric is not None or "metric" in section or runs_select is not None
+    return Sweep(base, combined, tuple(range(first, first + count)), chosen, order, extra, given)
 
 
 # ------------------------------------------------------------------------------------------------- the summary
@@ -277,8 +291,8 @@ def read_results(sweep: Sweep, out: Path) -> list[PointResult]:
         for seed in sweep.seeds:
             path = sweep.folder(out, point, seed) / "summary.json"
             try:
-                summary = json.loads(path.read_text())
-            except (OSError, ValueError):
+                summary = read_summary(path)
+            except (OSError, ValueError, RecursionError):
                 summary = {"status": "missing"}
             statuses.append(str(summary.get("status", "missing")))
             row = summary.get("selected") or summary.get("final", {})  # the selected round's, else the last
@@ -287,6 +301,18 @@ def read_results(sweep: Sweep, out: Path) -> list[PointResult]:
         values = {m: [float(f.get(m, math.nan)) for f in finals] for m in metrics}
         results.append(PointResult(point, statuses, values))
     return results
+
+
+PERSONAL = "personal_test_accuracy"
+
+
+def ranked_by(sweep: Sweep, results: list[PointResult]) -> Sweep:
+    """The sweep as its summary ranks it: by ``personal_test_accuracy`` (max) where its runs score personalised
+    models and no metric was chosen (their clients use those, not the global model), else as it is."""
+    if sweep.chosen or sweep.metric != "test_accuracy" or not any(PERSONAL in r.values for r in results):
+        return sweep
+    show = tuple(dict.fromkeys(("test_accuracy", *(m for m in sweep.show if m != PERSONAL))))
+    return replace(sweep, metric=PERSONAL, mode="max", show=show)
 
 
 def best_point(results: list[PointResult], metric: str, mode: str) -> PointResult | None:
@@ -308,6 +334,9 @@ def selection_rule_text(sweep: Sweep) -> str:
         else "each run's numbers are those of its last round"
     )
     text = f"Best point by the mean of {sweep.metric} ({sweep.mode}) over seeds; {rounds}."
+    if sweep.metric == PERSONAL and not sweep.chosen:
+        text += " Personalised runs: ranked by their personalised models' accuracy (--metric test_accuracy: the global"
+        text += " model's)."
     if not sweep.metric.startswith("val_"):
         text += " Chosen on a metric that is not a validation one: set val_fraction to choose on validation data."
     return text
@@ -317,6 +346,8 @@ def summary_markdown(sweep: Sweep, results: list[PointResult], best: PointResult
     from fedhet.report.tables import markdown_table
 
     columns = [sweep.metric, *(m for m in sweep.show if m != sweep.metric)]
+    if PERSONAL not in columns and any(PERSONAL in r.values for r in results):  # personalised runs: their accuracy
+        columns.insert(1, PERSONAL)
     columns = [c for c in columns if c == sweep.metric or any(c in r.values for r in results)]
     rows = [
         [
@@ -373,6 +404,7 @@ def run_sweep(sweep: Sweep, out: Path, executor: Executor) -> SweepResult:
     check_claimable(out, "sweep")
     _check_base(sweep, out)
     tasks = sweep.tasks(out)
+    refuse_linked_folders(out, tasks)
     executor.check_data([t for t in tasks if reuse(t) is None])  # before anything is written
     with FolderLock.claim(out, "sweep") as lock:
         _check_base(sweep, out)  # again under the lock: another sweep may have written it meanwhile
@@ -408,6 +440,8 @@ def write_plan(sweep: Sweep, out: Path, lock: FolderLock | None = None) -> None:
     its marker does not list, a folder of yours with a point's name, is refused), or, without `lock`, a folder
     inside one of fedhet's that the caller holds (a recipe's)."""
     points = sweep.points()
+    for point in points:
+        refuse_link(out / point.name)  # never followed: it would put runs into another folder
     if lock is not None:
         for point in points:
             if (out / point.name).exists() and point.name not in lock.marker.files:
@@ -439,6 +473,7 @@ def finish_sweep(sweep: Sweep, out: Path, outcomes: list[Outcome]) -> SweepResul
     if details:
         write_text(out / "errors.log", details)
     results = read_results(sweep, out)
+    sweep = ranked_by(sweep, results)
     best = best_point(results, sweep.metric, sweep.mode)
     table = summary_markdown(sweep, results, best)
     write_text(out / "summary.md", table)

@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,11 +36,13 @@ from fedhet.flower import require_flwr
 require_flwr()
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.app.error import Error  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.common.constant import ErrorCode  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedhet.atomic import write_bytes, write_text  # noqa: E402
-from fedhet.errors import ConfigError  # noqa: E402
+from fedhet.errors import ConfigError, FedhetError  # noqa: E402
 from fedhet.experiments.callbacks import Callback  # noqa: E402
 from fedhet.experiments.checkpoint import load_state, save_state  # noqa: E402
 from fedhet.experiments.config import RunConfig, load_yaml, parse_config  # noqa: E402
@@ -47,7 +50,10 @@ from fedhet.experiments.runner import CHECKPOINT, CONFIG, SUMMARY, resume, run, 
 from fedhet.experiments.state import RunState  # noqa: E402
 from fedhet.flower.codec import Arrays, Config, Payload  # noqa: E402
 from fedhet.flower.node import (  # noqa: E402
+    NO_STATE,
+    STATEFUL,
     NodeWorker,
+    Stamp,
     config_from_text,
     config_text,
     derived_partition,
@@ -58,7 +64,7 @@ from fedhet.flower.remote import RemoteEngine, Settings, remote_builder  # noqa:
 from fedhet.imports import ImportPolicy, import_policy  # noqa: E402
 
 log = logging.getLogger("fedhet.flower")
-STATE_KEY = "fedhet-client-state"
+STATE_KEY, STAMP_KEY = "fedhet-client-state", "fedhet-client-state-stamp"  # the blob, and its `Stamp`
 PACKED, LAYOUT = "fedhet.packed", "fedhet.layout"  # a message's small arrays as one, and their layout
 PACK_BELOW = 64 << 10  # bytes
 POLL_S, MAX_POLL_S = 0.005, 0.1  # how often the server looks for the nodes' replies
@@ -107,6 +113,7 @@ class GridTransport:
     def __init__(self, grid: Grid) -> None:
         self.grid = grid
         self.failures: dict[int, str] = {}  # node -> the reason of its last error reply
+        self.refusals: dict[int, str] = {}  # node -> what it refused (`refusal`): the run stops
 
     def nodes(self) -> list[int]:
         return sorted(int(n) for n in self.grid.get_node_ids())
@@ -133,6 +140,10 @@ class GridTransport:
                 pending.discard(reply.metadata.reply_to_message_id)
                 node = sent_to.get(reply.metadata.reply_to_message_id, int(reply.metadata.src_node_id))
                 if reply.has_error():
+                    refused = refusal(str(reply.error.reason))
+                    if refused is not None:  # the server stops with it (`RemoteEngine`): no warning each time
+                        self.refusals[node] = refused
+                        continue
                     self.failures[node] = failure_reason(str(reply.error.reason))
                     log.warning("node %s failed: %s", node, self.failures[node])
                     continue
@@ -155,6 +166,23 @@ def failure_reason(reason: str) -> str:
     found = re.fullmatch(r"<class '[\w.]+'>:<'(.*)'>", reason.strip(), re.DOTALL)
     text = found.group(1) if found else reason
     return " ".join(text.split())[:500]
+
+
+def refusal(reason: str) -> str | None:
+    """The message of a node's error reply when the node refused (raised one of fedhet's errors for people, a
+    `FedhetError`: a config it does not allow, a stale client state), else None. The class is looked up among the
+    modules already imported here, never imported by its name."""
+    found = re.fullmatch(r"<class '([\w.]+)'>:<'.*'>", reason.strip(), re.DOTALL)
+    if found is None:
+        return None
+    module, _, name = found.group(1).rpartition(".")
+    kind = getattr(sys.modules.get(module), name, None)
+    return failure_reason(reason) if isinstance(kind, type) and issubclass(kind, FedhetError) else None
+
+
+def error_reply(err: Exception, message: Message) -> Message:
+    """The error reply Flower's ClientApp processes make of an exception (its reason: ``<class ...>:<'...'>``)."""
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err)}:<'{err}'>"), reply_to=message)
 
 
 @dataclass(frozen=True)
@@ -217,25 +245,33 @@ def _state_file(config: Config, node_config: dict[str, Any], policy: NodePolicy)
     return path
 
 
-def _load_state(
+def _sync_state(
     worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any], policy: NodePolicy
 ) -> None:
-    """The clients' state from Flower's context (this run), else from the node's state file (a resumed run); both
-    are read weights-only and checksummed (`fedhet.experiments.checkpoint.load_state`)."""
+    """Give `worker` the clients' state this node saved last: from Flower's context (this run's; the worker's own
+    copy when it is that one, by its stamp: a simulation's node may be answered by another actor each time), else
+    from the node's state file (a resumed run), else none. Both are read weights-only and checksummed
+    (`fedhet.experiments.checkpoint.load_state`); whether it is the version the server expects is the worker's
+    check (`NodeWorker.check_state`)."""
     if STATE_KEY in context.state:
-        blob = context.state[STATE_KEY]["blob"].numpy().tobytes()
-        worker.engine.load_state_dict(load_state(blob, "the node's client state"))
+        saved = context.state.get(STAMP_KEY)
+        if saved is None or Stamp(int(saved["version"]), str(saved["token"])) != worker.stamp:
+            blob = context.state[STATE_KEY]["blob"].numpy().tobytes()
+            worker.load(load_state(blob, "the node's client state"))
         return
     path = _state_file(config, node_config, policy)
     if path is not None and path.is_file():
-        worker.engine.load_state_dict(load_state(path, f"node state file '{path}'"))
+        worker.load(load_state(path, f"node state file '{path}'"))
+    elif worker.stamp != NO_STATE:  # the state of another run this process served
+        worker.reset()
 
 
 def _save_state(
     worker: NodeWorker, context: Context, config: Config, node_config: dict[str, Any], policy: NodePolicy
 ) -> None:
-    data = save_state(worker.engine.state_dict())
+    data = save_state(worker.state())
     context.state[STATE_KEY] = ArrayRecord({"blob": Array(np.frombuffer(data, dtype=np.uint8).copy())})
+    context.state[STAMP_KEY] = ConfigRecord({"version": worker.stamp.version, "token": worker.stamp.token})
     path = _state_file(config, node_config, policy)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -243,13 +279,22 @@ def _save_state(
 
 
 def answer_with(message: Message, context: Context, policy: NodePolicy) -> Message:
-    """Run one fedhet engine call on this node's partition, as `policy` allows."""
+    """Run one fedhet engine call on this node's partition, as `policy` allows. A refusal (a `FedhetError`) is the
+    reply: an error reply with its one line, which stops the run at the server, and no traceback in any log."""
+    try:
+        return _answer(message, context, policy)
+    except FedhetError as err:
+        log.warning("node %s refused the server's call: %s", context.node_id, err)
+        return error_reply(err, message)
+
+
+def _answer(message: Message, context: Context, policy: NodePolicy) -> Message:
     arrays, config = _payload(message.content)
     node_config = dict(context.node_config)
     worker = _worker(config, node_config, policy)
     op = str(config["op"])
-    if op == "train":
-        _load_state(worker, context, config, node_config, policy)
+    if op in STATEFUL:
+        _sync_state(worker, context, config, node_config, policy)
     out_arrays, out_config = worker.handle(op, arrays, config)
     if op == "train":
         _save_state(worker, context, config, node_config, policy)
@@ -333,10 +378,26 @@ def make_server_app(
     return app
 
 
+def _one_line(main: Callable[[Grid, Context], None]) -> Callable[[Grid, Context], None]:
+    """`main`, whose `FedhetError` (a node's refusal, a config the server refuses) the user reads as one ``error:``
+    line in ``flwr run``'s output (scripts/flower_local.sh then exits 2), not as a ServerApp traceback and Flower's
+    "Exit Code 201"; the run then ends without a traceback in Flower's logs either."""
+
+    @functools.wraps(main)
+    def wrapped(grid: Grid, context: Context) -> None:
+        try:
+            main(grid, context)
+        except FedhetError as err:
+            print(f"error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+
+    return wrapped
+
+
 server_app = ServerApp()
 
 
 @server_app.main()
+@_one_line
 def deployed(grid: Grid, context: Context) -> None:
     """`flwr run`: the run config names the fedhet config file and the run folder."""
     rc = dict(context.run_config)

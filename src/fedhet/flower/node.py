@@ -8,6 +8,8 @@ draws exactly the mini-batches the single-machine engine would (streams are keye
 from __future__ import annotations
 
 import hashlib
+import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -17,6 +19,7 @@ import yaml
 from torch import Tensor
 
 from fedhet.data.dataset import ClientData, FederatedData
+from fedhet.engine.plan import PHASES
 from fedhet.errors import ConfigError, DataError
 from fedhet.experiments.build import build_model, components, federated_data, make_engine
 from fedhet.experiments.config import RunConfig, dump_yaml, parse_config
@@ -34,6 +37,29 @@ from fedhet.yaml_text import safe_yaml
 
 PARTITION_FORMAT = "fedhet-node-partition/1"
 Split = Literal["train", "test"]
+STATEFUL = frozenset({"train", "personal_scores"})  # the calls that read the clients' state kept on the node
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """Which version of its clients' state a node holds: the training that wrote it last, by its `ClientStore`
+    version (round × `PHASES` + phase; -1: none) and a token drawn for that training alone ("": no state)."""
+
+    version: int
+    token: str
+
+    def describe(self) -> str:
+        if self.version < 0:
+            return "no client state"
+        return f"the state of round {self.version // PHASES + 1}'s training (phase {self.version % PHASES})"
+
+
+NO_STATE = Stamp(-1, "")
+UNFINISHED = Stamp(-1, "unfinished")  # a training that raised may have written part of its state
+
+
+class StaleStateError(DataError):
+    """A node holds another version of its clients' state than the server's last training on it left."""
 
 
 def config_text(config: RunConfig) -> str:
@@ -176,6 +202,61 @@ class NodeWorker:
             config, parts, build_model(config, parts, data.input_shape, data.num_classes, data.task), data
         )
         self.engine.state_history = config.checkpoint_every  # the server may rewind to its last checkpoint
+        self.stamp = NO_STATE  # the version of the clients' state the engine holds
+
+    # -- the clients' state, versioned -------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """The clients' state with its stamp (what a node saves after each training)."""
+        return {"engine": self.engine.state_dict(), "version": self.stamp.version, "token": self.stamp.token}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Take `state` (`state`'s form) as the clients' state."""
+        self.engine.load_state_dict(state.get("engine", state))  # (an older fedhet saved the engine's alone)
+        self.stamp = Stamp(int(state.get("version", -1)), str(state.get("token", "")))
+
+    def reset(self) -> None:
+        """Forget every client's state (a node whose run keeps none)."""
+        self.engine.load_state_dict({})
+        self.stamp = NO_STATE
+
+    def check_state(self, config: Config, clients: Tensor, when: str) -> None:
+        """Make sure the engine holds the state the server's last training on this node left (`config`'s
+        ``state_version`` and ``state_token``), before a call reads it. A node ahead of the server (a server resumed
+        from its checkpoint) forgets what came after; a node behind it, or holding another version of it, raises
+        `StaleStateError` naming a client and the round (`when`: "round 5", "the evaluation after round 5"; the
+        server names the node): its answer would silently be another model's."""
+        if "state_version" not in config:  # a server that keeps no stamps: every answer could be another state's
+            raise ConfigError("the server sent no client state version: give it and every node the same fedhet version")
+        expected = Stamp(int(config["state_version"]), str(config.get("state_token", "")))
+        if self.stamp == expected:
+            return
+        if self.stamp.version > expected.version:
+            self._rewind(expected)
+            return
+        if self.stamp == UNFINISHED:
+            held = "what a training that failed left"
+        elif self.stamp.version == expected.version:
+            held = f"{self.stamp.describe()} by another training"
+        else:
+            held = self.stamp.describe()
+        more = f" (and {len(clients) - 1} more)" if len(clients) > 1 else ""
+        raise StaleStateError(
+            f"the state of client {int(clients[0]) if len(clients) else '?'}{more} for {when} is "
+            f"{'missing' if self.stamp == NO_STATE else 'stale'}: the server's last training on this node left "
+            f"{expected.describe()}, the node holds {held}"
+        )
+
+    def _rewind(self, to: Stamp) -> None:
+        """Keep the state versions up to `to`'s only (what a server resumed from its checkpoint has seen)."""
+        state = self.engine.state_dict()
+        rows = state.get("client_state", {})
+        kept = {
+            key: {k: [(r, v) for r, v in history if r <= to.version] for k, history in table.items()}
+            for key, table in rows.items()
+        }
+        self.engine.load_state_dict({**state, "client_state": kept})
+        self.stamp = to
 
     def meta(self) -> Payload:
         data, k = self.engine.data, self.clients
@@ -207,11 +288,18 @@ class NodeWorker:
         if op == "meta":
             return self.meta()
         assert params is not None
-        if op == "train":
-            result = engine.train(params, decode_plan(arrays, config), round_)
-            return encode_result(result), {}
-        if op == "personal_scores":
-            return encode_scores(engine.personal_scores(params, decode_plan(arrays, config), round_, split)), {}
+        if op in STATEFUL:
+            plan = decode_plan(arrays, config)
+            evaluation = op == "personal_scores" and split == "test"  # after round `round_`, else in round_ + 1
+            self.check_state(
+                config, plan.clients, f"the evaluation after round {round_}" if evaluation else f"round {round_ + 1}"
+            )
+            if op == "personal_scores":
+                return encode_scores(engine.personal_scores(params, plan, round_, split)), {}
+            self.stamp = UNFINISHED
+            result = engine.train(params, plan, round_)
+            self.stamp = Stamp(round_ * PHASES + plan.phase, secrets.token_hex(8))
+            return encode_result(result), {"state_version": self.stamp.version, "state_token": self.stamp.token}
         if op == "scores":  # the global model on both splits of every client here
             out: Arrays = {"clients": to_numpy(self.clients)}
             for name in ("test", "train"):

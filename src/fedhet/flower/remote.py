@@ -26,7 +26,7 @@ from fedhet.engine.engine import BackendChoice, resolve_backend
 from fedhet.engine.evaluate import ClientScores, scores_of_some
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.protocol import EngineProtocol, Split
-from fedhet.errors import ConfigError, DataError
+from fedhet.errors import ConfigError, DataError, FedhetError
 from fedhet.experiments.build import Components, Experiment, assemble, build_model, components, local_settings
 from fedhet.experiments.config import RunConfig
 from fedhet.flower.codec import (
@@ -40,7 +40,7 @@ from fedhet.flower.codec import (
     to_numpy,
     to_torch,
 )
-from fedhet.flower.node import NodeWorker, config_text
+from fedhet.flower.node import STATEFUL, NodeWorker, config_text
 
 log = logging.getLogger("fedhet.flower")
 
@@ -53,7 +53,9 @@ class Transport(Protocol):
         ...
 
     def ask(self, requests: dict[int, Payload], timeout: float) -> dict[int, Payload]:
-        """Send each node its request; the replies of the nodes that answered in time and without error."""
+        """Send each node its request; the replies of the nodes that answered in time and without error. A node
+        that refuses (raises a `fedhet.errors.FedhetError`: a config it does not allow, a stale state) goes into the
+        transport's ``refusals`` (node -> reason), with which `RemoteEngine` stops the run."""
         ...
 
 
@@ -64,6 +66,7 @@ class InProcessTransport:
         self.workers = workers
         self.dead: set[int] = set()
         self.calls: list[str] = []
+        self.refusals: dict[int, str] = {}  # as `fedhet.flower.apps.GridTransport`'s
 
     def nodes(self) -> list[int]:
         return sorted(set(self.workers) - self.dead)
@@ -73,7 +76,10 @@ class InProcessTransport:
         for node, (arrays, config) in requests.items():
             self.calls.append(str(config["op"]))
             if node not in self.dead:
-                replies[node] = self.workers[node].handle(str(config["op"]), arrays, config)
+                try:
+                    replies[node] = self.workers[node].handle(str(config["op"]), arrays, config)
+                except FedhetError as err:
+                    self.refusals[node] = str(err)
         return replies
 
 
@@ -119,6 +125,8 @@ class RemoteEngine:
         self.local = local_settings(config, parts)
         self.backend: BackendChoice = config.backend
         self._scored: tuple[Tensor, dict[str, tuple[Tensor, Tensor]]] | None = None
+        # node -> (version, token) of the clients' state its last training left (`fedhet.flower.node.Stamp`)
+        self.stamps: dict[int, tuple[int, str]] = {}
 
     # -- connection ------------------------------------------------------------------------------------------
 
@@ -146,6 +154,7 @@ class RemoteEngine:
             if pending:
                 request: dict[int, Payload] = {n: ({}, {**self.base, "op": "meta"}) for n in pending}
                 metas.update(self.transport.ask(request, settings.timeout))
+                self._stop_if_refused(request)
             if len(metas) >= settings.min_nodes or time.monotonic() > deadline:
                 return metas
             time.sleep(0.5)
@@ -223,8 +232,14 @@ class RemoteEngine:
         return groups
 
     def _call(self, op: str, per_node: dict[int, Arrays], config: Config | None = None) -> dict[int, Arrays]:
-        requests = {n: (a, {**self.base, **(config or {}), "op": op}) for n, a in per_node.items()}
+        requests = {
+            n: (a, {**self.base, **(config or {}), **self._expected(n, op), "op": op}) for n, a in per_node.items()
+        }
         replies = self.transport.ask(requests, self.settings.timeout) if requests else {}
+        self._stop_if_refused(requests)
+        if op == "train":
+            for node, (_, answer) in replies.items():
+                self.stamps[node] = (int(answer["state_version"]), str(answer["state_token"]))
         for node in per_node:
             if node not in replies and node not in self.lost:
                 self.lost[node] = op
@@ -235,6 +250,22 @@ class RemoteEngine:
                 "every node was lost; restart the SuperNodes, then run again: the run resumes from its checkpoint"
             )
         return {n: r[0] for n, r in replies.items()}
+
+    def _stop_if_refused(self, requests: dict[int, Payload]) -> None:
+        """A node that refused a call (its config, a stale client state) would refuse it again: the run stops with
+        one line naming the node and what it refused, instead of losing the node or asking it again."""
+        refusals: dict[int, str] = getattr(self.transport, "refusals", {})
+        for node in requests:
+            if node in refusals:
+                raise ConfigError(f"node {node}: {refusals.pop(node)}")
+
+    def _expected(self, node: int, op: str) -> Config:
+        """What a call that reads the clients' state tells `node` of the state it must hold (`NodeWorker.check_state`):
+        the stamp of its last training, none before its first."""
+        if op not in STATEFUL:
+            return {}
+        version, token = self.stamps.get(node, (-1, ""))
+        return {"state_version": version, "state_token": token}
 
     def _rows(
         self, op: str, clients: Tensor, arrays: Callable[[Tensor], Arrays], config: Config
@@ -372,10 +403,19 @@ class RemoteEngine:
         return self._labels.clone()  # reported by the nodes when they connected
 
     def state_dict(self) -> dict[str, Any]:
-        return {}  # the clients' state stays on the nodes (versioned by round, see `fedhet.engine.state`)
+        """The clients' state stays on the nodes (versioned by round, see `fedhet.engine.state`); the server keeps
+        which version each node's last training left, by the first client the node holds (Flower's node ids change
+        when a node restarts)."""
+        return {"node_stamps": {str(self._first_client(n)): [v, t] for n, (v, t) in self.stamps.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
+        by_client = {int(k): (int(v), str(t)) for k, (v, t) in state.get("node_stamps", {}).items()}
+        self.stamps = {n: by_client[self._first_client(n)] for n in self.node_ids if self._first_client(n) in by_client}
+
+    def _first_client(self, node: int) -> int:
+        """The lowest client id `node` holds (-1: none)."""
+        held = torch.nonzero(self.owner == self.node_ids.index(node)).flatten()
+        return int(held[0]) if len(held) else -1
 
 
 class NodeAvailability(Availability):

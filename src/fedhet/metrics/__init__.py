@@ -70,6 +70,9 @@ for _name, _text in TASK_METRICS.items():
     METRICS[f"val_{_name}"] = f"as test_{_name}, on the validation data"
     METRICS[f"val_{_name}_pooled"] = f"as test_{_name}_pooled, on the validation data"
     METRICS[f"unseen_test_{_name}"] = f"as test_{_name}, over the unseen clients"
+    METRICS[f"personal_test_{_name}"] = f"mean over clients of their personalised model's {_text} (personal_eval)"
+    METRICS[f"personal_test_{_name}_pooled"] = f"as personal_test_{_name}, over all test samples pooled"
+    METRICS[f"unseen_personal_test_{_name}"] = f"as personal_test_{_name}, over the unseen clients"
 
 CLIENT_COLUMNS: dict[str, str] = {
     "client": "the client's id",
@@ -87,6 +90,10 @@ CLIENT_COLUMNS: dict[str, str] = {
     "val_loss": "the global model's loss on the client's validation data",
     "user": "the client's user (site) name, when each client is one user of the data (a natural split)",
     **{f"test_{name}": f"the global model's {text} on the client's test data" for name, text in TASK_METRICS.items()},
+    **{
+        f"personal_test_{name}": f"the client's personalised model's {text} on its test data (personal_eval)"
+        for name, text in TASK_METRICS.items()
+    },
     "size_quartile": "the quartile (1-4) of the client's training-set size among the clients that train (DP runs)",
     "dp_rounds": "client-level DP: rounds the client took part in",
     "dp_clipped": "client-level DP: rounds whose update from the client was clipped",

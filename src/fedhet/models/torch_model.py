@@ -184,7 +184,7 @@ class TorchModel(ModelSpec):
                 module = call_factory(obj, self.kwargs, input_shape, num_classes)
             except ConfigError:
                 raise
-            except Exception as err:
+            except (Exception, SystemExit) as err:  # sys.exit() in the model's code must not end fedhet with 0
                 text = str(err).strip().splitlines()
                 raise ConfigError(
                     f"building {where} failed: {type(err).__name__}: {text[0] if text else ''} "

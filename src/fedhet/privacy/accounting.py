@@ -34,7 +34,7 @@ from fedhet.errors import ConfigError
 Accountant = Literal["rdp", "pld"]
 INSTALL = "pip install 'fedhet[privacy]' (or pip install dp-accounting)"
 NOISE_FLOOR = 1e-3  # the smallest noise multiplier a target ε is searched down to
-NOISE_CEILING = 1e6  # and the largest (a target that needs more is refused)
+NOISE_CEILING = 1e6  # and the largest (a target that needs more is refused; a run's own bound is lower)
 CALIBRATION_TOLERANCE = 1e-4  # relative, on the noise multiplier
 PLD_DISCRETIZATION = 1e-3  # of the privacy loss: a pessimistic (upper) estimate, within 1e-4 of 1e-4's, 10x faster
 
@@ -117,11 +117,7 @@ def epsilon(release: Release, count: int, delta: float, accountant: Accountant =
         orders, rdp = _rdp(release)
         with _quiet_absl():
             return float(dp.rdp.rdp_privacy_accountant.compute_epsilon(orders, rdp * count, delta)[0])
-    if release.sampling == "fixed" and release.sample < release.population:
-        raise ConfigError(
-            "the PLD accountant has no sampling without replacement (a fixed number of clients a round); use "
-            "privacy.accountant: rdp, or algorithm.sampling: poisson"
-        )
+    check_accountant(release, accountant)
     if release.sampling == "poisson" and release.rate < 1:
         return float(_pld(release).self_compose(count).get_epsilon_for_delta(delta))
     gaussian = dp.pld.privacy_loss_distribution.from_gaussian_mechanism(  # count Gaussians: one of σ/√count
@@ -143,21 +139,31 @@ def _quiet_absl() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def calibrate(worst_epsilon: Callable[[float], float], target: float) -> float:
+def check_accountant(release: Release, accountant: Accountant) -> None:
+    """Refuse, in one line, a release the accountant cannot count (PLD has no sampling without replacement)."""
+    if accountant == "pld" and release.sampling == "fixed" and release.sample < release.population:
+        raise ConfigError(
+            "the PLD accountant has no sampling without replacement (a fixed number of clients a round); use "
+            "privacy.accountant: rdp, or algorithm.sampling: poisson"
+        )
+
+
+def calibrate(worst_epsilon: Callable[[float], float], target: float, ceiling: float = NOISE_CEILING) -> float:
     """The smallest noise multiplier z (within a relative 1e-4: ε within about 2e-4 of the target) whose ε,
     `worst_epsilon(z)` (non-increasing in z), is at most `target`: a bracket by doubling or halving from z = 1,
-    then bisection."""
+    then bisection. A target that needs more than `ceiling` is refused in one line, with the smallest reachable ε."""
     if not target > 0:
         raise ConfigError(f"privacy.target_epsilon must be positive (got {target})")
+    if worst_epsilon(ceiling) > target:
+        raise ConfigError(
+            f"privacy.target_epsilon {target:g} needs a noise multiplier above {ceiling:.4g}, beyond any use in this "
+            f"run (docs/privacy.md, Refusals); the smallest ε it can reach is {worst_epsilon(ceiling):.3g}: ask for "
+            "that or more, or run fewer rounds or more clients a round"
+        )
     lo, hi = 1.0, 1.0
     if worst_epsilon(hi) > target:
         while worst_epsilon(hi) > target:
-            lo, hi = hi, hi * 2
-            if hi > NOISE_CEILING:
-                raise ConfigError(
-                    f"privacy.target_epsilon {target:g} needs a noise multiplier above {NOISE_CEILING:g}; ask for a "
-                    "larger ε, fewer rounds or more clients"
-                )
+            lo, hi = hi, min(hi * 2, ceiling)
     else:
         while worst_epsilon(lo) <= target:
             lo, hi = lo / 2, lo

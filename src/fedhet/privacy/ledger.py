@@ -24,6 +24,7 @@ training-set sizes, and for clients whose updates were clipped in at least half 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,16 +33,17 @@ import torch
 from torch import Tensor
 
 from fedhet.engine.evaluate import ClientScores
+from fedhet.engine.objective import DataTerm
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.engine.privacy import ExampleDP
+from fedhet.engine.privacy import ExampleDP, refuse_with
+from fedhet.engine.protocol import EngineProtocol
 from fedhet.errors import ConfigError
-from fedhet.privacy.accounting import Release, calibrate, epsilon, require_dp_accounting
+from fedhet.privacy.accounting import Release, calibrate, check_accountant, epsilon, require_dp_accounting
 from fedhet.privacy.settings import DPSGDConfig, PrivacyConfig
 from fedhet.privacy.strategy import DEFAULT_NOISE_MULTIPLIER, DP
 from fedhet.strategies.base import Strategy
+from fedhet.strategies.wrapper import Wrapper
 
-# wrappers whose selection is their base's (or, for dp with Poisson sampling, uniform by construction)
-DELEGATING_SELECTION = frozenset({"dp", "gsnr"})
 QUARTILES = 4
 
 
@@ -55,6 +57,14 @@ class RunShape:
     seen: Tensor  # (K,) bool: the clients that train
     steps: Tensor  # (K,) local steps per round under the run's local settings
     batch_size: int
+    participations: Tensor | None = None  # (K,) rounds each client will take part in (None: not known, every round)
+
+    def planned(self) -> Tensor:
+        """(K,) the rounds each client takes part in: as planned where the cohorts are known before the run (a
+        uniform sample from the run's seed, `planned_participations`), else every round (an upper bound)."""
+        if self.participations is not None:
+            return self.participations
+        return torch.full((len(self.train_sizes),), self.rounds, dtype=torch.long)
 
 
 def sampling_problem(strategy: Strategy, availability: str, attack: str, deadline: bool = False) -> str | None:
@@ -67,7 +77,8 @@ def sampling_problem(strategy: Strategy, availability: str, attack: str, deadlin
     if attack != "none":
         return f"attack '{attack}' changes who takes part"
     for part in strategy.parts():
-        if type(part).select is not Strategy.select and part.name not in DELEGATING_SELECTION:
+        keeps = isinstance(part, Wrapper) and part.keeps_base_selection  # its base is among the parts, checked
+        if type(part).select is not Strategy.select and not keeps:
             return f"strategy '{part.name}' chooses its clients itself"
     return None
 
@@ -87,6 +98,57 @@ def check_sampling(
             "availability: always and the base's own selection, or accept an accounting without amplification "
             "by sampling: privacy.amplification: false"
         )
+
+
+def check_noise(key: str, z: float, limit: float, rule: str) -> None:
+    """Refuse, in one line, a noise multiplier beyond any use (`limit`: the model would be noise, whatever the run)."""
+    if not z <= limit:
+        raise ConfigError(
+            f"{key} {z:.4g} is beyond any use: above {limit:.4g} ({rule}) the noise the run adds to each "
+            "coordinate exceeds the most the clipped updates can move it (docs/privacy.md, Refusals); lower it"
+        )
+
+
+def check_unused_privacy(settings: PrivacyConfig) -> None:
+    """Refuse, in one line, ``privacy`` settings in a run without a DP mechanism (they would account nothing)."""
+    if settings.target_epsilon is not None:
+        raise ConfigError(
+            "privacy.target_epsilon (--target-epsilon) sets the noise of a DP mechanism, and this run has none: "
+            "use algorithm dp (client level) or local.dp_sgd (example level)"
+        )
+    default = PrivacyConfig()
+    given = [key for key in PrivacyConfig.model_fields if getattr(settings, key) != getattr(default, key)]
+    if given:
+        raise ConfigError(
+            f"privacy.{', privacy.'.join(given)} set the accounting of a DP mechanism, and this run has none: use "
+            "algorithm dp (client level) or local.dp_sgd (example level), or leave privacy out"
+        )
+
+
+def check_dp_sgd(backend: str, strategy: Strategy, engine: EngineProtocol, seen: Tensor) -> None:
+    """Refuse, in one line and before the run, DP-SGD where its per-sample gradients cannot be had: a backend that
+    forms batch gradients by hand, or a plan with a data-space term, a local rule or dropout (`refuse_with`; the
+    strategy's first plan, on a seen client)."""
+    if backend in ("dense", "conv"):
+        raise ConfigError(
+            f"local.dp_sgd clips per-sample gradients, which backend '{backend}' does not form (it computes batch "
+            "gradients by hand); use backend auto, vectorised or sequential"
+        )
+    clients = torch.nonzero(seen).flatten()[:1]
+    if not len(clients):
+        return
+    plan = strategy.configure(0, clients, engine.initial_params())
+    data_terms = any(isinstance(term, DataTerm) for term in plan.terms)
+    refuse_with(ExampleDP(1.0), data_terms, plan.rule is not None, engine.model.has_dropout)
+
+
+def planned_participations(strategy: Strategy, seen: Tensor, rounds: int) -> Tensor:
+    """(K,) the rounds each client will take part in, drawn before the run from the strategy's own selection on
+    the seen clients (a uniform sample keyed by the seed and the round: `sampling_problem` is None)."""
+    counts = torch.zeros(len(seen), dtype=torch.long)
+    for t in range(rounds):
+        counts[strategy.select(t, seen)] += 1
+    return counts
 
 
 def find_dp(strategy: Strategy) -> DP | None:
@@ -136,11 +198,13 @@ class PrivacyLedger:
         self.sgd_steps = torch.zeros(k, dtype=torch.long)  # DP-SGD steps taken (Poisson) or batches a sample may be in
         self.sgd: ExampleDP | None = None
         target = settings.target_epsilon
-        if client is not None and target is not None:
-            if client.noise_multiplier is not None:
-                raise ConfigError("give algorithm.noise_multiplier or privacy.target_epsilon, not both")
-            client.use_noise_multiplier(calibrate(lambda z: self.client_epsilon_at(z, shape.rounds), target))
         if client is not None:
+            check_accountant(self.client_release(1.0), settings.accountant)
+            if target is not None:
+                if client.noise_multiplier is not None:
+                    raise ConfigError("give algorithm.noise_multiplier or privacy.target_epsilon, not both")
+                client.use_noise_multiplier(calibrate(self.planned_client_epsilon, target, self.client_z_limit()))
+            check_noise("algorithm.noise_multiplier", client.z, self.client_z_limit(), self.client_limit_text())
             client.update_z  # noqa: B018 - refuses, before the run, a count noise that leaves the updates none
         if sgd is not None:
             z = sgd.noise_multiplier
@@ -148,9 +212,11 @@ class PrivacyLedger:
             if z is not None and calibrated:
                 raise ConfigError("give local.dp_sgd.noise_multiplier or privacy.target_epsilon, not both")
             self.sgd = ExampleDP(sgd.clip, DEFAULT_NOISE_MULTIPLIER if z is None else z, sgd.sampling)
+            limit = self.sgd_z_limit()
             if calibrated:
                 assert target is not None
-                self.sgd = replace(self.sgd, noise_multiplier=calibrate(self.planned_sgd_epsilon, target))
+                self.sgd = replace(self.sgd, noise_multiplier=calibrate(self.planned_sgd_epsilon, target, limit))
+            check_noise("local.dp_sgd.noise_multiplier", self.sgd.noise_multiplier, limit, self.sgd_limit_text())
 
     # -- client level ---------------------------------------------------------------------------------------------
     def client_release(self, z: float) -> Release:
@@ -165,6 +231,30 @@ class PrivacyLedger:
         if fixed:
             return Release(z, "fixed", population=population, sample=m)
         return Release(z, "poisson", rate=m / max(population, 1))
+
+    def planned_client_epsilon(self, z: float) -> float:
+        """ε after the run (the bound a target ε calibrates z to): central noise, the run's rounds; local noise,
+        the rounds the most frequent participant takes part in."""
+        assert self.client is not None
+        shape = self.shape
+        planned = shape.planned()[shape.seen]
+        rounds = shape.rounds if self.client.noise == "central" or not len(planned) else int(planned.max())
+        return self.client_epsilon_at(z, rounds)
+
+    def client_z_limit(self) -> float:
+        """The largest useful noise multiplier of client-level DP: beyond it the noise the run adds to one
+        coordinate of the model, √T·zC/m (central; local: √T·zC/√m), exceeds the most T clipped mean updates can
+        move it, T·C: z > m√T (central), √(mT) (local)."""
+        assert self.client is not None
+        m = max(1, min(self.shape.clients_per_round, int(self.shape.seen.sum())))
+        cohort = m if self.client.noise == "central" else math.sqrt(m)
+        return cohort * math.sqrt(max(1, self.shape.rounds))
+
+    def client_limit_text(self) -> str:
+        assert self.client is not None
+        central = self.client.noise == "central"
+        m, rounds = self.shape.clients_per_round, self.shape.rounds
+        return f"{'m' if central else '√m'}·√T, m = {m} clients a round, T = {rounds} rounds"
 
     def client_epsilon_at(self, z: float, rounds: int) -> float:
         """ε after `rounds` rounds in which a client takes part (central: the rounds of the run)."""
@@ -199,13 +289,22 @@ class PrivacyLedger:
         return -(-steps.long() // per_pass)
 
     def planned_sgd_epsilon(self, z: float) -> float:
-        """The largest client's ε after the run if every seen client with data trained its local steps in every
-        round (the bound a target ε calibrates DP-SGD's noise to)."""
+        """The largest client's ε after the run if every seen client with data trains its local steps in the rounds
+        it takes part in (`RunShape.planned`; the bound a target ε calibrates DP-SGD's noise to)."""
         shape = self.shape
         clients = torch.nonzero(shape.seen & (shape.train_sizes > 0)).flatten()
-        counts = self.sgd_counts(clients, shape.steps[clients]) * shape.rounds
+        counts = self.sgd_counts(clients, shape.steps[clients]) * shape.planned()[clients]
         pairs = {(int(shape.train_sizes[k]), int(c)) for k, c in zip(clients.tolist(), counts.tolist(), strict=True)}
         return max((self.sgd_epsilon_at(z, n, c) for n, c in worst_pairs(pairs)), default=0.0)
+
+    def sgd_z_limit(self) -> float:
+        """The largest useful noise multiplier of DP-SGD: beyond it the noise on one coordinate over a client's
+        S = τT steps, √S·zC/B, exceeds the most S clipped mean gradients can move it, S·C: z > B√S."""
+        steps = int(self.shape.steps.max()) if len(self.shape.steps) else 1
+        return self.shape.batch_size * math.sqrt(max(1, steps * self.shape.rounds))
+
+    def sgd_limit_text(self) -> str:
+        return f"B·√(τT), batch size B = {self.shape.batch_size}, τT local steps in all"
 
     def sgd_epsilon_at(self, z: float, n: int, count: int) -> float:
         release = self.sgd_release(z, n)
@@ -276,6 +375,8 @@ class PrivacyLedger:
     def summary(self) -> dict[str, Any]:
         """The privacy block of summary.json: the accounting, each mechanism and its ε."""
         out: dict[str, Any] = {"delta": self.settings.delta, "accountant": self.settings.accountant}
+        if self.settings.target_epsilon is not None:
+            out["target_epsilon"] = self.settings.target_epsilon
         out["amplification"] = self.settings.amplification
         if self.client is not None:
             eps = self.client_epsilons()
@@ -285,7 +386,7 @@ class PrivacyLedger:
                 "noise": self.client.noise,
                 "sampling": self.client.sampling,
                 "clipping": self.client.clipping,
-                "clip": self.client.clip,
+                "clip": self.client.initial_bound(),
                 "clip_final": self.client.bound,
                 "rounds": self.rounds,
             }

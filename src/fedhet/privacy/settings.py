@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from fedhet.registry import Settings
 
 
-class PrivacyConfig(BaseModel):
+class PrivacyConfig(Settings):
     """How the privacy of a DP run (``algorithm: {name: dp, ...}`` or ``local.dp_sgd``) is accounted."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -27,7 +29,7 @@ class PrivacyConfig(BaseModel):
     )
 
 
-class DPSGDConfig(BaseModel):
+class DPSGDConfig(Settings):
     """DP-SGD in every client's local steps (Abadi et al. 2016): per-sample gradient clipping and Gaussian noise."""
 
     model_config = ConfigDict(extra="forbid")

@@ -29,22 +29,24 @@ round), a client's local noise from its own stream.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.privacy import UpdateClip
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, FedhetWarning
 from fedhet.seeding import numpy_rng, torch_gen
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train
 from fedhet.strategies.wrapper import Wrapper
 
 DEFAULT_NOISE_MULTIPLIER = 1.0  # z without noise_multiplier and without a target ε
 COUNT_NOISE_SHARE = 20  # σ_b = m/20 (Andrew et al. 2021, §3: "we set σ_b = m/20 throughout")
+MAX_EXPONENT = 30.0  # adaptive clipping's step C <- C exp(x) takes |x| <= 30 (C stays a finite, positive float)
 
 
 def update_noise_multiplier(z: float, count_noise: float) -> float:
@@ -69,7 +71,8 @@ def adaptive_bound(
     """C·exp(−η_C (b̃ − γ)) with b̃ = (unclipped + noise)/m: Andrew et al.'s geometric update of the clipping bound
     towards the γ-quantile of the update norms (`count_noise` is the drawn N(0, σ_b²) value)."""
     share = (unclipped + count_noise) / max(cohort, 1.0)
-    return bound * math.exp(-lr * (share - quantile))
+    step = min(MAX_EXPONENT, max(-MAX_EXPONENT, -lr * (share - quantile)))
+    return min(max(bound * math.exp(step), 1e-30), 1e30)
 
 
 def weights_of(strategy: Strategy) -> bool:
@@ -93,13 +96,23 @@ class DP(Wrapper):
     description: ClassVar[str] = (
         "client-level differential privacy on any strategy: clipped, noised updates (DP-FedAvg)"
     )
-    base: str | dict[str, Any] = Field("fedavg", description="the strategy made private")
-    clip: float = Field(1.0, gt=0, description="C: every update is scaled to norm <= C (.inf: none; adaptive: C0)")
+    base: str | dict[str, Any] = Field(
+        "fedavg", validate_default=True, description="the strategy made private (weighting: uniform unless given)"
+    )
+    clip: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=True,
+        description="C: every update is scaled to norm <= C (.inf: none; adaptive: C0; None: from the noise, "
+        "C = rms(w0)·m/(z√T), so that the run's noise on a coordinate stays at the initial weights' scale)",
+    )
     clipping: Literal["fixed", "adaptive"] = Field(
         "fixed", description="fixed C, or adaptive: C tracks a quantile of the update norms (Andrew et al. 2021)"
     )
     quantile: float = Field(0.5, ge=0, le=1, description="γ: adaptive clipping's target share of unclipped updates")
-    clip_lr: float = Field(0.2, gt=0, description="η_C: adaptive clipping's step C <- C exp(-η_C (b - γ))")
+    clip_lr: float = Field(
+        0.2, gt=0, le=10, description="η_C: adaptive clipping's step C <- C exp(-η_C (b - γ)) (at most 10)"
+    )
     count_noise: float | None = Field(
         None, ge=0, description="σ_b: noise on adaptive clipping's count of unclipped updates (None: m/20)"
     )
@@ -110,12 +123,14 @@ class DP(Wrapper):
         "central", description="central: the server noises the aggregate; local: each client noises its update"
     )
     sampling: Literal["fixed", "poisson"] = Field(
-        "fixed", description="fixed: the base's m of K clients; poisson: each client with probability m/K"
+        "poisson",
+        description="poisson: each client with probability m/K (DP-FedAvg's); fixed: the base's m of K clients",
     )
 
     _bound: float = PrivateAttr(1.0)
     _z: float | None = PrivateAttr(None)
     _last: dict[str, float] = PrivateAttr(default_factory=dict)
+    _warned: bool = PrivateAttr(False)
 
     @classmethod
     def check_base(cls, built: Strategy) -> None:
@@ -126,20 +141,60 @@ class DP(Wrapper):
                 "choose a synchronous base such as fedavg"
             )
 
+    @field_validator("base", mode="before")
+    @classmethod
+    def _uniform_by_default(cls, value: Any) -> Any:
+        """DP-FedAvg weighs every client's clipped update equally (McMahan et al. 2018, Algorithm 1: a fixed
+        denominator): a base with a ``weighting`` the config leaves out weighs uniformly, as the noise is sized by
+        the largest weight (by samples it is m·max_k p_k times larger)."""
+        spec = {"name": value} if isinstance(value, str) else value
+        if not isinstance(spec, dict) or "weighting" in spec or not isinstance(spec.get("name"), str):
+            return value
+        try:
+            fields = STRATEGIES.get(spec["name"]).model_fields
+        except ConfigError:
+            return value  # the base's own validation says what is wrong
+        weighting = fields.get("weighting")
+        if weighting is None or weighting.annotation is None or "uniform" not in str(weighting.annotation):
+            return value
+        return {**spec, "weighting": "uniform"}
+
     @model_validator(mode="after")
     def _consistent(self) -> DP:
         if self.clipping == "adaptive" and self.noise == "local":
             raise ValueError(
                 "adaptive clipping noises the clipped count on the server: use noise: central, or clipping: fixed"
             )
-        if math.isinf(self.clip) and (self.clipping == "adaptive" or (self.noise_multiplier or 0) > 0):
-            raise ValueError("the noise is z times the clipping bound C: give a finite clip")
+        if (
+            self.clip is not None
+            and math.isinf(self.clip)
+            and (self.clipping == "adaptive" or self.noise_multiplier is None or self.noise_multiplier > 0)
+        ):
+            raise ValueError(
+                "the noise is z times the clipping bound C: give a finite clip (an infinite one only with "
+                "noise_multiplier: 0, the bare strategy)"
+            )
         return self
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
-        self._bound = self.clip
+        self._bound = self.clip if self.clip is not None else 1.0
         self._z = self.noise_multiplier
+
+    def initial_bound(self) -> float:
+        """C (adaptive: C₀): the configured one, else (``clip`` unset) the bound at which the noise the run puts on
+        one coordinate of the model, √T·σ with σ = z·C/m (central) or z·C/√m (local), equals the initial
+        weights' root mean square: C = rms(w₀)·m/(z√T). It reads only public numbers (the model's initial
+        weights, z, m, T): no privacy is spent on it, and without noise there is no bound (∞)."""
+        if self.clip is not None:
+            return self.clip
+        if self.z == 0:
+            return math.inf
+        w0 = self.ctx.engine.initial_params()
+        rms = float(w0.double().pow(2).mean().sqrt()) if w0.numel() else 1.0
+        m = self.cohort_size()
+        share = m if self.noise == "central" else math.sqrt(m)
+        return rms * share / (self.z * math.sqrt(max(1, self.ctx.rounds))) if rms > 0 else 1.0
 
     @property
     def z(self) -> float:
@@ -147,8 +202,12 @@ class DP(Wrapper):
         return DEFAULT_NOISE_MULTIPLIER if self._z is None else self._z
 
     def use_noise_multiplier(self, z: float) -> None:
-        """Set z before the run (from a target ε)."""
+        """Set z before the run (from a target ε), and the bound that follows from it when ``clip`` is unset."""
         self._z = z
+        self._bound = self.initial_bound()
+
+    def derived(self) -> dict[str, Any]:
+        return {"clip": self.initial_bound()} if self.clip is None else {}
 
     def cohort_size(self) -> float:
         """m: the cohort the noise is calibrated to (clients_per_round; Poisson's expectation q·K)."""
@@ -171,13 +230,14 @@ class DP(Wrapper):
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
-        self._bound, self._last = self.clip, {}
+        self._last = {}
         if self.noise == "central" and self.z > 0 and not weights_of(self.inner):
             raise ConfigError(
                 f"central DP noise is calibrated to the weights of the base's aggregate, and '{self.inner.name}' "
                 "does not aggregate by a weighted sum of the updates; use algorithm.noise: local, or a base such as "
                 "fedavg, fedprox or maxfl"
             )
+        self._bound = self.initial_bound()
 
     def select(self, round_: int, available: Tensor) -> Tensor:
         if self.sampling == "fixed":
@@ -216,6 +276,7 @@ class DP(Wrapper):
             weights = self.inner.aggregation_weights(round_, result)
             assert weights is not None  # `setup` refused bases without them
             std = self.update_z * self._bound * float(weights.abs().max()) if len(weights) else 0.0
+            self._warn_if_swamped(round_, global_params, result, weights, std)
             if std > 0:
                 noise = torch.randn(global_params.shape, generator=torch_gen(self.ctx.seed, "dp-central-noise", round_))
                 self.inner.perturb_next_step(noise.mul_(std).to(global_params.dtype))
@@ -235,6 +296,36 @@ class DP(Wrapper):
             "dp_noise_multiplier": self.z,
         }
         return new
+
+    def _warn_if_swamped(
+        self, round_: int, global_params: Tensor, result: LocalResult, weights: Tensor, std: float
+    ) -> None:
+        """Warn once (one line) when the aggregate's noise outweighs the clipped mean update d = Σ_k p_k Δ_k by
+        more than √T: then even the T rounds' updates added up (signal T‖d‖, noise √T‖ξ‖) are mostly noise."""
+        if self._warned or std <= 0 or not len(weights):
+            return
+        p = weights.to(result.params.dtype)
+        signal = float(torch.linalg.vector_norm(p.sum() * global_params - p @ result.params))  # ‖Σ_k p_k Δ_k‖
+        noise = std * math.sqrt(global_params.numel())
+        rounds = max(1, self.ctx.rounds)
+        if noise <= math.sqrt(rounds) * signal:
+            return
+        self._warned = True
+        unequal = float(weights.abs().max()) * len(weights)
+        hint = (
+            f", or weigh clients uniformly (this base's largest weight makes it {unequal:.3g}x)"
+            if unequal > 1.01
+            else ""
+        )
+        warnings.warn(
+            f"client-level DP noise swamps the updates: round {round_ + 1}'s central noise has norm {noise:.3g} "
+            f"(σ = {std:.3g} on each of {global_params.numel():,} parameters) against {signal:.3g} for the clipped "
+            f"mean update, more than √rounds = {math.sqrt(rounds):.3g} times it (the run's noise outweighs its "
+            f"updates, expect a model far below a non-private one); lower z = {self.z:.3g} (a larger target ε), "
+            f"take more clients a round (σ = zC/m), or use a smaller model{hint}",
+            FedhetWarning,
+            stacklevel=2,
+        )
 
     def personalization(self, clients: Tensor) -> LocalPlan | None:
         return self.inner.personalization(clients)

@@ -59,6 +59,30 @@ _KNOWN: dict[str, tuple[str, str, tuple[float | None, float | None], bool]] = {
         False,
     ),
     "personal_appeal": ("personalised appeal (share of clients)", "Appeal of the personalised models", UNIT, False),
+    "personal_test_loss": (
+        "personalised test loss (mean over clients)",
+        "Test loss of the clients' personalised models",
+        NONNEG,
+        False,
+    ),
+    "personal_test_auc": (
+        "personalised test ROC AUC (mean over clients)",
+        "Test ROC AUC of the clients' personalised models",
+        UNIT,
+        False,
+    ),
+    "personal_test_f1": (
+        "personalised test F1 score (mean over clients)",
+        "Test F1 score of the clients' personalised models",
+        UNIT,
+        False,
+    ),
+    "personal_test_balanced_accuracy": (
+        "personalised test balanced accuracy (mean over clients)",
+        "Test balanced accuracy of the clients' personalised models",
+        UNIT,
+        False,
+    ),
     "time_s": ("simulated time (s)", "Simulated time", NONNEG, False),
     "bytes_down": ("bytes sent to clients", "Traffic to the clients", NONNEG, False),
     "bytes_up": ("bytes received from clients", "Traffic from the clients", NONNEG, False),
@@ -143,10 +167,16 @@ def metric_info(name: str) -> MetricInfo:
     return MetricInfo(name, words, words[:1].upper() + words[1:], description)
 
 
+BYTES = ("bytes_down", "bytes_up")  # amounts of bytes: whole numbers, thousands apart (a mean over seeds too)
+
+
 def format_value(name: str, value: float, digits: int = 4) -> str:
-    """`value` of metric `name` for a table: counts as integers, other numbers with `digits` decimals."""
+    """`value` of metric `name` for a table: counts as integers, bytes as whole numbers with thousands separators
+    (``1,234,560``), other numbers with `digits` decimals."""
     if math.isnan(value):
         return "n/a"
+    if name in BYTES and math.isfinite(value):
+        return f"{value:,.0f}"
     if metric_info(name).count and float(value).is_integer():
         return str(int(value))
     return f"{value:.{digits}f}"

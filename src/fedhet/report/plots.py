@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from fedhet.atomic import write_bytes
 from fedhet.errors import ConfigError
@@ -33,7 +33,8 @@ WIDTH = 8.0  # inches: the axes and a legend column beside them
 
 
 def save_figure(fig: Figure, ax: Axes, out: Path, legend: bool = True, caption: str = "") -> Path:
-    """Grid, a legend outside the axes (right), a caption below, write `out` (creating its folder), close."""
+    """Grid, a legend outside the axes (right, or below for many or long labels: `outside_legend`), a caption
+    below everything, write `out` (creating its folder), close."""
     kind = out.suffix.lower().lstrip(".")
     formats = fig.canvas.get_supported_filetypes()
     if kind not in formats:
@@ -55,15 +56,62 @@ def save_figure(fig: Figure, ax: Axes, out: Path, legend: bool = True, caption: 
     return out
 
 
+LEGEND_BESIDE = 32  # characters: a legend whose labels are all this short, and at most `LEGEND_ROWS`, goes beside
+LEGEND_ROWS = 14
+
+
 def outside_legend(ax: Axes, **kwargs: Any) -> None:
-    """The legend of `ax` in a column to the right of it, so that it never hides data."""
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8, frameon=False, **kwargs)
+    """The legend of `ax` outside it, so that it never hides data: a column to its right, or, for long labels or
+    many of them, columns under the axes (as wide as the axes, the figure keeps its width)."""
+    _, labels = ax.get_legend_handles_labels()
+    if not labels:
+        return
+    longest = max(len(text) for text in labels)
+    if longest <= LEGEND_BESIDE and len(labels) <= LEGEND_ROWS:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8, frameon=False, **kwargs)
+        return
+    width = ax.get_position().width * ax.figure.bbox.width / ax.figure.dpi  # inches
+    columns = max(1, min(len(labels), int(width / (0.35 + 0.062 * longest))))  # 8-point type: ~0.062 in a character
+    below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.14), "ncol": columns}
+    ax.legend(**{**below, "borderaxespad": 0.0, "fontsize": 8, "frameon": False, **kwargs})
 
 
 def add_caption(fig: Figure, caption: str) -> None:
-    """`caption` in small type under the figure (kept in the saved image by ``bbox_inches='tight'``)."""
-    if caption:
-        fig.text(0.01, 0.0, caption, ha="left", va="top", fontsize=7.5, wrap=True, color="0.25")
+    """`caption` in small type under the figure and any legend below the axes (kept in the saved image by
+    ``bbox_inches='tight'``)."""
+    if not caption:
+        return
+    bottom = 0.0
+    legends = [lg for ax in fig.axes if (lg := ax.get_legend()) is not None]
+    if legends:
+        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        to_figure = fig.transFigure.inverted()
+        bottom = min(bottom, *(lg.get_window_extent(renderer).transformed(to_figure).y0 - 0.02 for lg in legends))
+    fig.text(0.01, bottom, caption, ha="left", va="top", fontsize=7.5, wrap=True, color="0.25")
+
+
+def check_target(target: float | None) -> None:
+    """Refuse a target that no curve can reach or be drawn at (inf, nan), in one line."""
+    if target is not None and not math.isfinite(target):
+        raise ConfigError(f"--target {target}: give a finite number, e.g. --target 0.8")
+
+
+def target_line(ax: Axes, target: float | None) -> None:
+    """A horizontal dashed line at `target` (the accuracy to reach), named in the legend."""
+    if target is not None:
+        ax.axhline(target, color="0.35", linestyle=(0, (6, 3)), linewidth=1.0, label=f"target {target:g}", zorder=1)
+
+
+def log_x(ax: Axes, on: bool) -> str:
+    """A logarithmic x-axis with `on` (points at x ≤ 0, a round 0, are not drawn); what the caption says of it."""
+    if not on:
+        return ""
+    ax.set_xscale("log", nonpositive="mask")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # 20, not 2×10¹
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.set_xlabel(f"{ax.get_xlabel()} (log scale)")
+    return " x: log scale (points at 0 not drawn)."
 
 
 def round_axis(ax: Axes, x: str = "round") -> None:
@@ -184,12 +232,19 @@ def band_caption(seeds: int, info: MetricInfo) -> str:
 
 
 def plot_curves(
-    records: list[RunRecord] | list[RunGroup], metric: str, out: Path, title: str | None = None, x: str = "round"
+    records: list[RunRecord] | list[RunGroup],
+    metric: str,
+    out: Path,
+    title: str | None = None,
+    x: str = "round",
+    target: float | None = None,
+    logx: bool = False,
 ) -> Path:
     """One line per run, or per group of seeds (`RunGroup`: the mean over its seeds, with a band of ± 1 std):
     `metric` against the round (or, `x` "time", the simulated clock: a group's mean time at each round), each
-    labelled by its ``label`` (`read_runs`/`read_groups` set it to what distinguishes it); saved as PNG (or any
-    format matplotlib knows)."""
+    labelled by its ``label`` (`read_runs`/`read_groups` set it: the method and what distinguishes it), with a
+    dashed line at `target` and, with `logx`, a logarithmic x-axis; saved as PNG (or any format matplotlib knows)."""
+    check_target(target)
     groups = as_groups(records)
     runs = [r for g in groups for r in g.runs]
     available = metric_names(runs)
@@ -206,12 +261,14 @@ def plot_curves(
         if std is not None:
             bands[group.label] = (clip(mean - std, info), clip(mean + std, info))
     draw_lines(ax, series, bands)
+    target_line(ax, target)
     round_axis(ax, x)
     metric_axis(ax, info)
+    scale = log_x(ax, logx)
     ax.set_title(title or info.title)
     common = common_description(runs)
     seeds = max(g.seeds for g in groups)
-    differ = " (labels: what differs between the runs' configs)" if len(groups) > 1 else ""
+    differ = " (named by its method and what differs between the configs)" if len(groups) > 1 else ""
     if seeds > 1:
         counts = "/".join(map(str, sorted({g.seeds for g in groups})))
         caption = (
@@ -222,6 +279,9 @@ def plot_curves(
             caption += " x: the mean over seeds of the simulated time at each round."
     else:
         caption = "One line per run" + differ + "."
+    caption += scale
+    if target is not None:
+        caption += f" Dashed grey line: the target {target:g}."
     caption += f" All runs: {common}." if common else ""
     if info.description:
         caption += f" {metric}: {info.description}."

@@ -40,19 +40,64 @@ SHORT = {
     "test_mae": "MAE",
     "test_rmse": "RMSE",
     "test_r2": "R²",
+    "personal_test_accuracy": "pers. acc",
+    "personal_test_accuracy_worst10": "pers. worst 10%",
+    "personal_test_accuracy_std": "pers. acc std",
+    "personal_test_loss": "pers. loss",
+    "personal_appeal": "pers. appeal",
+    "personal_test_auc": "pers. AUC",
+    "personal_test_f1": "pers. F1",
+    "personal_test_balanced_accuracy": "pers. bal. acc",
 }
+# a personalised run's columns (each client's personalised model on its own test data), shown before the others
+PERSONAL_COLUMNS = (
+    "personal_test_accuracy",
+    "personal_test_auc",
+    "personal_test_f1",
+    "personal_test_balanced_accuracy",
+    "personal_test_accuracy_worst10",
+    "personal_appeal",
+)
+PERSONAL = "personal_test_accuracy"
 # the columns `fedhet compare` shows by default, among those the runs have: accuracy (classification), the task's own
 # metrics (binary, regression), validation
 TASK_COLUMNS = ("test_auc", "test_f1", "test_balanced_accuracy", "test_rmse", "test_mae", "test_r2", "val_loss")
-RUN_WIDTH = 24  # the run column wraps longer labels
+RUN_WIDTH = 32  # the run column wraps longer labels (a method and two keys fit)
 CELL = 3  # a column's padding and border in rich's default box
 
 
 def default_columns(groups: list[RunGroup]) -> tuple[str, ...]:
-    """`DEFAULT_COLUMNS` and `TASK_COLUMNS` that some run has, in that order (all of `DEFAULT_COLUMNS` when none)."""
+    """`PERSONAL_COLUMNS`, `DEFAULT_COLUMNS` and `TASK_COLUMNS` that some run has, in that order (a personalised
+    run's own columns first; all of `DEFAULT_COLUMNS` when none)."""
     have = {k for g in groups for r in g.runs for k in r.summary.get("final", {})}
-    shown = tuple(c for c in (*DEFAULT_COLUMNS, *TASK_COLUMNS) if c in have)
+    shown = tuple(c for c in (*PERSONAL_COLUMNS, *DEFAULT_COLUMNS, *TASK_COLUMNS) if c in have)
     return shown or DEFAULT_COLUMNS
+
+
+def ranking(groups: list[RunGroup]) -> tuple[list[RunGroup], str]:
+    """`groups` best first, and the rule in words. With personalised runs (some run has ``personal_test_accuracy``):
+    by the mean over seeds of the personalised test accuracy, a run without personalised models by its
+    ``test_accuracy`` (its clients use the global model); else by ``test_accuracy``; a task without accuracy by
+    ``test_loss`` (lowest first). Values at each run's selected round; groups without the metric last, in order."""
+    personal = any(PERSONAL in r.selected for g in groups for r in g.runs)
+    have_accuracy = any("test_accuracy" in r.selected for g in groups for r in g.runs)
+    metric = PERSONAL if personal else "test_accuracy" if have_accuracy else "test_loss"
+    sign = 1.0 if metric == "test_loss" else -1.0
+
+    def value(run: RunRecord) -> float:
+        row = run.selected
+        return row.get(metric, row.get("test_accuracy", math.nan) if personal else math.nan)
+
+    def key(group: RunGroup) -> float:
+        values = np.asarray([value(r) for r in group.runs], dtype=float)
+        return sign * float(np.nanmean(values)) if not np.isnan(values).all() else math.inf
+
+    ranked = sorted(groups, key=key)  # stable: equals keep their order
+    if personal:
+        rule = "rows ranked by personalised test accuracy (pers. acc; a run without personalised models by its acc)"
+    else:
+        rule = f"rows ranked by {metric.replace('_', ' ')} ({'lowest' if sign > 0 else 'highest'} first)"
+    return ranked, rule
 
 
 def group_cell(group: RunGroup, column: str) -> str:
@@ -112,7 +157,7 @@ def compare_table(
     """The final metrics of `records` (runs, or groups of seeds: mean ± std) side by side, at each run's selected
     round, fitted to `width` characters (None: all columns); returns the table and the columns dropped to fit (the
     caption names them, the seeds and the selection rule)."""
-    groups = as_groups(records)
+    groups, rule = ranking(as_groups(records))
     dropped: tuple[str, ...] = ()
     if width is not None:
         columns, dropped = fitting_columns(groups, columns, width)
@@ -125,6 +170,10 @@ def compare_table(
     rules = sorted({g.selection for g in groups} - {""})
     if rules:
         caption += ("; " if caption else "") + f"values at each run's best round by {', '.join(rules)}"
+    if len(groups) > 1:
+        caption += ("; " if caption else "") + rule
+    if any(c.startswith("personal_") for c in columns):
+        caption += "; pers.: each client's personalised model on its own test data, the others: the global model"
     if dropped:
         names = ", ".join(SHORT.get(c, c) for c in dropped)
         caption += ("; " if caption else "") + f"left out to fit {width} columns: {names} (choose with --column)"

@@ -2,7 +2,8 @@
 without waiting for a cohort (`fedhet.experiments.asynchronous` runs them on the simulated clock).
 
 A client dispatched when the server's model was version τ sends Δ_k = w_τ − w_k; when it arrives the server is at
-version t ≥ τ, and t − τ is its *staleness*. The server updates its model each time its buffer holds ``buffer``
+version t ≥ τ, and t − τ is its *staleness* (a version lag: 0 for a fresh update; FedAsync's paper counts one
+more, `fedhet.strategies.fedasync`). The server updates its model each time its buffer holds ``buffer``
 updates (`aggregate_buffer`), so "rounds" of such a run count server updates.
 """
 
@@ -21,8 +22,9 @@ Staleness = Literal["constant", "polynomial", "hinge"]
 
 
 def staleness_weight(staleness: Tensor, kind: Staleness, a: float, b: float) -> Tensor:
-    """s(t − τ) of FedAsync (Xie, Koyejo, Gupta 2019, §5.2): constant 1; polynomial (t − τ + 1)^(−a); hinge 1 for
-    t − τ ≤ b, else 1 / (a (t − τ − b) + 1)."""
+    """s(t − τ) of FedAsync (Xie, Koyejo, Gupta 2019, §5.2) at `staleness` = the paper's t − τ (≥ 1: a version lag
+    plus one, see `fedhet.strategies.fedasync`): constant 1; polynomial (t − τ + 1)^(−a); hinge 1 for t − τ ≤ b,
+    else 1 / (a (t − τ − b) + 1)."""
     s = staleness.double()
     if kind == "constant":
         return torch.ones_like(s)

@@ -32,7 +32,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_serializer, field_val
 from torch import Tensor
 
 from fedhet.attacks.base import Attack, NoAttack
-from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings
+from fedhet.engine.plan import LocalPlan, LocalResult, LocalSettings, check_steps
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.engine.schedules import Schedule
 from fedhet.registry import Component, Registry, spec_of
@@ -70,6 +70,23 @@ class ServerContext:
         if self.base_local is None:
             self.base_local = self.local
         self.local = replace(self.base_local, lr=self.base_local.lr * self.local_schedule.factor(round_, self.rounds))
+
+    def scheduled_lr(self, lr: float) -> float:
+        """`lr` times round t's factor of ``schedules.local_lr`` (a strategy's second local learning rate, such as
+        Ditto's personal one, follows local.lr's schedule)."""
+        if self.local_schedule is None:
+            return lr
+        return lr * self.local_schedule.factor(self.round, self.rounds)
+
+    def most_local_steps(self) -> int:
+        """The most local steps a client takes in a round (``local.epochs`` gives larger clients more)."""
+        sizes = self.train_sizes
+        return int(self.local.plan(torch.arange(len(sizes)), sizes).steps.max()) if len(sizes) else 0
+
+    def check_steps(self, what: str, steps: float, clients: int) -> None:
+        """Refuse in one line, at setup, a training of `steps` local steps for `clients` clients at once that is
+        too long or whose mini-batches would not fit in memory (`fedhet.engine.plan.check_steps`)."""
+        check_steps(what, steps, clients, self.local.batch_size, self.engine.data.input_shape)
 
     def client_losses(self, params: Tensor, clients: Tensor, split: Literal["train", "test"] = "train") -> Tensor:
         """The losses F_k(params) that `clients` report to the server (malicious ones may lie)."""

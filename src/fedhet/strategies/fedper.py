@@ -15,9 +15,9 @@ from typing import ClassVar
 from pydantic import Field
 from torch import Tensor
 
-from fedhet.engine.personal import Personal
+from fedhet.engine.personal import Personal, parameter_names
 from fedhet.engine.plan import LocalPlan
-from fedhet.strategies.base import STRATEGIES
+from fedhet.strategies.base import STRATEGIES, ServerContext
 from fedhet.strategies.fedavg import FedAvg
 
 
@@ -36,6 +36,11 @@ class FedPer(FedAvg):
     @property
     def spec(self) -> Personal:
         return Personal(self.name, tuple(self.personal))
+
+    def setup(self, ctx: ServerContext) -> None:
+        """Refuse personal parameters the model does not have before anything runs (or is written)."""
+        super().setup(ctx)
+        parameter_names(ctx.engine.model, self.personal, f"algorithm.personal of {self.name}")
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         return replace(super().configure(round_, clients, global_params), personal=self.spec)

@@ -10,6 +10,7 @@ epochs for the head, 1 for the representation). With no personal parameters FedR
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import ClassVar
 
@@ -19,8 +20,10 @@ from torch import Tensor
 
 from fedhet.engine.personal import Personal, parameter_names
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.strategies.base import STRATEGIES, Train
+from fedhet.strategies.base import STRATEGIES, ServerContext, Train
 from fedhet.strategies.fedavg import FedAvg
+
+MAX_HEAD_FACTOR = 1000.0  # τ_h / τ at most (the paper's experiments: 10)
 
 
 @STRATEGIES.register
@@ -32,17 +35,34 @@ class FedRep(FedAvg):
     personal: list[str] = Field(
         default_factory=lambda: ["head"], description="the personal parameters (the head): names or patterns"
     )
-    head_factor: float = Field(10.0, gt=0, description="τ_h / τ: head steps per representation step")
+    head_factor: float = Field(
+        10.0, gt=0, le=MAX_HEAD_FACTOR, allow_inf_nan=False, description="τ_h / τ: head steps per representation step"
+    )
 
     @property
     def spec(self) -> Personal:
         return Personal(self.name, tuple(self.personal))
 
+    def setup(self, ctx: ServerContext) -> None:
+        """Refuse, before anything runs, personal parameters the model does not have and head steps that are too
+        many (τ_h = ⌈head_factor · τ⌉ for the cohort at once)."""
+        super().setup(ctx)
+        if self.personal:
+            self._heads()
+            ctx.check_steps(
+                f"algorithm.head_factor {self.head_factor:g} × the local steps",
+                math.ceil(ctx.most_local_steps() * self.head_factor),
+                ctx.clients_per_round,
+            )
+
+    def _heads(self) -> list[str]:
+        return parameter_names(self.ctx.engine.model, self.personal, f"algorithm.personal of {self.name}")
+
     def local_training(self, round_: int, clients: Tensor, global_params: Tensor, train: Train) -> LocalResult:
         body = self.configure(round_, clients, global_params)
         if not self.personal:
             return train(body)
-        heads = parameter_names(self.ctx.engine.model, self.personal, f"algorithm.personal of {self.name}")
+        heads = self._heads()
         shared = tuple(n for n in self.ctx.engine.model.names if n not in heads)
         head_steps = torch.ceil(body.steps.double() * self.head_factor).long()
         train(replace(body, steps=head_steps, personal=self.spec, frozen=shared, stream="fedrep-head"))

@@ -13,8 +13,8 @@ from typing import ClassVar
 from pydantic import Field
 from torch import Tensor
 
-from fedhet.engine.plan import LocalPlan
-from fedhet.strategies.base import STRATEGIES
+from fedhet.engine.plan import MAX_STEPS, LocalPlan
+from fedhet.strategies.base import STRATEGIES, ServerContext
 from fedhet.strategies.fedavg import FedAvg
 
 FINETUNE_STREAM = "personal-eval"
@@ -26,7 +26,14 @@ class FedAvgFineTuned(FedAvg):
 
     name: ClassVar[str] = "fedavg_ft"
     description: ClassVar[str] = "FedAvg whose global model each client fine-tunes for a few local steps"
-    finetune_steps: int = Field(5, ge=1, description="local SGD steps from the global model (MaxFL Table 3: 5)")
+    finetune_steps: int = Field(
+        5, ge=1, le=MAX_STEPS, description="local SGD steps from the global model (MaxFL Table 3: 5)"
+    )
+
+    def setup(self, ctx: ServerContext) -> None:
+        """Refuse fine-tuning whose mini-batches for every client at once would not fit in memory."""
+        super().setup(ctx)
+        ctx.check_steps("algorithm.finetune_steps", self.finetune_steps, ctx.num_clients)
 
     def personalization(self, clients: Tensor) -> LocalPlan:
         local = self.ctx.local

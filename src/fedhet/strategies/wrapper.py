@@ -4,7 +4,7 @@ list go through to the base unless the wrapper overrides them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, PrivateAttr, field_validator
 from torch import Tensor
@@ -19,6 +19,9 @@ class Wrapper(Strategy):
     """Base class of wrapping strategies; a subclass may refuse a base in `check_base` (raise ValueError)."""
 
     base: str | dict[str, Any] = Field("fedavg", description="the base strategy")
+    # its `select` is the base's (or a uniform sample of its own): the cohort is a uniform sample when the base's
+    # is (what privacy accounting checks, `fedhet.privacy.ledger`); a subclass that chooses otherwise sets False
+    keeps_base_selection: ClassVar[bool] = True
 
     _base: Strategy | None = PrivateAttr(None)
 

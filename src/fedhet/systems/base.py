@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from torch import Tensor
 
 from fedhet.errors import DataError
@@ -28,6 +28,14 @@ from fedhet.registry import Component, Registry
 from fedhet.seeding import RunAware
 
 MEGABIT = 1e6 / 8  # bytes per second in one Mbit/s
+
+# Bounds on the figures (docs/time.md, "System models"), so that the clock stays finite: with them a run's longest
+# clock (10⁶ rounds of 10⁶ steps of 10⁶ samples at 10⁶ ms each, slowed twice by e^(σ·z), spread and jitter, for |z|
+# up to ~8 over 10¹² draws) is below 10⁶⁰ s, far inside a double (10³⁰⁸); each bound is far beyond any device or
+# network measured.
+MAX_MS = 1e6  # milliseconds per sample or of latency: 1,000 s
+MIN_MBPS, MAX_MBPS = 1e-3, 1e6  # 1 kbit/s to 1 Tbit/s
+MAX_SIGMA = 5.0  # σ of a log-normal spread: the slowest 5% of clients 3,700× slower than the median
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,7 @@ class SystemModel(Component, RunAware):
     docstring). After `setup`, `num_clients` and `seed` are the run's; ``self.rng(purpose, *keys)`` draws from
     the run's seed."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
     simulates_time: ClassVar[bool] = True  # False only for `none`: no clock at all
     _num_clients: int | None = PrivateAttr(None)
     _seed: int | None = PrivateAttr(None)
@@ -102,10 +110,12 @@ class Constant(SystemModel):
 
     name: ClassVar[str] = "constant"
     description: ClassVar[str] = "the same compute speed, bandwidth and latency for every client"
-    sample_ms: float = Field(10.0, gt=0, description="milliseconds per training sample (forward and backward)")
-    download_mbps: float = Field(20.0, gt=0, description="download bandwidth, Mbit/s")
-    upload_mbps: float = Field(5.0, gt=0, description="upload bandwidth, Mbit/s")
-    latency_ms: float = Field(50.0, ge=0, description="latency per message, milliseconds")
+    sample_ms: float = Field(
+        10.0, gt=0, le=MAX_MS, description="milliseconds per training sample (forward and backward)"
+    )
+    download_mbps: float = Field(20.0, ge=MIN_MBPS, le=MAX_MBPS, description="download bandwidth, Mbit/s")
+    upload_mbps: float = Field(5.0, ge=MIN_MBPS, le=MAX_MBPS, description="upload bandwidth, Mbit/s")
+    latency_ms: float = Field(50.0, ge=0, le=MAX_MS, description="latency per message, milliseconds")
 
     def profiles(self, round_: int) -> Profiles:
         k = self.num_clients
@@ -130,13 +140,27 @@ class LogNormal(SystemModel):
 
     name: ClassVar[str] = "lognormal"
     description: ClassVar[str] = "compute speed and bandwidths per client from log-normal laws (FedScale-like spread)"
-    sample_ms: float = Field(10.0, gt=0, description="median milliseconds per training sample")
-    compute_sigma: float = Field(1.0, ge=0, description="σ of log(compute time) across clients")
-    download_mbps: float = Field(20.0, gt=0, description="median download bandwidth, Mbit/s")
-    upload_mbps: float = Field(5.0, gt=0, description="median upload bandwidth, Mbit/s")
-    network_sigma: float = Field(1.0, ge=0, description="σ of log(bandwidth) across clients (both directions)")
-    latency_ms: float = Field(50.0, ge=0, description="latency per message, milliseconds")
-    jitter: float = Field(0.0, ge=0, description="σ of a client's log compute time from round to round (0: fixed)")
+    sample_ms: float = Field(10.0, gt=0, le=MAX_MS, description="median milliseconds per training sample")
+    compute_sigma: float = Field(1.0, ge=0, description="σ of log(compute time) across clients (at most 5)")
+    download_mbps: float = Field(20.0, ge=MIN_MBPS, le=MAX_MBPS, description="median download bandwidth, Mbit/s")
+    upload_mbps: float = Field(5.0, ge=MIN_MBPS, le=MAX_MBPS, description="median upload bandwidth, Mbit/s")
+    network_sigma: float = Field(
+        1.0, ge=0, description="σ of log(bandwidth) across clients (both directions; at most 5)"
+    )
+    latency_ms: float = Field(50.0, ge=0, le=MAX_MS, description="latency per message, milliseconds")
+    jitter: float = Field(
+        0.0, ge=0, description="σ of a client's log compute time from round to round (0: fixed; at most 5)"
+    )
+
+    @field_validator("compute_sigma", "network_sigma", "jitter")
+    @classmethod
+    def _spread(cls, value: float) -> float:
+        if value > MAX_SIGMA:
+            raise ValueError(
+                f"at most {MAX_SIGMA:g}: σ = {MAX_SIGMA:g} already makes the slowest 5% of clients "
+                "3,700× slower than the median, and much larger spreads overflow the simulated clock"
+            )
+        return value
 
     _drawn: Profiles | None = PrivateAttr(None)
 
@@ -161,14 +185,21 @@ class LogNormal(SystemModel):
 
 
 TRACE_COLUMNS = ("sample_ms", "download_mbps", "upload_mbps", "latency_ms")
+TRACE_RANGES = {  # column: (lowest, highest, whether the lowest is allowed)
+    "sample_ms": (0.0, MAX_MS, False),
+    "download_mbps": (MIN_MBPS, MAX_MBPS, True),
+    "upload_mbps": (MIN_MBPS, MAX_MBPS, True),
+    "latency_ms": (0.0, MAX_MS, True),
+}
 
 
 @SYSTEMS.register
 class Trace(SystemModel):
     """Measured figures from a CSV file of your own: columns ``sample_ms``, ``download_mbps``, ``upload_mbps`` and
     optionally ``latency_ms`` (default 0), one row per client in client order (``client`` column optional: rows
-    are then matched by it). A file with fewer rows than clients is refused unless ``cycle`` reuses its rows in
-    turn (client k takes row k mod n)."""
+    are then matched by it, and its ids must be 0, 1, ..., n − 1, each once). A file with fewer rows than clients is
+    refused unless ``cycle`` reuses its rows in turn (client k takes row k mod n). Values out of the ranges of
+    `constant`'s parameters are refused, naming the line."""
 
     name: ClassVar[str] = "trace"
     description: ClassVar[str] = "compute and network figures per client from your CSV file"
@@ -185,31 +216,29 @@ class Trace(SystemModel):
         if not path.is_file():
             raise DataError(f"system trace '{path}' does not exist; give a CSV file (docs/time.md)")
         try:
-            with path.open(newline="", encoding="utf-8") as f:
-                rows = list(csv.DictReader(f))
+            with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not a column name
+                reader = csv.DictReader(f)
+                rows = [(reader.line_num, row) for row in reader]
         except (OSError, UnicodeDecodeError, csv.Error) as err:
             raise DataError(f"cannot read system trace '{path}': {err}") from None
-        missing = [c for c in TRACE_COLUMNS[:3] if not rows or c not in rows[0]]
+        missing = [c for c in TRACE_COLUMNS[:3] if not rows or c not in rows[0][1]]
         if missing:
             raise DataError(f"system trace '{path}' lacks the column(s) {', '.join(missing)} (or has no rows)")
-        if "client" in rows[0]:
-            rows.sort(key=lambda r: _number(path, r, "client", 0.0))
+        if "client" in rows[0][1]:
+            rows = _by_client(path, rows)
         if len(rows) < k and not self.cycle:
             raise DataError(
                 f"system trace '{path}' has {len(rows)} rows for {k} clients; add rows, or set system.cycle: true "
                 "to reuse them in turn"
             )
         picked = [rows[i % len(rows)] for i in range(k)]
-        values = {c: [_number(path, r, c, 0.0 if c == "latency_ms" else None) for r in picked] for c in TRACE_COLUMNS}
+        values = {c: [_figure(path, line, row, c) for line, row in picked] for c in TRACE_COLUMNS}
         table = {c: torch.tensor(v, dtype=torch.float64) for c, v in values.items()}
-        for column in TRACE_COLUMNS[:3]:
-            if not bool((table[column] > 0).all()):
-                raise DataError(f"system trace '{path}': every {column} must be a positive number")
         return Profiles(
             table["sample_ms"] / 1e3,
             table["download_mbps"] * MEGABIT,
             table["upload_mbps"] * MEGABIT,
-            table["latency_ms"].clamp_min(0) / 1e3,
+            table["latency_ms"] / 1e3,
         )
 
     def profiles(self, round_: int) -> Profiles:
@@ -218,14 +247,50 @@ class Trace(SystemModel):
         return self._table
 
 
-def _number(path: Path, row: dict[str, str], column: str, default: float | None) -> float:
+Row = tuple[int, dict[str, str]]  # a CSV row and the line it ends on
+
+
+def _by_client(path: Path, rows: list[Row]) -> list[Row]:
+    """`rows` in the order of their ``client`` ids, which must be 0, 1, ..., n − 1, each once."""
+    where: dict[int, Row] = {}  # client id -> its row
+    for line, row in rows:
+        value = _number(path, line, row, "client", None)
+        client = int(value)
+        if client != value or client < 0:
+            raise DataError(
+                f"system trace '{path}', line {line}: client '{row['client']}' is not a client id (0, 1, ...)"
+            )
+        if client in where:
+            raise DataError(f"system trace '{path}', lines {where[client][0]} and {line}: both are client {client}")
+        where[client] = (line, row)
+    gap = next(i for i in range(len(rows) + 1) if i not in where)
+    if gap < len(rows):
+        largest = max(where)
+        raise DataError(
+            f"system trace '{path}' has no row for client {gap} (its {len(rows)} rows must be clients 0 to "
+            f"{len(rows) - 1}; the largest id, {largest}, is on line {where[largest][0]})"
+        )
+    return [where[i] for i in range(len(rows))]
+
+
+def _figure(path: Path, line: int, row: dict[str, str], column: str) -> float:
+    """The `column` figure of a row, in its range (`TRACE_RANGES`); latency_ms may be left empty (0)."""
+    value = _number(path, line, row, column, 0.0 if column == "latency_ms" else None)
+    low, high, low_ok = TRACE_RANGES[column]
+    if not (low <= value <= high) or (value == low and not low_ok):
+        bound = f"{'from' if low_ok else 'above'} {low:g} up to {high:g}"
+        raise DataError(f"system trace '{path}', line {line}: {column} {value:g} is out of range ({bound})")
+    return value
+
+
+def _number(path: Path, line: int, row: dict[str, str], column: str, default: float | None) -> float:
     text = (row.get(column) or "").strip()
     if not text and default is not None:
         return default
     try:
         value = float(text)
     except ValueError:
-        raise DataError(f"system trace '{path}': {column} '{text}' is not a number") from None
+        raise DataError(f"system trace '{path}', line {line}: {column} '{text}' is not a number") from None
     if not math.isfinite(value):
-        raise DataError(f"system trace '{path}': {column} '{text}' is not a finite number")
+        raise DataError(f"system trace '{path}', line {line}: {column} '{text}' is not a finite number")
     return value

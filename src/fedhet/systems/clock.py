@@ -23,26 +23,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan
 from fedhet.systems.base import Profiles
+from fedhet.systems.deadline import Deadline
 
-Policy = Literal["drop", "partial", "overselect"]
 FLOAT_BYTES = 4
-
-
-class Deadline(BaseModel):
-    """A synchronous round's deadline (the config's ``deadline``; none: every round waits for its last client)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    seconds: float | None = Field(None, gt=0, description="seconds after a round starts (none: wait for everyone)")
-    policy: Policy = Field("drop", description="drop the late clients, take their partial work, or over-select")
-    overselect: float = Field(0.3, ge=0, description="r: overselect selects ⌈(1 + r)·m⌉ clients, keeps the first m")
 
 
 def plan_bytes(plan: LocalPlan, size: int, personal: int) -> tuple[float, float]:
@@ -139,6 +128,10 @@ class RoundClock:
             return float(seconds)
         return last
 
+    def emptied(self) -> bool:
+        """Whether the deadline left out every client of the round (none of their updates arrived)."""
+        return self.deadline.seconds is not None and len(self.clients) > 0 and bool(self.left_out.all())
+
     def traffic(self) -> tuple[float, float]:
         """Bytes sent to the clients and received from those whose update arrived."""
         return float(self.down.sum()), float(self.up[~self.left_out].sum())
@@ -146,11 +139,13 @@ class RoundClock:
 
 @dataclass
 class SimulatedTime:
-    """A run's simulated clock and its traffic so far (the columns ``time_s``, ``bytes_down``, ``bytes_up``)."""
+    """A run's simulated clock and its traffic so far (the columns ``time_s``, ``bytes_down``, ``bytes_up``), and
+    the rounds whose deadline left out every client selected (``empty_rounds``: the model did not move)."""
 
     seconds: float = 0.0
     bytes_down: float = 0.0
     bytes_up: float = 0.0
+    empty_rounds: int = 0
 
     def advance(self, seconds: float, down: float, up: float) -> None:
         self.seconds += seconds
@@ -161,7 +156,8 @@ class SimulatedTime:
         return {"time_s": self.seconds, "bytes_down": self.bytes_down, "bytes_up": self.bytes_up}
 
     def state_dict(self) -> dict[str, float]:
-        return self.columns()
+        return {**self.columns(), "empty_rounds": float(self.empty_rounds)}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.seconds, self.bytes_down, self.bytes_up = (float(state[k]) for k in ("time_s", "bytes_down", "bytes_up"))
+        self.empty_rounds = int(state.get("empty_rounds", 0))  # a checkpoint from before it was counted: none
