@@ -60,7 +60,7 @@ def test_two_clients_train_their_chosen_models_and_each_is_averaged(backend: str
     strategy._models = models.clone()
     choice = [min(range(3), key=lambda j, k=k: _loss(model, models[j], k)) for k in range(2)]
     assert choice == [0, 1]  # the construction: each client's own model fits it best
-    result, w = run_round(strategy, engine, w0, 0)
+    _, w = run_round(strategy, engine, w0, 0)
     assert strategy.assignment.tolist() == choice
     expected = torch.stack([sgd(model, own[0], 0, STEPS), sgd(model, own[1], 1, STEPS), w0])
     torch.testing.assert_close(strategy.models, expected, **TOL)
@@ -156,6 +156,6 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path: Path) -> None
 
 def test_a_stateful_server_optimiser_is_refused_for_several_clusters(tmp_path: Path) -> None:
     cfg = parse_config(_config({"name": "ifca", "k": 2, "server_optimizer": "momentum"}))
-    with pytest.raises(ConfigError, match="server_optimizer 'momentum'.*ifca"):
+    with pytest.raises(ConfigError, match=r"server_optimizer 'momentum'.*ifca"):
         run(cfg, tmp_path / "r")
     assert not (tmp_path / "r").exists()
