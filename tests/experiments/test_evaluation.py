@@ -15,7 +15,7 @@ from fedhet.data.dataset import ClientData
 from fedhet.engine.evaluate import ClientScores
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import dump_yaml, parse_config
-from fedhet.experiments.evaluation import evaluate_global, evaluation_sample, spread_scores
+from fedhet.experiments.evaluation import evaluate_global, evaluation_sample, group_accuracy, spread_scores
 from fedhet.experiments.runner import RunState, resume, run
 
 CONFIG: dict[str, Any] = {
@@ -258,3 +258,14 @@ def test_personalised_models_of_a_binary_task_get_its_auc_f1_and_balanced_accura
                 assert state.final[f"personal_test_{name}_pooled"] == pytest.approx(
                     state.final[f"test_{name}_pooled"], abs=1e-6
                 )
+
+
+def test_group_accuracy_is_each_groups_mean_over_the_chosen_clients_and_the_worst() -> None:
+    accuracy = torch.tensor([0.5, 0.7, 0.2, 0.9, 0.0])
+    groups = torch.tensor([0, 0, 1, 1, 1])
+    seen = torch.tensor([True, True, True, True, False])  # the last client (group 1) is not counted
+    out = group_accuracy(accuracy, groups, seen, "test_accuracy")
+    assert out == pytest.approx(
+        {"test_accuracy_group0": 0.6, "test_accuracy_group1": 0.55, "test_accuracy_worst_group": 0.55}
+    )
+    assert group_accuracy(accuracy, None, seen, "test_accuracy") == {}

@@ -186,10 +186,13 @@ class Engine:
     ) -> ClientScores:
         """Loss and accuracy of each of the plan's clients' own model on its own `split` data: its personal model
         (with ``plan.personal``; the global model's shared part) or the global model, after the plan's steps on
-        its training data (none: as it is). Nothing is stored: evaluation leaves every client as it was."""
+        its training data (none: as it is; with ``plan.starts``, each client's start). Nothing is stored:
+        evaluation leaves every client as it was."""
         if bool((plan.steps > 0).any()):
             _, _, (params, _, _) = self._run(global_params, plan, round_)
             return self.own_scores(params, plan.clients, split)
+        if plan.starts is not None:  # each client's model is its given start (IFCA's cluster model)
+            return self.own_scores(plan.starts, plan.clients, split)
         if plan.personal is None:  # every client's model is the global one
             return self.scores(global_params, split, plan.clients).select(plan.clients)
         layers = dense_layers(self.model)

@@ -18,6 +18,7 @@ from fedhet.data.dataset import Dataset, FederatedData
 from fedhet.data.federate import federate
 from fedhet.data.labels import corrupt_labels
 from fedhet.data.partition import Partitioner
+from fedhet.data.shift import shift_clients
 from fedhet.data.sources import DatasetSource
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
@@ -231,8 +232,8 @@ def explicit_config(config: RunConfig) -> RunConfig:
 
 
 def federate_dataset(config: RunConfig, parts: Components, dataset: Dataset) -> FederatedData:
-    """Split `dataset` among the clients (train, validation, test), corrupt the configured labels, and standardise
-    a regression's targets (``task.standardize``) by its training samples."""
+    """Split `dataset` among the clients (train, validation, test), shift each group's data (``shift``), corrupt the
+    configured labels, and standardise a regression's targets (``task.standardize``) by its training samples."""
     data = federate(
         dataset,
         parts.partition,
@@ -242,6 +243,7 @@ def federate_dataset(config: RunConfig, parts: Components, dataset: Dataset) -> 
         seed=config.seed,
         val_fraction=config.val_fraction,
     )
+    data = shift_clients(data, config.shift, config.seed)
     data = corrupt_labels(data, config.label_noise, config.seed)
     if task_of(config, parts, data.task).standardizes_targets() and torch.is_floating_point(data.train.y):
         data = standardise_targets(data)

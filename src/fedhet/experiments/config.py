@@ -20,6 +20,7 @@ from pydantic import (
 
 from fedhet.config_keys import COMPONENT_KEYS
 from fedhet.data.label_noise import LabelNoise
+from fedhet.data.shift_config import Shift
 from fedhet.errors import ConfigError
 from fedhet.experiments.trackers import validate_track
 from fedhet.privacy.settings import DPSGDConfig, PrivacyConfig
@@ -167,6 +168,9 @@ class RunConfig(Settings):
     num_clients: Count = Field(20, ge=1, le=MAX_CLIENTS, description="clients that train (seen clients)")
     unseen_clients: Count = Field(0, ge=0, le=MAX_CLIENTS, description="held-out clients that are only evaluated")
     label_noise: LabelNoise = Field(default_factory=LabelNoise, description="corrupt some clients' labels")
+    shift: Shift = Field(
+        default_factory=Shift, description="a ground-truth group per client and a data shift per group, e.g. rotation"
+    )
     requirements: RequirementsConfig = Field(
         default_factory=RequirementsConfig, description="client requirements ρ_k (MaxFL, appeal metrics)"
     )

@@ -67,7 +67,10 @@ def evaluate_global(
             metrics["unseen_test_accuracy"] = float(test.accuracy[unseen].double().mean())
         metrics["unseen_test_loss"] = float(test.loss[unseen].double().mean())
         metrics.update(task_metrics(task, test, unseen, "unseen_test", pooled=False))
+    if task.accuracy:
+        metrics.update(group_accuracy(test.accuracy, data.info.get("group"), seen, "test_accuracy"))
     columns = {
+        **({"group": data.info["group"]} if "group" in data.info else {}),
         "seen": data.seen.int(),  # whether the client trains, also when it was not scored (a lost Flower node's)
         "train_samples": train.count,
         "test_samples": test.count,
@@ -87,6 +90,19 @@ def evaluate_global(
         columns.update({"val_accuracy": val.accuracy} if task.accuracy else {})
         columns["val_loss"] = val.loss
     return metrics, columns, test, train
+
+
+def group_accuracy(accuracy: Tensor, groups: Tensor | None, clients: Tensor, prefix: str) -> dict[str, float]:
+    """With ground-truth groups (``shift``): ``<prefix>_group<g>``, the mean of the (K,) `accuracy` over the
+    `clients` (a (K,) mask) of each group g, and ``<prefix>_worst_group``, the lowest of them; none without."""
+    if groups is None:
+        return {}
+    out = {}
+    for g in torch.unique(groups[clients]).tolist():
+        out[f"{prefix}_group{g}"] = float(accuracy[clients & (groups == g)].double().mean())
+    if out:
+        out[f"{prefix}_worst_group"] = min(out.values())
+    return out
 
 
 def target_factor(task: Task, scale: TargetScale | None, name: str) -> float:
@@ -156,7 +172,7 @@ def personal_plan(
     if settings.finetune_steps:
         lr = settings.lr if settings.lr is not None else local.lr
         tuned = LocalPlan.uniform(clients, settings.finetune_steps, lr, local.batch_size, stream=PERSONAL_STREAM)
-        plan = replace(tuned, personal=plan.personal)
+        plan = replace(tuned, personal=plan.personal, starts=plan.starts)
     return plan
 
 
@@ -189,6 +205,8 @@ def evaluate_personal(
             if rho is not None:  # ρ_k is in the units the engine trains in, as its losses are
                 appealing = scores.loss[group] < rho[group]  # MaxFL's appeal (eq. 1): loss below the requirement
                 metrics[f"{prefix}personal_appeal"] = float(appealing.double().mean())
+    if task.accuracy:
+        metrics.update(group_accuracy(scores.accuracy, data.info.get("group"), seen, "personal_test_accuracy"))
     columns = {"personal_test_accuracy": scores.accuracy, "personal_test_loss": reported.loss}
     columns.update({f"personal_test_{name}": values for name, values in reported.extra.items()})
     return metrics, columns

@@ -33,6 +33,12 @@ METRICS: dict[str, str] = {
     "unseen_personal_test_accuracy": "as personal_test_accuracy, over the unseen clients (after the same steps)",
     "unseen_personal_test_loss": "as personal_test_loss, over the unseen clients",
     "unseen_personal_appeal": "as personal_appeal, over the unseen clients",
+    "test_accuracy_worst_group": "the lowest over ground-truth groups (shift) of the group's mean test accuracy "
+    "(test_accuracy_group<g>: group g's)",
+    "personal_test_accuracy_worst_group": "as test_accuracy_worst_group, of the personalised models "
+    "(personal_test_accuracy_group<g>: group g's)",
+    "ari": "adjusted Rand index of the clients' last chosen clusters against their ground-truth groups (shift; "
+    "IFCA), over the clients that chose one",
     "time_s": "simulated seconds since the run started (with a system model)",
     "bytes_down": "bytes sent to clients so far (with a system model)",
     "bytes_up": "bytes received from clients so far (with a system model)",
@@ -76,6 +82,7 @@ for _name, _text in TASK_METRICS.items():
 
 CLIENT_COLUMNS: dict[str, str] = {
     "client": "the client's id",
+    "group": "the client's ground-truth group (shift)",
     "seen": "1 for a client that trains, 0 for an unseen (held-out) one",
     "train_samples": "the client's training samples",
     "test_samples": "the client's test samples",
