@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -137,26 +136,3 @@ class FederatedData:
             "min_train_per_client": float(sizes.min()),
             "max_train_per_client": float(sizes.max()),
         }
-
-
-def split_validation(
-    train: np.ndarray, total: int, val_fraction: float, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Cut round(`total` · `val_fraction`) of a client's training indices (it has `total` samples in all) into a
-    validation part, at random; at least one when the fraction is positive, and training keeps at least one."""
-    perm = rng.permutation(train)
-    n_val = round(total * val_fraction)
-    if val_fraction > 0 and len(perm) >= 2:
-        n_val = min(max(n_val, 1), len(perm) - 1)
-    n_val = min(n_val, max(len(perm) - 1, 0))
-    return perm[n_val:], perm[:n_val]
-
-
-def split_indices(indices: np.ndarray, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Shuffle one client's sample indices and cut them into (train, test); both keep at least one sample
-    when the client has two or more."""
-    perm = rng.permutation(indices)
-    n_test = round(len(perm) * test_fraction)
-    if len(perm) >= 2:
-        n_test = min(max(n_test, 1 if test_fraction > 0 else 0), len(perm) - 1)
-    return perm[n_test:], perm[:n_test]

@@ -9,6 +9,8 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from fedhet.atomic import append_bytes, write_bytes
 
 
@@ -99,6 +101,28 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, float | str]]) -> None:
     for row in rows:
         columns.extend(c for c in row if c not in columns)
     write_bytes(path, _csv_text(columns, rows, header=True).encode())
+
+
+def write_columns(path: Path, table: Mapping[str, Sequence[float] | Sequence[str]]) -> None:
+    """Write `table` (equally long columns, in order) atomically: the bytes `write_csv` writes for its rows, made
+    column by column (a million rows in seconds)."""
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(list(table))
+    writer.writerows(zip(*(_fmt_column(values) for values in table.values()), strict=True))
+    write_bytes(path, buffer.getvalue().encode())
+
+
+def _fmt_column(values: Sequence[float] | Sequence[str]) -> list[str]:
+    """`_fmt` of every value of a column (text, or numbers as floats)."""
+    if values and isinstance(values[0], str):
+        return [str(v) for v in values]
+    numbers = np.asarray(values, dtype=np.float64)
+    text = np.array([repr(v) for v in numbers.tolist()], dtype=object)
+    with np.errstate(invalid="ignore"):
+        integral = (numbers == np.trunc(numbers)) & (np.abs(numbers) < 1e15) & ~np.signbit(numbers)
+    text[integral] = [str(v) for v in numbers[integral].astype(np.int64).tolist()]
+    return list(text.tolist())
 
 
 def _fmt(value: float | str) -> str:

@@ -31,7 +31,7 @@ from fedhet.experiments.evaluation import (
     personal_plan,
     spread_scores,
 )
-from fedhet.experiments.metrics_log import write_csv
+from fedhet.experiments.metrics_log import write_columns
 from fedhet.experiments.participation import ParticipationWriter
 from fedhet.experiments.runfolder import (
     CHECKPOINT,
@@ -292,7 +292,7 @@ def _write_outputs(state: RunState) -> None:
         return
     cfg = state.config
     if state.client_columns:
-        write_csv(state.folder.path / CLIENTS, state.client_rows())
+        write_columns(state.folder.path / CLIENTS, state.client_table())
     state.folder.save_plugin_files(state.experiment.metrics)
     summary = {
         "algorithm": cfg.spec("algorithm")["name"],

@@ -68,18 +68,21 @@ class RunState:
     def final(self) -> dict[str, float]:
         return self.history[-1] if self.history else {}
 
+    def client_table(self) -> dict[str, list[float] | list[str]]:
+        """clients.csv column by column: each client's number, its user's name where each client is one user, and
+        its columns as floats (empty before any evaluation)."""
+        if not self.client_columns:
+            return {}
+        k = len(next(iter(self.client_columns.values())))
+        names = self.experiment.data.client_names
+        return {
+            "client": [float(i) for i in range(k)],
+            **({"user": list(names)} if names is not None else {}),
+            **{c: v.detach().double().cpu().tolist() for c, v in self.client_columns.items()},
+        }
+
     def client_rows(self) -> list[dict[str, float | str]]:
         """One row per client at the end (clients.csv): its number, its user's name where each client is one user,
         and its columns (none before any evaluation)."""
-        if not self.client_columns:
-            return []
-        k = len(next(iter(self.client_columns.values())))
-        names = self.experiment.data.client_names
-        return [
-            {
-                "client": float(i),
-                **({"user": names[i]} if names is not None else {}),
-                **{c: float(v[i]) for c, v in self.client_columns.items()},
-            }
-            for i in range(k)
-        ]
+        table = self.client_table()
+        return [dict(zip(table, row, strict=True)) for row in zip(*table.values(), strict=True)]
