@@ -15,7 +15,7 @@ def test_columns_are_written_as_the_rows_are(tmp_path: Path) -> None:
         "user": ["a", "b,c", 'say "hi"', "", "é", "x\ny", "7", "-0", "nan", "z", "w", "v"],
         "accuracy": numbers,
     }
-    write_columns(tmp_path / "columns.csv", table)
+    write_columns(tmp_path / "columns.csv", table, chunk=5)  # three chunks of rows
     write_csv(tmp_path / "rows.csv", [dict(zip(table, row, strict=True)) for row in zip(*table.values(), strict=True)])
     text = (tmp_path / "columns.csv").read_bytes()
     assert text == (tmp_path / "rows.csv").read_bytes()
