@@ -27,7 +27,7 @@ def digest(dataset: Dataset) -> str:
     h = hashlib.sha256(f"{dataset.num_classes}|{tuple(dataset.x.shape)}|{dataset.x.dtype}{task}".encode())
     for tensor in (dataset.x, dataset.y, dataset.users):
         if tensor is not None:
-            h.update(memoryview(tensor.detach().cpu().contiguous().numpy().reshape(-1).view(np.uint8)))  # no copy
+            h.update(tensor.detach().cpu().contiguous().numpy().reshape(-1).view(np.uint8).data)  # no copy
         h.update(b"|")
     return h.hexdigest()[:16]
 
