@@ -8,6 +8,7 @@ with one indexing operation and evaluates all clients in a few large batches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -62,8 +63,9 @@ class ClientData:
     def num_clients(self) -> int:
         return len(self.offsets) - 1
 
-    @property
+    @cached_property
     def sizes(self) -> Tensor:
+        """Each client's number of rows (K,), computed once (a round reads it for its cohort only)."""
         return self.offsets[1:] - self.offsets[:-1]
 
     @property
@@ -78,7 +80,7 @@ class ClientData:
     def select(self, clients: Tensor) -> ClientData:
         """The data of `clients` only, in that order (one gather of their rows)."""
         clients = torch.as_tensor(clients, dtype=torch.long).reshape(-1)
-        sizes = self.sizes[clients]
+        sizes = self.offsets[clients + 1] - self.offsets[clients]
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
         rows = torch.arange(int(offsets[-1])) + torch.repeat_interleave(self.offsets[clients] - offsets[:-1], sizes)
         return ClientData(self.x[rows], self.y[rows], offsets)

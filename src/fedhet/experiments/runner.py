@@ -43,7 +43,7 @@ from fedhet.experiments.runfolder import (
     identity,
 )
 from fedhet.experiments.selection import best_index, rounds_without_improvement, selected_row
-from fedhet.experiments.state import RunState
+from fedhet.experiments.state import RunState, pack_columns, unpack_columns
 from fedhet.experiments.tracking import with_trackers
 from fedhet.experiments.trust import code_of_folder
 from fedhet.metrics.base import RoundView, compute_checked, needs_all_clients
@@ -174,7 +174,7 @@ def _checkpoint(state: RunState) -> dict[str, Any]:
         "params": state.params,
         "wall_time_s": state.wall_time_s,
         "last_row": state.final,
-        "client_columns": state.client_columns,  # clients.csv of the last evaluation
+        "client_columns": pack_columns(state.client_columns),  # clients.csv of the last evaluation
         "strategy": exp.strategy.state_dict(),
         "availability": exp.availability.state_dict(),
         "engine": exp.engine.state_dict(),
@@ -220,9 +220,7 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
         if exp.privacy is not None:
             exp.privacy.load_state_dict(saved["privacy"])
         wall_time = float(saved["wall_time_s"])
-        columns = saved["client_columns"]
-        if not isinstance(columns, dict) or not all(isinstance(v, Tensor) for v in columns.values()):
-            raise TypeError("its client columns are not tensors")
+        columns = unpack_columns(saved["client_columns"])
         last_row = saved["last_row"]
         if not isinstance(last_row, dict):
             raise TypeError("last_row is not a mapping")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from fedhet.experiments.asynchronous import AsyncQueue
@@ -14,6 +15,50 @@ from fedhet.experiments.config import RunConfig
 from fedhet.experiments.runfolder import RunFolder
 from fedhet.experiments.selection import Rule, better
 from fedhet.systems.clock import SimulatedTime
+
+
+def pack_columns(columns: dict[str, Tensor]) -> dict[str, Tensor | dict[str, Tensor]]:
+    """Per-client columns as a checkpoint keeps them: a column that is mostly one value (NaN for the clients a
+    sampled evaluation left out, 1 in ``seen``) as that value and the other clients' rows and values, so that a
+    round's checkpoint grows with the clients evaluated, not with K; other columns as they are."""
+    packed: dict[str, Tensor | dict[str, Tensor]] = {}
+    for name, column in columns.items():
+        values = column.detach().cpu()
+        if len(values) < 16:
+            packed[name] = values
+            continue
+        fill = values.new_full((1,), float("nan")) if values.is_floating_point() else values[:1].clone()
+        rows = torch.nonzero(~torch.isnan(values)).flatten() if values.is_floating_point() else None  # mostly NaN?
+        if rows is None or 4 * len(rows) > len(values):  # mostly its first value? (bit for bit: -0.0 is not 0.0)
+            bits = values.view(_SAME_WIDTH_INT[values.element_size()]) if values.is_floating_point() else values
+            fill, rows = values[:1].clone(), torch.nonzero(bits != bits[0]).flatten()
+        if 4 * len(rows) > len(values):
+            packed[name] = values
+        else:
+            packed[name] = {"fill": fill, "rows": rows, "values": values[rows], "size": torch.tensor(len(values))}
+    return packed
+
+
+def unpack_columns(packed: dict[str, Any]) -> dict[str, Tensor]:
+    """The columns `pack_columns` packed (a column kept as it was passes through); TypeError if it is not that."""
+    if not isinstance(packed, dict):
+        raise TypeError("its client columns are not a mapping")
+    columns = {}
+    for name, item in packed.items():
+        if isinstance(item, dict):
+            parts = [item.get(k) for k in ("fill", "rows", "values", "size")]
+            fill, rows, values, size = (t if isinstance(t, Tensor) else None for t in parts)
+            if fill is None or rows is None or values is None or size is None:
+                raise TypeError(f"its client column '{name}' is not a packed column")
+            item = fill.expand(int(size)).clone()
+            item[rows] = values
+        if not isinstance(item, Tensor):
+            raise TypeError("its client columns are not tensors")
+        columns[name] = item
+    return columns
+
+
+_SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def selection_rule(config: RunConfig) -> Rule | None:
