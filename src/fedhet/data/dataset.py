@@ -83,7 +83,7 @@ class ClientData:
         sizes = self.offsets[clients + 1] - self.offsets[clients]
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
         rows = torch.arange(int(offsets[-1])) + torch.repeat_interleave(self.offsets[clients] - offsets[:-1], sizes)
-        return ClientData(self.x[rows], self.y[rows], offsets)
+        return ClientData(self.x.index_select(0, rows), self.y.index_select(0, rows), offsets)  # faster than x[rows]
 
 
 @dataclass
