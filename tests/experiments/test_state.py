@@ -36,3 +36,13 @@ def test_a_checkpoint_of_columns_kept_whole_and_a_corrupt_one() -> None:
         unpack_columns({"test_loss": {"fill": torch.zeros(1), "rows": [1]}})
     with pytest.raises(TypeError):
         unpack_columns({"test_loss": [0.5, 1.0]})
+
+
+def test_the_evaluated_clients_give_the_rows_and_a_wrong_hint_is_not_trusted() -> None:
+    loss = torch.full((100,), float("nan"))
+    loss[[10, 40]] = torch.tensor([1.0, 2.0])
+    packed = pack_columns({"loss": loss}, torch.tensor([10, 20, 40]))  # client 20 was scored but lost (NaN)
+    assert packed["loss"]["rows"].tolist() == [10, 40]  # type: ignore[index]
+    packed = pack_columns({"loss": loss}, torch.tensor([10, 20]))  # client 40 lies outside the hint: searched for
+    assert packed["loss"]["rows"].tolist() == [10, 40]  # type: ignore[index]
+    assert torch.equal(unpack_columns(packed)["loss"].nan_to_num(7.0), loss.nan_to_num(7.0))

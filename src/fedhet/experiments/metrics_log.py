@@ -103,7 +103,9 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, float | str]]) -> None:
     write_bytes(path, _csv_text(columns, rows, header=True).encode())
 
 
-def write_columns(path: Path, table: Mapping[str, Sequence[float] | Sequence[str]], chunk: int = 1 << 16) -> None:
+def write_columns(
+    path: Path, table: Mapping[str, Sequence[float] | Sequence[str] | np.ndarray], chunk: int = 1 << 16
+) -> None:
     """Write `table` (equally long columns, in order) atomically: the bytes `write_csv` writes for its rows, made
     column by column, `chunk` rows at a time (a million rows in seconds, in memory about the file's size)."""
     header = io.StringIO(newline="")
@@ -118,15 +120,18 @@ def write_columns(path: Path, table: Mapping[str, Sequence[float] | Sequence[str
     write_bytes(path, b"".join(parts))
 
 
-def _fmt_column(values: Sequence[float] | Sequence[str]) -> list[str]:
+def _fmt_column(values: Sequence[float] | Sequence[str] | np.ndarray) -> list[str]:
     """`_fmt` of every value of a column (text, or numbers as floats)."""
-    if values and isinstance(values[0], str):
-        return [str(v) for v in values]
+    if not isinstance(values, np.ndarray) and len(values) and isinstance(values[0], str):
+        return list(map(str, values))
     numbers = np.asarray(values, dtype=np.float64)
-    text = np.array([repr(v) for v in numbers.tolist()], dtype=object)
     with np.errstate(invalid="ignore"):
         integral = (numbers == np.trunc(numbers)) & (np.abs(numbers) < 1e15) & ~np.signbit(numbers)
-    text[integral] = [str(v) for v in numbers[integral].astype(np.int64).tolist()]
+    whole = list(map(str, numbers[integral].astype(np.int64).tolist()))
+    if len(whole) == len(numbers):
+        return whole
+    text = np.array(list(map(repr, numbers.tolist())), dtype=object)
+    text[integral] = whole
     return list(text.tolist())
 
 

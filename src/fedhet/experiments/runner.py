@@ -174,7 +174,7 @@ def _checkpoint(state: RunState) -> dict[str, Any]:
         "params": state.params,
         "wall_time_s": state.wall_time_s,
         "last_row": state.final,
-        "client_columns": pack_columns(state.client_columns),  # clients.csv of the last evaluation
+        "client_columns": pack_columns(state.client_columns, state.evaluated),  # clients.csv of the last evaluation
         "strategy": exp.strategy.state_dict(),
         "availability": exp.availability.state_dict(),
         "engine": exp.engine.state_dict(),
@@ -487,6 +487,7 @@ def _evaluate(
         return None, None
     evaluated = exp.strategy.evaluation_params(state.params)
     sample = _evaluation_sample(state) if state.round < cfg.rounds else None
+    state.evaluated = sample
     metrics, state.client_columns, test, train = evaluate_global(
         exp.engine, evaluated, sample, count=cfg.eval_clients > 0
     )

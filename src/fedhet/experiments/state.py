@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -17,26 +18,37 @@ from fedhet.experiments.selection import Rule, better
 from fedhet.systems.clock import SimulatedTime
 
 
-def pack_columns(columns: dict[str, Tensor]) -> dict[str, Tensor | dict[str, Tensor]]:
+def pack_columns(columns: dict[str, Tensor], evaluated: Tensor | None = None) -> dict[str, Tensor | dict[str, Tensor]]:
     """Per-client columns as a checkpoint keeps them: a column that is mostly one value (NaN for the clients a
     sampled evaluation left out, 1 in ``seen``) as that value and the other clients' rows and values, so that a
-    round's checkpoint grows with the clients evaluated, not with K; other columns as they are."""
+    round's checkpoint grows with the clients evaluated, not with K; other columns as they are. `evaluated` (the
+    clients the last evaluation scored, when a sample) spares the search for the rows of its NaN-filled columns."""
     packed: dict[str, Tensor | dict[str, Tensor]] = {}
     for name, column in columns.items():
         values = column.detach().cpu()
-        if len(values) < 16:
-            packed[name] = values
-            continue
-        fill = values.new_full((1,), float("nan")) if values.is_floating_point() else values[:1].clone()
-        rows = torch.nonzero(~torch.isnan(values)).flatten() if values.is_floating_point() else None  # mostly NaN?
-        if rows is None or 4 * len(rows) > len(values):  # mostly its first value? (bit for bit: -0.0 is not 0.0)
+        rows = _rows_of_sample(values, evaluated) if values.is_floating_point() else None
+        fill = values.new_full((1,), float("nan")) if rows is not None else values[:1].clone()
+        if rows is None:  # mostly its first value? (bit for bit: -0.0 is not 0.0)
             bits = values.view(_SAME_WIDTH_INT[values.element_size()]) if values.is_floating_point() else values
-            fill, rows = values[:1].clone(), torch.nonzero(bits != bits[0]).flatten()
-        if 4 * len(rows) > len(values):
+            rows = torch.nonzero(bits != bits[0]).flatten()
+        if len(values) < 16 or 4 * len(rows) > len(values):
             packed[name] = values
         else:
             packed[name] = {"fill": fill, "rows": rows, "values": values[rows], "size": torch.tensor(len(values))}
     return packed
+
+
+def _rows_of_sample(values: Tensor, evaluated: Tensor | None) -> Tensor | None:
+    """The rows of a float column that are not NaN, when most are (else None): found among `evaluated` when they
+    all lie there (one count over the column, no search), else searched for."""
+    present = len(values) - int(torch.isnan(values).sum())
+    if 4 * present > len(values):
+        return None
+    if evaluated is not None:
+        among = evaluated[~torch.isnan(values[evaluated])]
+        if len(among) == present:
+            return among
+    return torch.nonzero(~torch.isnan(values)).flatten()
 
 
 def unpack_columns(packed: dict[str, Any]) -> dict[str, Tensor]:
@@ -90,6 +102,7 @@ class RunState:
     pending: AsyncQueue | None = None  # an asynchronous run's clients in flight and buffer (None: synchronous)
     best_round: int = 0  # the selected round so far (``selection``; 0: none yet, or no selection)
     best_params: Tensor | None = None  # its evaluated model
+    evaluated: Tensor | None = None  # the clients the last evaluation scored, sorted (None: every client)
 
     @property
     def rule(self) -> Rule | None:
@@ -113,21 +126,22 @@ class RunState:
     def final(self) -> dict[str, float]:
         return self.history[-1] if self.history else {}
 
-    def client_table(self) -> dict[str, list[float] | list[str]]:
+    def client_table(self) -> dict[str, np.ndarray | list[str]]:
         """clients.csv column by column: each client's number, its user's name where each client is one user, and
-        its columns as floats (empty before any evaluation)."""
+        its columns as float64 arrays (empty before any evaluation)."""
         if not self.client_columns:
             return {}
         k = len(next(iter(self.client_columns.values())))
         names = self.experiment.data.client_names
         return {
-            "client": [float(i) for i in range(k)],
+            "client": np.arange(k, dtype=np.float64),
             **({"user": list(names)} if names is not None else {}),
-            **{c: v.detach().double().cpu().tolist() for c, v in self.client_columns.items()},
+            **{c: v.detach().cpu().double().numpy() for c, v in self.client_columns.items()},
         }
 
     def client_rows(self) -> list[dict[str, float | str]]:
         """One row per client at the end (clients.csv): its number, its user's name where each client is one user,
         and its columns (none before any evaluation)."""
         table = self.client_table()
-        return [dict(zip(table, row, strict=True)) for row in zip(*table.values(), strict=True)]
+        columns = [v.tolist() if isinstance(v, np.ndarray) else v for v in table.values()]
+        return [dict(zip(table, row, strict=True)) for row in zip(*columns, strict=True)]
