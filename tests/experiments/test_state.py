@@ -46,3 +46,12 @@ def test_the_evaluated_clients_give_the_rows_and_a_wrong_hint_is_not_trusted() -
     packed = pack_columns({"loss": loss}, torch.tensor([10, 20]))  # client 40 lies outside the hint: searched for
     assert packed["loss"]["rows"].tolist() == [10, 40]  # type: ignore[index]
     assert torch.equal(unpack_columns(packed)["loss"].nan_to_num(7.0), loss.nan_to_num(7.0))
+
+
+def test_an_unchanged_column_is_packed_once_and_a_changed_one_again() -> None:
+    seen = torch.ones(100, dtype=torch.bool)
+    seen[3] = False
+    first = pack_columns({"seen": seen})["seen"]
+    assert pack_columns({"seen": seen})["seen"] is first  # the same tensor, unchanged: packed once
+    seen[5] = False  # changed in place
+    assert pack_columns({"seen": seen})["seen"]["rows"].tolist() == [3, 5]  # type: ignore[index]

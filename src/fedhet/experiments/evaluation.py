@@ -78,7 +78,7 @@ def evaluate_global(
         if test.extra:
             metrics.update(task_metrics(task, test, everywhere(unseen), "unseen_test", pooled=False))
     columns = {
-        "seen": data.seen.int(),  # whether the client trains, also when it was not scored (a lost Flower node's)
+        "seen": data.seen,  # whether the client trains (1) or not (0), also when it was not scored (a lost node's)
         "train_samples": train.count,
         "test_samples": test.count,
         **({"test_accuracy": test.accuracy} if task.accuracy else {}),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,10 @@ def pack_columns(columns: dict[str, Tensor], evaluated: Tensor | None = None) ->
     clients the last evaluation scored, when a sample) spares the search for the rows of its NaN-filled columns."""
     packed: dict[str, Tensor | dict[str, Tensor]] = {}
     for name, column in columns.items():
+        kept = _PACKED.get(id(column))
+        if kept is not None and kept[0]() is column and kept[1] == column._version:  # ``seen``, the sizes
+            packed[name] = kept[2]
+            continue
         values = column.detach().cpu()
         rows = _rows_of_sample(values, evaluated) if values.is_floating_point() else None
         fill = values.new_full((1,), float("nan")) if rows is not None else values[:1].clone()
@@ -35,7 +41,22 @@ def pack_columns(columns: dict[str, Tensor], evaluated: Tensor | None = None) ->
             packed[name] = values
         else:
             packed[name] = {"fill": fill, "rows": rows, "values": values[rows], "size": torch.tensor(len(values))}
+        _PACKED[id(column)] = (weakref.ref(column, _forget(id(column))), column._version, packed[name])
     return packed
+
+
+# the packed form of each column tensor still alive, by id, with its version: a column that is the same unchanged
+# tensor every evaluation (``seen``, the clients' sizes) is packed once, not once per round
+_PACKED: dict[int, tuple[weakref.ref[Tensor], int, Tensor | dict[str, Tensor]]] = {}
+
+
+def _forget(key: int) -> Callable[[weakref.ref[Tensor]], None]:
+    """Drops a dead column's entry from `_PACKED`."""
+
+    def forget(_: weakref.ref[Tensor]) -> None:
+        _PACKED.pop(key, None)
+
+    return forget
 
 
 def _rows_of_sample(values: Tensor, evaluated: Tensor | None) -> Tensor | None:
