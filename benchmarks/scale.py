@@ -5,10 +5,11 @@ Run: python benchmarks/scale.py [--clients 1000 100000 1000000] [--rounds 6] [--
 Each K runs in a fresh process (so that its peak memory is its own): 10 samples × 64 features per client (one user
 id per 10 samples, ``partition: natural``), logistic regression, 100 clients a round, 1,000 scored per evaluation
 (``eval_clients``), one torch thread, written to a run folder (metrics.csv, clients.csv, ...). The table gives the
-whole script's time (data made + ``fedhet.run``) and its CPU time, setup + the first round (from the script's start),
-one round (the summary's ``wall_time_s`` / rounds), the median of rounds 2..R−1 (each evaluates a sample of 1,000
-clients), the last round (it evaluates every client, for clients.csv) and the process's peak resident memory
-(VmHWM, the script's arrays included); ``--profile`` writes a cProfile of one K (give one K) to FILE.
+whole script's time (data made + ``fedhet.run``) and its CPU time, setup + the first round (from the script's
+start), one round (the summary's ``wall_time_s`` / rounds), the median of rounds 2..R−1 (each evaluates a sample
+of 1,000 clients) in wall time and in the process's CPU time (steadier on a shared machine), the last round (it
+evaluates every client, for clients.csv) and the process's peak resident memory (VmHWM, the script's arrays
+included); ``--profile`` writes a cProfile of one K (give one K) to FILE.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ def one(clients: int, rounds: int, out: Path, profile: str | None) -> dict[str, 
     from fedhet.process_memory import memory_mb
 
     ends: list[float] = []
+    cpu: list[float] = []  # this process's CPU time: steadier than wall time on a shared machine
 
     class RoundEnds(Callback):
         def on_round_end(self, state: object, metrics: object) -> bool:
             ends.append(time.perf_counter())
+            cpu.append(time.process_time())
             return False
 
     start = time.perf_counter()
@@ -73,6 +76,7 @@ def one(clients: int, rounds: int, out: Path, profile: str | None) -> dict[str, 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     round_s = result.wall_time_s / rounds
     middle = sorted(b - a for a, b in itertools.pairwise(ends[:-1]))  # rounds 2..R-1: sampled evaluation
+    middle_cpu = sorted(b - a for a, b in itertools.pairwise(cpu[:-1]))
     return {
         "clients": clients,
         "total_s": total,
@@ -80,6 +84,7 @@ def one(clients: int, rounds: int, out: Path, profile: str | None) -> dict[str, 
         "first_s": ends[0] - start,
         "round_s": round_s,
         "middle_s": middle[len(middle) // 2] if middle else float("nan"),
+        "middle_cpu_s": middle_cpu[len(middle_cpu) // 2] if middle_cpu else float("nan"),
         "last_s": ends[-1] - ends[-2] if len(ends) > 1 else float("nan"),
         "peak_gb": memory_mb("VmHWM") / 1024,
         "data_gb": data_bytes / 1e9,
@@ -115,12 +120,13 @@ def main() -> None:
         ("setup + first round (script start to round 1's end)", "first_s", "{:.1f} s"),
         (f"one round (summary wall_time_s / {args.rounds})", "round_s", "{:.0f} ms"),
         ("a round evaluating a sample (median of rounds 2..R−1)", "middle_s", "{:.0f} ms"),
+        ("its CPU time (median)", "middle_cpu_s", "{:.0f} ms"),
         ("the last round (evaluates every client)", "last_s", "{:.0f} ms"),
         ("peak memory (VmHWM, the script's arrays included)", "peak_gb", "{:.2f} GB"),
         ("the data's bytes (x, y, users)", "data_gb", "{:.2f} GB"),
     ]
     for label, key, fmt in lines:
-        scale = 1000.0 if key in ("round_s", "middle_s", "last_s") else 1.0
+        scale = 1000.0 if key in ("round_s", "middle_s", "middle_cpu_s", "last_s") else 1.0
         print(f"| {label} | " + " | ".join(fmt.format(r[key] * scale) for r in rows) + " |")
 
 
