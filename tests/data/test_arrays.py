@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -250,3 +251,16 @@ def test_an_npz_member_with_a_huge_header_is_named(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=ONE_LINE) as err:
         load({"name": "arrays", "path": str(tmp_path / "d.npz")})
     assert "array 'x' of" in str(err.value) and "its header is longer than a NumPy file's" in str(err.value)
+
+
+def test_float32_features_are_shared_not_copied_and_read_only_ones_are_copied() -> None:
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    data = from_arrays(x, [0, 1, 0, 1])
+    assert np.shares_memory(data.x.numpy(), x)  # a million clients' features are not held twice
+    x.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns about a non-writable array: none is handed over
+        frozen = from_arrays(x, [0, 1, 0, 1])
+    assert not np.shares_memory(frozen.x.numpy(), x) and torch.equal(frozen.x, data.x)
+    with pytest.raises(DataError, match="row 2 holds a missing or infinite value"):
+        from_arrays(np.array([[0.0, 1.0], [2.0, 3.0], [np.inf, 0.0]], dtype=np.float32), [0, 1, 0])

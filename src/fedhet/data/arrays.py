@@ -76,13 +76,15 @@ def check_features(x: ArrayLike, what: str, tokens: bool = False) -> torch.Tenso
         if arr.size and arr.min() < 0:
             raise DataError(f"{what}: token ids must be non-negative (row {_first_bad_row(arr < 0)} has one below 0)")
         return torch.from_numpy(arr.astype(np.int64))
-    out = arr.astype(np.float32)
-    bad = ~np.isfinite(out)
-    if bad.any():
+    out = np.ascontiguousarray(arr.astype(np.float32, copy=False))  # float32 arrays are shared, not copied
+    if not out.flags.writeable:  # a read-only array (np.load's memory map): torch needs its own
+        out = out.copy()
+    if out.size and not (np.isfinite(out.min()) and np.isfinite(out.max())):  # NaN or ±inf, without an (N, ...) mask
         raise DataError(
-            f"{what}: row {_first_bad_row(bad)} holds a missing or infinite value (NaN/inf); fill or drop such rows"
+            f"{what}: row {_first_bad_row(~np.isfinite(out))} holds a missing or infinite value (NaN/inf); fill or "
+            "drop such rows"
         )
-    return torch.from_numpy(np.ascontiguousarray(out))
+    return torch.from_numpy(out)
 
 
 MANY_CLASSES = 50  # more whole-number labels than this, not numbered 0..C−1 (or 1..C), look like a numeric target

@@ -8,8 +8,8 @@ with one indexing operation and evaluates all clients in a few large batches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -63,8 +63,9 @@ class ClientData:
     def num_clients(self) -> int:
         return len(self.offsets) - 1
 
-    @property
+    @cached_property
     def sizes(self) -> Tensor:
+        """Each client's number of rows (K,), computed once (a round reads it for its cohort only)."""
         return self.offsets[1:] - self.offsets[:-1]
 
     @property
@@ -79,10 +80,10 @@ class ClientData:
     def select(self, clients: Tensor) -> ClientData:
         """The data of `clients` only, in that order (one gather of their rows)."""
         clients = torch.as_tensor(clients, dtype=torch.long).reshape(-1)
-        sizes = self.sizes[clients]
+        sizes = self.offsets[clients + 1] - self.offsets[clients]
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
         rows = torch.arange(int(offsets[-1])) + torch.repeat_interleave(self.offsets[clients] - offsets[:-1], sizes)
-        return ClientData(self.x[rows], self.y[rows], offsets)
+        return ClientData(self.x.index_select(0, rows), self.y.index_select(0, rows), offsets)  # faster than x[rows]
 
 
 @dataclass(frozen=True)
@@ -154,26 +155,3 @@ class FederatedData:
             "min_train_per_client": float(sizes.min()),
             "max_train_per_client": float(sizes.max()),
         }
-
-
-def split_validation(
-    train: np.ndarray, total: int, val_fraction: float, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Cut round(`total` · `val_fraction`) of a client's training indices (it has `total` samples in all) into a
-    validation part, at random; at least one when the fraction is positive, and training keeps at least one."""
-    perm = rng.permutation(train)
-    n_val = round(total * val_fraction)
-    if val_fraction > 0 and len(perm) >= 2:
-        n_val = min(max(n_val, 1), len(perm) - 1)
-    n_val = min(n_val, max(len(perm) - 1, 0))
-    return perm[n_val:], perm[:n_val]
-
-
-def split_indices(indices: np.ndarray, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Shuffle one client's sample indices and cut them into (train, test); both keep at least one sample
-    when the client has two or more."""
-    perm = rng.permutation(indices)
-    n_test = round(len(perm) * test_fraction)
-    if len(perm) >= 2:
-        n_test = min(max(n_test, 1 if test_fraction > 0 else 0), len(perm) - 1)
-    return perm[n_test:], perm[:n_test]

@@ -49,29 +49,45 @@ def evaluate_global(
         return in_target_units(engine.scores(params, split, clients), task, data.target_scale)
 
     test, train = scores("test"), scores("train")
-    scored = ~torch.isnan(test.loss)  # not evaluated, or a client a remote engine could not reach
-    seen, unseen = data.seen & scored, ~data.seen & scored
+    rows = None if clients is None else clients.sort().values  # the metrics read these clients' entries only
+
+    def of(values: Tensor) -> Tensor:
+        return values if rows is None else values[rows]
+
+    def everywhere(mask: Tensor) -> Tensor:
+        """A mask over `rows` as a (K,) mask (for a task's own metrics)."""
+        if rows is None:
+            return mask
+        out = torch.zeros(data.num_clients, dtype=torch.bool)
+        out[rows[mask]] = True
+        return out
+
+    scored = ~torch.isnan(of(test.loss))  # not evaluated, or a client a remote engine could not reach
+    in_seen = of(data.seen)
+    seen, unseen = in_seen & scored, ~in_seen & scored
     metrics: dict[str, float] = {}
     if task.accuracy:
-        metrics.update(distribution(test.accuracy[seen], "test_accuracy"))
-        metrics["test_accuracy_pooled"] = pooled(test.accuracy[seen], test.count[seen])
-    metrics["test_loss"] = float(test.loss[seen].double().mean())
-    metrics.update(task_metrics(task, test, seen, "test"))
-    metrics["train_loss"] = float(train.loss[seen].double().mean())
+        metrics.update(distribution(of(test.accuracy)[seen], "test_accuracy"))
+        metrics["test_accuracy_pooled"] = pooled(of(test.accuracy)[seen], of(test.count)[seen])
+    metrics["test_loss"] = float(of(test.loss)[seen].double().mean())
+    if test.extra or test.outputs is not None:
+        metrics.update(task_metrics(task, test, everywhere(seen), "test"))
+    metrics["train_loss"] = float(of(train.loss)[seen].double().mean())
     if task.accuracy:
-        metrics["train_accuracy"] = float(train.accuracy[seen].double().mean())
+        metrics["train_accuracy"] = float(of(train.accuracy)[seen].double().mean())
     if clients is not None or count:
         metrics["evaluated"] = float(seen.sum())
     if bool(unseen.any()):
         if task.accuracy:
-            metrics["unseen_test_accuracy"] = float(test.accuracy[unseen].double().mean())
-        metrics["unseen_test_loss"] = float(test.loss[unseen].double().mean())
-        metrics.update(task_metrics(task, test, unseen, "unseen_test", pooled=False))
+            metrics["unseen_test_accuracy"] = float(of(test.accuracy)[unseen].double().mean())
+        metrics["unseen_test_loss"] = float(of(test.loss)[unseen].double().mean())
+        if test.extra:
+            metrics.update(task_metrics(task, test, everywhere(unseen), "unseen_test", pooled=False))
     if task.accuracy:
-        metrics.update(group_accuracy(test.accuracy, data.info.get("group"), seen, "test_accuracy"))
+        metrics.update(group_accuracy(test.accuracy, data.info.get("group"), everywhere(seen), "test_accuracy"))
     columns = {
         **({"group": data.info["group"]} if "group" in data.info else {}),
-        "seen": data.seen.int(),  # whether the client trains, also when it was not scored (a lost Flower node's)
+        "seen": data.seen,  # whether the client trains (1) or not (0), also when it was not scored (a lost node's)
         "train_samples": train.count,
         "test_samples": test.count,
         **({"test_accuracy": test.accuracy} if task.accuracy else {}),
@@ -83,9 +99,10 @@ def evaluate_global(
     if data.val is not None:
         val = scores("val")
         if task.accuracy:
-            metrics["val_accuracy"] = float(val.accuracy[seen].double().mean())
-        metrics["val_loss"] = float(val.loss[seen].double().mean())
-        metrics.update(task_metrics(task, val, seen, "val"))
+            metrics["val_accuracy"] = float(of(val.accuracy)[seen].double().mean())
+        metrics["val_loss"] = float(of(val.loss)[seen].double().mean())
+        if val.extra or val.outputs is not None:
+            metrics.update(task_metrics(task, val, everywhere(seen), "val"))
         columns["val_samples"] = val.count
         columns.update({"val_accuracy": val.accuracy} if task.accuracy else {})
         columns["val_loss"] = val.loss

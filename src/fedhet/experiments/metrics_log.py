@@ -9,6 +9,8 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from fedhet.atomic import append_bytes, read_plain, truncate, write_bytes
 
 
@@ -106,6 +108,44 @@ def csv_bytes(rows: Sequence[Mapping[str, float | str]]) -> bytes:
 def write_csv(path: Path, rows: Sequence[Mapping[str, float | str]]) -> None:
     """Write `rows` (`csv_bytes`) atomically."""
     write_bytes(path, csv_bytes(rows))
+
+
+Table = Mapping[str, Sequence[float] | Sequence[str] | np.ndarray]
+
+
+def write_columns(path: Path, table: Table) -> None:
+    """Write `table` (`columns_bytes`) atomically."""
+    write_bytes(path, columns_bytes(table))
+
+
+def columns_bytes(table: Table, chunk: int = 1 << 16) -> bytes:
+    """The CSV of `table` (equally long columns, in order): the bytes `csv_bytes` makes of its rows, made column by
+    column, `chunk` rows at a time (a million rows in seconds, in memory about the file's size)."""
+    header = io.StringIO(newline="")
+    csv.writer(header).writerow(list(table))
+    parts = [header.getvalue().encode()]
+    rows = len(next(iter(table.values()), []))
+    for start in range(0, rows, chunk):
+        buffer = io.StringIO(newline="")
+        columns = (_fmt_column(values[start : start + chunk]) for values in table.values())
+        csv.writer(buffer).writerows(zip(*columns, strict=True))
+        parts.append(buffer.getvalue().encode())
+    return b"".join(parts)
+
+
+def _fmt_column(values: Sequence[float] | Sequence[str] | np.ndarray) -> list[str]:
+    """`_fmt` of every value of a column (text, or numbers as floats)."""
+    if not isinstance(values, np.ndarray) and len(values) and isinstance(values[0], str):
+        return list(map(str, values))
+    numbers = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        integral = (numbers == np.trunc(numbers)) & (np.abs(numbers) < 1e15) & ~np.signbit(numbers)
+    whole = list(map(str, numbers[integral].astype(np.int64).tolist()))
+    if len(whole) == len(numbers):
+        return whole
+    text = np.array(list(map(repr, numbers.tolist())), dtype=object)
+    text[integral] = whole
+    return list(text.tolist())
 
 
 def _fmt(value: float | str) -> str:

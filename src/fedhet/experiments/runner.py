@@ -35,7 +35,7 @@ from fedhet.experiments.evaluation import (
     spread_scores,
     target_factor,
 )
-from fedhet.experiments.metrics_log import csv_bytes, write_csv
+from fedhet.experiments.metrics_log import columns_bytes, write_columns
 from fedhet.experiments.participation import ParticipationWriter
 from fedhet.experiments.runfolder import (
     CHECKPOINT,
@@ -53,7 +53,7 @@ from fedhet.experiments.selection import (
     rounds_without_improvement,
     selected_row,
 )
-from fedhet.experiments.state import RunState
+from fedhet.experiments.state import RunState, pack_columns, unpack_columns
 from fedhet.experiments.tracking import with_trackers
 from fedhet.experiments.trust import code_of_folder
 from fedhet.metrics.base import RoundView, compute_checked, needs_all_clients
@@ -184,7 +184,7 @@ def _repair_clients(state: RunState) -> None:
     columns): a damaged or missing one is written again, with a note."""
     assert state.folder is not None
     path = state.folder.path / CLIENTS
-    expected = csv_bytes(state.client_rows()) if state.client_columns else None
+    expected = columns_bytes(state.client_table()) if state.client_columns else None
     try:
         found: bytes | None = read_plain(path)
     except (FileNotFoundError, IsADirectoryError):
@@ -207,7 +207,7 @@ def _checkpoint(state: RunState) -> dict[str, Any]:
         "params": state.params,
         "wall_time_s": state.wall_time_s,
         "last_row": state.final,
-        "client_columns": state.client_columns,  # clients.csv of the last evaluation
+        "client_columns": pack_columns(state.client_columns, state.evaluated),  # clients.csv of the last evaluation
         "backend": exp.engine.last_backend,  # summary.json's, also when a resume has no round left to train
         "strategy": exp.strategy.state_dict(),
         "availability": exp.availability.state_dict(),
@@ -254,9 +254,7 @@ def _restore(state: RunState, saved: dict[str, Any]) -> None:
         if exp.privacy is not None:
             exp.privacy.load_state_dict(saved["privacy"])
         wall_time = float(saved["wall_time_s"])
-        columns = saved["client_columns"]
-        if not isinstance(columns, dict) or not all(isinstance(v, Tensor) for v in columns.values()):
-            raise TypeError("its client columns are not tensors")
+        columns = unpack_columns(saved["client_columns"])
         last_row = saved["last_row"]
         if not isinstance(last_row, dict):
             raise TypeError("last_row is not a mapping")
@@ -331,7 +329,7 @@ def _write_outputs(state: RunState) -> None:
         return
     cfg = state.config
     if state.client_columns:
-        write_csv(state.folder.path / CLIENTS, state.client_rows())
+        write_columns(state.folder.path / CLIENTS, state.client_table())
     state.folder.save_plugin_files(state.experiment.metrics)
     summary = {
         "algorithm": cfg.spec("algorithm")["name"],
@@ -574,6 +572,7 @@ def _evaluate(
         return None, None
     evaluated = exp.strategy.evaluation_params(state.params)
     sample = _evaluation_sample(state) if state.round < cfg.rounds else None
+    state.evaluated = sample
     metrics, state.client_columns, test, train = evaluate_global(
         exp.engine, evaluated, sample, count=cfg.eval_clients > 0
     )
