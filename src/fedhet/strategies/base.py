@@ -213,6 +213,10 @@ class Strategy(Component):
         """Extra per-round numbers to log (e.g. the sum of MaxFL's weights)."""
         return {}
 
+    def client_columns(self) -> dict[str, Tensor]:
+        """Extra clients.csv columns (K,) after an evaluated round (e.g. HeteroFL's ``capacity``); default: none."""
+        return {}
+
     def participation_log(self) -> dict[str, np.ndarray]:
         """Per round × client arrays of what the server saw and decided (who was active, selected, the weights
         applied), saved in the run folder's ``availability.npz``; default: none (CA-Fed's strategies log them)."""

@@ -1,0 +1,146 @@
+"""HeteroFL: width sub-models as masked full models, the per-coordinate average, levels per client."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fedhet.engine.engine import Engine
+from fedhet.engine.functional import FlatModel
+from fedhet.engine.objective import Proximal
+from fedhet.engine.plan import LocalPlan, LocalSettings
+from fedhet.errors import ConfigError
+from fedhet.strategies.base import STRATEGIES, ServerContext
+from fedhet.strategies.fedavg import FedAvg
+from fedhet.strategies.heterofl import HeteroFL, linear_layers, masked_average, width_mask
+from helpers.personal import LR, STEPS, TOL, data, mlp, run_round, setup, sgd, weighted
+from helpers.tiny import linear_model, make_context, tiny_data
+
+BACKENDS = ["dense", "vectorised", "sequential"]
+
+
+def test_the_half_width_mask_keeps_the_first_half_of_each_hidden_layer() -> None:
+    model = mlp()  # Linear(3, 4), Tanh, Linear(4, 2)
+    mask = width_mask(model, linear_layers(model, "test"), 0.5)
+    w = model.unflatten(mask)
+    assert w["0.weight"].tolist() == [[True] * 3] * 2 + [[False] * 3] * 2  # 2 of 4 units, every input
+    assert w["0.bias"].tolist() == [True, True, False, False]
+    assert w["2.weight"].tolist() == [[True, True, False, False]] * 2  # every output, from the kept units
+    assert w["2.bias"].tolist() == [True, True]
+    assert int(mask.sum()) == 6 + 2 + 4 + 2
+    assert bool(width_mask(model, ["0", "2"], 1.0).all())
+    assert int(width_mask(model, ["0", "2"], 0.1).sum()) == 3 + 1 + 2 + 2  # ⌈0.1·4⌉ = 1 unit
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_training_is_training_with_the_sliced_off_weights_frozen_at_zero(backend: str) -> None:
+    engine = Engine(mlp(), data(), backend=backend, seed=1)  # type: ignore[arg-type]
+    model = engine.model
+    half, full = width_mask(model, ["0", "2"], 0.5), torch.ones(model.size, dtype=torch.bool)
+    w = model.initial_params()
+    plan = LocalPlan.uniform(torch.tensor([0, 1]), STEPS, LR, 8)
+    plan.masks = torch.stack([half, full])
+    got = engine.train(w, plan, 0).params
+    expected = [sgd(model, torch.where(m, w, 0.0), k, STEPS, frozen=~m) for k, m in enumerate([half, full])]
+    torch.testing.assert_close(got, torch.stack(expected), **TOL)
+    assert bool((got[0, ~half] == 0).all())
+
+
+def test_the_aggregate_averages_each_coordinate_over_the_clients_that_trained_it() -> None:
+    w = torch.tensor([1.0, 1.0, 1.0, 7.0])
+    params = torch.tensor([[0.0, 2.0, 4.0, 0.0], [2.0, 0.0, 0.0, 0.0]])  # client 1: half width (coordinate 0)
+    masks = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    d = masked_average(w, params, masks, torch.tensor([0.25, 0.75]))
+    # coordinate 0: (0.25·(1−0) + 0.75·(1−2)) / 1 = −0.5; 1 and 2: client 0 alone; 3: nobody, unchanged
+    torch.testing.assert_close(w - d, torch.tensor([1.5, 2.0, 4.0, 7.0]))
+
+
+def test_a_round_with_a_full_and_a_half_width_client_matches_the_hand_computed_model() -> None:
+    strategy = HeteroFL(levels=[1.0, 0.5], capacities=[1.0, 0.5])
+    engine = setup(strategy, "dense")
+    model = engine.model
+    w = model.initial_params()
+    half = width_mask(model, ["0", "2"], 0.5)
+    full = sgd(model, w, 0, STEPS)
+    small = sgd(model, torch.where(half, w, 0.0), 1, STEPS, frozen=~half)
+    expected = torch.where(half, weighted([full, small]), full)  # only client 0 trained the other half
+    _, got = run_round(strategy, engine, w, 0)
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_client_at_full_width_is_fedavg(backend: str) -> None:
+    heterofl, fedavg = HeteroFL(levels=[1.0]), FedAvg()
+    engines = [setup(heterofl, backend), setup(fedavg, backend)]
+    w = [engines[0].model.initial_params()] * 2
+    for t in range(2):
+        w = [run_round(s, e, v, t)[1] for s, e, v in zip([heterofl, fedavg], engines, w, strict=True)]
+        torch.testing.assert_close(w[0], w[1], atol=1e-6, rtol=1e-6)
+
+
+def _strategy(k: int, **config: object) -> HeteroFL:
+    strategy = STRATEGIES.build({"name": "heterofl", **config})
+    assert isinstance(strategy, HeteroFL)
+    engine = Engine(mlp(), tiny_data([3] * k, dim=3), backend="dense")
+    strategy.setup(make_context(engine, m=k))
+    return strategy
+
+
+def test_fixed_levels_follow_the_proportions_and_the_seed() -> None:
+    strategy = _strategy(10, levels=[1, 0.5], proportions=[0.3, 0.7])
+    levels = strategy.capacity(0)
+    assert sorted(levels.tolist()) == [0.5] * 7 + [1.0] * 3
+    assert torch.equal(strategy.capacity(5), levels)
+    assert torch.equal(_strategy(10, levels=[1, 0.5], proportions=[0.3, 0.7]).capacity(0), levels)
+
+
+def test_dynamic_levels_are_redrawn_each_round_from_the_seeded_stream() -> None:
+    strategy = _strategy(40, levels=[1, 0.5, 0.25], assignment="dynamic")
+    rounds = [strategy.capacity(t) for t in range(3)]
+    assert not torch.equal(rounds[0], rounds[1])
+    assert set(torch.cat(rounds).tolist()) == {1.0, 0.5, 0.25}
+    assert torch.equal(_strategy(40, levels=[1, 0.5, 0.25], assignment="dynamic").capacity(1), rounds[1])
+
+
+def test_the_evaluated_model_is_scored_at_every_level_and_per_client_capacity() -> None:
+    strategy = _strategy(4, levels=[1, 0.25], capacities=[1, 0.25, 0.25, 1])
+    engine = strategy.ctx.engine
+    w = engine.model.initial_params()
+    strategy.evaluation_params(w)
+    metrics = strategy.round_metrics()
+    assert set(metrics) == {"test_accuracy_level1", "test_accuracy_level0.25"}
+    full = engine.scores(w, "test").accuracy
+    assert metrics["test_accuracy_level1"] == pytest.approx(float(full.double().mean()))
+    small = engine.scores(torch.where(strategy._masks[0.25], w, 0.0), "test").accuracy
+    columns = strategy.client_columns()
+    assert columns["capacity"].tolist() == [1, 0.25, 0.25, 1]
+    torch.testing.assert_close(columns["capacity_test_accuracy"], torch.where(columns["capacity"] == 1, full, small))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"levels": [1, 0]}, "levels must be in"),
+        ({"levels": [1, 0.5], "proportions": [1]}, "one share per level"),
+        ({"levels": [1, 0.5], "proportions": [0, 0]}, "not all 0"),
+        ({"capacities": [1], "assignment": "dynamic"}, "use assignment: fix"),
+        ({"levels": [1, 0.5], "capacities": [0.25]}, "one of the levels"),
+    ],
+)
+def test_bad_settings_are_refused_in_one_line(config: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        STRATEGIES.build({"name": "heterofl", **config})
+
+
+def test_models_and_objectives_it_cannot_slice_are_refused_at_setup() -> None:
+    sigmoid = FlatModel(nn.Sequential(nn.Linear(3, 4), nn.Sigmoid(), nn.Linear(4, 2)))
+    for model, message in [(linear_model(), "not a sequence of layers"), (sigmoid, "Sigmoid")]:
+        with pytest.raises(ConfigError, match=message):
+            HeteroFL().setup(make_context(Engine(model, data(), backend="sequential")))
+    engine = Engine(mlp(), data(), backend="dense")
+    prox = ServerContext(engine, LocalSettings(2, 0.1, 4, terms=(Proximal(mu=0.1),)), seed=0, clients_per_round=2)
+    with pytest.raises(ConfigError, match="pulls the sliced-off weights"):
+        HeteroFL().setup(prox)
+    with pytest.raises(ConfigError, match="capacities lists 1 levels for 2 clients"):
+        HeteroFL(levels=[1], capacities=[1]).setup(make_context(engine))
