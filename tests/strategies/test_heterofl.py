@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
+from typer.testing import CliRunner
 
+from fedhet.cli.main import app
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.objective import Proximal
 from fedhet.engine.plan import LocalPlan, LocalSettings
 from fedhet.errors import ConfigError
+from fedhet.flower.codec import decode_plan, encode_plan
 from fedhet.strategies.base import STRATEGIES, ServerContext
 from fedhet.strategies.fedavg import FedAvg
 from fedhet.strategies.heterofl import HeteroFL, linear_layers, masked_average, width_mask
@@ -144,3 +150,47 @@ def test_models_and_objectives_it_cannot_slice_are_refused_at_setup() -> None:
         HeteroFL().setup(prox)
     with pytest.raises(ConfigError, match="capacities lists 1 levels for 2 clients"):
         HeteroFL(levels=[1], capacities=[1]).setup(make_context(engine))
+
+
+FAST = ["run", "--dataset", "digits", "--rounds", "2", "--set", "num_clients=6", "--set", "model.hidden=[8]"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("algorithm.capacities=[1]", "capacities lists 1 levels for 6 clients"),
+        ("model.activation=sigmoid", "has a Sigmoid layer"),
+        ("algorithm.levels=[1,0]", "capacity levels must be in"),
+    ],
+)
+def test_the_command_line_refuses_in_one_line_and_writes_nothing(
+    setting: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = [*FAST, "--algorithm", "heterofl", "--set", setting, "--out", "run", "--quiet"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_writes_the_accuracy_at_every_level_and_each_clients_capacity(tmp_path: Path) -> None:
+    args = [*FAST, "--algorithm", "heterofl", "--set", "algorithm.levels=[1,0.5]", "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, [*args, "--quiet"])
+    assert result.exit_code == 0, result.output
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        last = list(csv.DictReader(f))[-1]
+    assert float(last["test_accuracy_level1"]) == pytest.approx(float(last["test_accuracy"]))
+    assert 0 <= float(last["test_accuracy_level0.5"]) <= 1
+    with (tmp_path / "run" / "clients.csv").open() as f:
+        clients = list(csv.DictReader(f))
+    assert sorted(float(c["capacity"]) for c in clients) == [0.5] * 3 + [1.0] * 3
+    full = [c for c in clients if float(c["capacity"]) == 1]
+    assert all(c["capacity_test_accuracy"] == c["test_accuracy"] for c in full)
+
+
+def test_the_masks_reach_clients_under_flower() -> None:
+    plan = LocalPlan.uniform(torch.tensor([3, 5]), 2, 0.1, 4)
+    plan.masks = torch.tensor([[True, False, True], [False, False, True]])
+    decoded = decode_plan(*encode_plan(plan, torch.tensor([1, 0])))
+    assert decoded.masks is not None and decoded.masks.tolist() == [[False, False, True], [True, False, True]]
