@@ -164,7 +164,8 @@ class Engine:
         ``plan.personal``), with the clients' stored state; their new state and personal parts are stored. With
         ``plan.clip`` each client's update (what it sends: the shared part) is clipped and noised as the client
         would (`fedhet.engine.privacy.clip_updates`; the dense backend clips as it writes the models where nothing
-        reads them unclipped, `TrainRequest.clip`)."""
+        reads them unclipped, `TrainRequest.clip`). With ``plan.masks`` each client starts with the coordinates
+        outside its mask at zero and returns them as zero (a sub-model: `LocalPlan`)."""
         cohort, starts, (params, losses, state) = self._run(global_params, plan, round_, clip=True)
         clipped = state.pop(CLIPPED, None)
         self.last_backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
