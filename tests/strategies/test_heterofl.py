@@ -19,16 +19,17 @@ from fedhet.errors import ConfigError
 from fedhet.flower.codec import decode_plan, encode_plan
 from fedhet.strategies.base import STRATEGIES, ServerContext
 from fedhet.strategies.fedavg import FedAvg
-from fedhet.strategies.heterofl import HeteroFL, linear_layers, masked_average, width_mask
+from fedhet.strategies.heterofl import HeteroFL, masked_average, sliced_layers, width_mask
 from helpers.personal import LR, STEPS, TOL, data, mlp, run_round, setup, sgd, weighted
 from helpers.tiny import linear_model, make_context, tiny_data
+from helpers.zoo_cnns import image_federated, zoo_model
 
 BACKENDS = ["dense", "vectorised", "sequential"]
 
 
 def test_the_half_width_mask_keeps_the_first_half_of_each_hidden_layer() -> None:
     model = mlp()  # Linear(3, 4), Tanh, Linear(4, 2)
-    mask = width_mask(model, linear_layers(model, "test"), 0.5)
+    mask = width_mask(model, sliced_layers(model, "test"), 0.5)
     w = model.unflatten(mask)
     assert w["0.weight"].tolist() == [[True] * 3] * 2 + [[False] * 3] * 2  # 2 of 4 units, every input
     assert w["0.bias"].tolist() == [True, True, False, False]
@@ -194,3 +195,36 @@ def test_the_masks_reach_clients_under_flower() -> None:
     plan.masks = torch.tensor([[True, False, True], [False, False, True]])
     decoded = decode_plan(*encode_plan(plan, torch.tensor([1, 0])))
     assert decoded.masks is not None and decoded.masks.tolist() == [[False, False, True], [True, False, True]]
+
+
+@pytest.mark.parametrize("backend", ["conv", "sequential"])
+def test_a_cnns_channels_are_sliced_and_trained_as_the_smaller_network(backend: str) -> None:
+    model, shape = zoo_model("fedavg_cnn")  # channels [4, 8], fc 16, on flat 28x28 inputs
+    layers = sliced_layers(model, "test")
+    assert layers == ["features.0", "features.3", "head.0", "head.2"]
+    half = width_mask(model, layers, 0.5)
+    w = model.unflatten(half)
+    assert w["features.0.weight"][:, 0].flatten(1).all(1).tolist() == [True, True, False, False]
+    assert w["features.3.weight"][:4, :, 0, 0].tolist() == [[True, True, False, False]] * 4
+    assert not w["features.3.weight"][4:].any()
+    spatial = model.shapes[model.names.index("head.0.weight")][1] // 8  # the head reads 8 flattened channels
+    assert w["head.0.weight"][0].tolist() == [True] * 4 * spatial + [False] * 4 * spatial
+    data = image_federated(shape, [3, 4])
+    engine = Engine(model, data, backend=backend, seed=1)  # type: ignore[arg-type]
+    plan = LocalPlan.uniform(torch.tensor([0, 1]), 2, 0.05, 8)  # full-batch steps
+    plan.masks = torch.stack([half, torch.ones(model.size, dtype=torch.bool)])
+    w0 = model.initial_params()
+    got = engine.train(w0, plan, 0).params
+    for k in range(2):
+        x, y = data.train.client(k)
+        v, keep = torch.where(plan.masks[k], w0, 0.0), plan.masks[k]
+        for _ in range(2):
+            v = v.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(torch.nn.functional.cross_entropy(model.logits(v, x), y), v)
+            v = torch.where(keep, v - 0.05 * g, v)
+        torch.testing.assert_close(got[k], v.detach(), **TOL)
+
+
+def test_a_cnn_with_group_norm_is_refused() -> None:
+    with pytest.raises(ConfigError, match="GroupNorm"):
+        sliced_layers(zoo_model("vgg16_gn")[0], "algorithm 'heterofl'")

@@ -11,8 +11,8 @@ Aggregation (HeteroFL Eq. 2, with FedAvg's weights p_k): each coordinate j is av
 sub-model contains it, d_j = Σ_k p_k m_kj (w_j − w_kj) / Σ_k p_k m_kj, and w ← server_step(w, d); a coordinate no
 client trained keeps its value (d_j = 0). With every client at level 1 this is FedAvg.
 
-Not implemented: HeteroFL's scaler (outputs of sliced layers divided by r in training), static batch norm, and the
-zoo's CNNs (MLPs only).
+Models: MLPs (``model: mlp``) and the zoo's CNNs without group norm (convolutions are sliced by channels). Not
+implemented: HeteroFL's scaler (outputs of sliced layers divided by r in training) and its static batch norm.
 """
 
 from __future__ import annotations
@@ -29,14 +29,25 @@ from fedhet.engine.evaluate import ClientScores
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import ConfigError
-from fedhet.models.zoo import Flatten
+from fedhet.models.zoo import ConvClassifier, Flatten, ToImage
 from fedhet.seeding import numpy_rng
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy
 from fedhet.strategies.fedavg import fedavg_weights
 
-# activations that map a zero hidden unit to zero (φ(0) = 0), and layers that keep a zero a zero
+# activations that map a zero hidden unit to zero (φ(0) = 0), and layers that keep a zero channel or unit zero
+# (and a kept one as the smaller network computes it: pooling and local response normalisation act per channel, or
+# pad with zeros across channels)
 _ZERO_PRESERVING = (nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU, nn.ELU, nn.LeakyReLU)
-_NO_PARAMETERS = (nn.Dropout, nn.Flatten, nn.Identity, Flatten)
+_PASSING = (
+    nn.modules.dropout._DropoutNd,
+    nn.Flatten,
+    nn.Identity,
+    nn.MaxPool2d,
+    nn.AvgPool2d,
+    nn.LocalResponseNorm,
+    Flatten,
+    ToImage,
+)
 
 
 def level_name(level: float) -> str:
@@ -44,43 +55,53 @@ def level_name(level: float) -> str:
     return f"{level:g}"
 
 
-def linear_layers(model: FlatModel, what: str) -> list[str]:
-    """The names of the Linear layers of an MLP (an `nn.Sequential` of Linear layers and zero-preserving
-    activations), in order; anything else is a one-line `ConfigError`."""
+def sliced_layers(model: FlatModel, what: str) -> list[str]:
+    """The names of the Linear and Conv2d layers of an MLP (`nn.Sequential`) or a zoo CNN (`ConvClassifier`), in
+    order; a model with other layers that hold parameters or break φ(0) = 0 is a one-line `ConfigError`."""
     module = model.module
-    if not isinstance(module, nn.Sequential):
-        raise ConfigError(f"{what} slices MLPs (model: mlp): this model is not a sequence of layers")
+    if not isinstance(module, nn.Sequential | ConvClassifier):
+        raise ConfigError(f"{what} slices MLPs and the zoo's CNNs: this model is not a sequence of layers")
     names = []
-    for name, layer in module.named_children():
-        if isinstance(layer, nn.Linear):
+    for name, layer in module.named_modules():
+        if any(True for _ in layer.children()):
+            continue
+        if isinstance(layer, nn.Linear | nn.Conv2d):
             names.append(name)
-        elif not isinstance(layer, _ZERO_PRESERVING + _NO_PARAMETERS):
+        elif not isinstance(layer, _ZERO_PRESERVING + _PASSING):
             raise ConfigError(
-                f"{what} slices MLPs of Linear layers with ReLU, GELU or Tanh activations (model: mlp); this "
-                f"model has a {type(layer).__name__} layer"
+                f"{what} slices MLPs and CNNs of Linear/Conv2d layers with ReLU, GELU or Tanh activations, pooling "
+                f"and local response normalisation; this model has a {type(layer).__name__} layer"
             )
     if len(names) < 2:
-        raise ConfigError(f"{what} needs an MLP with a hidden layer to slice (model: mlp with hidden: [...])")
+        raise ConfigError(f"{what} needs a model with a hidden layer to slice (model: mlp with hidden: [...])")
     return names
 
 
 def width_mask(model: FlatModel, layers: list[str], level: float) -> Tensor:
-    """(P,) bool: the sub-model of `level`: in every Linear layer, the rows of the first ⌈r·d_out⌉ units (all of
-    the output layer's) and the columns of the first ⌈r·d_in⌉ inputs (all of the input layer's)."""
+    """(P,) bool: the sub-model of `level`. In every Linear or Conv2d layer, the first ⌈r·d⌉ of its d output units
+    or channels (all of the output layer's), reading only the kept units or channels of the layer before (all of
+    the input's; a Linear layer after a convolution reads the flattened kept channels)."""
     mask = torch.zeros(model.size, dtype=torch.bool)
     shapes = dict(zip(model.names, model.shapes, strict=True))
-    last = len(layers) - 1
+    before: tuple[int, int] | None = None  # (units, kept units) of the layer before
     for i, layer in enumerate(layers):
-        out_features, in_features = shapes[f"{layer}.weight"]
-        rows = out_features if i == last else math.ceil(level * out_features - 1e-9)
-        cols = in_features if i == 0 else math.ceil(level * in_features - 1e-9)
-        weight = torch.zeros(out_features, in_features, dtype=torch.bool)
-        weight[:rows, :cols] = True
+        shape = shapes[f"{layer}.weight"]
+        units, inputs = shape[0], shape[1]
+        rows = units if i == len(layers) - 1 else math.ceil(level * units - 1e-9)
+        read = torch.ones(inputs, dtype=torch.bool)
+        if before is not None:
+            total, kept = before
+            if inputs % total:
+                raise ConfigError(f"layer '{layer}' reads {inputs} inputs from {total} units: cannot slice it")
+            read = torch.arange(inputs) // (inputs // total) < kept  # a flattened channel is inputs/total features
+        weight = torch.zeros(shape, dtype=torch.bool)
+        weight[:rows, read] = True
         mask[model.slices[f"{layer}.weight"]] = weight.flatten()
         if f"{layer}.bias" in model.slices:
-            bias = torch.zeros(out_features, dtype=torch.bool)
+            bias = torch.zeros(units, dtype=torch.bool)
             bias[:rows] = True
             mask[model.slices[f"{layer}.bias"]] = bias
+        before = (units, rows)
     return mask
 
 
@@ -98,7 +119,7 @@ class HeteroFL(Strategy):
     over the clients that trained it."""
 
     name: ClassVar[str] = "heterofl"
-    description: ClassVar[str] = "HeteroFL: width sub-models per client capacity (Diao et al. 2021), MLPs"
+    description: ClassVar[str] = "HeteroFL: width sub-models per client capacity (Diao et al. 2021), MLPs and CNNs"
     weighting: Literal["samples", "uniform"] = Field("samples", description="FedAvg's client weights p_k")
     levels: list[float] = Field(
         default_factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625],
@@ -148,7 +169,7 @@ class HeteroFL(Strategy):
         anything runs; fix the clients' levels."""
         super().setup(ctx)
         what = f"algorithm '{self.name}'"
-        self._layers = linear_layers(ctx.engine.model, what)
+        self._layers = sliced_layers(ctx.engine.model, what)
         if not ctx.local.plan(torch.zeros(1, dtype=torch.long), ctx.train_sizes[:1]).anchor_free:
             raise ConfigError(
                 f"{what}: the local objective has a term that pulls the sliced-off weights off zero (a proximal "
