@@ -156,19 +156,26 @@ def test_models_and_objectives_it_cannot_slice_are_refused_at_setup() -> None:
 FAST = ["run", "--dataset", "digits", "--rounds", "2", "--set", "num_clients=6", "--set", "model.hidden=[8]"]
 
 
+HETEROFL = ["--algorithm", "heterofl"]
+DP_SGD = ["--set", "local.dp_sgd.clip=1", "--set", "local.dp_sgd.noise_multiplier=1"]
+LOCAL_DP = ["--algorithm", "dp", "--set", "algorithm.base=heterofl", "--set", "algorithm.noise=local"]
+
+
 @pytest.mark.parametrize(
-    ("setting", "message"),
+    ("extra", "message"),
     [
-        ("algorithm.capacities=[1]", "capacities lists 1 levels for 6 clients"),
-        ("model.activation=sigmoid", "has a Sigmoid layer"),
-        ("algorithm.levels=[1,0]", "capacity levels must be in"),
+        ([*HETEROFL, "--set", "algorithm.capacities=[1]"], "capacities lists 1 levels for 6 clients"),
+        ([*HETEROFL, "--set", "model.activation=sigmoid"], "has a Sigmoid layer"),
+        ([*HETEROFL, "--set", "algorithm.levels=[1,0]"], "capacity levels must be in"),
+        ([*HETEROFL, *DP_SGD], "does not combine with it"),
+        (LOCAL_DP, "does not combine with it"),
     ],
 )
 def test_the_command_line_refuses_in_one_line_and_writes_nothing(
-    setting: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    extra: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    args = [*FAST, "--algorithm", "heterofl", "--set", setting, "--out", "run", "--quiet"]
+    args = [*FAST, *extra, "--out", "run", "--quiet"]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 2
     assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr

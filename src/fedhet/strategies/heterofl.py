@@ -120,6 +120,7 @@ class HeteroFL(Strategy):
 
     name: ClassVar[str] = "heterofl"
     description: ClassVar[str] = "HeteroFL: width sub-models per client capacity (Diao et al. 2021), MLPs and CNNs"
+    sub_models: ClassVar[bool] = True
     weighting: Literal["samples", "uniform"] = Field("samples", description="FedAvg's client weights p_k")
     levels: list[float] = Field(
         default_factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625],
