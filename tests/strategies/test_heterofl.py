@@ -235,3 +235,16 @@ def test_a_cnns_channels_are_sliced_and_trained_as_the_smaller_network(backend: 
 def test_a_cnn_with_group_norm_is_refused() -> None:
     with pytest.raises(ConfigError, match="GroupNorm"):
         sliced_layers(zoo_model("vgg16_gn")[0], "algorithm 'heterofl'")
+
+
+def test_every_client_at_full_width_is_fedavg_for_a_cnn_on_the_conv_backend() -> None:
+    models = [zoo_model("fedavg_cnn")[0] for _ in range(2)]
+    data = image_federated((784,), [3, 4])
+    heterofl, fedavg = HeteroFL(levels=[1.0]), FedAvg()
+    engines = [Engine(model, data, backend="conv", seed=1) for model in models]
+    for strategy, engine in zip([heterofl, fedavg], engines, strict=True):
+        strategy.setup(make_context(engine, steps=2, lr=0.05, batch=2, m=2))
+    w = [models[0].initial_params()] * 2
+    for t in range(2):
+        w = [run_round(s, e, v, t)[1] for s, e, v in zip([heterofl, fedavg], engines, w, strict=True)]
+        torch.testing.assert_close(w[0], w[1], atol=1e-6, rtol=1e-6)
