@@ -46,6 +46,7 @@ from fedhet.strategies import (
     fedprox,
     fedrep,
     finetune,
+    heterofl,
     ifca,
     local_only,
     mifa,

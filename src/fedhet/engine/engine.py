@@ -164,7 +164,8 @@ class Engine:
         ``plan.personal``), with the clients' stored state; their new state and personal parts are stored. With
         ``plan.clip`` each client's update (what it sends: the shared part) is clipped and noised as the client
         would (`fedhet.engine.privacy.clip_updates`; the dense backend clips as it writes the models where nothing
-        reads them unclipped, `TrainRequest.clip`)."""
+        reads them unclipped, `TrainRequest.clip`). With ``plan.masks`` each client starts with the coordinates
+        outside its mask at zero and returns them as zero (a sub-model: `LocalPlan`)."""
         cohort, starts, (params, losses, state) = self._run(global_params, plan, round_, clip=True)
         clipped = state.pop(CLIPPED, None)
         self.last_backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
@@ -258,6 +259,8 @@ class Engine:
         unread = plan.personal is None and not any(inputs.term.client_state for inputs in cohort.terms)
         bound = plan.clip.bound if clip and plan.clip is not None and unread else None
         starts = plan.starts if plan.starts is not None else self.personal_starts(global_params, plan, round_)
+        if plan.masks is not None:  # sub-models: the coordinates outside a client's mask start (and stay) at zero
+            starts = torch.where(plan.masks, global_params if starts is None else starts, 0.0)
         backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
         frozen = self.mask(plan.frozen, "local.frozen") if plan.frozen else None
         request = TrainRequest(
@@ -277,6 +280,9 @@ class Engine:
         self.reuse.start_round(round_)
         with exact_float32(self.device):
             trained = train_cohort(request, backend, placed=self.placed("train"))
+        if plan.masks is not None:
+            params, losses, state = trained
+            trained = (params.masked_fill_(~plan.masks, 0.0), losses, state)
         return cohort, starts, trained
 
     def _keep_personal(

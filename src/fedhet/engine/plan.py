@@ -98,6 +98,13 @@ class LocalPlan:
     FedRep trains its head, then its body). ``phase`` orders several trainings of one round that read what an
     earlier one stored (a later phase sees the rows an earlier phase of the same round wrote).
 
+    ``masks`` (m, P) bool gives each client the coordinates it trains (a sub-model of the global model: HeteroFL's
+    width slices): the engine starts client k from its start point with the coordinates outside ``masks[k]`` set to
+    zero and returns them as zero (`fedhet.engine.engine.Engine.train`). That is training with those coordinates
+    frozen at zero whenever their gradient is zero there, as in a network whose masked-out hidden units have zero
+    incoming and outgoing weights and an activation with φ(0) = 0 (ReLU, GELU, Tanh), under an objective with no
+    term pulling them elsewhere (`anchor_free`); the strategy that sets masks checks this.
+
     Differential privacy (`fedhet.engine.privacy`): ``clip`` clips (and, for local DP, noises) the update each
     client sends, after its steps; ``dp_sgd`` makes every step a DP-SGD step (per-sample clipping and noise).
     """
@@ -116,6 +123,7 @@ class LocalPlan:
     starts: Tensor | None = None  # (m, P) each client's own start point (clients sent different models)
     clip: UpdateClip | None = None
     dp_sgd: ExampleDP | None = None
+    masks: Tensor | None = None  # (m, P) bool: the coordinates each client trains (the others: zero)
 
     def __post_init__(self) -> None:
         m = len(self.clients)
@@ -132,6 +140,10 @@ class LocalPlan:
             raise ValueError(f"a plan's start points must be ({m}, P)")
         if self.starts is not None and self.personal is not None:
             raise ValueError("a plan starts its clients from given points or from their personal parts, not both")
+        if self.masks is not None and (self.masks.dim() != 2 or len(self.masks) != m or self.masks.dtype != torch.bool):
+            raise ValueError(f"a plan's masks must be ({m}, P) bool")
+        if self.masks is not None and (self.personal is not None or self.clip is not None):
+            raise ValueError("a plan's masks do not combine with personal parts or update clipping")
         self.terms = tuple(self.terms)
         self.frozen = tuple(self.frozen)
 
@@ -171,7 +183,10 @@ class LocalPlan:
     def rows(self, keep: Tensor) -> LocalPlan:
         """The plan of the clients `keep` selects (indices into ``clients``)."""
         starts = self.starts[keep] if self.starts is not None else None
-        return replace(self, clients=self.clients[keep], steps=self.steps[keep], lr=self.lr[keep], starts=starts)
+        masks = self.masks[keep] if self.masks is not None else None
+        return replace(
+            self, clients=self.clients[keep], steps=self.steps[keep], lr=self.lr[keep], starts=starts, masks=masks
+        )
 
     @property
     def anchor_free(self) -> bool:

@@ -342,6 +342,12 @@ def privacy_ledger(
     """The run's privacy accounting when it asks for DP (`fedhet.privacy.ledger`; sets the noise from a target ε),
     after the refusals that need the built run (before anything is written)."""
     dp, sgd = find_dp(strategy), config.local.dp_sgd
+    masked = [part.name for part in strategy.parts() if part.sub_models]
+    if masked and (dp is not None or sgd is not None):
+        raise ConfigError(
+            f"'{masked[0]}' trains sub-models (sliced-off weights held at zero), which DP's clipping and noise "
+            "would move: differential privacy (algorithm dp, local.dp_sgd) does not combine with it"
+        )
     if dp is None and sgd is None:
         check_unused_privacy(config.privacy)
         return None

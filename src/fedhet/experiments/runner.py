@@ -593,6 +593,7 @@ def _evaluate(
         **personal,
         **outcome.columns,
     }
+    state.client_columns.update(exp.strategy.client_columns())
     if exp.privacy is not None:
         state.client_columns.update(exp.privacy.client_columns())
     view = RoundView(

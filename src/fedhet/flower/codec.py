@@ -74,6 +74,8 @@ def encode_plan(plan: LocalPlan, rows: Tensor | slice = slice(None)) -> Payload:
         config["phase"] = plan.phase
     if plan.starts is not None:
         arrays["starts"] = to_numpy(plan.starts[rows])
+    if plan.masks is not None:
+        arrays["masks"] = to_numpy(plan.masks[rows])
     if plan.clip is not None:
         config["clip"] = json.dumps(dataclasses.asdict(plan.clip))
     if plan.dp_sgd is not None:
@@ -101,6 +103,7 @@ def decode_plan(arrays: Arrays, config: Config) -> LocalPlan:
         frozen=tuple(str(name) for name in json.loads(str(config.get("frozen", "[]")))),
         phase=int(config.get("phase", 0)),
         starts=to_torch(arrays["starts"]) if "starts" in arrays else None,
+        masks=to_torch(arrays["masks"]).bool() if "masks" in arrays else None,
         clip=UpdateClip(**_fields(str(config["clip"]), UpdateClip)) if "clip" in config else None,
         dp_sgd=ExampleDP(**_fields(str(config["dp_sgd"]), ExampleDP)) if "dp_sgd" in config else None,
     )

@@ -106,6 +106,7 @@ class Strategy(Component):
 
     model_config = ConfigDict(extra="forbid", frozen=False, arbitrary_types_allowed=True)
     asynchronous: ClassVar[bool] = False  # an `AsynchronousStrategy`: updates arrive one by one, no rounds
+    sub_models: ClassVar[bool] = False  # its plans give clients sub-models (`LocalPlan.masks`): no DP (noise leaks)
     server_lr: float = Field(1.0, gt=0, description="global (server) learning rate η_g")
     server_optimizer: ServerOptimizer = Field(
         default_factory=ServerSGD, description="sgd, momentum (FedAvgM), adagrad, adam or yogi (FedOpt)"
@@ -211,6 +212,10 @@ class Strategy(Component):
 
     def round_metrics(self) -> dict[str, float]:
         """Extra per-round numbers to log (e.g. the sum of MaxFL's weights)."""
+        return {}
+
+    def client_columns(self) -> dict[str, Tensor]:
+        """Extra clients.csv columns (K,) after an evaluated round (e.g. HeteroFL's ``capacity``); default: none."""
         return {}
 
     def participation_log(self) -> dict[str, np.ndarray]:
