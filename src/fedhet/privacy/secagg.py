@@ -205,14 +205,14 @@ def unmask(y: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.ndarra
         return None
     total = y.sum(axis=0, dtype=np.uint64) & mod  # uint64 wraps mod 2^64, a multiple of 2^b
     seeds = []
-    for u in survivors:
-        held = keys.surviving_shares(int(u), alive, "seed")
+    for u in map(int, survivors):
+        held = keys.surviving_shares(u, alive, "seed")
         if len(held) < keys.threshold:
             return None
         seeds.append(reconstruct(held, keys.threshold))
     total = (total - prg(np.array(seeds, dtype=np.uint64), y.shape[1], bits).sum(axis=0, dtype=np.uint64)) & mod
-    for v in np.flatnonzero(~alive):
-        held = keys.surviving_shares(int(v), alive, "secret")
+    for v in map(int, np.flatnonzero(~alive)):
+        held = keys.surviving_shares(v, alive, "secret")
         if len(held) < keys.threshold:
             return None
         secret = reconstruct(held, keys.threshold)
@@ -241,9 +241,7 @@ class SecAgg(Wrapper):
     (``secagg_failed``) and leaves the model unchanged."""
 
     name: ClassVar[str] = "secagg"
-    description: ClassVar[str] = (
-        "secure aggregation (SecAgg+, simulated): masked, quantised updates of any weighted mean"
-    )
+    description: ClassVar[str] = "secure aggregation (SecAgg+, simulated): masked, quantised updates of a weighted mean"
     base: str | dict[str, Any] = Field("fedavg", description="the strategy whose weighted mean is aggregated securely")
     bits: int = Field(32, ge=8, le=62, description="b: updates are quantised to integers mod 2^b")
     clip: float = Field(1.0, gt=0, description="c: each coordinate of p_k Δ_k is clipped to [-c, c] before quantising")
