@@ -21,7 +21,7 @@ weighted mean of the survivors' updates for weights proportional to public numbe
 What is simulated: the integer arithmetic, the graph, the key agreement (over the Mersenne prime 2^127 − 1, no
 real security), Shamir's scheme (exact integers over the same prime field), the dropouts and the recovery. What is
 not: encryption of the shares, signatures, a malicious server, dropouts during unmasking. The PRG is a vectorised
-counter-based SplitMix64 (`prg`), not a cryptographic one.
+NumPy's PCG64 (`prg`), not a cryptographic one.
 """
 
 from __future__ import annotations
@@ -44,9 +44,6 @@ from fedhet.strategies.wrapper import Wrapper
 PRIME = 2**127 - 1  # the field of Shamir's shares and the group of the simulated Diffie-Hellman
 GENERATOR = 3
 FIELD_BYTES = 16  # one field element (a share, a public key) on the wire
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
 
 
 # --- quantisation -------------------------------------------------------------------------------------------------
@@ -67,9 +64,9 @@ def quantise(
 ) -> np.ndarray:
     """x (…, P) clipped to [−c, c], scaled by `levels`, rounded (stochastic: ⌊v + U⌋, unbiased; deterministic: to
     the nearest) and taken mod 2^b (two's complement), as uint64."""
-    v = x.double().clamp(-clip, clip).numpy() * levels(bits, clip, n)
-    q = np.floor(v + rng.random(v.shape)) if rounding == "stochastic" else np.rint(v)
-    return q.astype(np.int64).astype(np.uint64) & np.uint64(2**bits - 1)
+    v = x.to(torch.float64).clamp(-clip, clip).mul_(levels(bits, clip, n))
+    v = v.add_(torch.from_numpy(rng.random(tuple(v.shape)))).floor_() if rounding == "stochastic" else v.round_()
+    return v.to(torch.int64).numpy().view(np.uint64) & np.uint64(2**bits - 1)
 
 
 def dequantise(total: np.ndarray, bits: int, clip: float, n: int) -> Tensor:
@@ -83,13 +80,12 @@ def dequantise(total: np.ndarray, bits: int, clip: float, n: int) -> Tensor:
 
 
 def prg(seeds: np.ndarray, size: int, bits: int) -> np.ndarray:
-    """(len(seeds), size) uint64 values mod 2^b: SplitMix64 of seed·φ + counter, one row per seed (vectorised)."""
-    with np.errstate(over="ignore"):
-        z = np.asarray(seeds, dtype=np.uint64)[:, None] * _GOLDEN + np.arange(1, size + 1, dtype=np.uint64) * _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _MIX1
-        z = (z ^ (z >> np.uint64(27))) * _MIX2
-        z ^= z >> np.uint64(31)
-    return z & np.uint64(2**bits - 1)
+    """(len(seeds), size) uint64 values, uniform mod 2^b: NumPy's PCG64 seeded by each seed, one row per seed (a
+    real deployment would use a cryptographic PRG such as AES in counter mode)."""
+    out = np.empty((len(seeds), size), dtype=np.uint64)
+    for row, seed in zip(out, np.asarray(seeds, dtype=np.uint64).tolist(), strict=True):
+        row[:] = np.random.Generator(np.random.PCG64(seed)).integers(0, 2**bits, size=size, dtype=np.uint64)
+    return out
 
 
 def default_degree(n: int) -> int:
@@ -186,12 +182,11 @@ def masked_inputs(x: np.ndarray, keys: Keys, bits: int) -> np.ndarray:
     y = (x + prg(np.array(keys.self_seed, dtype=np.uint64), x.shape[1], bits)) & mod
     if keys.n > 1:
         us, vs, seeds = keys.pairs()
-        for start in range(0, len(seeds), 256):  # the pair masks in blocks, to bound memory
-            block = slice(start, start + 256)
-            masks = prg(seeds[block], x.shape[1], bits)
-            np.add.at(y, us[block], masks)
-            np.add.at(y, vs[block], (mod + np.uint64(1) - masks) & mod)  # −m mod 2^b
-            y &= mod
+        for u, v, seed in zip(us, vs, seeds, strict=True):
+            mask = prg(seed[None], x.shape[1], bits)[0]
+            y[u] += mask  # uint64 wraps mod 2^64, a multiple of 2^b
+            y[v] -= mask
+        y &= mod
     return y
 
 
