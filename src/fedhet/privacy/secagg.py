@@ -38,7 +38,7 @@ from torch import Tensor
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import ConfigError
 from fedhet.privacy.strategy import weights_of
-from fedhet.seeding import numpy_rng
+from fedhet.seeding import numpy_rng, torch_gen
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train
 from fedhet.strategies.wrapper import Wrapper
 
@@ -61,12 +61,15 @@ def quantise(
     clip: float,
     n: int,
     rounding: Literal["stochastic", "deterministic"],
-    rng: np.random.Generator,
+    gen: torch.Generator | None = None,
 ) -> np.ndarray:
     """x (…, P) clipped to [−c, c], scaled by `levels`, rounded (stochastic: ⌊v + U⌋, unbiased; deterministic: to
     the nearest) and taken mod 2^b (two's complement), as uint64."""
     v = x.to(torch.float64).clamp(-clip, clip).mul_(levels(bits, clip, n))
-    v = v.add_(torch.from_numpy(rng.random(tuple(v.shape)))).floor_() if rounding == "stochastic" else v.round_()
+    if rounding == "stochastic":
+        v.add_(torch.rand(v.shape, generator=gen, dtype=torch.float64)).floor_()
+    else:
+        v.round_()
     return v.to(torch.int64).numpy().view(np.uint64) & np.uint64(2**bits - 1)
 
 
@@ -131,7 +134,13 @@ def pair_seed(secret: int, other_public: int) -> int:
 def share(secret: int, holders: int, threshold: int, rng: np.random.Generator) -> list[tuple[int, int]]:
     """Shamir's t-of-n shares (x, f(x)) for x = 1…holders of f(z) = s + a₁z + … + a_{t−1}z^(t−1) over GF(P)."""
     coeffs = [secret % PRIME] + [int.from_bytes(rng.bytes(16), "little") % PRIME for _ in range(threshold - 1)]
-    return [(x, sum(c * pow(x, i, PRIME) for i, c in enumerate(coeffs)) % PRIME) for x in range(1, holders + 1)]
+    out = []
+    for x in range(1, holders + 1):
+        y = 0
+        for c in reversed(coeffs):  # Horner's rule
+            y = (y * x + c) % PRIME
+        out.append((x, y))
+    return out
 
 
 def reconstruct(shares: list[tuple[int, int]], threshold: int) -> int:
@@ -198,7 +207,8 @@ def masked_sum(x: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.nd
     mod = np.uint64(2**bits - 1)
     survivors = np.flatnonzero(alive)
     own = prg(np.array([keys.self_seed[u] for u in survivors], dtype=np.uint64), x.shape[1], bits)
-    total = x[survivors].sum(axis=0, dtype=np.uint64) + own.sum(axis=0, dtype=np.uint64)
+    inputs = x if alive.all() else x[survivors]
+    total = inputs.sum(axis=0, dtype=np.uint64) + own.sum(axis=0, dtype=np.uint64)
     return (
         total + _unmatched(alive, keys, x.shape[1], bits, lambda u, v: pair_seed(keys.secret[u], keys.public[v]))
     ) & mod
@@ -333,14 +343,9 @@ class SecAgg(Wrapper):
         keys = Keys(n, k, t, rng)
         weights = self.inner.aggregation_weights(round_, result)
         assert weights is not None  # check_base refused bases without them
-        x = quantise(
-            weights.double()[:, None] * result.updates(global_params).double(),
-            self.bits,
-            self.clip,
-            n,
-            self.rounding,
-            rng,
-        )
+        gen = torch_gen(self.ctx.seed, "secagg-rounding", round_)
+        weighted = result.updates(global_params).double().mul_(weights.double()[:, None])  # p_u Δ_u, folded in
+        x = quantise(weighted, self.bits, self.clip, n, self.rounding, gen)
         order = np.searchsorted(cohort.numpy(), result.clients.numpy())
         inputs = _rows(x, order, n)
         if self.masks == "all":
@@ -372,6 +377,8 @@ class SecAgg(Wrapper):
 
 def _rows(x: np.ndarray, order: np.ndarray, n: int) -> np.ndarray:
     """The survivors' quantised inputs at their rows of the cohort (zeros for the dropouts, whose y never arrives)."""
+    if len(order) == n:
+        return x
     out = np.zeros((n, x.shape[1]), dtype=np.uint64)
     out[order] = x
     return out
