@@ -27,6 +27,7 @@ NumPy's PCG64 (`prg`), not a cryptographic one.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
@@ -36,7 +37,7 @@ from pydantic import Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, FedhetNote
 from fedhet.privacy.strategy import weights_of
 from fedhet.seeding import numpy_rng, torch_gen
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train
@@ -282,6 +283,7 @@ class SecAgg(Wrapper):
 
     _cohort: Tensor | None = PrivateAttr(None)
     _last: dict[str, float] = PrivateAttr(default_factory=dict)
+    _noted: bool = PrivateAttr(False)  # the first failed round of a run is a note
 
     @classmethod
     def check_base(cls, built: Strategy) -> None:
@@ -294,7 +296,7 @@ class SecAgg(Wrapper):
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
-        self._last = {}
+        self._last, self._noted = {}, False
         if 2 ** (self.bits - 1) - 1 < 2 * ctx.clients_per_round * 2**7:
             raise ConfigError(
                 f"algorithm.bits {self.bits} leaves too few quantisation levels for {ctx.clients_per_round} clients "
@@ -357,6 +359,15 @@ class SecAgg(Wrapper):
         total = unmask(masked, alive, keys, self.bits)
         self._last = self._columns(global_params.numel(), k, t, int((~alive).sum()), failed=total is None)
         if total is None:
+            if not self._noted:
+                self._noted = True
+                warnings.warn(
+                    f"round {round_ + 1}: secure aggregation failed ({int((~alive).sum())} of {n} clients dropped, "
+                    f"and some secret kept fewer than t = {t} share holders), so the model did not change; "
+                    "metrics.csv marks such rounds (secagg_failed); lower algorithm.threshold or the dropouts",
+                    FedhetNote,
+                    stacklevel=2,
+                )
             return global_params
         direction = dequantise(total, self.bits, self.clip, n) / float(weights.double().sum())
         return self.inner.server_step(global_params, direction.to(global_params.dtype))
