@@ -68,7 +68,7 @@ def quantise(
     the nearest) and taken mod 2^b (two's complement), as uint64."""
     v = x.to(torch.float64).clamp(-clip, clip).mul_(levels(bits, clip, n))
     if rounding == "stochastic":
-        v.add_(torch.rand(v.shape, generator=gen, dtype=torch.float64)).floor_()
+        v.add_(torch.rand(v.shape, generator=gen)).floor_()  # float32 U: 2^-24 of a level is ample
     else:
         v.round_()
     return v.to(torch.int64).numpy().view(np.uint64) & np.uint64(2**bits - 1)
