@@ -3,8 +3,10 @@ cancel exactly over seeds and dropout patterns, failed rounds, the bytes formula
 
 from __future__ import annotations
 
+import csv
 import itertools
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,9 @@ from fedhet.cli.main import app
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import ConfigError, FedhetNote
+from fedhet.experiments.callbacks import Callback
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.runner import RunState, resume, run
 from fedhet.privacy.secagg import (
     Keys,
     SecAgg,
@@ -163,16 +168,47 @@ def test_wrapper_round_with_too_many_dropouts_leaves_the_model() -> None:
     assert secure.round_metrics()["secagg_failed"] == 1
 
 
+class _Interrupt(Callback):
+    def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+        if state.round == 2:
+            raise KeyboardInterrupt
+        return False
+
+
+def test_a_run_with_dropouts_reports_them_and_resumes_identically(tmp_path: Path) -> None:
+    config = {
+        "dataset": "digits",
+        "model": {"name": "mlp", "hidden": [8]},
+        "num_clients": 12,
+        "clients_per_round": 8,
+        "rounds": 4,
+        "local": {"steps": 2, "lr": 0.1, "batch_size": 8},
+        "algorithm": {"name": "secagg", "degree": 4, "threshold": 2},
+        "system": "lognormal",
+        "deadline": {"seconds": 0.5},
+        "seed": 1,
+    }
+    cfg = parse_config(config)
+    run(cfg, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "cut", callbacks=[_Interrupt()])
+    resume(tmp_path / "cut")
+    text = (tmp_path / "full/metrics.csv").read_text()
+    assert (tmp_path / "cut/metrics.csv").read_text() == text
+    rows = list(csv.DictReader(text.splitlines()))
+    assert [float(r["secagg_dropouts"]) for r in rows] == [float(r["late_clients"]) for r in rows]
+    assert any(float(r["secagg_dropouts"]) > 0 for r in rows)
+    assert all(float(r["secagg_failed"]) == 0 for r in rows)  # recovered from the neighbours' shares
+
+
 def test_wrapper_refuses_a_base_without_weights() -> None:
     with pytest.raises(ConfigError, match="weighted sum"):
         STRATEGIES.build({"name": "secagg", "base": "median"})
     assert isinstance(STRATEGIES.build("secagg"), SecAgg)
 
 
-def test_cli_refuses_a_median_base_in_one_line(tmp_path: object) -> None:
-    from pathlib import Path
-
-    out = Path(str(tmp_path)) / "run"
+def test_cli_refuses_a_median_base_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "run"
     args = ["run", "--algorithm", "secagg", "--set", "algorithm.base=median", "--out", str(out), "--quiet"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2

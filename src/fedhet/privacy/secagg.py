@@ -269,7 +269,9 @@ class SecAgg(Wrapper):
 
     name: ClassVar[str] = "secagg"
     description: ClassVar[str] = "secure aggregation (SecAgg+, simulated): masked, quantised updates of a weighted mean"
-    base: str | dict[str, Any] = Field("fedavg", description="the strategy whose weighted mean is aggregated securely")
+    base: str | dict[str, Any] = Field(
+        "fedavg", validate_default=True, description="the strategy whose weighted mean is aggregated securely"
+    )
     bits: int = Field(32, ge=8, le=62, description="b: updates are quantised to integers mod 2^b")
     clip: float = Field(1.0, gt=0, description="c: each coordinate of p_k Δ_k is clipped to [-c, c] before quantising")
     rounding: Literal["stochastic", "deterministic"] = Field(
