@@ -124,7 +124,7 @@ def test_client_bytes_formula() -> None:
 
 
 def _engine() -> Engine:
-    return Engine(linear_model(), tiny_data(SIZES, seed=1), backend="vectorised", seed=3)
+    return Engine(linear_model(), tiny_data(SIZES, seed=1), backend="dense", seed=3)
 
 
 def _round(strategy: Strategy, engine: Engine, drop: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
