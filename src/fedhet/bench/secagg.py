@@ -13,20 +13,22 @@ from fedhet.strategies.base import ServerContext, Strategy
 from fedhet.strategies.fedavg import FedAvg
 
 
-def secagg_round(reps: int = 3, backend: str = "dense") -> CostRow:
-    """A SecAgg+ round against a FedAvg round of the MLP workload on one engine and backend."""
+def secagg_round(reps: int = 3, backend: str = "dense", **settings: object) -> CostRow:
+    """A SecAgg+ round (`settings` change the wrapper's, e.g. ``rounding="deterministic"``) against a FedAvg round
+    of the MLP workload on one engine and backend."""
     engine = workload_engine(MLP, backend)
-    strategies: list[Strategy] = [FedAvg(), SecAgg()]
+    strategies: list[Strategy] = [FedAvg(), SecAgg(**settings)]
     for strategy in strategies:
         strategy.setup(ServerContext(engine, engine.local, 0, MLP.clients))
     avg, secure = round_runners(strategies, engine, torch.arange(MLP.clients))
     secure_s, avg_s = in_turns(secure, avg, reps)
-    return CostRow(f"SecAgg+ round ({backend})", "FedAvg round", secure_s, avg_s, 1.5)
+    what = ", ".join(f"{k}={v}" for k, v in settings.items())
+    return CostRow(f"SecAgg+ round ({what or 'defaults'}; {backend})", "FedAvg round", secure_s, avg_s, 1.5)
 
 
 def main() -> None:
     torch.set_num_threads(1)
-    print_rows([secagg_round()], "no goal")
+    print_rows([secagg_round(), secagg_round(rounding="deterministic"), secagg_round(masks="all")], "no goal")
 
 
 if __name__ == "__main__":  # pragma: no cover

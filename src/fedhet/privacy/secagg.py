@@ -277,8 +277,12 @@ class SecAgg(Wrapper):
     rounding: Literal["stochastic", "deterministic"] = Field(
         "stochastic", description="stochastic (unbiased) or deterministic (nearest) rounding"
     )
-    degree: int | None = Field(None, ge=2, description="k: neighbours per client (None: 2*ceil(1.5 log2 n))")
-    threshold: int | None = Field(None, ge=1, description="t: shares needed to rebuild a secret (None: k // 2 + 1)")
+    degree: int | None = Field(
+        None, ge=2, description="k: neighbours per client, made even, at most n-1 (None: 2*ceil(1.5 log2 n))"
+    )
+    threshold: int | None = Field(
+        None, ge=1, description="t: shares needed to rebuild a secret, at most k (None: k // 2 + 1)"
+    )
     masks: Literal["net", "all"] = Field(
         "net", description="net: only the masks that do not cancel; all: every client's masked vector (slower)"
     )
