@@ -20,8 +20,8 @@ weighted mean of the survivors' updates for weights proportional to public numbe
 
 What is simulated: the integer arithmetic, the graph, the key agreement (over the Mersenne prime 2^127 − 1, no
 real security), Shamir's scheme (exact integers over the same prime field), the dropouts and the recovery. What is
-not: encryption of the shares, signatures, a malicious server, dropouts during unmasking. The PRG is a vectorised
-NumPy's PCG64 (`prg`), not a cryptographic one.
+not: encryption of the shares, signatures, a malicious server, dropouts during unmasking. The PRG is NumPy's
+PCG64 (`prg`), not a cryptographic one.
 """
 
 from __future__ import annotations
@@ -344,8 +344,11 @@ class SecAgg(Wrapper):
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         cohort = self._cohort if self._cohort is not None else result.clients
-        alive = np.isin(cohort.numpy(), result.clients.numpy())
+        index = {c: i for i, c in enumerate(cohort.tolist())}
+        order = np.array([index[c] for c in result.clients.tolist()], dtype=np.int64)  # survivors' cohort rows
         n = len(cohort)
+        alive = np.zeros(n, dtype=bool)
+        alive[order] = True
         k, t = self.sizes(n)
         rng = numpy_rng(self.ctx.seed, "secagg", round_)
         keys = Keys(n, k, t, rng)
@@ -354,7 +357,6 @@ class SecAgg(Wrapper):
         gen = torch_gen(self.ctx.seed, "secagg-rounding", round_)
         weighted = result.updates(global_params).double().mul_(weights.double()[:, None])  # p_u Δ_u, folded in
         x = quantise(weighted, self.bits, self.clip, n, self.rounding, gen)
-        order = np.searchsorted(cohort.numpy(), result.clients.numpy())
         inputs = _rows(x, order, n)
         if self.masks == "all":
             masked = masked_inputs(inputs, keys, self.bits)[alive].sum(axis=0, dtype=np.uint64) & np.uint64(
@@ -394,7 +396,7 @@ class SecAgg(Wrapper):
 
 def _rows(x: np.ndarray, order: np.ndarray, n: int) -> np.ndarray:
     """The survivors' quantised inputs at their rows of the cohort (zeros for the dropouts, whose y never arrives)."""
-    if len(order) == n:
+    if np.array_equal(order, np.arange(n)):
         return x
     out = np.zeros((n, x.shape[1]), dtype=np.uint64)
     out[order] = x
