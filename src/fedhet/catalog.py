@@ -32,6 +32,7 @@ from fedhet.metrics.base import METRIC_PLUGINS
 from fedhet.models import fedmgda as fedmgda_models
 from fedhet.models import torch_model, zoo
 from fedhet.models.base import MODELS
+from fedhet.privacy import secagg
 from fedhet.privacy import strategy as dp_strategy
 from fedhet.strategies import (
     afl,

@@ -1,0 +1,403 @@
+"""Secure aggregation, simulated: SecAgg (Bonawitz et al., CCS 2017) on a sparse k-regular graph as in SecAgg+
+(Bell et al., CCS 2020), as a wrapper around a base strategy (``base:``).
+
+Each round, every selected client u
+
+1. folds its public weight into its update and quantises it: x_u = Q(p_u Δ_u) ∈ Z_{2^b}, coordinates clipped to
+   [−c, c] and scaled by L = (2^(b−1) − 1)/(n c) so that the sum of n of them cannot wrap (`quantise`);
+2. agrees a pair seed s_uv with each neighbour v of a k-regular graph (a Harary graph with randomly relabelled
+   nodes, Bell et al. §4) by Diffie–Hellman, s_uv = g^(sk_u sk_v) mod P (`pair_seed`);
+3. Shamir-shares (threshold t) its self-mask seed b_u and its secret key sk_u among its k neighbours (`share`);
+4. sends y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u)} ±PRG(s_uv) mod 2^b, + for v > u and − for v < u (Bonawitz et al.,
+   eq. (1); `masked_inputs`).
+
+Clients lost before y_u arrives (``LocalResult.dropped``: late for a deadline, a lost node) are the dropouts: the
+server asks each survivor's neighbours for shares of b_u and each dropout's neighbours for shares of sk_v, rebuilds
+them with any t shares, and removes the self-masks and the pairwise masks left unmatched (`unmask`). If some secret
+has fewer than t surviving share holders (or fewer than t clients survive) the round fails: ``secagg_failed`` is 1
+and the model does not change. The server then divides the exact sum by Σ_u p_u over the survivors: the base's
+weighted mean of the survivors' updates for weights proportional to public numbers (FedAvg's sample counts or 1).
+
+What is simulated: the integer arithmetic, the graph, the key agreement (over the Mersenne prime 2^127 − 1, no
+real security), Shamir's scheme (exact integers over the same prime field), the dropouts and the recovery. What is
+not: encryption of the shares, signatures, a malicious server, dropouts during unmasking. The PRG is NumPy's
+PCG64 (`prg`), not a cryptographic one.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, PrivateAttr
+from torch import Tensor
+
+from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.errors import ConfigError, FedhetNote
+from fedhet.privacy.strategy import weights_of
+from fedhet.seeding import numpy_rng, torch_gen
+from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train
+from fedhet.strategies.wrapper import Wrapper
+
+PRIME = 2**127 - 1  # the field of Shamir's shares and the group of the simulated Diffie-Hellman
+GENERATOR = 3
+FIELD_BYTES = 16  # one field element (a share, a public key) on the wire
+
+
+# --- quantisation -------------------------------------------------------------------------------------------------
+
+
+def levels(bits: int, clip: float, n: int) -> float:
+    """L = (2^(b−1) − 1)/(n c): the scale of `quantise`, so that n values in [−c, c] sum without wrapping mod 2^b."""
+    return (2 ** (bits - 1) - 1) / (n * clip)
+
+
+def quantise(
+    x: Tensor,
+    bits: int,
+    clip: float,
+    n: int,
+    rounding: Literal["stochastic", "deterministic"],
+    gen: torch.Generator | None = None,
+) -> np.ndarray:
+    """x (…, P) clipped to [−c, c], scaled by `levels`, rounded (stochastic: ⌊v + U⌋, unbiased; deterministic: to
+    the nearest) and taken mod 2^b (two's complement), as uint64."""
+    v = x.to(torch.float64).clamp(-clip, clip).mul_(levels(bits, clip, n))
+    if rounding == "stochastic":
+        v.add_(torch.rand(v.shape, generator=gen)).floor_()  # float32 U: 2^-24 of a level is ample
+    else:
+        v.round_()
+    return v.to(torch.int64).numpy().view(np.uint64) & np.uint64(2**bits - 1)
+
+
+def dequantise(total: np.ndarray, bits: int, clip: float, n: int) -> Tensor:
+    """The signed value of a sum mod 2^b (≥ 2^(b−1): negative), over the scale L: Σ x_u within n/L (deterministic
+    rounding: n/(2L)) per coordinate."""
+    signed = total.astype(np.int64) - np.where(total >= 2 ** (bits - 1), np.int64(2**bits), np.int64(0))
+    return torch.from_numpy(signed.astype(np.float64) / levels(bits, clip, n))
+
+
+# --- PRG, graph, key agreement, Shamir ----------------------------------------------------------------------------
+
+
+def prg(seeds: np.ndarray, size: int, bits: int) -> np.ndarray:
+    """(len(seeds), size) uint64 values, uniform mod 2^b: NumPy's PCG64 seeded by each seed, one row per seed (a
+    real deployment would use a cryptographic PRG such as AES in counter mode)."""
+    out = np.empty((len(seeds), size), dtype=np.uint64)
+    for row, seed in zip(out, np.asarray(seeds, dtype=np.uint64).tolist(), strict=True):
+        row[:] = np.random.Generator(np.random.PCG64(seed)).integers(0, 2**bits, size=size, dtype=np.uint64)
+    return out
+
+
+def default_degree(n: int) -> int:
+    """k = O(log n) (Bell et al. 2020): the even number 2⌈1.5 log₂ n⌉, at most n − 1 (then the complete graph,
+    i.e. SecAgg); n = 100 → 20."""
+    return min(n - 1, 2 * math.ceil(1.5 * math.log2(max(n, 2))))
+
+
+def default_threshold(degree: int) -> int:
+    """t = ⌊k/2⌋ + 1: a strict majority of a client's k share holders (Bell et al.; Bonawitz et al. need t > n/2
+    against an honest-but-curious server)."""
+    return degree // 2 + 1
+
+
+def harary_graph(n: int, degree: int, rng: np.random.Generator) -> list[list[int]]:
+    """The neighbours of each of n nodes in the Harary graph H(n, k) with randomly relabelled nodes: node i is joined
+    to i ± 1, …, i ± k/2 (mod n), k even; k ≥ n − 1 gives the complete graph."""
+    if degree >= n - 1:
+        return [[v for v in range(n) if v != u] for u in range(n)]
+    if degree % 2:
+        raise ValueError(f"a Harary graph on any n needs an even degree, not {degree}")
+    label = rng.permutation(n)
+    out: list[set[int]] = [set() for _ in range(n)]
+    for i in range(n):
+        for j in range(1, degree // 2 + 1):
+            a, b = int(label[i]), int(label[(i + j) % n])
+            out[a].add(b)
+            out[b].add(a)
+    return [sorted(s) for s in out]
+
+
+def public_key(secret: int) -> int:
+    """g^sk mod P (simulated Diffie–Hellman)."""
+    return pow(GENERATOR, secret, PRIME)
+
+
+def pair_seed(secret: int, other_public: int) -> int:
+    """s_uv = (g^sk_v)^sk_u mod P, the same from either side, reduced to a 64-bit PRG seed."""
+    return pow(other_public, secret, PRIME) % 2**64
+
+
+def share(secret: int, holders: int, threshold: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+    """Shamir's t-of-n shares (x, f(x)) for x = 1…holders of f(z) = s + a₁z + … + a_{t−1}z^(t−1) over GF(P)."""
+    coeffs = [secret % PRIME] + [int.from_bytes(rng.bytes(16), "little") % PRIME for _ in range(threshold - 1)]
+    out = []
+    for x in range(1, holders + 1):
+        y = 0
+        for c in reversed(coeffs):  # Horner's rule
+            y = (y * x + c) % PRIME
+        out.append((x, y))
+    return out
+
+
+def reconstruct(shares: list[tuple[int, int]], threshold: int) -> int:
+    """f(0) by Lagrange interpolation from `threshold` of the shares; ValueError with fewer."""
+    if len(shares) < threshold:
+        raise ValueError(f"{len(shares)} shares cannot rebuild a secret of threshold {threshold}")
+    picked = shares[:threshold]
+    total = 0
+    for j, (xj, yj) in enumerate(picked):
+        num, den = 1, 1
+        for m, (xm, _) in enumerate(picked):
+            if m != j:
+                num, den = num * -xm % PRIME, den * (xj - xm) % PRIME
+        total = (total + yj * num * pow(den, -1, PRIME)) % PRIME
+    return total
+
+
+# --- one round ----------------------------------------------------------------------------------------------------
+
+
+class Keys:
+    """A cohort's secrets for one round: the graph, secret keys sk_u, self-mask seeds b_u, and their shares (the
+    i-th share of u's secrets is held by u's i-th neighbour)."""
+
+    def __init__(self, n: int, degree: int, threshold: int, rng: np.random.Generator) -> None:
+        self.n, self.degree, self.threshold = n, min(degree, n - 1), threshold
+        self.graph = harary_graph(n, self.degree, rng)
+        self.secret = [1 + int.from_bytes(rng.bytes(16), "little") % (PRIME - 2) for _ in range(n)]
+        self.public = [public_key(s) for s in self.secret]
+        self.self_seed = [int(s) for s in rng.integers(0, 2**63, size=n)]
+        self.secret_shares = [share(s, len(g), threshold, rng) for s, g in zip(self.secret, self.graph, strict=True)]
+        self.seed_shares = [share(s, len(g), threshold, rng) for s, g in zip(self.self_seed, self.graph, strict=True)]
+
+    def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every edge (u < v) and its seed s_uv, agreed from u's side."""
+        us, vs = zip(*[(u, v) for u in range(self.n) for v in self.graph[u] if u < v], strict=True)
+        seeds = [pair_seed(self.secret[u], self.public[v]) for u, v in zip(us, vs, strict=True)]
+        return np.array(us), np.array(vs), np.array(seeds, dtype=np.uint64)
+
+    def surviving_shares(self, owner: int, alive: np.ndarray, of: Literal["secret", "seed"]) -> list[tuple[int, int]]:
+        """The shares of `owner`'s secret key or self-mask seed that its surviving neighbours reveal."""
+        shares = self.secret_shares[owner] if of == "secret" else self.seed_shares[owner]
+        return [s for s, holder in zip(shares, self.graph[owner], strict=True) if alive[holder]]
+
+
+def masked_inputs(x: np.ndarray, keys: Keys, bits: int) -> np.ndarray:
+    """y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u), v > u} PRG(s_uv) − Σ_{v ∈ N(u), v < u} PRG(s_uv) mod 2^b, for all n."""
+    mod = np.uint64(2**bits - 1)
+    y = (x + prg(np.array(keys.self_seed, dtype=np.uint64), x.shape[1], bits)) & mod
+    if keys.n > 1:
+        us, vs, seeds = keys.pairs()
+        for u, v, seed in zip(us, vs, seeds, strict=True):
+            mask = prg(seed[None], x.shape[1], bits)[0]
+            y[u] += mask  # uint64 wraps mod 2^64, a multiple of 2^b
+            y[v] -= mask
+        y &= mod
+    return y
+
+
+def masked_sum(x: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.ndarray:
+    """Σ_{u alive} y_u mod 2^b without forming each y_u: the survivors' inputs, self-masks, and only the pair masks
+    that do not cancel (towards a dropout); the same integers as summing `masked_inputs`' rows, at a fraction of
+    the cost (the pair masks between survivors cancel exactly, as the tests check)."""
+    mod = np.uint64(2**bits - 1)
+    survivors = np.flatnonzero(alive)
+    own = prg(np.array([keys.self_seed[u] for u in survivors], dtype=np.uint64), x.shape[1], bits)
+    inputs = x if alive.all() else x[survivors]
+    total = inputs.sum(axis=0, dtype=np.uint64) + own.sum(axis=0, dtype=np.uint64)
+    return (
+        total + _unmatched(alive, keys, x.shape[1], bits, lambda u, v: pair_seed(keys.secret[u], keys.public[v]))
+    ) & mod
+
+
+def _unmatched(alive: np.ndarray, keys: Keys, size: int, bits: int, seed: Callable[[int, int], int]) -> np.ndarray:
+    """Σ over edges (u alive, v dropped) of the mask survivor u added for v: +PRG(s_uv) for u < v, −PRG(s_uv) for
+    u > v (mod 2^64); `seed(u, v)` gives s_uv."""
+    total = np.zeros(size, dtype=np.uint64)
+    for v in map(int, np.flatnonzero(~alive)):
+        for u in keys.graph[v]:
+            if alive[u]:
+                mask = prg(np.array([seed(u, v)], dtype=np.uint64), size, bits)[0]
+                total = total + mask if u < v else total - mask
+    return total
+
+
+def unmask(total: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.ndarray | None:
+    """Σ_{u alive} x_u mod 2^b from the masked sum Σ_{u alive} y_u: the survivors' self-masks rebuilt from shares of
+    b_u, the pair masks towards each dropout v from sk_v rebuilt from its neighbours' shares. None when a secret
+    has fewer than t surviving share holders, or fewer than t clients survive (the round fails)."""
+    mod = np.uint64(2**bits - 1)
+    survivors = np.flatnonzero(alive)
+    if len(survivors) < keys.threshold:
+        return None
+    seeds, secrets = [], {}
+    for u in map(int, survivors):
+        held = keys.surviving_shares(u, alive, "seed")
+        if len(held) < keys.threshold:
+            return None
+        seeds.append(reconstruct(held, keys.threshold))
+    for v in map(int, np.flatnonzero(~alive)):
+        held = keys.surviving_shares(v, alive, "secret")
+        if len(held) < keys.threshold:
+            return None
+        secrets[v] = reconstruct(held, keys.threshold)
+    own = prg(np.array(seeds, dtype=np.uint64), len(total), bits).sum(axis=0, dtype=np.uint64)
+    unmatched = _unmatched(alive, keys, len(total), bits, lambda u, v: pair_seed(secrets[v], keys.public[u]))
+    return (total - own - unmatched) & mod
+
+
+def client_bytes(size: int, bits: int, degree: int) -> int:
+    """Bytes a client sends and receives in a round: its masked vector ⌈P b/8⌉, two shares (of b_u and of sk_u) to
+    each of its k neighbours, and k + 1 public keys (its own and its neighbours'), 16-byte field elements; O(k + P),
+    i.e. O(log n + P) with SecAgg+'s degree (Bell et al. 2020, Table 1) against SecAgg's O(n + P)."""
+    return math.ceil(size * bits / 8) + 2 * degree * FIELD_BYTES + (degree + 1) * FIELD_BYTES
+
+
+# --- the wrapper --------------------------------------------------------------------------------------------------
+
+
+@STRATEGIES.register
+class SecAgg(Wrapper):
+    """The base's weighted mean computed by secure aggregation (SecAgg+): quantised, masked updates whose masks
+    cancel in the sum, dropouts recovered from Shamir shares; a round with too few survivors fails
+    (``secagg_failed``) and leaves the model unchanged."""
+
+    name: ClassVar[str] = "secagg"
+    description: ClassVar[str] = "secure aggregation (SecAgg+, simulated): masked, quantised updates of a weighted mean"
+    base: str | dict[str, Any] = Field(
+        "fedavg", validate_default=True, description="the strategy whose weighted mean is aggregated securely"
+    )
+    bits: int = Field(32, ge=8, le=62, description="b: updates are quantised to integers mod 2^b")
+    clip: float = Field(1.0, gt=0, description="c: each coordinate of p_k Δ_k is clipped to [-c, c] before quantising")
+    rounding: Literal["stochastic", "deterministic"] = Field(
+        "stochastic", description="stochastic (unbiased) or deterministic (nearest) rounding"
+    )
+    degree: int | None = Field(
+        None, ge=2, description="k: neighbours per client, made even, at most n-1 (None: 2*ceil(1.5 log2 n))"
+    )
+    threshold: int | None = Field(
+        None, ge=1, description="t: shares needed to rebuild a secret, at most k (None: k // 2 + 1)"
+    )
+    masks: Literal["net", "all"] = Field(
+        "net", description="net: only the masks that do not cancel; all: every client's masked vector (slower)"
+    )
+
+    _cohort: Tensor | None = PrivateAttr(None)
+    _last: dict[str, float] = PrivateAttr(default_factory=dict)
+    _noted: bool = PrivateAttr(False)  # the first failed round of a run is a note
+
+    @classmethod
+    def check_base(cls, built: Strategy) -> None:
+        super().check_base(built)
+        if built.asynchronous or not weights_of(built):
+            raise ValueError(
+                f"secure aggregation sums weighted updates, and '{built.name}' does not aggregate by a weighted sum "
+                "with declared weights: choose a base such as fedavg, fedprox or maxfl"
+            )
+
+    def setup(self, ctx: ServerContext) -> None:
+        super().setup(ctx)
+        self._last, self._noted = {}, False
+        if 2 ** (self.bits - 1) - 1 < 2 * ctx.clients_per_round * 2**7:
+            raise ConfigError(
+                f"algorithm.bits {self.bits} leaves too few quantisation levels for {ctx.clients_per_round} clients "
+                "a round; raise algorithm.bits"
+            )
+
+    def sizes(self, n: int) -> tuple[int, int]:
+        """(k, t) for a cohort of n clients."""
+        k = min(n - 1, self.degree if self.degree is not None else default_degree(n))
+        k += k % 2 if k < n - 1 else 0  # a Harary graph on any n needs an even degree
+        k = min(k, n - 1)
+        return k, min(self.threshold if self.threshold is not None else default_threshold(k), max(k, 1))
+
+    def local_training(self, round_: int, clients: Tensor, global_params: Tensor, train: Train) -> LocalResult:
+        def plain(plan: LocalPlan) -> LocalResult:
+            reported = [t.name for t in plan.terms if t.reports_state]
+            if reported:
+                raise ConfigError(
+                    f"secure aggregation hides the model updates, but '{self.inner.name}' also sends the state of "
+                    f"{', '.join(reported)} in the clear; choose another base strategy"
+                )
+            return train(plan)
+
+        result = self.inner.local_training(round_, clients, global_params, plain)
+        self._cohort = result.clients.clone()
+        lost = result.dropped if result.dropped is not None else torch.zeros(len(result.clients), dtype=torch.bool)
+        k, t = self.sizes(len(result.clients))
+        self._last = self._columns(global_params.numel(), k, t, int(lost.sum()), failed=bool(lost.all()))
+        return result
+
+    def _columns(self, size: int, k: int, t: int, lost: int, failed: bool) -> dict[str, float]:
+        return {
+            "secagg_failed": float(failed),
+            "secagg_dropouts": float(lost),
+            "secagg_degree": float(k),
+            "secagg_threshold": float(t),
+            "secagg_client_bytes": float(client_bytes(size, self.bits, k)),
+        }
+
+    def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
+        cohort = self._cohort if self._cohort is not None else result.clients
+        index = {c: i for i, c in enumerate(cohort.tolist())}
+        order = np.array([index[c] for c in result.clients.tolist()], dtype=np.int64)  # survivors' cohort rows
+        n = len(cohort)
+        alive = np.zeros(n, dtype=bool)
+        alive[order] = True
+        k, t = self.sizes(n)
+        rng = numpy_rng(self.ctx.seed, "secagg", round_)
+        keys = Keys(n, k, t, rng)
+        weights = self.inner.aggregation_weights(round_, result)
+        assert weights is not None  # check_base refused bases without them
+        gen = torch_gen(self.ctx.seed, "secagg-rounding", round_)
+        weighted = result.updates(global_params).double().mul_(weights.double()[:, None])  # p_u Δ_u, folded in
+        x = quantise(weighted, self.bits, self.clip, n, self.rounding, gen)
+        inputs = _rows(x, order, n)
+        if self.masks == "all":
+            masked = masked_inputs(inputs, keys, self.bits)[alive].sum(axis=0, dtype=np.uint64) & np.uint64(
+                2**self.bits - 1
+            )
+        else:
+            masked = masked_sum(inputs, alive, keys, self.bits)
+        total = unmask(masked, alive, keys, self.bits)
+        self._last = self._columns(global_params.numel(), k, t, int((~alive).sum()), failed=total is None)
+        if total is None:
+            if not self._noted:
+                self._noted = True
+                warnings.warn(
+                    f"round {round_ + 1}: secure aggregation failed ({int((~alive).sum())} of {n} clients dropped, "
+                    f"and some secret kept fewer than t = {t} share holders), so the model did not change; "
+                    "metrics.csv marks such rounds (secagg_failed); lower algorithm.threshold or the dropouts",
+                    FedhetNote,
+                    stacklevel=2,
+                )
+            return global_params
+        direction = dequantise(total, self.bits, self.clip, n) / float(weights.double().sum())
+        return self.inner.server_step(global_params, direction.to(global_params.dtype))
+
+    def personalization(self, clients: Tensor) -> LocalPlan | None:
+        return self.inner.personalization(clients)
+
+    def round_metrics(self) -> dict[str, float]:
+        return {**self.inner.round_metrics(), **self._last}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"base": self.inner.state_dict(), "last": dict(self._last)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state["base"])
+        self._last = {str(k): float(v) for k, v in state["last"].items()}
+
+
+def _rows(x: np.ndarray, order: np.ndarray, n: int) -> np.ndarray:
+    """The survivors' quantised inputs at their rows of the cohort (zeros for the dropouts, whose y never arrives)."""
+    if np.array_equal(order, np.arange(n)):
+        return x
+    out = np.zeros((n, x.shape[1]), dtype=np.uint64)
+    out[order] = x
+    return out

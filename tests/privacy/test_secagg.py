@@ -1,0 +1,216 @@
+"""Secure aggregation (SecAgg+, simulated): quantisation by hand, the Harary graph, Shamir's threshold, masks that
+cancel exactly over seeds and dropout patterns, failed rounds, the bytes formula, and the wrapper against FedAvg."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fedhet.catalog import STRATEGIES
+from fedhet.cli.main import app
+from fedhet.engine.engine import Engine
+from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.errors import ConfigError, FedhetNote
+from fedhet.experiments.callbacks import Callback
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.runner import RunState, resume, run
+from fedhet.privacy.secagg import (
+    Keys,
+    SecAgg,
+    client_bytes,
+    default_degree,
+    default_threshold,
+    dequantise,
+    harary_graph,
+    masked_inputs,
+    masked_sum,
+    quantise,
+    reconstruct,
+    share,
+    unmask,
+)
+from fedhet.strategies.base import Strategy
+from helpers.tiny import linear_model, make_context, tiny_data
+
+SIZES = [6, 9, 4, 12, 7, 5]
+
+
+def test_quantise_by_hand() -> None:
+    # b = 8, c = 1, n = 1: L = 127; 0.5 -> 63.5 -> 64 (to even), -0.25 -> -31.75 -> -32 = 224 mod 256, 3 -> clip 127
+    q = quantise(torch.tensor([[0.5, -0.25, 3.0]]), 8, 1.0, 1, "deterministic")
+    assert q.tolist() == [[64, 224, 127]]
+    assert dequantise(q[0], 8, 1.0, 1).tolist() == pytest.approx([64 / 127, -32 / 127, 1.0])
+
+
+def test_stochastic_rounding_is_unbiased() -> None:
+    x = torch.full((1, 20000), 0.3 / 127)  # 0.3 of a level: rounds to 0 or 1
+    q = quantise(x, 8, 1.0, 1, "stochastic", torch.Generator().manual_seed(1))
+    assert set(np.unique(q).tolist()) == {0, 1}
+    assert q.mean() == pytest.approx(0.3, abs=0.02)
+
+
+@pytest.mark.parametrize(("n", "k"), [(5, 2), (10, 4), (11, 6), (7, 6), (9, 20)])
+def test_harary_graph_is_k_regular_and_symmetric(n: int, k: int) -> None:
+    graph = harary_graph(n, k, np.random.default_rng(n))
+    assert all(len(g) == min(k, n - 1) for g in graph)
+    assert all(u in graph[v] and u != v for u in range(n) for v in graph[u])
+
+
+def test_default_degree_and_threshold() -> None:
+    assert default_degree(100) == 20  # 2⌈1.5 log2 100⌉ = 2⌈9.97⌉
+    assert default_degree(5) == 4  # capped at n − 1: SecAgg's complete graph
+    assert default_threshold(20) == 11
+
+
+def test_shamir_any_t_shares_rebuild_and_t_minus_1_do_not() -> None:
+    secret, t = 123456789012345678901234567890, 3
+    shares = share(secret, 5, t, np.random.default_rng(2))
+    for subset in itertools.combinations(shares, t):
+        assert reconstruct(list(subset), t) == secret
+    for subset in itertools.combinations(shares, t - 1):
+        with pytest.raises(ValueError, match="cannot rebuild"):
+            reconstruct(list(subset), t)
+        assert reconstruct(list(subset), t - 1) != secret  # interpolating too few points gives another value
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("lost", [(), (0,), (3, 7), (1, 2, 9)])
+def test_unmasked_sum_is_the_plain_sum(seed: int, lost: tuple[int, ...]) -> None:
+    n, bits, clip = 10, 32, 1.0
+    rng = np.random.default_rng(seed)
+    keys = Keys(n, 6, 3, rng)
+    x = torch.randn(n, 40, generator=torch.Generator().manual_seed(seed)) * 0.1
+    q = quantise(x, bits, clip, n, "stochastic", torch.Generator().manual_seed(seed))
+    alive = np.ones(n, dtype=bool)
+    alive[list(lost)] = False
+    y = masked_inputs(q, keys, bits)
+    assert not (y == q).all(axis=1).any()  # every input is masked
+    summed = y[alive].sum(axis=0, dtype=np.uint64) % 2**bits
+    assert (masked_sum(q, alive, keys, bits) == summed).all()  # the shortcut gives the very same integers
+    total = unmask(summed, alive, keys, bits)
+    if not all(alive[keys.graph[u]].sum() >= keys.threshold for u in range(n)):
+        assert total is None  # some secret kept fewer than t surviving share holders
+        return
+    assert total is not None
+    assert (total == q[alive].sum(axis=0, dtype=np.uint64) % 2**bits).all()
+    step = n / (2 ** (bits - 1) - 1) * n * clip  # n values, each within one level 1/L of itself
+    assert torch.allclose(dequantise(total, bits, clip, n), x[alive].double().sum(0), atol=step)
+
+
+def test_too_many_dropouts_fail() -> None:
+    n = 8
+    rng = np.random.default_rng(0)
+    keys = Keys(n, 4, 3, rng)
+    y = masked_inputs(np.zeros((n, 5), dtype=np.uint64), keys, 32)
+    dead = keys.graph[0][:2]  # two of client 0's four share holders: 2 < t = 3 shares of b_0 remain
+    alive = np.ones(n, dtype=bool)
+    alive[dead] = False
+    assert unmask(y[alive].sum(axis=0, dtype=np.uint64), alive, keys, 32) is None
+    alive = np.zeros(n, dtype=bool)
+    alive[:2] = True  # fewer than t survivors
+    assert unmask(y[alive].sum(axis=0, dtype=np.uint64), alive, keys, 32) is None
+
+
+def test_client_bytes_formula() -> None:
+    # P = 10 coordinates of 32 bits, k = 4: 40 + 2·4·16 (shares) + 5·16 (keys)
+    assert client_bytes(10, 32, 4) == 248
+
+
+def _engine() -> Engine:
+    return Engine(linear_model(), tiny_data(SIZES, seed=1), backend="dense", seed=3)
+
+
+def _round(strategy: Strategy, engine: Engine, drop: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One round from the initial model with every client; `drop`: rows lost after training (as the runner does)."""
+    strategy.setup(make_context(engine, steps=3, lr=0.5, m=len(SIZES)))
+    w = engine.initial_params()
+    clients = torch.arange(len(SIZES))
+
+    def train(plan: LocalPlan) -> LocalResult:
+        out = engine.train(w, plan, 0)
+        lost = torch.zeros(len(SIZES), dtype=torch.bool)
+        lost[drop or []] = True
+        return replace(out, dropped=lost)
+
+    result = strategy.local_training(0, clients, w, train)
+    assert result.dropped is not None
+    return w, strategy.aggregate(0, w, result.rows(~result.dropped))
+
+
+@pytest.mark.parametrize(("weighting", "masks"), [("samples", "net"), ("uniform", "all")])
+@pytest.mark.parametrize("drop", [[], [1, 4]])
+def test_wrapper_gives_fedavg_within_the_quantisation_error(weighting: str, masks: str, drop: list[int]) -> None:
+    engine = _engine()
+    base = {"name": "fedavg", "weighting": weighting}
+    w, plain = _round(STRATEGIES.build(base), engine, drop)
+    secure = STRATEGIES.build({"name": "secagg", "base": base, "degree": 4, "threshold": 2, "masks": masks})
+    _, new = _round(secure, engine, drop)
+    assert not torch.equal(new, w)
+    assert torch.allclose(new, plain, atol=1e-6)
+    columns = secure.round_metrics()
+    assert columns["secagg_failed"] == 0 and columns["secagg_dropouts"] == len(drop)
+    assert columns["secagg_client_bytes"] == client_bytes(w.numel(), 32, 4)
+
+
+def test_wrapper_round_with_too_many_dropouts_leaves_the_model() -> None:
+    engine = _engine()
+    secure = STRATEGIES.build({"name": "secagg", "degree": 2, "threshold": 2})
+    with pytest.warns(FedhetNote, match="secure aggregation failed"):
+        w, new = _round(secure, engine, [0, 1, 2, 3])  # 2 survivors of 6, each with at most one surviving neighbour
+    assert torch.equal(new, w)
+    assert secure.round_metrics()["secagg_failed"] == 1
+
+
+class _Interrupt(Callback):
+    def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+        if state.round == 2:
+            raise KeyboardInterrupt
+        return False
+
+
+def test_a_run_with_dropouts_reports_them_and_resumes_identically(tmp_path: Path) -> None:
+    config = {
+        "dataset": "digits",
+        "model": {"name": "mlp", "hidden": [8]},
+        "num_clients": 12,
+        "clients_per_round": 8,
+        "rounds": 4,
+        "local": {"steps": 2, "lr": 0.1, "batch_size": 8},
+        "algorithm": {"name": "secagg", "degree": 4, "threshold": 2},
+        "system": "lognormal",
+        "deadline": {"seconds": 0.5},
+        "seed": 1,
+    }
+    cfg = parse_config(config)
+    run(cfg, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "cut", callbacks=[_Interrupt()])
+    resume(tmp_path / "cut")
+    text = (tmp_path / "full/metrics.csv").read_text()
+    assert (tmp_path / "cut/metrics.csv").read_text() == text
+    rows = list(csv.DictReader(text.splitlines()))
+    assert [float(r["secagg_dropouts"]) for r in rows] == [float(r["late_clients"]) for r in rows]
+    assert any(float(r["secagg_dropouts"]) > 0 for r in rows)
+    assert all(float(r["secagg_failed"]) == 0 for r in rows)  # recovered from the neighbours' shares
+
+
+def test_wrapper_refuses_a_base_without_weights() -> None:
+    with pytest.raises(ConfigError, match="weighted sum"):
+        STRATEGIES.build({"name": "secagg", "base": "median"})
+    assert isinstance(STRATEGIES.build("secagg"), SecAgg)
+
+
+def test_cli_refuses_a_median_base_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["run", "--algorithm", "secagg", "--set", "algorithm.base=median", "--out", str(out), "--quiet"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()
