@@ -157,13 +157,16 @@ def page_files(page: Path, folder: Path) -> None:
 
 
 MY_STRATEGY = '''"""A strategy of one's own: FedAvg under another name."""
+from typing import ClassVar
+
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.fedavg import FedAvg
 
 
-@STRATEGIES.register("my_strategy")
+@STRATEGIES.register
 class MyStrategy(FedAvg):
-    """FedAvg, registered as a plugin."""
+    name: ClassVar[str] = "my_strategy"
+    description: ClassVar[str] = "FedAvg, registered as a plugin"
 '''
 
 MY_MODEL = """import torch
