@@ -249,6 +249,8 @@ PYTHON_ELSEWHERE: dict[str, str] = {
     'get_recipe("maxfl-byzantine")': "12 runs of the MaxFL recipe (~20 minutes): tests/recipes runs the recipe quick",
     "EventAccumulator": "reads TensorBoard and MLflow records: the trackers' stage (tests/experiments/test_tracking.py"
     " reads them back with the same readers)",
+    "inversion.true_gradient(model, params": "an outline of the attacks' Python calls (model, params and the data come "
+    "from the text around it): tests/attacks/test_inversion.py and test_membership.py make them",
     "prepare_tracking(config, root=sweep_folder": "an outline of the calls a sweep executor makes (its names come "
     "from the text around it): tests/experiments/test_tracking.py makes them",
 }

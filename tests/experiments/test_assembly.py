@@ -101,3 +101,14 @@ def test_partial_override_of_the_local_optimizer_and_of_a_base_strategy() -> Non
     apply_override(raw, "algorithm.base.mu=0.1")
     with pytest.raises(ConfigError, match=r"unknown key 'algorithm.base.mu'"):
         components(parse_config(raw))
+
+
+def test_two_runs_of_one_second_get_two_default_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two quick runs without --out in the same second: the second is not refused as "already holds a run"."""
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_config({"algorithm": "fedprox", "seed": 3})
+    first = default_run_folder(cfg, now=1234.5)
+    first.mkdir(parents=True)
+    assert default_run_folder(cfg, now=1234.5) == Path("runs/fedprox_digits_seed3_1234_2")
+    Path("runs/fedprox_digits_seed3_1234_2").mkdir()
+    assert default_run_folder(cfg, now=1234.5) == Path("runs/fedprox_digits_seed3_1234_3")

@@ -61,11 +61,15 @@ def assemble(
 
 
 def default_run_folder(config: RunConfig, now: float | None = None) -> Path:
-    """``runs/<algorithm>_<dataset>_seed<seed>_<unix time>``: where a run goes when no folder is given."""
+    """``runs/<algorithm>_<dataset>_seed<seed>_<unix time>``: where a run goes when no folder is given (``_2``,
+    ``_3``, ... after it when a run of the same second is there already)."""
     stamp = int(time.time() if now is None else now)
-    return (
-        Path("runs") / f"{config.spec('algorithm')['name']}_{config.spec('dataset')['name']}_seed{config.seed}_{stamp}"
-    )
+    name = f"{config.spec('algorithm')['name']}_{config.spec('dataset')['name']}_seed{config.seed}_{stamp}"
+    path, count = Path("runs") / name, 1
+    while path.exists():
+        count += 1
+        path = Path("runs") / f"{name}_{count}"
+    return path
 
 
 def default_sweep_folder(file: Path | None) -> Path:
