@@ -65,6 +65,7 @@ class Command:
     page: Path
     line: int
     text: str
+    refusal: str | None = None  # the start of the one-line error the page says it gives ("# error: ..." below it)
 
     def __str__(self) -> str:
         return f"{self.page.relative_to(ROOT)}:{self.line}: {self.text}"
@@ -81,14 +82,17 @@ def commands(page: Path) -> list[Command]:
     for language, title, code, first in blocks(page):
         if language not in ("bash", "shell", "") or title is not None:
             continue
-        for offset, line in enumerate(code.replace("\\\n", " ").splitlines()):
+        lines = code.replace("\\\n", " ").splitlines()
+        for offset, line in enumerate(lines):
             if language == "":  # a transcript: "$ command" lines among the output
                 if not line.startswith("$ "):
                     continue
                 line = line[2:]
             text = re.sub(r"\s+", " ", re.sub(r"(^|\s)#.*$", "", line)).strip()  # a comment after a space
+            said = lines[offset + 1] if offset + 1 < len(lines) else ""
+            refusal = said[2:].split("(")[0].strip() if said.startswith("# error: ") else None
             if text:
-                found.append(Command(page, first + offset, text))
+                found.append(Command(page, first + offset, text, refusal))
     return found
 
 
@@ -102,7 +106,7 @@ RECIPE_TESTS = ROOT / "tests" / "recipes"
 def recipe_tested(command: Command) -> str | None:
     """A paper recipe whose quick version tests/recipes runs (and checks its claims): it is not run again here."""
     found = re.search(r"fedhet reproduce ([a-z0-9-]+)", command.text)
-    if found is None:
+    if found is None or "--quick" in command.text:  # a quick version the page itself runs: run here as written
         return None
     quoted = re.compile(rf"[\"']{re.escape(found[1])}[\"']")
     tests = [p.name for p in sorted(RECIPE_TESTS.glob("test_*.py")) if quoted.search(p.read_text())]
@@ -215,6 +219,11 @@ def run_here(command: Command, folder: Path) -> None:
     words = argv(command)
     missing = missing_trackers(words)
     result = CliRunner().invoke(app, words, env={"COLUMNS": "200"})
+    if command.refusal is not None:  # the page shows the one-line error it gives
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, f"{command}\n{result.output}"
+        assert lines[0].startswith(command.refusal), f"{command}: the page says {command.refusal!r}\n{lines[0]}"
+        return
     if missing:  # the trackers' stage runs it with the libraries; here it must say what to install
         lines = result.output.strip().splitlines()
         assert result.exit_code == 2 and len(lines) == 1, f"{command}\n{result.output}"
