@@ -66,7 +66,7 @@ EXPECTED = {
         r"clients: \['east', 'north', 'south', 'west'\]",
         r"regression: test RMSE \d+\.\d+, R² 0\.\d+",
         r"Best point by the mean of val_loss \(min\) over seeds",
-        r"mean ± std over 3\s+seeds per row",
+        r"mean\s+±\s+std\s+over\s+3\s+seeds\s+per\s+row",
         r"figure: runs/sweep\.png",
     ],
     "walkthrough": [r"error: invalid value for 'rounds'", r"round 15: test accuracy", r"files: .*'model\.pt'"],
