@@ -156,6 +156,9 @@ def page_files(page: Path, folder: Path) -> None:
         (folder / "my_strategy.py").write_text(MY_STRATEGY)
     if page.name == "extending.md":
         (folder / "my_components.py").write_text("\n\n".join(python))
+    if page.name == "your-data-and-model.md":  # its patients.csv is the getting-started page's (hospitals)
+        (make,) = [s for s in snippets(ROOT / "docs" / "getting-started.md") if "patients.csv" in s.code]
+        subprocess.run([sys.executable, "-c", make.code], cwd=folder, check=True)
     if not (folder / "my_model.py").exists():
         (folder / "my_model.py").write_text(MY_MODEL)
 
