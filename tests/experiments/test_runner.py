@@ -592,3 +592,12 @@ def test_run_or_resume_reads_the_folder_as_text_and_trusts_only_the_same_config(
     state = run_or_resume(config, tmp_path / "r")
     assert state.status == "finished" and not (tmp_path / "pwned").exists()
     assert "evil" not in (tmp_path / "r" / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("wrapper", ["gsnr", "secagg"])
+def test_a_wrapper_with_its_default_base_resumes(wrapper: str, tmp_path: Path) -> None:
+    """A wrapping strategy whose `base` is left to its default wrote 'fedavg' in config.yaml but recorded the resolved
+    base in its identity, so its own run folder was refused as "written by a run of another config"."""
+    run(parse_config(small(algorithm=wrapper, rounds=2)), tmp_path / "r")
+    resumed = resume(tmp_path / "r", rounds=3)
+    assert resumed.status == "finished" and resumed.round == 3

@@ -18,7 +18,7 @@ from fedhet.strategies.server import ServerOptimizer
 class Wrapper(Strategy):
     """Base class of wrapping strategies; a subclass may refuse a base in `check_base` (raise ValueError)."""
 
-    base: str | dict[str, Any] = Field("fedavg", description="the base strategy")
+    base: str | dict[str, Any] = Field("fedavg", validate_default=True, description="the base strategy")
     # its `select` is the base's (or a uniform sample of its own): the cohort is a uniform sample when the base's
     # is (what privacy accounting checks, `fedhet.privacy.ledger`); a subclass that chooses otherwise sets False
     keeps_base_selection: ClassVar[bool] = True

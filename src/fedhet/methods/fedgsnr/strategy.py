@@ -197,7 +197,9 @@ class GSNR(Wrapper):
 
     name: ClassVar[str] = "gsnr"
     description: ClassVar[str] = "FedGSNR: local steps from the gradient signal-to-noise ratio, on any base strategy"
-    base: str | dict[str, Any] = Field("fedavg", description="the strategy FedGSNR changes the local steps of")
+    base: str | dict[str, Any] = Field(
+        "fedavg", validate_default=True, description="the strategy FedGSNR changes the local steps of"
+    )
     samples: int = Field(0, ge=0, description="per-sample gradients per client for the statistics (0: batch size)")
     allocation: Literal["redistribute", "proportional"] = Field(
         "redistribute", description="E_k = N E_const n_k/Σn (§5) or round(n_k E_const) (Algorithm 1, App. E)"
