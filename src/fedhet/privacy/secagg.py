@@ -26,9 +26,10 @@ PCG64 (`prg`), not a cryptographic one.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -63,15 +64,22 @@ def quantise(
     n: int,
     rounding: Literal["stochastic", "deterministic"],
     gen: torch.Generator | None = None,
+    overwrite: bool = False,
 ) -> np.ndarray:
     """x (…, P) clipped to [−c, c], scaled by `levels`, rounded (stochastic: ⌊v + U⌋, unbiased; deterministic: to
-    the nearest) and taken mod 2^b (two's complement), as uint64."""
-    v = x.to(torch.float64).clamp(-clip, clip).mul_(levels(bits, clip, n))
-    if rounding == "stochastic":
-        v.add_(torch.rand(v.shape, generator=gen)).floor_()  # float32 U: 2^-24 of a level is ample
-    else:
-        v.round_()
-    return v.to(torch.int64).numpy().view(np.uint64) & np.uint64(2**bits - 1)
+    the nearest) and taken mod 2^b (two's complement), as uint64. One float64 workspace, reused for the integers
+    (`overwrite`: a contiguous float64 x is that workspace, and is lost)."""
+    v = x.to(torch.float64)
+    if v is x and not (overwrite and x.is_contiguous()):
+        v = v.clone(memory_format=torch.contiguous_format)
+    work = v.clamp_(-clip, clip).mul_(levels(bits, clip, n)).numpy()
+    if rounding == "stochastic":  # float32 U: 2^-24 of a level is ample
+        np.add(work, torch.rand(v.shape, generator=gen).numpy(), out=work)
+    out = work.view(np.int64)  # the same memory, element for element
+    (np.floor if rounding == "stochastic" else np.rint)(work, out=out, casting="unsafe")
+    values = out.view(np.uint64)
+    values &= np.uint64(2**bits - 1)
+    return values
 
 
 def dequantise(total: np.ndarray, bits: int, clip: float, n: int) -> Tensor:
@@ -91,6 +99,14 @@ def prg(seeds: np.ndarray, size: int, bits: int) -> np.ndarray:
     for row, seed in zip(out, np.asarray(seeds, dtype=np.uint64).tolist(), strict=True):
         row[:] = np.random.Generator(np.random.PCG64(seed)).integers(0, 2**bits, size=size, dtype=np.uint64)
     return out
+
+
+def prg_sum(seeds: Sequence[int], size: int, bits: int) -> np.ndarray:
+    """Σ_i PRG(seeds_i) mod 2^64 (uint64 wraps; reduce mod 2^b after), the rows of `prg` added as they are made."""
+    total = np.zeros(size, dtype=np.uint64)
+    for seed in seeds:
+        total += np.random.Generator(np.random.PCG64(int(seed))).integers(0, 2**bits, size=size, dtype=np.uint64)
+    return total
 
 
 def default_degree(n: int) -> int:
@@ -135,13 +151,16 @@ def pair_seed(secret: int, other_public: int) -> int:
 def share(secret: int, holders: int, threshold: int, rng: np.random.Generator) -> list[tuple[int, int]]:
     """Shamir's t-of-n shares (x, f(x)) for x = 1…holders of f(z) = s + a₁z + … + a_{t−1}z^(t−1) over GF(P)."""
     coeffs = [secret % PRIME] + [int.from_bytes(rng.bytes(16), "little") % PRIME for _ in range(threshold - 1)]
-    out = []
-    for x in range(1, holders + 1):
-        y = 0
-        for c in reversed(coeffs):  # Horner's rule
-            y = (y * x + c) % PRIME
-        out.append((x, y))
-    return out
+    return [
+        (x, sum(c * p for c, p in zip(coeffs, powers, strict=True)) % PRIME)
+        for x, powers in _powers(holders, threshold)
+    ]
+
+
+@functools.cache
+def _powers(holders: int, threshold: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """(x, (x^0, …, x^(t−1))) for x = 1…holders: `share` evaluates f with one reduction mod P per share."""
+    return tuple((x, tuple(x**i for i in range(threshold))) for x in range(1, holders + 1))
 
 
 def reconstruct(shares: list[tuple[int, int]], threshold: int) -> int:
@@ -174,6 +193,16 @@ class Keys:
         self.self_seed = [int(s) for s in rng.integers(0, 2**63, size=n)]
         self.secret_shares = [share(s, len(g), threshold, rng) for s, g in zip(self.secret, self.graph, strict=True)]
         self.seed_shares = [share(s, len(g), threshold, rng) for s, g in zip(self.self_seed, self.graph, strict=True)]
+        self._self_masks: tuple[tuple[tuple[int, ...], int, int], np.ndarray] | None = None
+
+    def self_masks(self, seeds: Sequence[int], size: int, bits: int) -> np.ndarray:
+        """Σ_u PRG(b_u) over the self-mask seeds `seeds` (mod 2^64), expanded once a round: the survivors add it, and
+        the server, having rebuilt the same seeds from their shares, removes the same deterministic array (other
+        seeds, e.g. a wrong reconstruction, are expanded afresh). Read-only."""
+        key = (tuple(int(s) for s in seeds), size, bits)
+        if self._self_masks is None or self._self_masks[0] != key:
+            self._self_masks = (key, prg_sum(key[0], size, bits))
+        return self._self_masks[1]
 
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every edge (u < v) and its seed s_uv, agreed from u's side."""
@@ -207,12 +236,12 @@ def masked_sum(x: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.nd
     the cost (the pair masks between survivors cancel exactly, as the tests check)."""
     mod = np.uint64(2**bits - 1)
     survivors = np.flatnonzero(alive)
-    own = prg(np.array([keys.self_seed[u] for u in survivors], dtype=np.uint64), x.shape[1], bits)
     inputs = x if alive.all() else x[survivors]
-    total = inputs.sum(axis=0, dtype=np.uint64) + own.sum(axis=0, dtype=np.uint64)
-    return (
-        total + _unmatched(alive, keys, x.shape[1], bits, lambda u, v: pair_seed(keys.secret[u], keys.public[v]))
-    ) & mod
+    total = inputs.sum(axis=0, dtype=np.uint64)
+    total += keys.self_masks([keys.self_seed[u] for u in survivors], x.shape[1], bits)
+    total += _unmatched(alive, keys, x.shape[1], bits, lambda u, v: pair_seed(keys.secret[u], keys.public[v]))
+    total &= mod
+    return total
 
 
 def _unmatched(alive: np.ndarray, keys: Keys, size: int, bits: int, seed: Callable[[int, int], int]) -> np.ndarray:
@@ -246,9 +275,10 @@ def unmask(total: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.nd
         if len(held) < keys.threshold:
             return None
         secrets[v] = reconstruct(held, keys.threshold)
-    own = prg(np.array(seeds, dtype=np.uint64), len(total), bits).sum(axis=0, dtype=np.uint64)
-    unmatched = _unmatched(alive, keys, len(total), bits, lambda u, v: pair_seed(secrets[v], keys.public[u]))
-    return (total - own - unmatched) & mod
+    out = total - keys.self_masks(seeds, len(total), bits)
+    out -= _unmatched(alive, keys, len(total), bits, lambda u, v: pair_seed(secrets[v], keys.public[u]))
+    out &= mod
+    return out
 
 
 def client_bytes(size: int, bits: int, degree: int) -> int:
@@ -356,7 +386,7 @@ class SecAgg(Wrapper):
         assert weights is not None  # check_base refused bases without them
         gen = torch_gen(self.ctx.seed, "secagg-rounding", round_)
         weighted = result.updates(global_params).double().mul_(weights.double()[:, None])  # p_u Δ_u, folded in
-        x = quantise(weighted, self.bits, self.clip, n, self.rounding, gen)
+        x = quantise(weighted, self.bits, self.clip, n, self.rounding, gen, overwrite=True)
         inputs = _rows(x, order, n)
         if self.masks == "all":
             masked = masked_inputs(inputs, keys, self.bits)[alive].sum(axis=0, dtype=np.uint64) & np.uint64(
