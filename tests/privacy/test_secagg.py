@@ -31,6 +31,8 @@ from fedhet.privacy.secagg import (
     harary_graph,
     masked_inputs,
     masked_sum,
+    prg,
+    prg_sum,
     quantise,
     reconstruct,
     share,
@@ -54,6 +56,38 @@ def test_stochastic_rounding_is_unbiased() -> None:
     q = quantise(x, 8, 1.0, 1, "stochastic", torch.Generator().manual_seed(1))
     assert set(np.unique(q).tolist()) == {0, 1}
     assert q.mean() == pytest.approx(0.3, abs=0.02)
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "deterministic"])
+@pytest.mark.parametrize("bits", [8, 32, 62])
+def test_quantise_gives_the_reference_integers_and_overwrites_only_when_asked(rounding: str, bits: int) -> None:
+    # the reference: the textbook float64 expression (clip, scale, + float32 U, floor / round half to even), mod 2^b
+    x = torch.randn(3, 1001, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.3
+    v = x.clamp(-1.0, 1.0) * ((2 ** (bits - 1) - 1) / 4)
+    v = (
+        (v + torch.rand(v.shape, generator=torch.Generator().manual_seed(7))).floor()
+        if rounding == "stochastic"
+        else v.round()
+    )
+    want = v.to(torch.int64).numpy().view(np.uint64) & np.uint64(2**bits - 1)
+    kept = x.clone()
+    got = quantise(x, bits, 1.0, 4, rounding, torch.Generator().manual_seed(7))  # type: ignore[arg-type]
+    assert np.array_equal(got, want) and torch.equal(x, kept)
+    again = quantise(x, bits, 1.0, 4, rounding, torch.Generator().manual_seed(7), overwrite=True)  # type: ignore[arg-type]
+    assert np.array_equal(again, want)
+    assert quantise(x.float().t(), bits, 1.0, 4, "deterministic").shape == (1001, 3)  # a float32 view: copied
+
+
+def test_self_masks_are_expanded_once_and_rebuilt_seeds_reuse_them() -> None:
+    keys = Keys(6, 4, 3, np.random.default_rng(0))
+    seeds = keys.self_seed[:4]
+    first = keys.self_masks(seeds, 50, 16)
+    assert np.array_equal(first, prg(np.array(seeds, dtype=np.uint64), 50, 16).sum(axis=0, dtype=np.uint64))
+    assert np.array_equal(prg_sum(seeds, 50, 16), first)
+    assert keys.self_masks(list(seeds), 50, 16) is first  # the same seeds (e.g. rebuilt from shares): reused
+    other = keys.self_masks(keys.self_seed[1:5], 50, 16)  # other seeds: expanded afresh
+    assert other is not first
+    assert np.array_equal(other, prg_sum(keys.self_seed[1:5], 50, 16))
 
 
 @pytest.mark.parametrize(("n", "k"), [(5, 2), (10, 4), (11, 6), (7, 6), (9, 20)])

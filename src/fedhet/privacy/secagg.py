@@ -26,7 +26,6 @@ PCG64 (`prg`), not a cryptographic one.
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -151,16 +150,13 @@ def pair_seed(secret: int, other_public: int) -> int:
 def share(secret: int, holders: int, threshold: int, rng: np.random.Generator) -> list[tuple[int, int]]:
     """Shamir's t-of-n shares (x, f(x)) for x = 1…holders of f(z) = s + a₁z + … + a_{t−1}z^(t−1) over GF(P)."""
     coeffs = [secret % PRIME] + [int.from_bytes(rng.bytes(16), "little") % PRIME for _ in range(threshold - 1)]
-    return [
-        (x, sum(c * p for c, p in zip(coeffs, powers, strict=True)) % PRIME)
-        for x, powers in _powers(holders, threshold)
-    ]
-
-
-@functools.cache
-def _powers(holders: int, threshold: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """(x, (x^0, …, x^(t−1))) for x = 1…holders: `share` evaluates f with one reduction mod P per share."""
-    return tuple((x, tuple(x**i for i in range(threshold))) for x in range(1, holders + 1))
+    out = []
+    for x in range(1, holders + 1):
+        y = 0
+        for c in reversed(coeffs):  # Horner's rule, reduced once: y stays below P·(holders + 1)^t
+            y = y * x + c
+        out.append((x, y % PRIME))
+    return out
 
 
 def reconstruct(shares: list[tuple[int, int]], threshold: int) -> int:
