@@ -59,7 +59,7 @@ def test_stochastic_rounding_is_unbiased() -> None:
 
 
 @pytest.mark.parametrize("rounding", ["stochastic", "deterministic"])
-@pytest.mark.parametrize("bits", [8, 32, 62])
+@pytest.mark.parametrize("bits", [8, 32, 51, 52, 62])
 def test_quantise_gives_the_reference_integers_and_overwrites_only_when_asked(rounding: str, bits: int) -> None:
     # the reference: the textbook float64 expression (clip, scale, + float32 U, floor / round half to even), mod 2^b
     x = torch.randn(3, 1001, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.3

@@ -74,9 +74,13 @@ def quantise(
     work = v.clamp_(-clip, clip).mul_(levels(bits, clip, n)).numpy()
     if rounding == "stochastic":  # float32 U: 2^-24 of a level is ample
         np.add(work, torch.rand(v.shape, generator=gen).numpy(), out=work)
-    out = work.view(np.int64)  # the same memory, element for element
-    (np.floor if rounding == "stochastic" else np.rint)(work, out=out, casting="unsafe")
-    values = out.view(np.uint64)
+        np.floor(work, out=work)
+    if bits <= 51:  # |v| < 2^50: adding 1.5·2^52 rounds to an integer (half to even) and leaves v mod 2^b in the bits
+        work += 1.5 * 2.0**52
+        values = work.view(np.uint64)
+    else:
+        values = work.view(np.uint64)  # the same memory, element for element
+        np.rint(work, out=values.view(np.int64), casting="unsafe")
     values &= np.uint64(2**bits - 1)
     return values
 
