@@ -248,3 +248,13 @@ def test_cli_refuses_a_median_base_in_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("threshold", [1, 2, 4])
+def test_share_draws_its_coefficients_as_16_byte_draws_would(threshold: int) -> None:
+    # f(z) = s + a_1 z + … with a_i from successive 16-byte draws; the generator ends where those draws leave it
+    rng, ref = np.random.default_rng(5), np.random.default_rng(5)
+    shares = share(42, 5, threshold, rng)
+    coeffs = [42] + [int.from_bytes(ref.bytes(16), "little") % (2**127 - 1) for _ in range(threshold - 1)]
+    assert shares == [(x, sum(c * x**i for i, c in enumerate(coeffs)) % (2**127 - 1)) for x in range(1, 6)]
+    assert rng.integers(0, 2**63) == ref.integers(0, 2**63)

@@ -153,7 +153,8 @@ def pair_seed(secret: int, other_public: int) -> int:
 
 def share(secret: int, holders: int, threshold: int, rng: np.random.Generator) -> list[tuple[int, int]]:
     """Shamir's t-of-n shares (x, f(x)) for x = 1…holders of f(z) = s + a₁z + … + a_{t−1}z^(t−1) over GF(P)."""
-    coeffs = [secret % PRIME] + [int.from_bytes(rng.bytes(16), "little") % PRIME for _ in range(threshold - 1)]
+    raw = rng.bytes(16 * (threshold - 1)) if threshold > 1 else b""  # the bytes of t − 1 draws of 16, in one call
+    coeffs = [secret % PRIME] + [int.from_bytes(raw[i : i + 16], "little") % PRIME for i in range(0, len(raw), 16)]
     out = []
     for x in range(1, holders + 1):
         y = 0
