@@ -64,16 +64,20 @@ def quantise(
     rounding: Literal["stochastic", "deterministic"],
     gen: torch.Generator | None = None,
     overwrite: bool = False,
+    noise: Tensor | None = None,
 ) -> np.ndarray:
     """x (…, P) clipped to [−c, c], scaled by `levels`, rounded (stochastic: ⌊v + U⌋, unbiased; deterministic: to
     the nearest) and taken mod 2^b (two's complement), as uint64. One float64 workspace, reused for the integers
-    (`overwrite`: a contiguous float64 x is that workspace, and is lost)."""
+    (`overwrite`: a contiguous float64 x is that workspace, and is lost); `noise`, a float32 tensor of x's shape, holds
+    the stochastic rounding's U (a buffer kept across rounds: fresh memory for 10^7 numbers costs more than drawing
+    them)."""
     v = x.to(torch.float64)
     if v is x and not (overwrite and x.is_contiguous()):
         v = v.clone(memory_format=torch.contiguous_format)
     work = v.clamp_(-clip, clip).mul_(levels(bits, clip, n)).numpy()
     if rounding == "stochastic":  # float32 U: 2^-24 of a level is ample
-        np.add(work, torch.rand(v.shape, generator=gen).numpy(), out=work)
+        u = torch.rand(v.shape, generator=gen, out=noise) if noise is not None else torch.rand(v.shape, generator=gen)
+        np.add(work, u.numpy(), out=work)
         np.floor(work, out=work)
     if bits <= 51:  # |v| < 2^50: adding 1.5·2^52 rounds to an integer (half to even) and leaves v mod 2^b in the bits
         work += 1.5 * 2.0**52
@@ -321,6 +325,7 @@ class SecAgg(Wrapper):
     _cohort: Tensor | None = PrivateAttr(None)
     _last: dict[str, float] = PrivateAttr(default_factory=dict)
     _noted: bool = PrivateAttr(False)  # the first failed round of a run is a note
+    _buffers: dict[str, Tensor] = PrivateAttr(default_factory=dict)  # workspaces reused across rounds
 
     @classmethod
     def check_base(cls, built: Strategy) -> None:
@@ -333,7 +338,7 @@ class SecAgg(Wrapper):
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
-        self._last, self._noted = {}, False
+        self._last, self._noted, self._buffers = {}, False, {}
         if 2 ** (self.bits - 1) - 1 < 2 * ctx.clients_per_round * 2**7:
             raise ConfigError(
                 f"algorithm.bits {self.bits} leaves too few quantisation levels for {ctx.clients_per_round} clients "
@@ -386,8 +391,10 @@ class SecAgg(Wrapper):
         weights = self.inner.aggregation_weights(round_, result)
         assert weights is not None  # check_base refused bases without them
         gen = torch_gen(self.ctx.seed, "secagg-rounding", round_)
-        weighted = result.updates(global_params).double().mul_(weights.double()[:, None])  # p_u Δ_u, folded in
-        x = quantise(weighted, self.bits, self.clip, n, self.rounding, gen, overwrite=True)
+        updates = result.updates(global_params)
+        weighted = torch.mul(updates, weights.double()[:, None], out=self._buffer("work", updates.shape, torch.float64))
+        noise = self._buffer("noise", updates.shape, torch.float32) if self.rounding == "stochastic" else None
+        x = quantise(weighted, self.bits, self.clip, n, self.rounding, gen, overwrite=True, noise=noise)  # p_u Δ_u
         inputs = _rows(x, order, n)
         if self.masks == "all":
             masked = masked_inputs(inputs, keys, self.bits)[alive].sum(axis=0, dtype=np.uint64) & np.uint64(
@@ -410,6 +417,14 @@ class SecAgg(Wrapper):
             return global_params
         direction = dequantise(total, self.bits, self.clip, n) / float(weights.double().sum())
         return self.inner.server_step(global_params, direction.to(global_params.dtype))
+
+    def _buffer(self, name: str, shape: torch.Size, dtype: torch.dtype) -> Tensor:
+        """A workspace kept across rounds (a cohort's quantised updates: fresh memory of that size costs more than
+        the arithmetic on it)."""
+        held = self._buffers.get(name)
+        if held is None or held.shape != shape or held.dtype != dtype:
+            held = self._buffers[name] = torch.empty(shape, dtype=dtype)
+        return held
 
     def personalization(self, clients: Tensor) -> LocalPlan | None:
         return self.inner.personalization(clients)
