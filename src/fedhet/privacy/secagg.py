@@ -392,7 +392,8 @@ class SecAgg(Wrapper):
         assert weights is not None  # check_base refused bases without them
         gen = torch_gen(self.ctx.seed, "secagg-rounding", round_)
         updates = result.updates(global_params)
-        weighted = torch.mul(updates, weights.double()[:, None], out=self._buffer("work", updates.shape, torch.float64))
+        weighted = self._buffer("work", updates.shape, torch.float64)  # NumPy: torch's mixed-type product is slow
+        np.multiply(updates.numpy(), weights.double().numpy()[:, None], out=weighted.numpy())
         noise = self._buffer("noise", updates.shape, torch.float32) if self.rounding == "stochastic" else None
         x = quantise(weighted, self.bits, self.clip, n, self.rounding, gen, overwrite=True, noise=noise)  # p_u Δ_u
         inputs = _rows(x, order, n)
