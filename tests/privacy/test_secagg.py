@@ -75,7 +75,11 @@ def test_quantise_gives_the_reference_integers_and_overwrites_only_when_asked(ro
     assert np.array_equal(got, want) and torch.equal(x, kept)
     again = quantise(x, bits, 1.0, 4, rounding, torch.Generator().manual_seed(7), overwrite=True)  # type: ignore[arg-type]
     assert np.array_equal(again, want)
+    assert not torch.equal(x, kept)  # asked to: x was the workspace
     assert quantise(x.float().t(), bits, 1.0, 4, "deterministic").shape == (1001, 3)  # a float32 view: copied
+    leaf = kept.clone().requires_grad_()  # x itself was the workspace above
+    assert np.array_equal(quantise(leaf, bits, 1.0, 4, rounding, torch.Generator().manual_seed(7)), want)  # type: ignore[arg-type]
+    assert torch.equal(leaf.detach(), kept)
 
 
 def test_self_masks_are_expanded_once_and_rebuilt_seeds_reuse_them() -> None:

@@ -71,8 +71,8 @@ def quantise(
     (`overwrite`: a contiguous float64 x is that workspace, and is lost); `noise`, a float32 tensor of x's shape, holds
     the stochastic rounding's U (a buffer kept across rounds: fresh memory for 10^7 numbers costs more than drawing
     them)."""
-    v = x.to(torch.float64)
-    if v is x and not (overwrite and x.is_contiguous()):
+    v = x.detach().to(torch.float64)  # x's own memory when x is float64
+    if x.dtype == torch.float64 and not (overwrite and x.is_contiguous()):
         v = v.clone(memory_format=torch.contiguous_format)
     work = v.clamp_(-clip, clip).mul_(levels(bits, clip, n)).numpy()
     if rounding == "stochastic":  # float32 U: 2^-24 of a level is ample
