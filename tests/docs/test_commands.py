@@ -44,7 +44,7 @@ ELSEWHERE: dict[str, str] = {
     r"^make (install|test|test-slow|docs|test-ray|test-trackers|test-flower|flower-venv)$": ".ci/run's stages",
     r"^source \.venv/bin/activate$": "a shell's venv activation (every test runs in the venv `make install` made)",
     r"^pip install ": "the install (.ci/run installs every extra through `make`)",
-    r"^make bench$": "the full benchmark, 7+ minutes (its parts: tests/bench); `fedhet bench --quick` runs in CI",
+    r"^make bench$": "the full benchmark, 7+ minutes (tests/bench runs each of its workloads small)",
     r"^make flower-demo$|^scripts/flower_local\.sh ": "the Flower stage (tests/flower/test_deployment.py)",
     r"^\.venv-flower/bin/fedhet run .*--engine flower": "the Flower stage (tests/flower/test_simulation.py)",
     r"^\.venv-flower/bin/python benchmarks/flower_deployment\.py": "a Flower benchmark (minutes; the Flower stage "
