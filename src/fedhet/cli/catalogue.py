@@ -14,6 +14,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from fedhet.atomic import write_text
 from fedhet.plugins import ENTRY_POINT_GROUP, load_plugins
 
 CATALOGUE = Path(__file__).with_name("catalogue.json")
@@ -83,7 +84,7 @@ def builtin_catalogue() -> dict[str, dict[str, str]]:
 
 def write_catalogue(path: Path = CATALOGUE) -> None:
     """Write ``catalogue.json`` from the registries (after adding or changing a built-in component)."""
-    path.write_text(json.dumps(builtin_catalogue(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(builtin_catalogue(), indent=1, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m fedhet.cli.catalogue
