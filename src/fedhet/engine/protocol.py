@@ -52,6 +52,11 @@ class EngineProtocol(Protocol):
         ``plan.personal``, then the plan's steps) on its own `split` data; nothing is stored."""
         ...
 
+    def personal_starts(self, global_params: Tensor, plan: LocalPlan, round_: int) -> Tensor | None:
+        """(m, P) the plan's clients' personalised models before the plan's steps (their stored personal parts on
+        the global model), or None where they are not held here (without ``plan.personal``; a remote engine)."""
+        ...
+
     def gradient_statistics(self, params: Tensor, clients: Tensor, samples: int, round_: int) -> tuple[Tensor, Tensor]:
         """Mean and per-coordinate variance (m, P) of `samples` per-sample gradients of each client at `params`."""
         ...

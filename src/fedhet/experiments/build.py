@@ -322,13 +322,31 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     availability = parts.availability
     availability.setup(data.num_clients, config.seed)
     availability.always_in(parts.attack.opted_in())
-    for plugin in parts.metrics:
+    for i, plugin in enumerate(parts.metrics):
+        _check_personal_attack(plugin, i, strategy, config)
         plugin.setup(engine, config.seed)
     used = used or (config.personal_eval.appeal and scores_personal(strategy, config.personal_eval))
     privacy = privacy_ledger(config, strategy, data, local, engine, dropping)
     return Experiment(
         config, data, engine, strategy, availability, parts.metrics, requirements if used else None, system, privacy
     )
+
+
+def _check_personal_attack(plugin: Metric, i: int, strategy: Strategy, config: RunConfig) -> None:
+    """Refuse a metric plugin that looks at stored personalised models in a run that keeps none."""
+    if not plugin.needs_personal_models():
+        return
+    name = config.spec("algorithm")["name"]
+    if strategy.personalization(torch.zeros(0, dtype=torch.long)) is None:
+        raise ConfigError(
+            f"metrics[{i}] ('{plugin.name}') looks at the clients' personalised models, and algorithm '{name}' keeps "
+            "none; use an algorithm with personal models (ditto, fedrep, local_only, ifca, ...) or target: global"
+        )
+    if config.personal_eval.finetune_steps:
+        raise ConfigError(
+            f"metrics[{i}] ('{plugin.name}') looks at the clients' stored personalised models, and "
+            "personal_eval.finetune_steps makes them by training at each evaluation; leave finetune_steps out"
+        )
 
 
 def privacy_ledger(

@@ -408,20 +408,23 @@ def _round_clock(state: RunState, round_: int, clients: Tensor) -> RoundClock | 
     return RoundClock(exp.system.profiles(round_), clients, exp.data.train.sizes, cfg.deadline, keep)
 
 
-def _personal_evaluation(state: RunState, params: Tensor, sample: Tensor | None) -> dict[str, float]:
+def _personal_evaluation(
+    state: RunState, params: Tensor, sample: Tensor | None
+) -> tuple[dict[str, float], LocalPlan | None]:
     """The personalised models' metrics after this round when the run scores them and it is due (every
-    ``personal_eval.every``-th evaluation, and the last); their per-client columns join clients.csv."""
+    ``personal_eval.every``-th evaluation, and the last; their per-client columns join clients.csv), and the plan
+    that makes the evaluated clients' personalised models (for metric plugins; None when the run has none)."""
     exp, cfg = state.experiment, state.config
     settings = cfg.personal_eval
     due = state.round == cfg.rounds or (state.round // cfg.eval_every) % settings.every == 0
     clients = sample if sample is not None else torch.arange(exp.data.num_clients)
-    plan = personal_plan(exp.strategy, settings, exp.engine.local, clients) if due else None
-    if plan is None:
-        return {}
+    plan = personal_plan(exp.strategy, settings, exp.engine.local, clients)
+    if plan is None or not due:
+        return {}, plan
     requirements = exp.requirements if settings.appeal else None
     metrics, columns = evaluate_personal(exp.engine, params, plan, state.round, requirements)
     state.client_columns.update(columns)
-    return metrics
+    return metrics, plan
 
 
 GROWTH_LIMIT = 100.0  # a local loss this many times the initial model's is divergence, however small max_loss is
@@ -578,7 +581,7 @@ def _evaluate(
     )
     if sample is not None and needs_all_clients(exp.metrics):  # only with `score_sample_only`
         test, train = spread_scores(test, sample), spread_scores(train, sample)
-    personal = _personal_evaluation(state, evaluated, sample)
+    personal, personal_models = _personal_evaluation(state, evaluated, sample)
     val = exp.engine.scores(evaluated, "val", sample) if exp.metrics and exp.data.val is not None else None
     task, scale = exp.engine.model.task, exp.data.target_scale
     val = in_target_units(val, task, scale) if val is not None else None
@@ -607,6 +610,7 @@ def _evaluate(
         state.history,
         final=state.round == cfg.rounds,
         val=val,
+        personal=personal_models,
     )
     for plugin in exp.metrics:
         extra, columns = compute_checked(plugin, view, metrics)

@@ -362,6 +362,10 @@ class RemoteEngine:
             loss[rows], acc[rows] = scores.loss, scores.accuracy
         return ClientScores(loss, acc, getattr(self.data, split).sizes[clients])
 
+    def personal_starts(self, global_params: Tensor, plan: LocalPlan, round_: int) -> Tensor | None:
+        """None: personal parts live on the nodes and never travel to the server."""
+        return None
+
     def personal_scores(
         self, global_params: Tensor, plan: LocalPlan, round_: int, split: Split = "test"
     ) -> ClientScores:

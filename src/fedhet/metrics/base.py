@@ -18,7 +18,7 @@ from pydantic import ConfigDict, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.evaluate import ClientScores
-from fedhet.engine.plan import LocalResult
+from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.engine.task import Task
 from fedhet.errors import ConfigError, FedhetError
@@ -41,6 +41,7 @@ class RoundView:
     history: list[dict[str, float]]  # earlier evaluated rounds
     final: bool = False  # the last round of the run
     val: ClientScores | None = None  # of `params` on every client's validation data (with ``val_fraction``)
+    personal: LocalPlan | None = None  # the plan that makes the evaluated clients' personalised models (if any)
 
     @property
     def task(self) -> Task:
@@ -68,6 +69,11 @@ class Metric(Component, RunAware):
     def client_columns(self) -> tuple[str, ...]:
         """The ``clients.csv`` columns `compute` may write (all it writes; none may be another's)."""
         return ()
+
+    def needs_personal_models(self) -> bool:
+        """Whether `compute` looks at the clients' stored personalised models (``RoundView.personal``): a run whose
+        strategy keeps none is refused before it starts."""
+        return False
 
     def setup(self, engine: EngineProtocol, seed: int) -> None:
         """Called once before the first round (precompute per-client thresholds and the like; an override calls

@@ -1,10 +1,15 @@
 """Leakage as evaluation: privacy attacks run on the run's models (`fedhet.attacks.membership`,
 `fedhet.attacks.inversion`).
 
-- ``mia``: membership inference on the global model at each evaluated round. Members: up to `samples` training
-  samples of the seen clients; non-members: up to `samples` of their test samples (drawn once from the seed).
-  ``mia_auc``/``mia_tpr_at_1fpr``: the loss-threshold attack (Yeom et al. 2018); ``mia_calibrated_*``: difficulty
-  calibration (Watson et al. 2022) with the run's initial model as the shadow-free reference, ℓ(w_0) − ℓ(w_t).
+- ``mia``: membership inference at each evaluated round. Members: up to `samples` training samples of the seen
+  clients; non-members: up to `samples` of their test samples (drawn once from the seed). On the global model
+  (``target: global``, the default): ``mia_auc``/``mia_tpr_at_1fpr``, the loss-threshold attack (Yeom et al. 2018),
+  and ``mia_calibrated_*``, difficulty calibration (Watson et al. 2022) with the run's initial model as the
+  shadow-free reference, ℓ(w_0) − ℓ(w_t). On the personalised models (``target: personal`` or ``both``), each
+  sample scored by its owner's model (Ditto's, FedRep's head on the shared body, local-only's, IFCA's cluster
+  model): ``mia_personal_auc``/``_tpr_at_1fpr``, and ``mia_personal_calibrated_*`` with the same round's global
+  model as the reference, ℓ(w_t) − ℓ(v_k): what a client's own model reveals beyond the shared one. Only the
+  evaluated clients' samples count (with ``eval_clients``, the round's sample).
 - ``dlg``: gradient inversion of one client's gradient on `batch` of its training samples at the global model
   that starts round `round` (the first evaluated round from `round` on), optionally clipped and noised as
   DP-FedAvg would (`clip`, `noise_multiplier`). Writes ``dlg_psnr``, ``dlg_ssim``, ``dlg_label_accuracy`` on that
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field, PrivateAttr, model_validator
@@ -25,6 +30,7 @@ from torch import Tensor
 
 from fedhet.attacks import inversion, membership
 from fedhet.data.dataset import ClientData
+from fedhet.engine.plan import LocalPlan
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.errors import ConfigError
 from fedhet.metrics.base import METRIC_PLUGINS, Metric, RoundView
@@ -48,13 +54,58 @@ def sample_losses(engine: EngineProtocol, params: Tensor, x: Tensor, y: Tensor, 
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
+PERSONAL_BLOCK = 64  # personalised models built at a time for the personal attack: (64, P) floats
+
+
+def personal_losses(
+    engine: EngineProtocol, params: Tensor, plan: LocalPlan, round_: int, part: ClientData, rows: Tensor
+) -> Tensor | None:
+    """Per-sample losses of `part`'s samples `rows`, each under its owner's personalised model as `plan` makes it
+    from the global model `params` (NaN where the owner is not one of the plan's clients), or None where those
+    models are not at hand here (made by training: ``personal_eval.finetune_steps``; a remote engine's nodes)."""
+    if bool((plan.steps > 0).any()):
+        return None
+    losses = torch.full((len(rows),), math.nan)
+    owner = part.owner[rows]
+    present = torch.nonzero(torch.isin(plan.clients, owner)).flatten()
+    for block in torch.split(present, PERSONAL_BLOCK):
+        some = plan.rows(block)
+        if some.personal is not None:
+            models = engine.personal_starts(params, some, round_)
+        else:  # IFCA's cluster models, or the global model itself
+            models = some.starts if some.starts is not None else params.expand(len(some.clients), -1)
+        if models is None:
+            return None
+        for model, client in zip(models, some.clients.tolist(), strict=True):
+            mine = torch.nonzero(owner == client).flatten()
+            losses[mine] = sample_losses(engine, model, part.x[rows[mine]], part.y[rows[mine]])
+    return losses
+
+
+GLOBAL_COLUMNS = ("mia_auc", "mia_tpr_at_1fpr", "mia_calibrated_auc", "mia_calibrated_tpr_at_1fpr")
+PERSONAL_COLUMNS = tuple(c.replace("mia_", "mia_personal_", 1) for c in GLOBAL_COLUMNS)
+
+
+def _attack(member: Tensor, nonmember: Tensor, ref: tuple[Tensor, Tensor], names: tuple[str, ...]) -> dict[str, float]:
+    """The loss-threshold attack and the one calibrated by the reference losses `ref`, as columns `names`."""
+    auc, tpr = membership.evaluate(membership.attack_scores(member), membership.attack_scores(nonmember))
+    cal_auc, cal_tpr = membership.evaluate(
+        membership.attack_scores(member, ref[0]), membership.attack_scores(nonmember, ref[1])
+    )
+    return dict(zip(names, (auc, tpr, cal_auc, cal_tpr), strict=True))
+
+
 @METRIC_PLUGINS.register
 class MembershipInference(Metric):
-    """Loss-threshold and calibrated membership inference on the global model (attack AUC, TPR at 1% FPR)."""
+    """Loss-threshold and calibrated membership inference on the global and/or the personalised models (attack
+    AUC, TPR at 1% FPR)."""
 
     name: ClassVar[str] = "mia"
-    description: ClassVar[str] = "membership inference on the global model: attack AUC and TPR at 1% FPR"
+    description: ClassVar[str] = "membership inference on the global or personal models: attack AUC, TPR at 1% FPR"
     samples: int = Field(1000, ge=1, description="members and non-members drawn (each) from the seen clients")
+    target: Literal["global", "personal", "both"] = Field(
+        "global", description="attack the global model, each client's personalised model (its own samples), or both"
+    )
     needs_all_clients: ClassVar[bool] = False
 
     _members: Tensor = PrivateAttr(default_factory=lambda: torch.zeros(0, dtype=torch.long))
@@ -62,7 +113,12 @@ class MembershipInference(Metric):
     _reference: tuple[Tensor, Tensor] | None = PrivateAttr(None)
 
     def columns(self) -> tuple[str, ...]:
-        return ("mia_auc", "mia_tpr_at_1fpr", "mia_calibrated_auc", "mia_calibrated_tpr_at_1fpr")
+        return {"global": GLOBAL_COLUMNS, "personal": PERSONAL_COLUMNS, "both": GLOBAL_COLUMNS + PERSONAL_COLUMNS}[
+            self.target
+        ]
+
+    def needs_personal_models(self) -> bool:
+        return self.target != "global"
 
     def setup(self, engine: EngineProtocol, seed: int) -> None:
         super().setup(engine, seed)
@@ -82,20 +138,28 @@ class MembershipInference(Metric):
         data = view.engine.data
         if len(data.train.x) == 0 or len(data.test.x) == 0:  # a remote engine holds no samples
             return dict.fromkeys(self.columns(), math.nan), {}
-        if self._reference is None:
-            self._reference = self._losses(view.engine, view.engine.initial_params())
         member, nonmember = self._losses(view.engine, view.params)
-        auc, tpr = membership.evaluate(membership.attack_scores(member), membership.attack_scores(nonmember))
-        ref_m, ref_n = self._reference
-        cal_auc, cal_tpr = membership.evaluate(
-            membership.attack_scores(member, ref_m), membership.attack_scores(nonmember, ref_n)
-        )
-        return {
-            "mia_auc": auc,
-            "mia_tpr_at_1fpr": tpr,
-            "mia_calibrated_auc": cal_auc,
-            "mia_calibrated_tpr_at_1fpr": cal_tpr,
-        }, {}
+        row: dict[str, float] = {}
+        if self.target != "personal":
+            if self._reference is None:
+                self._reference = self._losses(view.engine, view.engine.initial_params())
+            row.update(_attack(member, nonmember, self._reference, GLOBAL_COLUMNS))
+        if self.target != "global":
+            row.update(self._personal(view, member, nonmember))
+        return row, {}
+
+    def _personal(self, view: RoundView, member: Tensor, nonmember: Tensor) -> dict[str, float]:
+        """The attacks on each evaluated client's personalised model, calibrated by the global model's losses."""
+        plan, data = view.personal, view.engine.data
+        if plan is None:
+            return dict.fromkeys(PERSONAL_COLUMNS, math.nan)
+        own_m = personal_losses(view.engine, view.params, plan, view.round, data.train, self._members)
+        own_n = personal_losses(view.engine, view.params, plan, view.round, data.test, self._nonmembers)
+        if own_m is None or own_n is None:
+            return dict.fromkeys(PERSONAL_COLUMNS, math.nan)
+        in_m = torch.isin(data.train.owner[self._members], plan.clients)
+        in_n = torch.isin(data.test.owner[self._nonmembers], plan.clients)
+        return _attack(own_m[in_m], own_n[in_n], (member[in_m], nonmember[in_n]), PERSONAL_COLUMNS)
 
 
 @METRIC_PLUGINS.register
