@@ -6,6 +6,7 @@ from fedhet.recipes import (  # registers each paper's recipes
     fedgsnr,
     fedmgda,
     fedmgda_leaf,
+    leakage,
     maxfl,
     personal,
     privacy,
