@@ -62,12 +62,15 @@ from fedhet.strategies import (
 )
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.server import SERVER_OPTIMIZERS
+from fedhet.strategies.staleness import STALENESS
 from fedhet.systems.base import SYSTEMS
+from fedhet.systems.deadline import DEADLINE_POLICIES
 
 __all__ = [
     "ATTACKS",
     "AVAILABILITY",
     "DATASETS",
+    "DEADLINE_POLICIES",
     "METRIC_PLUGINS",
     "MODELS",
     "OPTIMIZERS",
@@ -75,6 +78,7 @@ __all__ = [
     "RULES",
     "SCHEDULES",
     "SERVER_OPTIMIZERS",
+    "STALENESS",
     "STRATEGIES",
     "SYSTEMS",
     "TASKS",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -527,6 +528,19 @@ def test_a_deadline_shortens_rounds_and_a_resumed_timed_run_is_byte_identical(tm
     assert float(rows[-1]["time_s"]) < waiting.final["time_s"]  # the deadline shortened the rounds
     if policy != "partial":
         assert sum(float(r["late_clients"]) for r in rows) > 0
+
+
+def test_overselection_selects_more_without_changing_the_run_s_cohort_size() -> None:
+    """⌈(1 + r)·m⌉ clients are selected (the strategy's `ctx.selects`), m updates kept; the context's
+    clients_per_round, which other parts read (DP's m, PoC's d), stays m at every moment."""
+    cfg = small(system={"name": "lognormal", "compute_sigma": 1.5}, rounds=3)
+    m = cfg["clients_per_round"]
+    cfg["deadline"] = {"seconds": 60, "policy": {"name": "overselect", "r": 0.5}}
+    state = run(parse_config(cfg))
+    ctx = state.experiment.strategy.ctx
+    assert ctx.clients_per_round == m and ctx.selects == math.ceil(1.5 * m)
+    assert all(row["participants"] == m for row in state.history)
+    assert all(row["late_clients"] == math.ceil(1.5 * m) - m for row in state.history)
 
 
 def test_a_deadline_nobody_meets_is_one_note_and_counted_across_a_resume(tmp_path: Path) -> None:

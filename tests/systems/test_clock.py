@@ -30,7 +30,7 @@ def _plan(steps: list[int], **extra: object) -> LocalPlan:
 
 def test_a_round_lasts_until_its_slowest_client() -> None:
     clock = RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES)
-    plan = clock.schedule(_plan([100, 100, 100]), SIZE, 0)  # 1000 samples: 1, 2, 4 s of compute
+    plan = clock.schedule(_plan([100, 100, 100]), SIZE, 0).plan  # 1000 samples: 1, 2, 4 s of compute
     assert plan.steps.tolist() == [100, 100, 100]
     assert clock.finish_times().tolist() == pytest.approx([4.0, 5.0, 7.0])
     assert clock.duration() == pytest.approx(7.0)
@@ -39,7 +39,7 @@ def test_a_round_lasts_until_its_slowest_client() -> None:
 
 def test_drop_leaves_out_who_cannot_finish_and_the_round_lasts_the_deadline() -> None:
     clock = RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES, Deadline(seconds=6, policy="drop"))
-    plan = clock.schedule(_plan([100, 100, 100]), SIZE, 0)
+    plan = clock.schedule(_plan([100, 100, 100]), SIZE, 0).plan
     assert plan.steps.tolist() == [100, 100, 0] and clock.left_out.tolist() == [False, False, True]
     assert clock.duration() == 6.0
     assert math.isinf(float(clock.finish_times()[2]))
@@ -48,20 +48,20 @@ def test_drop_leaves_out_who_cannot_finish_and_the_round_lasts_the_deadline() ->
 
 def test_partial_work_takes_the_steps_that_fit() -> None:
     clock = RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES, Deadline(seconds=5, policy="partial"))
-    plan = clock.schedule(_plan([100, 100, 100]), SIZE, 0)
+    plan = clock.schedule(_plan([100, 100, 100]), SIZE, 0).plan
     # 2 s of room after 3 s of communication: 2 / (10 × 0.002) = 100 steps, 2 / (10 × 0.004) = 50
     assert plan.steps.tolist() == [100, 100, 50] and not bool(clock.left_out.any())
     assert clock.finish_times().tolist() == pytest.approx([4.0, 5.0, 5.0])
     assert clock.duration() == pytest.approx(5.0)
     tight = RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES, Deadline(seconds=3.015, policy="partial"))
-    plan = tight.schedule(_plan([100, 100, 100]), SIZE, 0)
+    plan = tight.schedule(_plan([100, 100, 100]), SIZE, 0).plan
     assert plan.steps.tolist() == [1, 0, 0] and tight.left_out.tolist() == [False, True, True]
 
 
 def test_overselection_keeps_the_first_to_finish() -> None:
     clock = RoundClock(PROFILES, torch.tensor([2, 0, 1]), SIZES, Deadline(seconds=60, policy="overselect"), keep=2)
     plan = LocalPlan(torch.tensor([2, 0, 1]), torch.tensor([100, 100, 100]), torch.full((3,), 0.1), 10)
-    plan = clock.schedule(plan, SIZE, 0)
+    plan = clock.schedule(plan, SIZE, 0).plan
     assert plan.steps.tolist() == [0, 100, 100] and clock.left_out.tolist() == [True, False, False]
     assert clock.duration() == pytest.approx(5.0)
 

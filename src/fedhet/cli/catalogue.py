@@ -33,6 +33,9 @@ REGISTRIES = {
     "models": "MODELS",
     "availability": "AVAILABILITY",
     "attacks": "ATTACKS",
+    "systems": "SYSTEMS",
+    "deadlines": "DEADLINE_POLICIES",
+    "staleness": "STALENESS",
     "plugins": "METRIC_PLUGINS",
 }
 GROUPS = (*REGISTRIES, "metrics", "recipes")

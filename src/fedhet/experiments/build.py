@@ -312,11 +312,14 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     # an asynchronous strategy needs a clock: without a system model every client runs at the constant one's speed
     system = parts.system if parts.system.simulates_time or not strategy.asynchronous else Constant()
     system.setup(data.num_clients, config.seed)
-    dropping = system.simulates_time and config.deadline.seconds is not None and config.deadline.policy != "partial"
+    timed = system.simulates_time and config.deadline.seconds is not None
+    dropping = timed and config.deadline.rule.drops_clients
     check_sampling(
         config.privacy, strategy, config.spec("availability")["name"], config.spec("attack")["name"], dropping
     )
     ctx = ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack, system)
+    if timed:  # a deadline that over-selects: the server selects more clients than the updates it keeps
+        ctx.cohort_size = config.deadline.rule.cohort(config.clients_per_round)
     ctx.local_schedule, ctx.server_schedule, ctx.rounds = parts.local_schedule, parts.server_schedule, config.rounds
     strategy.setup(ctx)
     availability = parts.availability

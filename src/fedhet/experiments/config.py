@@ -356,13 +356,14 @@ class RunConfig(Settings):
             )
         if deadline.seconds is None and deadline != Deadline():
             raise ValueError(
-                f"deadline.policy ({deadline.policy}) and deadline.overselect have no effect without "
+                f"deadline.policy ({deadline.policy_name}) and deadline.overselect have no effect without "
                 "deadline.seconds; set the seconds, or leave the deadline out"
             )
         if deadline.policy != "overselect" and deadline.overselect != Deadline().overselect:
             raise ValueError(
                 f"deadline.overselect ({deadline.overselect:g}) is used by deadline.policy overselect only, and the "
-                f"policy is {deadline.policy}; set policy: overselect, or leave overselect out"
+                f"policy is {deadline.policy_name}; set policy: overselect (or {{name: overselect, r: ...}}), or "
+                "leave overselect out"
             )
         return self
 

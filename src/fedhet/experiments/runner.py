@@ -7,7 +7,6 @@ The run folder's files, lock and checks are `fedhet.experiments.runfolder`'s; th
 from __future__ import annotations
 
 import json
-import math
 import time
 import warnings
 from collections.abc import Callable
@@ -373,30 +372,16 @@ def _trainer(state: RunState, round_: int, clock: RoundClock | None = None) -> T
         if exp.privacy is not None:
             plan = exp.privacy.training_plan(plan)
         plan = attack.corrupt_plan(plan, round_)
-        if clock is not None:
-            personal = int(plan.personal.mask(model).sum()) if plan.personal is not None else 0
-            plan = clock.schedule(plan, model.size, personal)
-        result = exp.engine.train(params, plan, round_)
-        if clock is not None:
-            late = clock.left_out[clock.rows(plan)]
-            result.dropped = late if result.dropped is None else result.dropped | late
+        if clock is None:
+            return exp.engine.train(params, plan, round_)
+        personal = int(plan.personal.mask(model).sum()) if plan.personal is not None else 0
+        scheduled = clock.schedule(plan, model.size, personal)
+        result = exp.engine.train(params, scheduled.plan, round_)
+        late = scheduled.late
+        result.dropped = late if result.dropped is None else result.dropped | late
         return result
 
     return train
-
-
-def _select(state: RunState, round_: int, available: Tensor) -> Tensor:
-    """The strategy's cohort; with a deadline that over-selects, ⌈(1 + r)·m⌉ clients instead of m."""
-    exp, deadline = state.experiment, state.config.deadline
-    ctx = exp.strategy.ctx
-    if state.clock is None or deadline.seconds is None or deadline.policy != "overselect":
-        return exp.strategy.select(round_, available)
-    m = ctx.clients_per_round
-    ctx.clients_per_round = math.ceil((1 + deadline.overselect) * m)
-    try:
-        return exp.strategy.select(round_, available)
-    finally:
-        ctx.clients_per_round = m
 
 
 def _round_clock(state: RunState, round_: int, clients: Tensor) -> RoundClock | None:
@@ -404,7 +389,7 @@ def _round_clock(state: RunState, round_: int, clients: Tensor) -> RoundClock | 
     if state.clock is None:
         return None
     exp, cfg = state.experiment, state.config
-    keep = cfg.clients_per_round if cfg.deadline.policy == "overselect" and cfg.deadline.seconds else None
+    keep = cfg.deadline.rule.keep(cfg.clients_per_round) if cfg.deadline.seconds is not None else None
     return RoundClock(exp.system.profiles(round_), clients, exp.data.train.sizes, cfg.deadline, keep)
 
 
@@ -491,7 +476,7 @@ def _synchronous_round(state: RunState) -> RoundOutcome:
     attack = exp.strategy.ctx.attack
     exp.strategy.ctx.params = state.params
     exp.strategy.ctx.start_round(t)  # the round's scheduled learning rates
-    clients = attack.cohort(_select(state, t, available), available, t)
+    clients = attack.cohort(exp.strategy.select(t, available), available, t)
     previous = state.params
     result: LocalResult | None = None
     state.local_training_s = 0.0
@@ -525,7 +510,7 @@ def _note_empty_round(state: RunState, clock: RoundClock) -> None:
         deadline = state.config.deadline
         warnings.warn(
             f"round {state.round + 1}: no client of the {len(clock.clients)} selected can finish within "
-            f"deadline.seconds {deadline.seconds:g} (policy {deadline.policy}), so the model did not change; "
+            f"deadline.seconds {deadline.seconds:g} (policy {deadline.policy_name}), so the model did not change; "
             "summary.json counts such rounds (deadline_empty_rounds); raise deadline.seconds",
             FedhetNote,
             stacklevel=2,

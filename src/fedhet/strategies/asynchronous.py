@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-import torch
 from pydantic import Field
 from torch import Tensor
 
 from fedhet.engine.plan import LocalResult
 from fedhet.strategies.base import Strategy
+from fedhet.strategies.staleness import build_staleness
 
 Staleness = Literal["constant", "polynomial", "hinge"]
 
@@ -24,13 +24,8 @@ Staleness = Literal["constant", "polynomial", "hinge"]
 def staleness_weight(staleness: Tensor, kind: Staleness, a: float, b: float) -> Tensor:
     """s(t − τ) of FedAsync (Xie, Koyejo, Gupta 2019, §5.2) at `staleness` = the paper's t − τ (≥ 1: a version lag
     plus one, see `fedhet.strategies.fedasync`): constant 1; polynomial (t − τ + 1)^(−a); hinge 1 for t − τ ≤ b,
-    else 1 / (a (t − τ − b) + 1)."""
-    s = staleness.double()
-    if kind == "constant":
-        return torch.ones_like(s)
-    if kind == "polynomial":
-        return (s + 1).pow(-a)
-    return torch.where(s <= b, torch.ones_like(s), 1.0 / (a * (s - b) + 1.0))
+    else 1 / (a (t − τ − b) + 1) (the registered functions of `fedhet.strategies.staleness`)."""
+    return build_staleness(kind, "staleness", a=a, b=b).weight(staleness)
 
 
 class AsynchronousStrategy(Strategy):

@@ -61,6 +61,13 @@ class ServerContext:
     rounds: int = 1  # T, the rounds planned (schedules that anneal over the run use it)
     round: int = 0  # the round under way (`start_round`)
     base_local: LocalSettings | None = None  # the config's local settings (``local`` is round t's)
+    cohort_size: int | None = None  # clients `select` picks a round (None: clients_per_round; more: over-selection)
+
+    @property
+    def selects(self) -> int:
+        """m' = the clients `Strategy.select` picks a round: ``clients_per_round``, or ⌈(1 + r)·m⌉ where a deadline
+        over-selects (`fedhet.systems.deadline`)."""
+        return self.cohort_size if self.cohort_size is not None else self.clients_per_round
 
     def start_round(self, round_: int) -> None:
         """Round `round_` (0-based) begins: ``local`` takes the round's learning rate from ``local_schedule``."""
@@ -139,7 +146,7 @@ class Strategy(Component):
     def select(self, round_: int, available: Tensor) -> Tensor:
         """Sample ``min(m, #available)`` of the available clients uniformly without replacement."""
         pool = torch.from_numpy(np.flatnonzero(available.cpu().numpy()))  # NumPy's: 8x torch.nonzero's speed
-        m = min(self.ctx.clients_per_round, len(pool))
+        m = min(self.ctx.selects, len(pool))
         rng = numpy_rng(self.ctx.seed, "select", round_)
         chosen = rng.choice(len(pool), size=m, replace=False)
         return pool[torch.as_tensor(chosen, dtype=torch.long)].sort().values

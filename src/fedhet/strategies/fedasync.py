@@ -2,7 +2,8 @@
 
 Each update is applied as soon as it arrives: x_t ← (1 − α_t) x_{t−1} + α_t x_new with α_t = α · s(t − τ)
 (Algorithm 1, the updater), where x_new is the client's local model trained from x_τ and s a staleness function
-(`staleness_weight`: constant, polynomial (t − τ + 1)^(−a), or hinge). C clients train at once. The paper's
+(`fedhet.strategies.staleness`: constant, polynomial (t − τ + 1)^(−a), hinge, or a plugin's). C clients train at
+once. The paper's
 settings: α ∈ {0.6, 0.8, 0.9}, polynomial a = 0.5, hinge a = 10, b = 4.
 
 The paper's t is the version the update *makes*, so t − τ = lag + 1, where the lag (what metrics.csv's
@@ -12,14 +13,15 @@ fresh update (lag 0) has t − τ = 1 and is mixed in with α s(1) (polynomial: 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr, model_validator
 from torch import Tensor
 
 from fedhet.engine.plan import LocalResult
-from fedhet.strategies.asynchronous import AsynchronousStrategy, Staleness, staleness_weight
+from fedhet.strategies.asynchronous import AsynchronousStrategy
 from fedhet.strategies.base import STRATEGIES
+from fedhet.strategies.staleness import Polynomial, StalenessFunction, build_staleness
 
 
 def fedasync_step(global_params: Tensor, local: Tensor, alpha: float) -> Tensor:
@@ -35,13 +37,22 @@ class FedAsync(AsynchronousStrategy):
     description: ClassVar[str] = "asynchronous: each update mixed in on arrival, by staleness (Xie et al. 2019)"
     concurrency: int = Field(10, ge=1, description="C: clients training at once")
     alpha: float = Field(0.6, gt=0, le=1, description="α: the mixing weight of a fresh update")
-    staleness: Staleness = Field("polynomial", description="s: constant, polynomial or hinge")
+    staleness: str | dict[str, Any] = Field(
+        "polynomial", description="s: constant, polynomial, hinge (fedhet list staleness), or {name: ..., ...}"
+    )
     a: float = Field(
         0.5, ge=0, allow_inf_nan=False, description="a of the polynomial (t − τ + 1)^(−a) or hinge s (paper: 0.5; 10)"
     )
     b: float = Field(
         4.0, ge=0, allow_inf_nan=False, description="b of the hinge: no discount while t − τ ≤ b (paper: 4)"
     )
+    _function: StalenessFunction = PrivateAttr(default_factory=Polynomial)
+
+    @model_validator(mode="after")
+    def _staleness_function(self) -> FedAsync:
+        """s as a component: a named polynomial or hinge takes this strategy's a and b."""
+        self._function = build_staleness(self.staleness, "algorithm.staleness", a=self.a, b=self.b)
+        return self
 
     @property
     def buffer(self) -> int:
@@ -51,5 +62,5 @@ class FedAsync(AsynchronousStrategy):
         self, version: int, global_params: Tensor, result: LocalResult, starts: Tensor, staleness: Tensor
     ) -> Tensor:
         lag = staleness[:1]
-        alpha = self.alpha * float(staleness_weight(lag + 1, self.staleness, self.a, self.b)[0])  # s(t − τ)
+        alpha = self.alpha * float(self._function.weight(lag + 1)[0])  # s(t − τ)
         return fedasync_step(global_params, result.params[0], alpha)

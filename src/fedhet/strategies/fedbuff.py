@@ -9,15 +9,15 @@ staleness), a round is FedAvg's with uniform weights.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar
 
-import torch
-from pydantic import Field
+from pydantic import Field, PrivateAttr, model_validator
 from torch import Tensor
 
 from fedhet.engine.plan import LocalResult
 from fedhet.strategies.asynchronous import AsynchronousStrategy, buffered_mean
 from fedhet.strategies.base import STRATEGIES
+from fedhet.strategies.staleness import SquareRoot, StalenessFunction, build_staleness
 
 
 @STRATEGIES.register
@@ -28,9 +28,18 @@ class FedBuff(AsynchronousStrategy):
     description: ClassVar[str] = "buffered asynchronous aggregation: a step every K updates (Nguyen et al. 2022)"
     concurrency: int = Field(100, ge=1, description="C: clients training at once (the paper: 100 to 1,000)")
     buffer_size: int = Field(10, ge=1, description="K: updates per server step (the paper's default: 10)")
-    staleness_scaling: Literal["sqrt", "none"] = Field(
-        "sqrt", description="s(τ) = 1/√(1 + τ) (Algorithm 1), or none: s = 1"
+    staleness_scaling: str | dict[str, Any] = Field(
+        "sqrt",
+        description="s(t − τ): sqrt = 1/√(1 + t − τ) (Algorithm 1), none = 1, or a staleness function (fedhet list "
+        "staleness) of the version lag",
     )
+    _function: StalenessFunction = PrivateAttr(default_factory=SquareRoot)
+
+    @model_validator(mode="after")
+    def _staleness_function(self) -> FedBuff:
+        scaling = "constant" if self.staleness_scaling == "none" else self.staleness_scaling
+        self._function = build_staleness(scaling, "algorithm.staleness_scaling")
+        return self
 
     @property
     def buffer(self) -> int:
@@ -40,8 +49,5 @@ class FedBuff(AsynchronousStrategy):
         self, version: int, global_params: Tensor, result: LocalResult, starts: Tensor, staleness: Tensor
     ) -> Tensor:
         updates = starts - result.params
-        if self.staleness_scaling == "sqrt":
-            weights = 1.0 / torch.sqrt(1.0 + staleness.double())
-        else:
-            weights = torch.ones(len(staleness), dtype=torch.float64)
+        weights = self._function.weight(staleness)
         return self.server_step(global_params, buffered_mean(updates, weights))

@@ -51,7 +51,7 @@ class PowerOfChoice(FedAvg):
 
     def select(self, round_: int, available: Tensor) -> Tensor:
         pool = torch.nonzero(available).flatten()
-        m = min(self.ctx.clients_per_round, len(pool))
+        m = min(self.ctx.selects, len(pool))
         d = min(self.d if self.d is not None else 2 * m, len(pool))
         if len(pool) <= m:
             return pool

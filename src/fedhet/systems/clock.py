@@ -17,6 +17,9 @@ has sent its update, unless a `Deadline` is set (seconds after the round starts)
   a client that fits none is left out);
 * ``overselect``: the server selects ⌈(1 + r)·m⌉ clients and keeps the m that finish first (FedScale's and
   Bonawitz et al.'s over-selection); the round lasts until the m-th.
+
+The policies are registered components (`fedhet.systems.deadline`): one call, `RoundClock.schedule`, asks the
+round's policy and says who takes part in a plan, with how many steps, and when each update arrives.
 """
 
 from __future__ import annotations
@@ -44,6 +47,17 @@ def plan_bytes(plan: LocalPlan, size: int, personal: int) -> tuple[float, float]
 
 
 @dataclass
+class Scheduled:
+    """A plan as the round's clock lets it run: the steps each client takes (0 for a client left out), which of
+    its clients are left out (`late`: no update of theirs arrives in time), and when each update arrives (seconds
+    after the round starts, so far: inf for a client left out)."""
+
+    plan: LocalPlan
+    late: Tensor  # (m,) bool, rows of the plan
+    arrives: Tensor  # (m,) float64 seconds
+
+
+@dataclass
 class RoundClock:
     """What one synchronous round costs its clients so far, plan by plan (see the module docstring)."""
 
@@ -68,11 +82,12 @@ class RoundClock:
         position = {int(k): i for i, k in enumerate(self.clients.tolist())}
         return torch.as_tensor([position[int(k)] for k in plan.clients.tolist()], dtype=torch.long)
 
-    def schedule(self, plan: LocalPlan, size: int, personal: int) -> LocalPlan:
-        """Charge `plan` to its clients (rows of the cohort) and return it with the steps the deadline allows
-        (``partial``), or none for the clients it leaves out (``drop``; ``overselect``: all but the `keep` that the
-        round's first plan makes finish first)."""
+    def schedule(self, plan: LocalPlan, size: int, personal: int) -> Scheduled:
+        """Charge `plan` to its clients (rows of the cohort): the steps the deadline's policy allows them
+        (``partial``: those that fit), none for the clients it leaves out (``drop``; ``overselect``: all but the
+        `keep` that the round's first plan makes finish first), and when their updates arrive."""
         rows = self.rows(plan)
+        rule = self.deadline.rule
         down, up = plan_bytes(plan, size, personal)
         self.down[rows] = torch.maximum(self.down[rows], torch.tensor(down, dtype=torch.float64))
         self.up[rows] = torch.maximum(self.up[rows], torch.tensor(up, dtype=torch.float64))
@@ -80,24 +95,22 @@ class RoundClock:
         per_step = batch * self.profiles.sample_s[plan.clients].double()
         steps = plan.steps.clone()
         seconds = self.deadline.seconds
-        if seconds is not None and self.deadline.policy != "overselect":
+        if seconds is not None and rule.cuts_at_deadline:
             comm = self._comm(rows)
             room = seconds - comm - self.compute[rows]
             fits = torch.floor(room / per_step.clamp_min(1e-300)).clamp(min=0).long()
-            if self.deadline.policy == "partial":
-                steps = torch.minimum(steps, fits)
-            else:
-                steps = torch.where(fits >= steps, steps, torch.zeros_like(steps))
+            steps = rule.steps(steps, fits)
             late = (steps == 0) & (plan.steps > 0)
             self.left_out[rows] |= late
-        if self.deadline.policy == "overselect" and self.keep is not None and not self.planned:
+        if self.keep is not None and not self.planned:
             self.compute[rows] += steps.double() * per_step  # rank by this plan's finish times, keep the first
             self.keep_first(self.keep)
             self.compute[rows] -= steps.double() * per_step
         self.planned = True
-        steps = torch.where(self.left_out[rows], torch.zeros_like(steps), steps)
+        late = self.left_out[rows].clone()
+        steps = torch.where(late, torch.zeros_like(steps), steps)
         self.compute[rows] += steps.double() * per_step
-        return replace(plan, steps=steps)
+        return Scheduled(replace(plan, steps=steps), late, self.finish_times()[rows])
 
     def _comm(self, rows: Tensor | slice = slice(None)) -> Tensor:
         lat = 2 * self.profiles.latency_s[self.clients[rows]].double()
@@ -124,7 +137,7 @@ class RoundClock:
         arrived = times[~self.left_out]
         last = float(arrived.max()) if len(arrived) else 0.0
         seconds = self.deadline.seconds
-        if seconds is not None and self.deadline.policy != "overselect" and bool(self.left_out.any()):
+        if seconds is not None and self.deadline.rule.cuts_at_deadline and bool(self.left_out.any()):
             return float(seconds)
         return last
 

@@ -36,5 +36,5 @@ class F3AST(AvailabilityAware):
     def weights(self, round_: int, active: np.ndarray, pi: np.ndarray, lam: np.ndarray) -> np.ndarray:
         smoothed = (1 - self.smoothing) * np.asarray(pi) + self.smoothing * active
         q = unbiased_weights(self.alpha, smoothed)
-        chosen = top_k_active(q**2, active, self.ctx.clients_per_round)
+        chosen = top_k_active(q**2, active, self.ctx.selects)
         return np.where(chosen, q, 0.0)
