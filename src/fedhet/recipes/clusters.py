@@ -41,7 +41,7 @@ COLUMNS: dict[str, str] = {
     "ari": "ARI",
     "test_accuracy": "global model acc",
 }
-FIGURES = {"personal_test_accuracy": "personal_accuracy.png", "ari": "ari.png"}
+FIGURES = {"personal_test_accuracy": "personal_accuracy.png"}
 QUICK: dict[str, Any] = {"rounds": 10}
 SHIFTS: dict[str, dict[str, Any]] = {
     "rotation": {"name": "rotation", "groups": 4},
