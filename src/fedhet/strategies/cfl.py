@@ -11,12 +11,13 @@ client is not: its own risk is far from stationary), S_c is bipartitioned by the
 
     α_ij = ⟨Δθ_i, Δθ_j⟩ / (‖Δθ_i‖ ‖Δθ_j‖),   c_1, c_2 = argmin_{c_1 ∪ c_2 = S_c} max_{i ∈ c_1, j ∈ c_2} α_ij
 
-(the paper's optimal bipartition: single linkage, its Algorithm 2; complete linkage, the default, is what the authors'
-released code runs, and is less prone to cutting off one outlying client). Both halves continue from θ_c, and the
-round's aggregation already runs per half: θ_{c_h} ← θ_c − η_g Σ_{i ∈ c_h} p_i (θ_c − θ̃_i). A split also needs at
-least ``min_size`` updates in the cluster, ``min_rounds`` rounds since the cluster was made, and fewer than
-``max_clusters`` clusters. Defaults ε1 = 0.4, ε2 = 1.6 are the values of the authors' experiments (their released
-code); both are norms of a whole round's update, so they depend on the model, local steps and learning rate: the
+(single linkage solves this minimax problem exactly: cut the weakest link of a maximum spanning tree of α; complete
+linkage, the default, is what the authors' released code runs, and is less prone to cutting off one outlying
+client). Both halves continue from θ_c, and the round's aggregation already runs per half:
+θ_{c_h} ← θ_c − η_g Σ_{i ∈ c_h} p_i (θ_c − θ̃_i). A split also needs at least ``min_size`` updates in the cluster,
+``min_rounds`` rounds since the cluster was made, and fewer than ``max_clusters`` clusters. Defaults ε1 = 0.4,
+ε2 = 1.6 are the values of the authors' experiments (their released code); both are norms of a whole round's update,
+so they depend on the model, local steps and learning rate: the
 ``update_norm_mean``/``update_norm_max`` round metrics (of the largest cluster) show where a run stands.
 
 The paper's check of the risk-approximation error γ_max < √((1 − α_max^cross)/2) is left out (γ is unknown in
