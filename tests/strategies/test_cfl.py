@@ -47,7 +47,7 @@ def test_opposite_updates_are_bipartitioned_into_their_groups(linkage: str) -> N
 
 def _cfl(**settings: object) -> tuple[CFL, Engine]:
     """CFL over four tiny clients of 4 samples each (equal weights), all in every round."""
-    strategy = CFL(**settings)  # type: ignore[arg-type]
+    strategy = CFL(**settings)
     engine = Engine(linear_model(dim=3), tiny_data([4, 4, 4, 4], dim=3), backend="sequential", seed=0)
     strategy.setup(make_context(engine, m=4))
     return strategy, engine
