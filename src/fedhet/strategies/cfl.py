@@ -55,7 +55,7 @@ def bipartition(updates: Tensor, linkage: Literal["complete", "single"] = "compl
     of the distances 1 − α into two groups; the half holding the first client is the first."""
     from sklearn.cluster import AgglomerativeClustering
 
-    distances = (1 - cosine_similarities(updates)).clamp_min(0).numpy()
+    distances = (1 - cosine_similarities(updates)).clamp_min(0).cpu().numpy()
     labels = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage=linkage).fit(distances).labels_
     labels = torch.as_tensor(labels)
     return labels != labels[0]
@@ -119,7 +119,7 @@ class CFL(Strategy):
         """The cluster of lowest training loss for each of `clients` (IFCA's rule)."""
         if len(self.models) == 1 or not len(clients):
             return torch.zeros(len(clients), dtype=torch.long)
-        return cluster_choice(torch.stack([losses_at(theta, clients) for theta in self.models]))
+        return cluster_choice(torch.stack([losses_at(theta, clients) for theta in self.models])).cpu()
 
     def local_training(self, round_: int, clients: Tensor, global_params: Tensor, train: Train) -> LocalResult:
         cluster = self.assignment
