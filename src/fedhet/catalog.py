@@ -37,6 +37,7 @@ from fedhet.privacy import strategy as dp_strategy
 from fedhet.strategies import (
     afl,
     apfl,
+    cfl,
     ditto,
     fedasync,
     fedavg,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from fedhet.bench import asynchronous, costs, personal
+from fedhet.bench import asynchronous, clusters, costs, personal
 from fedhet.bench.workloads import Workload
 from fedhet.cli.main import app
 
@@ -16,11 +16,12 @@ SMALL = Workload("small", "MLP, 24 clients", {"name": "mlp", "hidden": [8]}, (6,
 def test_the_costs_run_on_small_workloads_and_become_targets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(personal, "MLP", SMALL)
     monkeypatch.setattr(personal, "EVAL", SMALL)
+    monkeypatch.setattr(clusters, "MLP", SMALL)
     monkeypatch.setattr(asynchronous, "WORKLOAD", SMALL)
     monkeypatch.setattr(costs, "fedbuff_throughput", _smaller(asynchronous.fedbuff_throughput))
     result = CliRunner().invoke(app, ["bench", "--costs", "--quick"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    for name in ("Ditto round", "personalised evaluation", "FedBuff", "the machine"):
+    for name in ("Ditto round", "personalised evaluation", "FedBuff", "the machine", "IFCA round, k=4"):
         assert name in result.output
 
 

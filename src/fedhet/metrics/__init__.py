@@ -38,7 +38,10 @@ METRICS: dict[str, str] = {
     "personal_test_accuracy_worst_group": "as test_accuracy_worst_group, of the personalised models "
     "(personal_test_accuracy_group<g>: group g's)",
     "ari": "adjusted Rand index of the clients' last chosen clusters against their ground-truth groups (shift; "
-    "IFCA), over the clients that chose one",
+    "IFCA, CFL), over the clients that chose one",
+    "clusters": "number of cluster models (CFL)",
+    "update_norm_mean": "CFL: norm of the weighted mean update of the largest cluster this round (against ε1)",
+    "update_norm_max": "CFL: largest norm of a client update of the largest cluster this round (against ε2)",
     "time_s": "simulated seconds since the run started (with a system model)",
     "bytes_down": "bytes sent to clients so far (with a system model)",
     "bytes_up": "bytes received from clients so far (with a system model)",

@@ -69,6 +69,15 @@ def assignment_ari(choice: Tensor, groups: Tensor) -> float:
     return float(adjusted_rand_score(groups[chosen].numpy(), choice[chosen].numpy()))
 
 
+def require_sgd(strategy: Strategy, what: str) -> None:
+    """Refuse in one line a stateful server optimiser for a strategy that steps several models (`what` does)."""
+    if not isinstance(strategy.server_optimizer, ServerSGD):
+        raise ConfigError(
+            f"algorithm.server_optimizer '{strategy.server_optimizer.name}' keeps one state for one model; {what}: "
+            "use the plain server step (server_optimizer: sgd)"
+        )
+
+
 @STRATEGIES.register
 class IFCA(Strategy):
     """k cluster models; each client trains the one with its lowest loss; each is averaged over its clients."""
@@ -83,11 +92,8 @@ class IFCA(Strategy):
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
-        if self.k > 1 and not isinstance(self.server_optimizer, ServerSGD):
-            raise ConfigError(
-                f"algorithm.server_optimizer '{self.server_optimizer.name}' keeps one state for one model; ifca with "
-                "k > 1 steps k models: use the plain server step (server_optimizer: sgd)"
-            )
+        if self.k > 1:
+            require_sgd(self, "ifca with k > 1 steps k models")
         initial = ctx.engine.initial_params()
         models = [initial]
         for j in range(1, self.k):  # θ_j: each parameter tensor's entries of θ_1 in a seeded order
