@@ -33,6 +33,7 @@ from fedhet.models import fedmgda as fedmgda_models
 from fedhet.models import torch_model, zoo
 from fedhet.models.base import MODELS
 from fedhet.privacy import secagg
+from fedhet.privacy.mechanisms import MECHANISMS
 from fedhet.privacy import strategy as dp_strategy
 from fedhet.strategies import (
     afl,
@@ -68,6 +69,7 @@ __all__ = [
     "ATTACKS",
     "AVAILABILITY",
     "DATASETS",
+    "MECHANISMS",
     "METRIC_PLUGINS",
     "MODELS",
     "OPTIMIZERS",

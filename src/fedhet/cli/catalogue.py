@@ -33,6 +33,7 @@ REGISTRIES = {
     "models": "MODELS",
     "availability": "AVAILABILITY",
     "attacks": "ATTACKS",
+    "mechanisms": "MECHANISMS",
     "plugins": "METRIC_PLUGINS",
 }
 GROUPS = (*REGISTRIES, "metrics", "recipes")
