@@ -33,8 +33,8 @@ from fedhet.models import fedmgda as fedmgda_models
 from fedhet.models import torch_model, zoo
 from fedhet.models.base import MODELS
 from fedhet.privacy import secagg
-from fedhet.privacy.mechanisms import MECHANISMS
 from fedhet.privacy import strategy as dp_strategy
+from fedhet.privacy.mechanisms import MECHANISMS
 from fedhet.strategies import (
     afl,
     apfl,
