@@ -46,7 +46,7 @@ from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.privacy import UpdateClip
 from fedhet.errors import ConfigError, FedhetWarning
 from fedhet.privacy.accounting import Release
-from fedhet.privacy.mechanisms import DEFAULT_NOISE_MULTIPLIER, MECHANISMS, Mechanism, RunShape, Unit
+from fedhet.privacy.mechanisms import DEFAULT_NOISE_MULTIPLIER, DPSGD, MECHANISMS, Mechanism, RunShape, Unit
 from fedhet.privacy.settings import PrivacyConfig
 from fedhet.registry import spec_of
 from fedhet.seeding import numpy_rng, torch_gen
@@ -195,9 +195,12 @@ class Private(MechanismWrapper):
     @classmethod
     def _resolve_mechanism(cls, value: Any) -> dict[str, Any]:
         try:
-            return spec_of(MECHANISMS.build(value, where="algorithm.mechanism"))
+            built = MECHANISMS.build(value, where="algorithm.mechanism")
         except ConfigError as err:
             raise ValueError(str(err)) from None
+        if isinstance(built, DPSGD):
+            raise ValueError("DP-SGD runs in the local steps of any strategy: set local.dp_sgd, not a mechanism")
+        return spec_of(built)
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
