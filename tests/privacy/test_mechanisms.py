@@ -21,7 +21,6 @@ from fedhet.catalog import STRATEGIES
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.privacy import UpdateClip, add_noise, update_noise, update_norms
-from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
 from fedhet.privacy.accounting import Release, epsilon
@@ -207,9 +206,25 @@ def test_a_target_the_mechanism_cannot_meet_is_refused_in_one_line(
     assert_refused([*args, "--out", "r"], fragment, tmp_path)
 
 
-def test_without_a_mechanism_the_private_wrapper_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"'algorithm\.mechanism': Field required"):
-        STRATEGIES.build("private")
+@pytest.mark.parametrize("sampling", ["fixed", "poisson"])
+def test_local_gaussian_is_dp_with_local_noise_on_the_bases_selection(tmp_path: Path, sampling: str) -> None:
+    """The built-in local mechanism under ``private`` gives dp's numbers (noise: local, fixed clipping): the same
+    clipped, noised updates, the same ε per client (with dp's fixed sampling, the base's cohort)."""
+    mechanism = {"name": "local_gaussian", "clip": 0.5, "noise_multiplier": 2.0}
+    run(config(mechanism), tmp_path / "private")
+    dp_spec = {"name": "dp", "base": "fedavg", "clip": 0.5, "noise_multiplier": 2.0, "noise": "local"}
+    run(config({}, algorithm={**dp_spec, "sampling": sampling}), tmp_path / "dp")
+    private, dp_rows = rows(tmp_path / "private/clients.csv"), rows(tmp_path / "dp/clients.csv")
+    if sampling == "fixed":
+        for a, b in zip(private, dp_rows, strict=True):
+            assert a["dp_local_gaussian_epsilon"] == b["dp_epsilon"] and a["test_loss"] == b["test_loss"]
+    z = 2.0 / 2  # replace-one: the accountant's multiplier z/2
+    for client in private:
+        n = int(client["dp_rounds"])
+        event = dp.SelfComposedDpEvent(dp.GaussianDpEvent(z), n)
+        expected = dp.rdp.RdpAccountant().compose(event).get_epsilon(DELTA) if n else 0.0
+        assert float(client["dp_local_gaussian_epsilon"]) == pytest.approx(expected, rel=1e-9)
+    assert STRATEGIES.build("private").privacy_mechanism().name == "local_gaussian"  # type: ignore[attr-defined]
 
 
 def test_the_dp_wrapper_is_a_mechanism_and_the_ledger_names_none() -> None:

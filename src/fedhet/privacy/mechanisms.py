@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
-from pydantic import ConfigDict, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
@@ -225,6 +225,39 @@ class DPSGD(DPSGDConfig, Mechanism):
 
     def report(self, rounds: int) -> dict[str, Any]:
         return {"noise_multiplier": self.z, "clip": self.clip, "sampling": self.sampling}
+
+
+@MECHANISMS.register
+class LocalGaussian(Mechanism):
+    """Local DP with Gaussian noise: each client clips its update to norm C and adds N(0, (zC)² I) before sending
+    it (what ``algorithm: {name: dp, noise: local, clipping: fixed}`` does, on the base's own selection). Its
+    participations are its releases: replace-one (the server knows who took part), a Gaussian of multiplier z/2
+    each, without amplification."""
+
+    name: ClassVar[str] = "local_gaussian"
+    description: ClassVar[str] = "local DP: each client clips its update and adds Gaussian noise (replace-one)"
+    noise_key: ClassVar[str | None] = "algorithm.mechanism.noise_multiplier"
+    clips_updates: ClassVar[bool] = True
+    clip: float = Field(1.0, gt=0, description="C: every update is scaled to norm <= C")
+    noise_multiplier: float | None = Field(
+        None, ge=0, description="z: N(0, (zC)^2) on each coordinate (None: from privacy.target_epsilon, else 1.0)"
+    )
+
+    def client_transform(self, round_: int) -> UpdateClip:
+        return UpdateClip(self.clip, self.z * self.clip)
+
+    def release(self, z: float, n: int, shape: RunShape, settings: PrivacyConfig) -> Release:
+        return Release(z, "none", replace=True)
+
+    def noise_limit(self, shape: RunShape) -> tuple[float, str]:
+        """Beyond z = √(mT) the noise on one coordinate of the mean of m updates over T rounds, √T·zC/√m, exceeds
+        the most T clipped mean updates can move it, T·C."""
+        m = max(1, min(shape.clients_per_round, int(shape.seen.sum())))
+        limit = math.sqrt(m * max(1, shape.rounds))
+        return limit, f"√(mT), m = {shape.clients_per_round} clients a round, T = {shape.rounds} rounds"
+
+    def report(self, rounds: int) -> dict[str, Any]:
+        return {"noise_multiplier": self.z, "clip": self.clip}
 
 
 def example_level(settings: DPSGDConfig | None) -> list[Mechanism]:

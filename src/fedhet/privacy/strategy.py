@@ -181,7 +181,9 @@ class Private(MechanismWrapper):
         "fedavg", validate_default=True, description="the strategy made private (weighting: uniform unless given)"
     )
     mechanism: str | dict[str, Any] = Field(
-        ..., description="the privacy mechanism: a name or {name: ..., **params} (fedhet list mechanisms)"
+        "local_gaussian",
+        validate_default=True,
+        description="the privacy mechanism: a name or {name: ..., **params} (fedhet list mechanisms)",
     )
 
     _mechanism: Mechanism | None = PrivateAttr(None)
