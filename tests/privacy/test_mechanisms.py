@@ -21,8 +21,10 @@ from fedhet.catalog import STRATEGIES
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.privacy import UpdateClip, add_noise, update_noise, update_norms
+from fedhet.errors import ConfigError
+from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import parse_config
-from fedhet.experiments.runner import run
+from fedhet.experiments.runner import RunState, resume, run
 from fedhet.privacy.accounting import Release, epsilon
 from fedhet.privacy.mechanisms import MECHANISMS, Mechanism
 from fedhet.privacy.strategy import DP, Private
@@ -227,9 +229,42 @@ def test_local_gaussian_is_dp_with_local_noise_on_the_bases_selection(tmp_path: 
     assert STRATEGIES.build("private").privacy_mechanism().name == "local_gaussian"  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"name": "private", "base": "dp"}, "the base of private runs a privacy mechanism of its own ('dp')"),
+        ({"name": "dp", "base": "private"}, "the base of dp runs a privacy mechanism of its own ('private')"),
+        ({"name": "private", "base": "fedbuff"}, "'fedbuff' is asynchronous"),
+    ],
+)
+def test_a_base_the_wrapper_cannot_run_a_mechanism_on_is_refused(spec: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        STRATEGIES.build(spec)
+
+
 def test_the_dp_wrapper_is_a_mechanism_and_the_ledger_names_none() -> None:
     """Client-level DP is one mechanism among others; the generic layers know mechanisms only by their hooks."""
     assert isinstance(DP(), Mechanism) and DP().privacy_mechanism() is not None
     for path in ["privacy/ledger.py", "engine/engine.py", "strategies/base.py", "strategies/wrapper.py"]:
         text = (SRC / path).read_text()
         assert not re.search(r"\bgsnr\b|isinstance\([^)]*\bDP\b|\bDP\(|import DP\b", text), path
+
+
+class Interrupt(Callback):
+    def on_round_end(self, state: RunState, metrics: dict[str, float] | None) -> bool:
+        if state.round == 3:
+            raise KeyboardInterrupt
+        return False
+
+
+def test_a_resumed_run_of_a_plugin_mechanism_writes_the_files_of_an_uninterrupted_one(tmp_path: Path) -> None:
+    local = {"steps": 2, "lr": 0.1, "batch_size": 8, "dp_sgd": {"clip": 2.0, "noise_multiplier": 3.0}}
+    cfg = config({"name": "test_fixed_laplace", "epsilon0": 2.0}, rounds=5, local=local, checkpoint_every=2)
+    run(cfg, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "cut", callbacks=[Interrupt()])
+    resume(tmp_path / "cut")
+    for name in ("metrics.csv", "clients.csv"):
+        assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
+    summaries = [json.loads((tmp_path / f / "summary.json").read_text())["privacy"] for f in ("cut", "full")]
+    assert summaries[0] == summaries[1] and set(summaries[0]) >= {"test_fixed_laplace", "example"}

@@ -113,6 +113,12 @@ class MechanismWrapper(Wrapper):
                 f"'{built.name}' is asynchronous (updates one by one, no rounds), and {cls.name} accounts per round: "
                 "choose a synchronous base such as fedavg"
             )
+        inner = next((part for part in built.parts() if isinstance(part, MechanismWrapper)), None)
+        if inner is not None:
+            raise ValueError(
+                f"the base of {cls.name} runs a privacy mechanism of its own ('{inner.name}'), and the outer one "
+                "would replace its client transform: use one of them"
+            )
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
