@@ -34,6 +34,7 @@ from fedhet.models import torch_model, zoo
 from fedhet.models.base import MODELS
 from fedhet.privacy import secagg
 from fedhet.privacy import strategy as dp_strategy
+from fedhet.privacy.mechanisms import MECHANISMS
 from fedhet.strategies import (
     afl,
     apfl,
@@ -72,6 +73,7 @@ __all__ = [
     "AVAILABILITY",
     "DATASETS",
     "DEADLINE_POLICIES",
+    "MECHANISMS",
     "METRIC_PLUGINS",
     "MODELS",
     "OPTIMIZERS",

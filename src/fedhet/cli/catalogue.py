@@ -36,6 +36,7 @@ REGISTRIES = {
     "systems": "SYSTEMS",
     "deadlines": "DEADLINE_POLICIES",
     "staleness": "STALENESS",
+    "mechanisms": "MECHANISMS",
     "plugins": "METRIC_PLUGINS",
 }
 GROUPS = (*REGISTRIES, "metrics", "recipes")

@@ -6,7 +6,8 @@ Client level (`UpdateClip`, a `LocalPlan` field): after its local steps each cli
 min(1, C/‖Δ_k‖)) and, for local DP, adds Gaussian noise N(0, σ² I) of its own. The engine applies it once, to the
 update the client sends (the shared part of a personal model), so every backend and every Flower node does the
 same (`clip_updates`; the dense backend clips as it writes the models, with the same numbers up to float rounding:
-`TrainRequest.clip`); the noise comes from the stream (seed, "dp-noise/<stream>", round, phase, client).
+`TrainRequest.clip`); the noise comes from the stream (seed, "dp-noise/<stream>", round, phase, client), drawn
+from the distribution the clip names (``gaussian``, or one a privacy mechanism registers: `UPDATE_NOISE`).
 
 Example level (`ExampleDP`, DP-SGD, Abadi et al., CCS 2016, Algorithm 1): each local step clips every sample's
 gradient g_i to norm at most C, sums them, adds N(0, (zC)² I) and divides by the client's expected batch size
@@ -20,6 +21,7 @@ term) do not read the data and are added after the noise.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,17 +35,38 @@ from fedhet.seeding import numpy_rng, torch_gen
 NORM_BLOCK = 1 << 18  # entries of the (clients × parameters) update formed at a time (1 MiB of float32)
 
 
+Sampler = Callable[[int, torch.Generator], Tensor]  # `size` standard draws (scale 1) from a generator
+UPDATE_NOISE: dict[str, Sampler] = {"gaussian": lambda size, gen: torch.randn(size, generator=gen)}
+
+
+def update_noise(name: str) -> Callable[[Sampler], Sampler]:
+    """Decorator: register a distribution of local noise by name (a privacy mechanism's, such as Laplace's): a
+    function of (size, generator) that draws `size` values of scale 1, which the engine scales by ``noise``."""
+
+    def register(sampler: Sampler) -> Sampler:
+        if name in UPDATE_NOISE:
+            raise TypeError(f"local noise '{name}' is registered twice")
+        UPDATE_NOISE[name] = sampler
+        return sampler
+
+    return register
+
+
 @dataclass(frozen=True)
 class UpdateClip:
-    """Client-level DP on the client: clip the update to norm ``bound`` (inf: no clipping), then add N(0, ``noise``²)
-    to each coordinate (0: none; local DP)."""
+    """Client-level DP on the client: clip the update to norm ``bound`` (inf: no clipping), then add ``noise``
+    times a standard draw of ``distribution`` (`UPDATE_NOISE`; Gaussian: N(0, ``noise``²)) to each coordinate
+    (0: none; local DP)."""
 
     bound: float
     noise: float = 0.0
+    distribution: str = "gaussian"
 
     def __post_init__(self) -> None:
         if not self.bound > 0 or self.noise < 0 or math.isnan(self.noise):
             raise ValueError(f"an update clip needs bound > 0 and noise >= 0 (got {self.bound}, {self.noise})")
+        if self.distribution not in UPDATE_NOISE:
+            raise ValueError(f"unknown local noise '{self.distribution}' (registered: {', '.join(UPDATE_NOISE)})")
 
 
 @dataclass(frozen=True)
@@ -118,11 +141,12 @@ def clip_rows(params: Tensor, start: Tensor, bound: float) -> Tensor:
 
 
 def add_noise(params: Tensor, clip: UpdateClip, clients: Tensor, seed: int, round_: int, key: str) -> None:
-    """Local DP: N(0, ``clip.noise``²) on each coordinate of client k's row, from its stream (seed, key, round, k)."""
+    """Local DP: ``clip.noise`` times a standard draw of ``clip.distribution`` (Gaussian: N(0, ``clip.noise``²)) on
+    each coordinate of client k's row, from its stream (seed, key, round, k)."""
     if clip.noise > 0:
-        size = params.shape[1]
+        size, draw = params.shape[1], UPDATE_NOISE[clip.distribution]
         for i, k in enumerate(clients.tolist()):
-            params[i] += clip.noise * torch.randn(size, generator=torch_gen(seed, key, round_, k))
+            params[i] += clip.noise * draw(size, torch_gen(seed, key, round_, k))
 
 
 def noise_key(stream: str, phase: int) -> str:

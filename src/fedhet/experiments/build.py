@@ -42,8 +42,8 @@ from fedhet.privacy.ledger import (
     check_dp_sgd,
     check_sampling,
     check_unused_privacy,
-    find_dp,
     planned_participations,
+    run_mechanisms,
     sampling_problem,
 )
 from fedhet.registry import Component, spec_of
@@ -362,14 +362,15 @@ def privacy_ledger(
 ) -> PrivacyLedger | None:
     """The run's privacy accounting when it asks for DP (`fedhet.privacy.ledger`; sets the noise from a target ε),
     after the refusals that need the built run (before anything is written)."""
-    dp, sgd = find_dp(strategy), config.local.dp_sgd
+    sgd = config.local.dp_sgd
+    mechanisms = run_mechanisms(strategy, sgd)
     masked = [part.name for part in strategy.parts() if part.sub_models]
-    if masked and (dp is not None or sgd is not None):
+    if masked and mechanisms:
         raise ConfigError(
             f"'{masked[0]}' trains sub-models (sliced-off weights held at zero), which DP's clipping and noise "
             "would move: differential privacy (algorithm dp, local.dp_sgd) does not combine with it"
         )
-    if dp is None and sgd is None:
+    if not mechanisms:
         check_unused_privacy(config.privacy)
         return None
     if sgd is not None:
@@ -387,7 +388,7 @@ def privacy_ledger(
         local.batch_size,
         planned_participations(strategy, data.seen, config.rounds) if uniform else None,
     )
-    return PrivacyLedger(config.privacy, dp, sgd, shape)
+    return PrivacyLedger(config.privacy, mechanisms, shape)
 
 
 def build(config: RunConfig) -> Experiment:

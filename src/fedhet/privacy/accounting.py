@@ -1,8 +1,9 @@
-"""Privacy accounting with Google's dp-accounting: ε at a given δ after repeated Gaussian releases, and the noise
+"""Privacy accounting with Google's dp-accounting: ε at a given δ after repeated releases, and the noise
 multiplier that reaches a target ε.
 
 A `Release` is one use of a Gaussian mechanism with noise multiplier z (noise standard deviation over the clipping
-bound C) on a sampled input:
+bound C), or of a Laplace mechanism (``kind="laplace"``: z is the noise's scale over the L1 sensitivity, so one use
+is pure ε₀ = 1/z; dp-accounting's `LaplaceDpEvent`), on a sampled input:
 
 * ``poisson``: each unit (a client, or an example) is in the sample independently with probability q; add-or-remove
   adjacency, where one unit moves the clipped sum by at most C (the Poisson-subsampled Gaussian);
@@ -16,7 +17,8 @@ bound C) on a sampled input:
 run resumed from a checkpoint reports exactly the numbers of one that was not interrupted. RDP (Mironov 2017;
 dp-accounting's default orders) is fast, and a little loose: one release's RDP is computed once and scaled by the
 count. PLD (privacy loss distributions, Doroshenko et al. 2022) is tight and slower: one release's distribution,
-self-composed `count` times, discretised at 1e-3 pessimistically (an upper bound on ε).
+self-composed `count` times, discretised at 1e-3 pessimistically (an upper bound on ε). A Laplace release's ε is
+the smaller of the accountant's and basic composition's, count·ε₀ (both are upper bounds).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -60,9 +62,10 @@ class Release:
     population: int = 0  # n, with fixed
     sample: int = 0  # m, with fixed
     replace: bool = False  # replace-one adjacency (fixed always is)
+    kind: Literal["gaussian", "laplace"] = "gaussian"
 
     def with_noise(self, noise_multiplier: float) -> Release:
-        return Release(noise_multiplier, self.sampling, self.rate, self.population, self.sample, self.replace)
+        return replace(self, noise_multiplier=noise_multiplier)
 
     @property
     def effective_noise(self) -> float:
@@ -72,12 +75,12 @@ class Release:
 
 def _single(dp: Any, release: Release) -> Any:
     """One release as a dp-accounting event."""
-    gaussian = dp.GaussianDpEvent(release.effective_noise)
+    event = (dp.LaplaceDpEvent if release.kind == "laplace" else dp.GaussianDpEvent)(release.effective_noise)
     if release.sampling == "poisson" and release.rate < 1:
-        return dp.PoissonSampledDpEvent(release.rate, gaussian)
+        return dp.PoissonSampledDpEvent(release.rate, event)
     if release.sampling == "fixed" and release.sample < release.population:
-        return dp.SampledWithoutReplacementDpEvent(release.population, release.sample, gaussian)
-    return gaussian
+        return dp.SampledWithoutReplacementDpEvent(release.population, release.sample, event)
+    return event
 
 
 @lru_cache(maxsize=1024)
@@ -112,18 +115,30 @@ def epsilon(release: Release, count: int, delta: float, accountant: Accountant =
         return 0.0
     if release.noise_multiplier <= 0:
         return math.inf
-    dp = require_dp_accounting()
+    if release.kind == "laplace":
+        return min(count / release.effective_noise, _accounted(release, count, delta, accountant))
     if accountant == "rdp":
-        orders, rdp = _rdp(release)
-        with _quiet_absl():
-            return float(dp.rdp.rdp_privacy_accountant.compute_epsilon(orders, rdp * count, delta)[0])
+        return _accounted(release, count, delta, accountant)
     check_accountant(release, accountant)
+    dp = require_dp_accounting()
     if release.sampling == "poisson" and release.rate < 1:
         return float(_pld(release).self_compose(count).get_epsilon_for_delta(delta))
     gaussian = dp.pld.privacy_loss_distribution.from_gaussian_mechanism(  # count Gaussians: one of σ/√count
         standard_deviation=release.effective_noise / math.sqrt(count), value_discretization_interval=PLD_DISCRETIZATION
     )
     return float(gaussian.get_epsilon_for_delta(delta))
+
+
+def _accounted(release: Release, count: int, delta: float, accountant: Accountant) -> float:
+    """ε at `delta` of `count` releases composed by dp-accounting's accountant (any kind of release it knows)."""
+    dp = require_dp_accounting()
+    check_accountant(release, accountant)
+    if accountant == "rdp":
+        orders, rdp = _rdp(release)
+        with _quiet_absl():
+            return float(dp.rdp.rdp_privacy_accountant.compute_epsilon(orders, rdp * count, delta)[0])
+    pld = dp.pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    return float(pld.compose(_single(dp, release), count).get_epsilon(delta))
 
 
 @contextmanager

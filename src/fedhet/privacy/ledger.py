@@ -1,5 +1,11 @@
 """A run's privacy ledger: what each round released, ε at δ after it, and what privacy cost which clients.
 
+The ledger knows mechanisms only through their hooks (`fedhet.privacy.mechanisms.Mechanism`): each declares its
+release and what counts as one (a round of the run, a client's participation, a client's local step); the ledger
+counts them, composes them with dp-accounting, sets the first mechanism's noise from a target ε, and reports each
+mechanism's ε under its own names. The run's mechanisms: those the strategy's wrappers run
+(`fedhet.privacy.strategy.MechanismWrapper`), then DP-SGD's (``local.dp_sgd``). The built-in two:
+
 Client level (``algorithm: {name: dp, ...}``, `fedhet.privacy.strategy`): every round is one Gaussian release of
 noise multiplier z (`fedhet.privacy.accounting.Release`): with central noise on a fixed-size sample of m of the K
 seen clients (sampling without replacement, replace-one adjacency), or a Poisson sample of rate q = m/K (add or
@@ -24,8 +30,6 @@ training-set sizes, and for clients whose updates were clipped in at least half 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -38,33 +42,16 @@ from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.privacy import ExampleDP, refuse_with
 from fedhet.engine.protocol import EngineProtocol
 from fedhet.errors import ConfigError
-from fedhet.privacy.accounting import Release, calibrate, check_accountant, epsilon, require_dp_accounting
+from fedhet.privacy.accounting import NOISE_CEILING, calibrate, check_accountant, epsilon, require_dp_accounting
+from fedhet.privacy.mechanisms import Mechanism, RunShape, example_level
 from fedhet.privacy.settings import DPSGDConfig, PrivacyConfig
-from fedhet.privacy.strategy import DEFAULT_NOISE_MULTIPLIER, DP
+from fedhet.privacy.strategy import MechanismWrapper
 from fedhet.strategies.base import Strategy
 from fedhet.strategies.wrapper import Wrapper
 
+__all__ = ["PrivacyLedger", "RunShape", "run_mechanisms"]
+
 QUARTILES = 4
-
-
-@dataclass
-class RunShape:
-    """What accounting needs of a run besides its mechanisms."""
-
-    rounds: int
-    clients_per_round: int
-    train_sizes: Tensor  # (K,) training samples per client
-    seen: Tensor  # (K,) bool: the clients that train
-    steps: Tensor  # (K,) local steps per round under the run's local settings
-    batch_size: int
-    participations: Tensor | None = None  # (K,) rounds each client will take part in (None: not known, every round)
-
-    def planned(self) -> Tensor:
-        """(K,) the rounds each client takes part in: as planned where the cohorts are known before the run (a
-        uniform sample from the run's seed, `planned_participations`), else every round (an upper bound)."""
-        if self.participations is not None:
-            return self.participations
-        return torch.full((len(self.train_sizes),), self.rounds, dtype=torch.long)
 
 
 def sampling_problem(strategy: Strategy, availability: str, attack: str, deadline: bool = False) -> str | None:
@@ -88,8 +75,7 @@ def check_sampling(
 ) -> None:
     """Refuse, in one line, central client-level DP whose accountant would assume a uniform sample of the clients
     each round where the run does not draw one, unless the user accepts an accounting without amplification."""
-    client = find_dp(strategy)
-    if client is None or client.noise != "central" or not settings.amplification:
+    if not any(m.assumes_uniform_cohort(settings) for m in strategy_mechanisms(strategy)):
         return
     problem = sampling_problem(strategy, availability, attack, deadline)
     if problem is not None:
@@ -114,14 +100,15 @@ def check_unused_privacy(settings: PrivacyConfig) -> None:
     if settings.target_epsilon is not None:
         raise ConfigError(
             "privacy.target_epsilon (--target-epsilon) sets the noise of a DP mechanism, and this run has none: "
-            "use algorithm dp (client level) or local.dp_sgd (example level)"
+            "use algorithm dp (client level), local.dp_sgd (example level) or algorithm private (a mechanism)"
         )
     default = PrivacyConfig()
     given = [key for key in PrivacyConfig.model_fields if getattr(settings, key) != getattr(default, key)]
     if given:
         raise ConfigError(
             f"privacy.{', privacy.'.join(given)} set the accounting of a DP mechanism, and this run has none: use "
-            "algorithm dp (client level) or local.dp_sgd (example level), or leave privacy out"
+            "algorithm dp (client level), local.dp_sgd (example level) or algorithm private (a mechanism), or leave "
+            "privacy out"
         )
 
 
@@ -151,9 +138,14 @@ def planned_participations(strategy: Strategy, seen: Tensor, rounds: int) -> Ten
     return counts
 
 
-def find_dp(strategy: Strategy) -> DP | None:
-    """The client-level DP wrapper among the strategy's parts, if any."""
-    return next((part for part in strategy.parts() if isinstance(part, DP)), None)
+def strategy_mechanisms(strategy: Strategy) -> list[Mechanism]:
+    """The privacy mechanisms the strategy's wrappers run (outermost first)."""
+    return [part.privacy_mechanism() for part in strategy.parts() if isinstance(part, MechanismWrapper)]
+
+
+def run_mechanisms(strategy: Strategy, dp_sgd: DPSGDConfig | None) -> list[Mechanism]:
+    """The run's privacy mechanisms: the strategy's, then DP-SGD's (``local.dp_sgd``)."""
+    return [*strategy_mechanisms(strategy), *example_level(dp_sgd)]
 
 
 def size_quartiles(sizes: Tensor, seen: Tensor) -> Tensor:
@@ -185,152 +177,103 @@ def group_mean(values: Tensor, members: Tensor) -> float:
 
 
 class PrivacyLedger:
-    """The privacy of one run: its mechanisms' noise (set from a target ε when asked), the counts that determine
-    what was spent, and the metrics and client columns that say it (module docstring)."""
+    """The privacy of one run: its mechanisms' noise (the first one's set from a target ε when asked), the counts
+    that determine what each spent, and the metrics and client columns that say it (module docstring)."""
 
-    def __init__(self, settings: PrivacyConfig, client: DP | None, sgd: DPSGDConfig | None, shape: RunShape) -> None:
+    def __init__(self, settings: PrivacyConfig, mechanisms: list[Mechanism], shape: RunShape) -> None:
         require_dp_accounting()
-        self.settings, self.client, self.shape = settings, client, shape
+        self.settings, self.mechanisms, self.shape = settings, mechanisms, shape
+        names = [m.block() for m in mechanisms] + [m.metric_prefix() for m in mechanisms]
+        if len(set(names)) < len(names):
+            raise ConfigError(
+                f"the run has two privacy mechanisms reported under one name ({', '.join(m.name for m in mechanisms)})"
+                ": keep one of them"
+            )
         k = len(shape.train_sizes)
         self.rounds = 0
         self.participations = torch.zeros(k, dtype=torch.long)
         self.clipped = torch.zeros(k, dtype=torch.long)
-        self.sgd_steps = torch.zeros(k, dtype=torch.long)  # DP-SGD steps taken (Poisson) or batches a sample may be in
-        self.sgd: ExampleDP | None = None
+        self.steps = {m.block(): torch.zeros(k, dtype=torch.long) for m in mechanisms if m.unit() == "step"}
         target = settings.target_epsilon
-        if client is not None:
-            check_accountant(self.client_release(1.0), settings.accountant)
-            if target is not None:
-                if client.noise_multiplier is not None:
-                    raise ConfigError("give algorithm.noise_multiplier or privacy.target_epsilon, not both")
-                client.use_noise_multiplier(calibrate(self.planned_client_epsilon, target, self.client_z_limit()))
-            check_noise("algorithm.noise_multiplier", client.z, self.client_z_limit(), self.client_limit_text())
-            client.update_z  # noqa: B018 - refuses, before the run, a count noise that leaves the updates none
-        if sgd is not None:
-            z = sgd.noise_multiplier
-            calibrated = target is not None and client is None  # a target sets DP-SGD's noise without algorithm dp
-            if z is not None and calibrated:
-                raise ConfigError("give local.dp_sgd.noise_multiplier or privacy.target_epsilon, not both")
-            self.sgd = ExampleDP(sgd.clip, DEFAULT_NOISE_MULTIPLIER if z is None else z, sgd.sampling)
-            limit = self.sgd_z_limit()
-            if calibrated:
-                assert target is not None
-                self.sgd = replace(self.sgd, noise_multiplier=calibrate(self.planned_sgd_epsilon, target, limit))
-            check_noise("local.dp_sgd.noise_multiplier", self.sgd.noise_multiplier, limit, self.sgd_limit_text())
+        for i, mechanism in enumerate(mechanisms):
+            check_accountant(mechanism.release(1.0, 1, shape, settings), settings.accountant)
+            limit = mechanism.noise_limit(shape)
+            if target is not None and i == 0:
+                self.calibrate(mechanism, target, NOISE_CEILING if limit is None else limit[0])
+            if limit is not None and mechanism.noise_key is not None:
+                check_noise(mechanism.noise_key, mechanism.z, *limit)
+            mechanism.refuse_unusable()
 
-    # -- client level ---------------------------------------------------------------------------------------------
-    def client_release(self, z: float) -> Release:
-        """One round's release of client-level DP at noise multiplier z."""
-        client, shape = self.client, self.shape
-        assert client is not None
-        fixed = client.sampling == "fixed"
-        if client.noise == "local" or not self.settings.amplification:
-            return Release(z, "none", replace=fixed or client.noise == "local")
-        population = int(shape.seen.sum())
-        m = min(shape.clients_per_round, population)
-        if fixed:
-            return Release(z, "fixed", population=population, sample=m)
-        return Release(z, "poisson", rate=m / max(population, 1))
+    def calibrate(self, mechanism: Mechanism, target: float, ceiling: float) -> None:
+        """Set the mechanism's noise so that the worst client's ε after the run is the target (refused, in one
+        line, where the mechanism has no noise to set or the config sets it)."""
+        if mechanism.noise_key is None:
+            raise ConfigError(
+                "privacy.target_epsilon sets the noise of the run's first privacy mechanism, and "
+                f"'{mechanism.name}' has none to set; leave the target out and set its own parameters"
+            )
+        if mechanism.noise_given():
+            raise ConfigError(f"give {mechanism.noise_key} or privacy.target_epsilon, not both")
+        mechanism.use_noise_multiplier(calibrate(lambda z: self.planned_epsilon(mechanism, z), target, ceiling))
 
-    def planned_client_epsilon(self, z: float) -> float:
-        """ε after the run (the bound a target ε calibrates z to): central noise, the run's rounds; local noise,
-        the rounds the most frequent participant takes part in."""
-        assert self.client is not None
-        shape = self.shape
-        planned = shape.planned()[shape.seen]
-        rounds = shape.rounds if self.client.noise == "central" or not len(planned) else int(planned.max())
-        return self.client_epsilon_at(z, rounds)
-
-    def client_z_limit(self) -> float:
-        """The largest useful noise multiplier of client-level DP: beyond it the noise the run adds to one
-        coordinate of the model, √T·zC/m (central; local: √T·zC/√m), exceeds the most T clipped mean updates can
-        move it, T·C: z > m√T (central), √(mT) (local)."""
-        assert self.client is not None
-        m = max(1, min(self.shape.clients_per_round, int(self.shape.seen.sum())))
-        cohort = m if self.client.noise == "central" else math.sqrt(m)
-        return cohort * math.sqrt(max(1, self.shape.rounds))
-
-    def client_limit_text(self) -> str:
-        assert self.client is not None
-        central = self.client.noise == "central"
-        m, rounds = self.shape.clients_per_round, self.shape.rounds
-        return f"{'m' if central else '√m'}·√T, m = {m} clients a round, T = {rounds} rounds"
-
-    def client_epsilon_at(self, z: float, rounds: int) -> float:
-        """ε after `rounds` rounds in which a client takes part (central: the rounds of the run)."""
-        return epsilon(self.client_release(z), rounds, self.settings.delta, self.settings.accountant)
-
-    def client_epsilons(self) -> Tensor:
-        """(K,) each client's ε so far: the run's under central noise, its own participations' under local noise."""
-        assert self.client is not None
-        z = self.client.z
-        if self.client.noise == "central":
-            return torch.full((len(self.participations),), self.client_epsilon_at(z, self.rounds), dtype=torch.float64)
-        counts = self.participations.tolist()
-        return torch.tensor([self.client_epsilon_at(z, c) for c in counts], dtype=torch.float64)
-
-    # -- example level --------------------------------------------------------------------------------------------
-    def sgd_release(self, z: float, n: int) -> Release:
-        """One DP-SGD step (Poisson) or batch (shuffle) of a client with `n` samples."""
-        assert self.sgd is not None
-        if self.sgd.sampling == "shuffle":
-            return Release(z, "none", replace=True)
-        rate = min(1.0, self.shape.batch_size / max(n, 1))
-        return Release(z, "poisson" if self.settings.amplification else "none", rate=rate)
-
-    def sgd_counts(self, clients: Tensor, steps: Tensor) -> Tensor:
-        """What `steps` local steps of `clients` add to their counts: the steps (Poisson), or with shuffled batches
-        the passes they start over their data, ⌈τ / ⌊n_k / b_k⌋⌉ (a sample is in one batch a pass)."""
-        assert self.sgd is not None
-        if self.sgd.sampling == "poisson":
-            return steps.long()
-        n = self.shape.train_sizes[clients].long()
-        per_pass = (n // n.clamp(min=1, max=self.shape.batch_size)).clamp(min=1)
-        return -(-steps.long() // per_pass)
-
-    def planned_sgd_epsilon(self, z: float) -> float:
-        """The largest client's ε after the run if every seen client with data trains its local steps in the rounds
-        it takes part in (`RunShape.planned`; the bound a target ε calibrates DP-SGD's noise to)."""
-        shape = self.shape
-        clients = torch.nonzero(shape.seen & (shape.train_sizes > 0)).flatten()
-        counts = self.sgd_counts(clients, shape.steps[clients]) * shape.planned()[clients]
-        pairs = {(int(shape.train_sizes[k]), int(c)) for k, c in zip(clients.tolist(), counts.tolist(), strict=True)}
-        return max((self.sgd_epsilon_at(z, n, c) for n, c in worst_pairs(pairs)), default=0.0)
-
-    def sgd_z_limit(self) -> float:
-        """The largest useful noise multiplier of DP-SGD: beyond it the noise on one coordinate over a client's
-        S = τT steps, √S·zC/B, exceeds the most S clipped mean gradients can move it, S·C: z > B√S."""
-        steps = int(self.shape.steps.max()) if len(self.shape.steps) else 1
-        return self.shape.batch_size * math.sqrt(max(1, steps * self.shape.rounds))
-
-    def sgd_limit_text(self) -> str:
-        return f"B·√(τT), batch size B = {self.shape.batch_size}, τT local steps in all"
-
-    def sgd_epsilon_at(self, z: float, n: int, count: int) -> float:
-        release = self.sgd_release(z, n)
+    # -- accounting -----------------------------------------------------------------------------------------------
+    def epsilon_at(self, mechanism: Mechanism, z: float, n: int, count: int) -> float:
+        """ε after `count` releases of `mechanism` at noise multiplier z for a client with `n` samples."""
+        release = mechanism.release(z, n, self.shape, self.settings)
         return epsilon(release, count, self.settings.delta, self.settings.accountant)
 
-    def sgd_epsilons(self) -> Tensor:
-        """(K,) each client's DP-SGD ε so far."""
-        assert self.sgd is not None
-        z, sizes = self.sgd.noise_multiplier, self.shape.train_sizes.tolist()
-        counts = self.sgd_steps.tolist()
+    def counts(self, mechanism: Mechanism) -> Tensor:
+        """(K,) the releases each client has had so far: the run's rounds, its own rounds, or its steps."""
+        unit = mechanism.unit()
+        if unit == "round":
+            return torch.full((len(self.participations),), self.rounds, dtype=torch.long)
+        return self.participations if unit == "participation" else self.steps[mechanism.block()]
+
+    def epsilons(self, mechanism: Mechanism) -> Tensor:
+        """(K,) each client's ε so far."""
+        z, sizes, counts = mechanism.z, self.shape.train_sizes.tolist(), self.counts(mechanism).tolist()
         return torch.tensor(
-            [self.sgd_epsilon_at(z, n, c) for n, c in zip(sizes, counts, strict=True)], dtype=torch.float64
+            [self.epsilon_at(mechanism, z, n, c) for n, c in zip(sizes, counts, strict=True)], dtype=torch.float64
         )
+
+    def worst(self, eps: Tensor) -> float:
+        """The largest ε of a seen client (0 without any)."""
+        return float(eps[self.shape.seen].max()) if bool(self.shape.seen.any()) else 0.0
+
+    def planned_epsilon(self, mechanism: Mechanism, z: float) -> float:
+        """The largest client's ε after the run at noise multiplier z (the bound a target ε calibrates z to): every
+        seen client (with data, for steps) takes part in the rounds planned for it (`RunShape.planned`)."""
+        shape, unit = self.shape, mechanism.unit()
+        members = shape.seen & (shape.train_sizes > 0) if unit == "step" else shape.seen
+        clients = torch.nonzero(members).flatten()
+        if unit == "round":
+            counts = torch.full((len(clients),), shape.rounds, dtype=torch.long)
+        elif unit == "participation":
+            counts = shape.planned()[clients]
+        else:
+            counts = mechanism.step_counts(clients, shape.steps[clients], shape) * shape.planned()[clients]
+        pairs = {(int(shape.train_sizes[k]), int(c)) for k, c in zip(clients.tolist(), counts.tolist(), strict=True)}
+        return max((self.epsilon_at(mechanism, z, n, c) for n, c in worst_pairs(pairs)), default=0.0)
+
+    def clips(self) -> bool:
+        """Whether a mechanism clips the clients' updates (the ledger then says whom it clipped)."""
+        return any(m.clips_updates for m in self.mechanisms)
 
     # -- the run's hooks ------------------------------------------------------------------------------------------
     def training_plan(self, plan: LocalPlan) -> LocalPlan:
-        """A plan the round trains, with DP-SGD in its steps (their count joins the clients' ledger)."""
-        if self.sgd is None:
-            return plan
-        self.sgd_steps[plan.clients] += self.sgd_counts(plan.clients, plan.steps)
-        return replace(plan, dp_sgd=self.sgd)
+        """A plan the round trains, with the mechanisms' local steps (DP-SGD's; their count joins the ledger)."""
+        for mechanism in self.mechanisms:
+            if mechanism.unit() == "step":
+                self.steps[mechanism.block()][plan.clients] += mechanism.step_counts(
+                    plan.clients, plan.steps, self.shape
+                )
+            plan = mechanism.local_steps(plan)
+        return plan
 
     def record(self, result: LocalResult | None) -> None:
         """A round has ended; `result` holds the updates the server aggregated (None: nobody trained)."""
         self.rounds += 1
-        if result is None or self.client is None:
+        if result is None:
             return
         self.participations[result.clients] += 1
         if result.clipped is not None:
@@ -340,17 +283,13 @@ class PrivacyLedger:
         """ε at δ so far, and the global model's test accuracy by client group (`test`: every client's scores)."""
         shape, out = self.shape, {}
         accuracy = test.accuracy
-        if self.client is not None:
-            eps = self.client_epsilons()
-            out["dp_epsilon"] = float(eps[shape.seen].max()) if bool(shape.seen.any()) else 0.0
-        if self.sgd is not None:
-            eps_sgd = self.sgd_epsilons()
-            out["dp_sgd_epsilon"] = float(eps_sgd[shape.seen].max()) if bool(shape.seen.any()) else 0.0
-            out["dp_sgd_noise_multiplier"] = self.sgd.noise_multiplier
+        for mechanism in self.mechanisms:
+            out[f"{mechanism.metric_prefix()}_epsilon"] = self.worst(self.epsilons(mechanism))
+            out.update(mechanism.accounting_metrics())
         quartile = size_quartiles(shape.train_sizes, shape.seen)
         for q in range(1, QUARTILES + 1):
             out[f"test_accuracy_size_q{q}"] = group_mean(accuracy, quartile == q)
-        if self.client is not None:
+        if self.clips():
             trained = shape.seen & (self.participations > 0)
             often = trained & (2 * self.clipped >= self.participations)
             out["dp_clipped_often"] = float(often.sum()) / max(1, int(trained.sum()))
@@ -360,16 +299,17 @@ class PrivacyLedger:
 
     def client_columns(self) -> dict[str, Tensor]:
         """Per-client columns of clients.csv: size quartile, rounds taken part in, clipped updates and their rate,
-        each client's ε (local noise) and DP-SGD's."""
+        and each mechanism's count of steps and ε where they are the client's own."""
         columns = {"size_quartile": size_quartiles(self.shape.train_sizes, self.shape.seen)}
-        if self.client is not None:
+        if self.clips():
             rate = self.clipped.double() / self.participations.double()
             columns.update({"dp_rounds": self.participations, "dp_clipped": self.clipped, "dp_clip_rate": rate})
-            if self.client.noise == "local":
-                columns["dp_epsilon"] = self.client_epsilons()
-        if self.sgd is not None:
-            columns["dp_sgd_steps"] = self.sgd_steps
-            columns["dp_sgd_epsilon"] = self.sgd_epsilons()
+        for mechanism in self.mechanisms:
+            prefix, unit = mechanism.metric_prefix(), mechanism.unit()
+            if unit == "step":
+                columns[f"{prefix}_steps"] = self.steps[mechanism.block()]
+            if unit != "round":
+                columns[f"{prefix}_epsilon"] = self.epsilons(mechanism)
         return columns
 
     def summary(self) -> dict[str, Any]:
@@ -378,26 +318,9 @@ class PrivacyLedger:
         if self.settings.target_epsilon is not None:
             out["target_epsilon"] = self.settings.target_epsilon
         out["amplification"] = self.settings.amplification
-        if self.client is not None:
-            eps = self.client_epsilons()
-            out["client"] = {
-                "epsilon": float(eps[self.shape.seen].max()) if bool(self.shape.seen.any()) else 0.0,
-                "noise_multiplier": self.client.z,
-                "noise": self.client.noise,
-                "sampling": self.client.sampling,
-                "clipping": self.client.clipping,
-                "clip": self.client.initial_bound(),
-                "clip_final": self.client.bound,
-                "rounds": self.rounds,
-            }
-        if self.sgd is not None:
-            eps_sgd = self.sgd_epsilons()
-            out["example"] = {
-                "epsilon": float(eps_sgd.max()) if len(eps_sgd) else 0.0,
-                "noise_multiplier": self.sgd.noise_multiplier,
-                "clip": self.sgd.clip,
-                "sampling": self.sgd.sampling,
-            }
+        for mechanism in self.mechanisms:
+            eps = self.worst(self.epsilons(mechanism))
+            out[mechanism.block()] = {"epsilon": eps, **mechanism.report(self.rounds)}
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -405,11 +328,13 @@ class PrivacyLedger:
             "rounds": self.rounds,
             "participations": self.participations.clone(),
             "clipped": self.clipped.clone(),
-            "sgd_steps": self.sgd_steps.clone(),
+            "steps": {block: steps.clone() for block, steps in self.steps.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rounds = int(state["rounds"])
         self.participations = state["participations"].clone()
         self.clipped = state["clipped"].clone()
-        self.sgd_steps = state["sgd_steps"].clone()
+        steps = state.get("steps", {"example": state.get("sgd_steps")})  # a checkpoint of fedhet 0.4's ledger
+        for block in self.steps:
+            self.steps[block] = steps[block].clone()

@@ -20,6 +20,11 @@ the update norms. The count costs privacy too: the updates' noise multiplier bec
 and the two releases together are one Gaussian mechanism of multiplier z (the paper's Theorem 1), which is what
 the accountant (`fedhet.privacy.ledger`) counts. The paper's defaults: γ = 0.5, η_C = 0.2, σ_b = m/20, C₀ = 0.1.
 
+The mechanism is one of the run's privacy mechanisms (`fedhet.privacy.mechanisms`): its client transform is the
+clip (and local noise), its server transform the central noise, its release a round (central noise) or a
+participation (local noise), and `MechanismWrapper`, which runs any registered mechanism's hooks around a base
+(``algorithm: {name: private, mechanism: ...}``), runs them.
+
 Sampling: ``fixed`` keeps the base's selection (m of the K clients uniformly, which the accountant requires of it);
 ``poisson`` takes each client independently with probability q = m/K. Random draws: the central noise from (seed,
 "dp-central-noise", round), the count's from (seed, "dp-clip-count", round), Poisson's from (seed, "dp-poisson",
@@ -40,11 +45,15 @@ from torch import Tensor
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.privacy import UpdateClip
 from fedhet.errors import ConfigError, FedhetWarning
+from fedhet.privacy.accounting import Release
+from fedhet.privacy.mechanisms import DEFAULT_NOISE_MULTIPLIER, DPSGD, MECHANISMS, Mechanism, RunShape, Unit
+from fedhet.privacy.settings import PrivacyConfig
+from fedhet.registry import spec_of
 from fedhet.seeding import numpy_rng, torch_gen
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train
 from fedhet.strategies.wrapper import Wrapper
 
-DEFAULT_NOISE_MULTIPLIER = 1.0  # z without noise_multiplier and without a target ε
+__all__ = ["DEFAULT_NOISE_MULTIPLIER", "DP", "MechanismWrapper", "Private", "weights_of"]
 COUNT_NOISE_SHARE = 20  # σ_b = m/20 (Andrew et al. 2021, §3: "we set σ_b = m/20 throughout")
 MAX_EXPONENT = 30.0  # adaptive clipping's step C <- C exp(x) takes |x| <= 30 (C stays a finite, positive float)
 
@@ -86,13 +95,160 @@ def _owner(cls: type, attribute: str) -> type:
     return next(c for c in cls.__mro__ if attribute in c.__dict__)
 
 
+class MechanismWrapper(Wrapper):
+    """A base strategy with a privacy mechanism's hooks around it (`fedhet.privacy.mechanisms`): each client's plan
+    takes the mechanism's client transform (the engine applies it to the update the client sends), the base's
+    aggregate takes its server noise (in the base's server step), and the server then lets it observe the round;
+    selection, aggregation and state are the base's. The run's ledger accounts what it releases."""
+
+    def privacy_mechanism(self) -> Mechanism:
+        """The mechanism this wrapper runs."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_base(cls, built: Strategy) -> None:
+        super().check_base(built)
+        if built.asynchronous:
+            raise ValueError(
+                f"'{built.name}' is asynchronous (updates one by one, no rounds), and {cls.name} accounts per round: "
+                "choose a synchronous base such as fedavg"
+            )
+        inner = next((part for part in built.parts() if isinstance(part, MechanismWrapper)), None)
+        if inner is not None:
+            raise ValueError(
+                f"the base of {cls.name} runs a privacy mechanism of its own ('{inner.name}'), and the outer one "
+                "would replace its client transform: use one of them"
+            )
+
+    def setup(self, ctx: ServerContext) -> None:
+        super().setup(ctx)
+        mechanism = self.privacy_mechanism()
+        if mechanism.needs_weights() and not weights_of(self.inner):
+            raise ConfigError(
+                f"central DP noise is calibrated to the weights of the base's aggregate, and '{self.inner.name}' "
+                "does not aggregate by a weighted sum of the updates; use algorithm.noise: local, or a base such as "
+                "fedavg, fedprox or maxfl"
+            )
+        mechanism.prepare(ctx)
+
+    def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
+        plan = self.inner.configure(round_, clients, global_params)
+        clip = self.privacy_mechanism().client_transform(round_)
+        return plan if clip is None else replace(plan, clip=clip)
+
+    def local_training(self, round_: int, clients: Tensor, global_params: Tensor, train: Train) -> LocalResult:
+        clip = self.privacy_mechanism().client_transform(round_)
+
+        def private(plan: LocalPlan) -> LocalResult:
+            reported = [t.name for t in plan.terms if t.reports_state]
+            if reported:
+                raise ConfigError(
+                    f"client-level DP protects the model updates, but '{self.inner.name}' also sends the state of "
+                    f"{', '.join(reported)}, which it does not; choose another base strategy"
+                )
+            return train(plan if clip is None else replace(plan, clip=clip))
+
+        return self.inner.local_training(round_, clients, global_params, private)
+
+    def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
+        mechanism = self.privacy_mechanism()
+        noise = mechanism.server_noise(round_, global_params, result, self.inner)
+        if noise is not None:
+            self.inner.perturb_next_step(noise)
+        new = self.inner.aggregate(round_, global_params, result)
+        if self.inner.pending_perturbation():
+            raise ConfigError(f"central DP noise needs '{self.inner.name}' to take a server step; use noise: local")
+        mechanism.observe(round_, result)
+        return new
+
+    def personalization(self, clients: Tensor) -> LocalPlan | None:
+        return self.inner.personalization(clients)
+
+    def round_metrics(self) -> dict[str, float]:
+        return {**self.inner.round_metrics(), **self.privacy_mechanism().mechanism_metrics()}
+
+    def state_dict(self) -> dict[str, Any]:
+        # the wrapper has no server step; its state is the mechanism's (adaptive clipping's bound, say)
+        return {"base": self.inner.state_dict(), **self.privacy_mechanism().mechanism_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state["base"])
+        self.privacy_mechanism().load_mechanism_state(state)
+
+
 @STRATEGIES.register
-class DP(Wrapper):
+class Private(MechanismWrapper):
+    """Any registered privacy mechanism (``mechanism:``, `fedhet.privacy.mechanisms.MECHANISMS`, a plugin's too)
+    on a base strategy; the run accounts it (``privacy:``)."""
+
+    name: ClassVar[str] = "private"
+    description: ClassVar[str] = "a registered privacy mechanism (a plugin's too) on any strategy, accounted"
+    base: str | dict[str, Any] = Field(
+        "fedavg", validate_default=True, description="the strategy made private (weighting: uniform unless given)"
+    )
+    mechanism: str | dict[str, Any] = Field(
+        "local_gaussian",
+        validate_default=True,
+        description="the privacy mechanism: a name or {name: ..., **params} (fedhet list mechanisms)",
+    )
+
+    _mechanism: Mechanism | None = PrivateAttr(None)
+
+    @field_validator("base", mode="before")
+    @classmethod
+    def _uniform_by_default(cls, value: Any) -> Any:
+        return uniform_by_default(value)
+
+    @field_validator("mechanism", mode="before")
+    @classmethod
+    def _resolve_mechanism(cls, value: Any) -> dict[str, Any]:
+        try:
+            built = MECHANISMS.build(value, where="algorithm.mechanism")
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        if isinstance(built, DPSGD):
+            raise ValueError("DP-SGD runs in the local steps of any strategy: set local.dp_sgd, not a mechanism")
+        return spec_of(built)
+
+    def model_post_init(self, context: Any, /) -> None:
+        super().model_post_init(context)
+        self._mechanism = MECHANISMS.build(self.mechanism, where="algorithm.mechanism")
+
+    def privacy_mechanism(self) -> Mechanism:
+        assert self._mechanism is not None
+        return self._mechanism
+
+
+def uniform_by_default(value: Any) -> Any:
+    """DP-FedAvg weighs every client's clipped update equally (McMahan et al. 2018, Algorithm 1: a fixed
+    denominator): a base with a ``weighting`` the config leaves out weighs uniformly, as the noise is sized by
+    the largest weight (by samples it is m·max_k p_k times larger)."""
+    spec = {"name": value} if isinstance(value, str) else value
+    if not isinstance(spec, dict) or "weighting" in spec or not isinstance(spec.get("name"), str):
+        return value
+    try:
+        fields = STRATEGIES.get(spec["name"]).model_fields
+    except ConfigError:
+        return value  # the base's own validation says what is wrong
+    weighting = fields.get("weighting")
+    if weighting is None or weighting.annotation is None or "uniform" not in str(weighting.annotation):
+        return value
+    return {**spec, "weighting": "uniform"}
+
+
+@STRATEGIES.register
+class DP(MechanismWrapper, Mechanism):
     """Client-level DP on a base strategy: updates clipped to C on the clients, Gaussian noise on the server
     (central) or on each client (local), fixed or adaptive clipping; selection, aggregation and state are the
-    base's. The privacy spent is accounted by the run (``privacy:``, `fedhet.privacy.ledger`)."""
+    base's. The wrapper is its own mechanism; the privacy spent is accounted by the run (``privacy:``,
+    `fedhet.privacy.ledger`)."""
 
+    model_config = Strategy.model_config
     name: ClassVar[str] = "dp"
+    level: ClassVar[str] = "client"
+    prefix: ClassVar[str] = "dp"
+    noise_key: ClassVar[str | None] = "algorithm.noise_multiplier"
+    clips_updates: ClassVar[bool] = True
     description: ClassVar[str] = (
         "client-level differential privacy on any strategy: clipped, noised updates (DP-FedAvg)"
     )
@@ -131,33 +287,12 @@ class DP(Wrapper):
     _z: float | None = PrivateAttr(None)
     _last: dict[str, float] = PrivateAttr(default_factory=dict)
     _warned: bool = PrivateAttr(False)
-
-    @classmethod
-    def check_base(cls, built: Strategy) -> None:
-        super().check_base(built)
-        if built.asynchronous:
-            raise ValueError(
-                f"'{built.name}' is asynchronous (updates one by one, no rounds), and dp accounts per round: "
-                "choose a synchronous base such as fedavg"
-            )
+    _std: float = PrivateAttr(0.0)
 
     @field_validator("base", mode="before")
     @classmethod
     def _uniform_by_default(cls, value: Any) -> Any:
-        """DP-FedAvg weighs every client's clipped update equally (McMahan et al. 2018, Algorithm 1: a fixed
-        denominator): a base with a ``weighting`` the config leaves out weighs uniformly, as the noise is sized by
-        the largest weight (by samples it is m·max_k p_k times larger)."""
-        spec = {"name": value} if isinstance(value, str) else value
-        if not isinstance(spec, dict) or "weighting" in spec or not isinstance(spec.get("name"), str):
-            return value
-        try:
-            fields = STRATEGIES.get(spec["name"]).model_fields
-        except ConfigError:
-            return value  # the base's own validation says what is wrong
-        weighting = fields.get("weighting")
-        if weighting is None or weighting.annotation is None or "uniform" not in str(weighting.annotation):
-            return value
-        return {**spec, "weighting": "uniform"}
+        return uniform_by_default(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> DP:
@@ -228,16 +363,16 @@ class DP(Wrapper):
         sigma_b = self.count_std
         return self.z if sigma_b == 0 else update_noise_multiplier(self.z, sigma_b)
 
-    def setup(self, ctx: ServerContext) -> None:
-        super().setup(ctx)
+    def privacy_mechanism(self) -> Mechanism:
+        return self
+
+    def prepare(self, ctx: ServerContext) -> None:
+        super().prepare(ctx)
         self._last = {}
-        if self.noise == "central" and self.z > 0 and not weights_of(self.inner):
-            raise ConfigError(
-                f"central DP noise is calibrated to the weights of the base's aggregate, and '{self.inner.name}' "
-                "does not aggregate by a weighted sum of the updates; use algorithm.noise: local, or a base such as "
-                "fedavg, fedprox or maxfl"
-            )
         self._bound = self.initial_bound()
+
+    def needs_weights(self) -> bool:
+        return self.noise == "central" and self.z > 0
 
     def select(self, round_: int, available: Tensor) -> Tensor:
         if self.sampling == "fixed":
@@ -247,42 +382,32 @@ class DP(Wrapper):
         drawn = torch.as_tensor(numpy_rng(self.ctx.seed, "dp-poisson", round_).random(len(available)) < rate)
         return torch.nonzero(available & drawn).flatten()
 
-    def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
-        return replace(self.inner.configure(round_, clients, global_params), clip=self.client_clip())
+    def client_transform(self, round_: int) -> UpdateClip:
+        return self.client_clip()
 
     def client_clip(self) -> UpdateClip:
         """What each client does to its update this round: clip to C, and with local noise add N(0, (zC)²)."""
         local = self.z * self._bound if self.noise == "local" and self.z > 0 else 0.0
         return UpdateClip(self._bound, local)
 
-    def local_training(self, round_: int, clients: Tensor, global_params: Tensor, train: Train) -> LocalResult:
-        clip = self.client_clip()
+    def server_noise(self, round_: int, global_params: Tensor, result: LocalResult, base: Strategy) -> Tensor | None:
+        """Central noise ξ ~ N(0, (z_Δ C max_k p_k)² I) on the base's direction (none with local noise)."""
+        self._std = 0.0
+        if self.noise != "central" or self.z <= 0:
+            return None
+        weights = base.aggregation_weights(round_, result)
+        assert weights is not None  # `setup` refused bases without them
+        std = self.update_z * self._bound * float(weights.abs().max()) if len(weights) else 0.0
+        self._std = std
+        self._warn_if_swamped(round_, global_params, result, weights, std)
+        if std <= 0:
+            return None
+        noise = torch.randn(global_params.shape, generator=torch_gen(self.ctx.seed, "dp-central-noise", round_))
+        return noise.mul_(std).to(global_params.dtype)
 
-        def private(plan: LocalPlan) -> LocalResult:
-            reported = [t.name for t in plan.terms if t.reports_state]
-            if reported:
-                raise ConfigError(
-                    f"client-level DP protects the model updates, but '{self.inner.name}' also sends the state of "
-                    f"{', '.join(reported)}, which it does not; choose another base strategy"
-                )
-            return train(replace(plan, clip=clip))
-
-        return self.inner.local_training(round_, clients, global_params, private)
-
-    def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
+    def observe(self, round_: int, result: LocalResult) -> None:
+        """Adaptive clipping's step from the noised count of unclipped updates, and the round's numbers."""
         clipped = result.clipped if result.clipped is not None else torch.zeros(len(result.clients), dtype=torch.bool)
-        std = 0.0
-        if self.noise == "central" and self.z > 0:
-            weights = self.inner.aggregation_weights(round_, result)
-            assert weights is not None  # `setup` refused bases without them
-            std = self.update_z * self._bound * float(weights.abs().max()) if len(weights) else 0.0
-            self._warn_if_swamped(round_, global_params, result, weights, std)
-            if std > 0:
-                noise = torch.randn(global_params.shape, generator=torch_gen(self.ctx.seed, "dp-central-noise", round_))
-                self.inner.perturb_next_step(noise.mul_(std).to(global_params.dtype))
-        new = self.inner.aggregate(round_, global_params, result)
-        if self.inner.pending_perturbation():
-            raise ConfigError(f"central DP noise needs '{self.inner.name}' to take a server step; use noise: local")
         bound = self._bound
         if self.clipping == "adaptive":
             noise_b = float(numpy_rng(self.ctx.seed, "dp-clip-count", round_).normal()) * self.count_std
@@ -292,10 +417,9 @@ class DP(Wrapper):
         self._last = {
             "dp_clip_bound": bound,
             "dp_clipped_share": float(clipped.double().mean()) if len(clipped) else float("nan"),
-            "dp_noise_std": std if self.noise == "central" else local,
+            "dp_noise_std": self._std if self.noise == "central" else local,
             "dp_noise_multiplier": self.z,
         }
-        return new
 
     def _warn_if_swamped(
         self, round_: int, global_params: Tensor, result: LocalResult, weights: Tensor, std: float
@@ -327,22 +451,64 @@ class DP(Wrapper):
             stacklevel=2,
         )
 
-    def personalization(self, clients: Tensor) -> LocalPlan | None:
-        return self.inner.personalization(clients)
-
-    def round_metrics(self) -> dict[str, float]:
-        return {**self.inner.round_metrics(), **self._last}
-
     @property
     def bound(self) -> float:
         """The clipping bound C of the next round."""
         return self._bound
 
-    def state_dict(self) -> dict[str, Any]:
-        # the wrapper has no server step; its state is the adaptive bound and the last round's numbers
-        return {"base": self.inner.state_dict(), "bound": self._bound, "last": dict(self._last)}
+    def mechanism_metrics(self) -> dict[str, float]:
+        return self._last
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state["base"])
+    def mechanism_state(self) -> dict[str, Any]:
+        return {"bound": self._bound, "last": dict(self._last)}
+
+    def load_mechanism_state(self, state: dict[str, Any]) -> None:
         self._bound = float(state["bound"])
         self._last = {str(k): float(v) for k, v in state["last"].items()}
+
+    # -- its release (`fedhet.privacy.ledger`) --------------------------------------------------------------------
+    def unit(self) -> Unit:
+        """Central noise: every round is a release on the cohort (ε the run's); local noise: a client's rounds."""
+        return "round" if self.noise == "central" else "participation"
+
+    def release(self, z: float, n: int, shape: RunShape, settings: PrivacyConfig) -> Release:
+        """One round's release at noise multiplier z: central noise on a fixed-size sample of m of the K seen
+        clients (replace-one) or a Poisson sample of rate m/K (add or remove); without amplification, or with local
+        noise (replace-one: the server knows who took part), in full."""
+        fixed = self.sampling == "fixed"
+        if self.noise == "local" or not settings.amplification:
+            return Release(z, "none", replace=fixed or self.noise == "local")
+        population = int(shape.seen.sum())
+        m = min(shape.clients_per_round, population)
+        if fixed:
+            return Release(z, "fixed", population=population, sample=m)
+        return Release(z, "poisson", rate=m / max(population, 1))
+
+    def assumes_uniform_cohort(self, settings: PrivacyConfig) -> bool:
+        return self.noise == "central" and settings.amplification
+
+    def noise_limit(self, shape: RunShape) -> tuple[float, str]:
+        """The largest useful z: beyond it the noise the run adds to one coordinate of the model, √T·zC/m
+        (central; local: √T·zC/√m), exceeds the most T clipped mean updates can move it, T·C: z > m√T (central),
+        √(mT) (local)."""
+        m = max(1, min(shape.clients_per_round, int(shape.seen.sum())))
+        central = self.noise == "central"
+        limit = (m if central else math.sqrt(m)) * math.sqrt(max(1, shape.rounds))
+        text = (
+            f"{'m' if central else '√m'}·√T, m = {shape.clients_per_round} clients a round, T = {shape.rounds} rounds"
+        )
+        return limit, text
+
+    def refuse_unusable(self) -> None:
+        self.update_z  # noqa: B018 - refuses, before the run, a count noise that leaves the updates none
+
+    def report(self, rounds: int) -> dict[str, Any]:
+        return {
+            "noise_multiplier": self.z,
+            "noise": self.noise,
+            "sampling": self.sampling,
+            "clipping": self.clipping,
+            "clip": self.initial_bound(),
+            "clip_final": self.bound,
+            "rounds": rounds,
+        }
