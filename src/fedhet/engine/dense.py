@@ -46,9 +46,10 @@ from torch import Tensor, nn
 from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import gather_rows, local_batches
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.ghost import clip_factors, draw_noise, square_norms
 from fedhet.engine.objective import Aligned, ParameterTerm
 from fedhet.engine.plan import LocalPlan
-from fedhet.engine.privacy import clip_rows
+from fedhet.engine.privacy import clip_rows, expected_batch, poisson_batches, refuse_with, sgd_noise_key
 from fedhet.engine.request import CLIPPED, Trained, TrainRequest
 from fedhet.engine.reuse import Reuse, rows_key
 from fedhet.engine.step import Cohort, affine_part, aligned, leaf_direction, term_gradient
@@ -139,6 +140,7 @@ def train_dense(request: TrainRequest, layers: list[DenseLayer]) -> Trained:
     core: chunks are independent, and small ops gain more from running side by side than from splitting each
     one. Elsewhere (CUDA) everything runs on the device of the request's tensors, chunks one after another."""
     model, data, plan, cohort = request.model, request.data, request.plan, request.cohort
+    refuse_with(cohort.dp_sgd, bool(cohort.data_terms), cohort.rule is not None, model.has_dropout)
     m, dev = request.size, request.anchor.device
     losses = torch.full((m,), float("nan"), device=dev)
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
@@ -200,7 +202,11 @@ def _map(fn: Callable[[int], None], items: range, workers: int) -> None:
 class _Batches:
     """The mini-batches of a block of clients and what the loss gradient needs of them, for all steps:
     row indices, labels, each row's share of its batch's mean loss, what the task's gradient needs of the labels
-    (`Task.prepare`; for classification −onehot(y) scaled) and the outputs kept for the losses."""
+    (`Task.prepare`; for classification −onehot(y) scaled) and the outputs kept for the losses.
+
+    Under DP-SGD (``plan.dp_sgd``) the batches are its own (Poisson-sampled unless it says ``shuffle``), the loss
+    gradient is per sample (scale 1) and `private` (T, c, b) holds each row's weight in the clipped sum, w_i/b_k (× η
+    where the optimiser is plain SGD), b_k the client's expected batch size (`fedhet.engine.privacy`)."""
 
     def __init__(
         self,
@@ -218,7 +224,9 @@ class _Batches:
         if not fold_lr:  # the optimiser takes the plain gradient
             lr = torch.ones_like(lr)
         clients = plan.clients[ids]
-        index, weight = local_batches(data.offsets, clients, self.steps, plan.batch_size, seed, round_, plan.stream)
+        dp = plan.dp_sgd
+        sample = poisson_batches if dp is not None and dp.sampling == "poisson" else local_batches
+        index, weight = sample(data.offsets, clients, self.steps, plan.batch_size, seed, round_, plan.stream)
         index, weight = index.to(data.x.device), weight.to(data.x.device)
         self.starts = data.offsets[clients].to(data.x.device)  # where each client's samples begin in `data.x`
         self.sizes = (data.offsets[clients + 1] - data.offsets[clients]).to(data.x.device)
@@ -227,6 +235,11 @@ class _Batches:
         self.y = data.y[self.index]
         self.share = (weight / weight.sum(2, keepdim=True).clamp_min(1.0)).transpose(0, 1)  # (T, c, b)
         self.scale = (self.share * lr.view(1, c, 1).to(index.device)).unsqueeze(3)  # ∂(η · batch loss)/∂ℓ
+        self.private: Tensor | None = None
+        if dp is not None:
+            rate = lr / expected_batch(data.offsets.cpu(), clients, plan.batch_size)
+            self.private = (weight * rate.view(c, 1, 1).to(weight.device)).transpose(0, 1)
+            self.scale = torch.ones_like(self.scale)  # per-sample gradients: weighted after clipping
         self.prepared = task.prepare(self.y, self.scale, outputs)  # (T, c, b, ...)
         self.logits = torch.zeros(t_max, c, b, outputs, device=index.device)
 
@@ -444,6 +457,10 @@ class _GramFirstLayer:
         else:
             self.grads[:n, t * self.b : (t + 1) * self.b] = grad
 
+    def input_square_norms(self, t: int, n: int) -> Tensor:
+        """‖x_i‖² of step t's input rows of the first n clients (n, b): DP-SGD's ghost norms (`fedhet.engine.ghost`)."""
+        return self._rows(self.x, t, n).square().sum(-1)
+
     def update_square_norms(self) -> Tensor:
         """‖W_T − W_0‖² + ‖b_T − b_0‖² of each client (c,) before the weights are written, without affine terms
         (W_T = W_0 − DᵀX, b_T = b_0 − 1ᵀD): ‖DᵀX‖² + ‖1ᵀD‖² = ⟨X Xᵀ + 1, D Dᵀ⟩ = Σ D ⊙ (X Xᵀ + 1) D, from the
@@ -501,7 +518,9 @@ class _Chunk:
     Each step is a forward pass (`forward`: the layers' inputs and activations, the logits), the loss gradient at
     the logits, and a backward pass (`backward`) that updates each layer once the gradient below it is known:
     with plain SGD the data gradient is fused into the products (`_sgd_update`), other optimisers step from the
-    gradient (`_optimizer_update`); the first layer may run from its inputs' Gram matrices (`_GramFirstLayer`)."""
+    gradient (`_optimizer_update`); the first layer may run from its inputs' Gram matrices (`_GramFirstLayer`).
+    Under DP-SGD the backward pass keeps every layer's per-sample output gradient, clips by ghost norms and adds
+    the noise (`_private_gradients`, `fedhet.engine.ghost`) before the layers are updated."""
 
     def __init__(
         self,
@@ -536,7 +555,18 @@ class _Chunk:
         self.decay = 1 - self.rate * lam if lam else None
         self.pull = self.rate * kappa if kappa else None
         self.general = any(t.affine() is None for t, _ in first)  # terms whose gradient is computed as it is
-        self.b = request.plan.batch_size
+        self.b = batches.index.shape[2]  # the batch's slots: B, or DP-SGD's largest Poisson batch
+        self.dp = cohort.dp_sgd
+        self.noise: Tensor | None = None  # DP-SGD's noise of a step (c, P), drawn on the CPU
+        if self.dp is not None and self.dp.noise_std > 0:
+            plan = request.plan
+            self.noise = torch.empty(c, work.shape[1])
+            self.clients = plan.clients[ids].tolist()
+            self.noise_key = sgd_noise_key(plan.stream, plan.phase)
+            sigma = self.dp.noise_std  # the step adds −η σ ξ/b_k (plain SGD), or its gradient σ ξ/b_k
+            scale = -sigma * self.rate if self.optimizer.plain else torch.full_like(self.rate, sigma)
+            sizes = expected_batch(request.data.offsets.cpu(), plan.clients[ids], plan.batch_size).to(dev)
+            self.noise_scale = scale / sizes.view(c, 1, 1)
         self.ones = torch.ones(c, 1, self.b, device=dev)
         self.x_buffer = torch.empty(c * self.b, x_all.shape[1], dtype=x_all.dtype, device=dev)  # a step's inputs
         self.remaining = batches.steps[part].tolist()
@@ -548,8 +578,8 @@ class _Chunk:
         """The Gram path for the first layer where it pays (`use_gram_first_layer`) and the layer trains."""
         first, b, part = self.layers[0], self.b, self.part
         steps = self.remaining[0]
-        if steps == 0 or any(self.frozen[0]):
-            return None
+        if steps == 0 or any(self.frozen[0]) or self.noise is not None:
+            return None  # DP-SGD's noise moves the layer's weights at every step
         samples = int(self.batches.sizes[part].max())
         if not 0 < samples < steps * b:
             samples = 0  # the Gram path works on the steps' rows, unless the steps see fewer samples (epochs)
@@ -676,30 +706,77 @@ class _Chunk:
         mask: list[Tensor | None],
     ) -> None:
         """Step t's backward pass from the loss gradient at the logits, updating each layer of the first n clients
-        (with its weights before the update for the gradient below it)."""
+        (with its weights before the update for the gradient below it; under DP-SGD, every layer's clipped gradient
+        and noise first: `_private_gradients`)."""
         step_counts = {k: v[:n].view(n, 1, 1) for k, v in self.counts.items()}
         new_counts: dict[str, Tensor] = {}
+        private = self._private_gradients(net, t, n, grad, inputs, acts, mask) if self.dp is not None else None
         for i in range(len(self.layers) - 1, -1, -1):
             w = net[i]
-            back = torch.bmm(grad, w.weight.value) if i > 0 else None  # with W_i before its update
+            back = torch.bmm(grad, w.weight.value) if i > 0 and private is None else None  # with W_i before its update
+            grad, noise = private[i] if private is not None else (grad, None)
             if i == 0 and self.gram is not None:
                 self.gram.record(t, grad)
             elif self.optimizer.plain:
-                self._sgd_update(w, grad, inputs[i], n, self.frozen[i])
+                self._sgd_update(w, grad, inputs[i], n, self.frozen[i], noise)
             else:
-                new_counts = self._optimizer_update(w, grad, inputs[i], n, step_counts, self.frozen[i]) or new_counts
-            if back is None:
-                break
-            below, dropped = self.layers[i - 1], mask[i - 1]
-            if dropped is not None:
-                back.mul_(dropped)
-            grad = _BACKWARD[below.activation or ""](back, acts[i - 1])
+                step = self._optimizer_update(w, grad, inputs[i], n, step_counts, self.frozen[i], noise)
+                new_counts = step or new_counts
+            if back is not None:
+                grad = self._below(i, back, acts, mask)
         for k, v in new_counts.items():
             self.counts[k][:n] = v.view(n)
 
-    def _sgd_update(self, w: _Weights, grad: Tensor, a: Tensor, n: int, frozen: list[bool]) -> None:
+    def _below(self, i: int, back: Tensor, acts: list[Tensor], mask: list[Tensor | None]) -> Tensor:
+        """The gradient at layer i − 1's outputs from `back`, the gradient at its activations (D_i W_i)."""
+        dropped = mask[i - 1]
+        if dropped is not None:
+            back.mul_(dropped)
+        return _BACKWARD[self.layers[i - 1].activation or ""](back, acts[i - 1])
+
+    def _private_gradients(
+        self,
+        net: list[_Weights],
+        t: int,
+        n: int,
+        grad: Tensor,
+        inputs: list[Tensor],
+        acts: list[Tensor],
+        mask: list[Tensor | None],
+    ) -> list[tuple[Tensor, list[Tensor] | None]]:
+        """DP-SGD's step t for the first n clients, layer by layer (`fedhet.engine.ghost`): each layer's output
+        gradient weighted by its rows' clip factors and batch weights, c_i w_i/b_k (× η for plain SGD), from the
+        per-sample gradient D_L = ∂ℓ_i/∂z_i (`grad`) and the D_l below it (one backward pass, before any update);
+        and each leaf's standard normal noise ξ (n, ...) (None without noise; × `noise_scale` as it is added)."""
+        assert self.dp is not None and self.batches.private is not None
+        deltas = [grad]
+        for i in range(len(self.layers) - 1, 0, -1):
+            deltas.insert(0, self._below(i, torch.bmm(deltas[0], net[i].weight.value), acts, mask))
+        a_sq = [
+            self.gram.input_square_norms(t, n) if i == 0 and self.gram is not None else a.square().sum(-1)
+            for i, a in enumerate(inputs)
+        ]
+        trained = [(not f[0], len(f) > 1 and not f[1]) for f in self.frozen]
+        factor = clip_factors(square_norms(a_sq, deltas, trained), self.dp.clip)
+        factor.mul_(self.batches.private[t, self.part][:n]).unsqueeze_(2)
+        noise = self._noise(t, n)
+        return [(d.mul_(factor), noise[i] if noise is not None else None) for i, d in enumerate(deltas)]
+
+    def _noise(self, t: int, n: int) -> list[list[Tensor]] | None:
+        """Step t's noise ξ of the first n clients (`ghost.draw_noise`) × `noise_scale`, as each layer's leaves'
+        views (n, out, in) and (n, 1, out); None without noise."""
+        if self.noise is None:
+            return None
+        flat = draw_noise(self.clients[:n], self.request.seed, self.request.round_, self.noise_key, t, self.noise[:n])
+        flat = flat.to(self.work.device)
+        parts = [((la.weight, la.shape), (la.bias, (1, la.shape[0]))) for la in self.layers]
+        return [[flat[:, where].view(n, *shape) for where, shape in leaves if where is not None] for leaves in parts]
+
+    def _sgd_update(
+        self, w: _Weights, grad: Tensor, a: Tensor, n: int, frozen: list[bool], noise: list[Tensor] | None = None
+    ) -> None:
         """w ← w − η Σ_j ∇T_j(w) − η ∇F(w) for each trained leaf, the data part fused into the products and the
-        affine terms' part into two in-place passes, w ← ρw + ηκA."""
+        affine terms' part into two in-place passes, w ← ρw + ηκA; DP-SGD's `noise` ξ adds −η σ ξ/b_k."""
         for leaf, still in zip(w.leaves(), frozen, strict=True):
             if still:
                 continue
@@ -714,15 +791,28 @@ class _Chunk:
             w.weight.value.baddbmm_(grad.mT, a, alpha=-1.0)
         if w.bias is not None and not frozen[1]:
             w.bias.value.baddbmm_(self.ones[:n], grad, alpha=-1.0)
+        if noise is not None:
+            for leaf, xi, still in zip(w.leaves(), noise, frozen, strict=True):
+                if not still:
+                    leaf.value.addcmul_(xi, self.noise_scale[:n])
 
     def _optimizer_update(
-        self, w: _Weights, grad: Tensor, a: Tensor, n: int, counts: dict[str, Tensor], frozen: list[bool]
+        self,
+        w: _Weights,
+        grad: Tensor,
+        a: Tensor,
+        n: int,
+        counts: dict[str, Tensor],
+        frozen: list[bool],
+        noise: list[Tensor] | None = None,
     ) -> dict[str, Tensor]:
-        """The client optimiser's step on each trained leaf from its data gradient; the new counts (empty when
-        every leaf is frozen)."""
+        """The client optimiser's step on each trained leaf from its data gradient (with DP-SGD's `noise` ξ:
+        + σ ξ/b_k); the new counts (empty when every leaf is frozen)."""
         data_grads = [torch.bmm(grad.mT, a)]
         if w.bias is not None:
             data_grads.append(torch.bmm(self.ones[:n], grad))
+        if noise is not None:
+            data_grads = [g.addcmul_(xi, self.noise_scale[:n]) for g, xi in zip(data_grads, noise, strict=True)]
         new_counts: dict[str, Tensor] = {}
         for leaf, g, still in zip(w.leaves(), data_grads, frozen, strict=True):
             if still:
