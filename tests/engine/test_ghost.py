@@ -18,7 +18,7 @@ from fedhet.engine.ghost import clip_factors, draw_noise, square_norms
 from fedhet.engine.objective import Proximal, WeightDecay
 from fedhet.engine.optimizers import SGD, Adam
 from fedhet.engine.plan import LocalPlan
-from fedhet.engine.privacy import ExampleDP, step_noise
+from fedhet.engine.privacy import ExampleDP, UpdateClip, step_noise
 from fedhet.errors import ConfigError
 from helpers.tiny import tiny_data
 
@@ -81,7 +81,7 @@ def _mlp(dims: tuple[int, ...], seed: int = 0) -> FlatModel:
 
 # name -> (model dims, plan changes, DP-SGD's noise multiplier): noise on and off, Poisson and shuffled batches, the
 # first layer from Gram matrices (a wide input, no noise), other optimisers, affine terms, frozen layers, steps
-# that differ across clients in chunks of 2
+# that differ across clients in chunks of 2, client-level clipping of the update as well
 CASES: dict[str, tuple[tuple[int, ...], dict[str, object], float, str]] = {
     "noise off": ((3, 4, 5, 2), {}, 0.0, "poisson"),
     "noise on": ((3, 4, 5, 2), {}, 1.3, "poisson"),
@@ -92,6 +92,10 @@ CASES: dict[str, tuple[tuple[int, ...], dict[str, object], float, str]] = {
     "adam": ((3, 4, 2), {"optimizer": Adam()}, 0.5, "shuffle"),
     "proximal and decay": ((40, 16, 2), {"terms": (Proximal(mu=0.1), WeightDecay(lam=0.01))}, 0.0, "poisson"),
     "proximal, noise on": ((3, 4, 2), {"terms": (Proximal(mu=0.1),)}, 1.0, "poisson"),
+    "gram, terms, noise on": ((40, 16, 2), {"terms": (Proximal(mu=0.1), WeightDecay(lam=0.01))}, 1.0, "poisson"),
+    "gram on the steps' rows, noise on": ((100, 32, 2), {}, 1.0, "shuffle"),
+    "client-level clip too": ((40, 16, 2), {"clip": UpdateClip(0.05)}, 1.0, "poisson"),
+    "client-level clip, noise off": ((40, 16, 2), {"clip": UpdateClip(0.05)}, 0.0, "poisson"),
     "frozen body": ((3, 4, 2), {"frozen": ("0.*",)}, 1.0, "poisson"),
     "uneven steps": ((3, 4, 2), {"steps": torch.tensor([5, 2, 0, 4])}, 1.0, "poisson"),
 }

@@ -374,11 +374,13 @@ class _GramFirstLayer:
         samples: int,
         affine: tuple[Tensor, Tensor, Tensor] | None = None,
         reuse: Reuse | None = None,
+        noisy: bool = False,
     ) -> None:
         """`index` (T, c, b): the steps' rows of `x_all`; `w0` the layer's start: the flat model (P,) shared by the
         chunk, or each client's (c, P); `starts` (c,): where each client's samples begin in `x_all`; `samples`:
         work on each client's first `samples` rows from its start (0: on the steps' rows); `affine`: the affine
-        terms' ρ = 1 − ηλ and ηκ per client (c, 1, 1), and the received model A (P,)."""
+        terms' ρ = 1 − ηλ and ηκ per client (c, 1, 1), and the received model A (P,); `noisy`: DP-SGD's noise moves
+        the layer at every step (`record`)."""
         steps, c, b = index.shape
         self.b = b
         self.by_sample = samples > 0
@@ -399,6 +401,11 @@ class _GramFirstLayer:
             if layer.bias is not None:
                 self.z0.add_(w0[:, layer.bias].unsqueeze(1))
         self.grads = torch.zeros_like(self.z0)  # D: rows never recorded (or of clients that stopped) stay zero
+        # N, n: DP-SGD's noise added to the layer's weight and bias so far (decayed by ρ as the weights are)
+        self.noise = torch.zeros(c, *layer.shape, device=self.z0.device) if noisy else None
+        self.noise_bias = (
+            torch.zeros(c, 1, layer.shape[0], device=self.z0.device) if noisy and layer.bias is not None else None
+        )
         self.affine = affine
         if affine is not None:
             decay, pull, anchor = affine
@@ -430,7 +437,15 @@ class _GramFirstLayer:
         return z[:n, t * self.b : (t + 1) * self.b]
 
     def outputs(self, t: int, n: int) -> Tensor:
-        """Z_t of the first n clients (n, b, out)."""
+        """Z_t of the first n clients (n, b, out); with DP-SGD's noise, + x_t N_tᵀ + n_t."""
+        z = self._data_outputs(t, n)
+        if self.noise is None or t == 0:
+            return z
+        z = z + self.noise_bias[:n] if self.noise_bias is not None else z
+        return torch.baddbmm(z, self._rows(self.x, t, n), self.noise[:n].mT)
+
+    def _data_outputs(self, t: int, n: int) -> Tensor:
+        """Z_t of the first n clients without DP-SGD's noise (not to be written into)."""
         base = self._rows(self.z0, t, n)
         if self.affine is not None:
             base = base * self.scale[:n]
@@ -444,14 +459,22 @@ class _GramFirstLayer:
         rows = slice(t * self.b, (t + 1) * self.b)
         return torch.baddbmm(base, self.gram[:n, rows, : t * self.b], self.grads[:n, : t * self.b], alpha=-1.0)
 
-    def record(self, t: int, grad: Tensor) -> None:
-        """Step t's G (n, b, out) for the first n clients."""
+    def record(self, t: int, grad: Tensor, noise: list[Tensor] | None = None, scale: Tensor | None = None) -> None:
+        """Step t's G (n, b, out) for the first n clients, and DP-SGD's noise ξ of the weight and bias (n, out, in),
+        (n, 1, out) × `scale` (n, 1, 1) into N and n."""
         n = len(grad)
         if self.affine is not None:
             decay, pull, _ = self.affine
             self.grads[:n].mul_(decay[:n])
             self.shift[:n] = self.shift[:n] * decay[:n] + pull[:n]
             self.scale[:n] *= decay[:n]
+            for kept in (self.noise, self.noise_bias):
+                if kept is not None:
+                    kept[:n].mul_(decay[:n])
+        if noise is not None and scale is not None:
+            for kept, xi in zip((self.noise, self.noise_bias), noise, strict=False):
+                if kept is not None:
+                    kept[:n].addcmul_(xi, scale)
         if self.by_sample:
             self.grads.view(-1, grad.shape[2]).index_add_(0, self.flat[t, :n].view(-1), grad.reshape(-1, grad.shape[2]))
         else:
@@ -478,10 +501,12 @@ class _GramFirstLayer:
             start = self.w0 if shared else self.w0[i]
             if self.affine is None:
                 torch.addmm(start, g, x, alpha=-1.0, out=value)
-                continue
-            torch.addmm(start, g, x, beta=float(self.scale[i]), alpha=-1.0, out=value)
-            if self.za is not None:
-                value.add_(self.anchor, alpha=float(self.shift[i]))
+            else:
+                torch.addmm(start, g, x, beta=float(self.scale[i]), alpha=-1.0, out=value)
+                if self.za is not None:
+                    value.add_(self.anchor, alpha=float(self.shift[i]))
+            if self.noise is not None:
+                value.add_(self.noise[i])
         bias = weights.bias
         if bias is not None:
             if self.affine is not None:
@@ -489,6 +514,8 @@ class _GramFirstLayer:
                 if self.za is not None and self.anchor_bias is not None:
                     bias.value.addcmul_(self.shift, self.anchor_bias.view(1, 1, -1))
             bias.value.add_(self.grads.sum(1, keepdim=True), alpha=-1.0)
+            if self.noise_bias is not None:
+                bias.value.add_(self.noise_bias)
 
 
 def _inputs(x_all: Tensor, rows: Tensor, layer: DenseLayer) -> tuple[Tensor, Tensor]:
@@ -578,8 +605,8 @@ class _Chunk:
         """The Gram path for the first layer where it pays (`use_gram_first_layer`) and the layer trains."""
         first, b, part = self.layers[0], self.b, self.part
         steps = self.remaining[0]
-        if steps == 0 or any(self.frozen[0]) or self.noise is not None:
-            return None  # DP-SGD's noise moves the layer's weights at every step
+        if steps == 0 or any(self.frozen[0]):
+            return None
         samples = int(self.batches.sizes[part].max())
         if not 0 < samples < steps * b:
             samples = 0  # the Gram path works on the steps' rows, unless the steps see fewer samples (epochs)
@@ -592,7 +619,8 @@ class _Chunk:
             ones = torch.ones_like(self.rate)
             pull = self.pull if self.pull is not None else torch.zeros_like(self.rate)
             affine = (self.decay if self.decay is not None else ones, pull, self.request.anchor)
-        return _GramFirstLayer(self.x_all, index, first, w0, where, samples, affine, self.request.reuse)
+        noisy = self.noise is not None
+        return _GramFirstLayer(self.x_all, index, first, w0, where, samples, affine, self.request.reuse, noisy)
 
     def _start_weights(self, starts: Tensor | None) -> None:
         """The weights start as the clients' start points, written just before use so that they start in cache;
@@ -630,7 +658,8 @@ class _Chunk:
             self.backward(net, t, n, grad, inputs, acts, mask)
         bound, anchor = self.request.clip, self.request.anchor
         clipped = None
-        gram_form = self.gram is not None and self.gram.affine is None and self.request.starts is None
+        gram = self.gram
+        gram_form = gram is not None and gram.affine is None and gram.noise is None and self.request.starts is None
         if bound is not None and not math.isinf(bound) and gram_form:
             clipped = self._clip_before_writing(bound)
         if self.gram is not None:
@@ -716,7 +745,7 @@ class _Chunk:
             back = torch.bmm(grad, w.weight.value) if i > 0 and private is None else None  # with W_i before its update
             grad, noise = private[i] if private is not None else (grad, None)
             if i == 0 and self.gram is not None:
-                self.gram.record(t, grad)
+                self.gram.record(t, grad, noise, self.noise_scale[:n] if noise is not None else None)
             elif self.optimizer.plain:
                 self._sgd_update(w, grad, inputs[i], n, self.frozen[i], noise)
             else:
