@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from fedhet.data.dataset import ClientData, FederatedData
 from fedhet.engine.engine import Engine, resolve_backend
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.ghost import clip_factors, draw_noise, square_norms
@@ -19,6 +20,7 @@ from fedhet.engine.objective import Proximal, WeightDecay
 from fedhet.engine.optimizers import SGD, Adam
 from fedhet.engine.plan import LocalPlan
 from fedhet.engine.privacy import ExampleDP, UpdateClip, step_noise
+from fedhet.engine.task import Binary, Regression, Task
 from fedhet.errors import ConfigError
 from helpers.tiny import tiny_data
 
@@ -136,3 +138,27 @@ def test_dense_dp_sgd_refuses_dropout_in_one_line() -> None:
     plan = replace(LocalPlan.uniform(torch.arange(2), 1, 0.1, 2), dp_sgd=ExampleDP(1.0))
     with pytest.raises(ConfigError, match=r"local\.dp_sgd clips per-sample gradients .* dropout"):
         engine.train(engine.initial_params(), plan, 0)
+
+
+@pytest.mark.parametrize("task", [Binary(), Regression()])
+def test_dense_dp_sgd_takes_the_tasks_loss(task: Task) -> None:
+    """Other tasks' per-sample loss gradients at the outputs (one output for a binary task, a mean over two for
+    a regression): the vectorised backend's numbers, with noise."""
+    outputs = 1 if isinstance(task, Binary) else 2
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(n, 5, generator=gen) for n in (6, 9, 4)]
+    ys = [
+        torch.randint(0, 2, (len(x),), generator=gen) if outputs == 1 else torch.randn(len(x), 2, generator=gen)
+        for x in xs
+    ]
+    part = ClientData.from_parts(xs, ys)
+    data = FederatedData("t", part, part, outputs, torch.ones(3, dtype=torch.bool))
+    plan = replace(LocalPlan.uniform(torch.arange(3), 4, 0.2, 3), dp_sgd=ExampleDP(0.3, 1.0))
+    results = []
+    for backend in ("dense", "vectorised"):
+        torch.manual_seed(0)
+        model = FlatModel(nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, outputs)), task)
+        engine = Engine(model, data, backend=backend, seed=0)  # type: ignore[arg-type]
+        results.append(engine.train(engine.initial_params(), plan, 1))
+    torch.testing.assert_close(results[0].params, results[1].params, **TOL)
+    torch.testing.assert_close(results[0].train_loss, results[1].train_loss, **TOL)
