@@ -26,6 +26,11 @@ Under plain SGD without parameter terms, the first layer runs from its inputs' G
 (`_GramFirstLayer`: its outputs at step t are x_t W₀ᵀ + b₀ − Σ_{s<t} (x_t x_sᵀ + 1) G_s, and its weights are written
 once per round), where the steps' T·b rows are few next to the layer (`use_gram_first_layer`).
 
+DP-SGD (``plan.dp_sgd``, Abadi et al. 2016) runs without per-sample gradients: the backward pass from the
+per-sample loss gradients gives every layer's D_l first, each sample's gradient norm is Σ_l (‖a_{l,i}‖² + 1)‖d_{l,i}‖²
+("ghost clipping", `fedhet.engine.ghost`), and each layer is updated from D_l with its rows weighted by the clip
+factors, then noised from the clients' own streams (the first layer's noise kept beside the Gram form's D).
+
 The mini-batches (`batches.local_batches`) and dropout masks (seeded per round and step, the same for every
 client) are those of the sequential and vectorised backends, so all three give the same numbers up to float
 rounding (tested). `dense_layers` says whether a model qualifies; other models use the generic backends, and so
@@ -584,10 +589,10 @@ class _Chunk:
         self.general = any(t.affine() is None for t, _ in first)  # terms whose gradient is computed as it is
         self.b = batches.index.shape[2]  # the batch's slots: B, or DP-SGD's largest Poisson batch
         self.dp = cohort.dp_sgd
-        self.noise: Tensor | None = None  # DP-SGD's noise of a step (c, P), drawn on the CPU
+        self.draws: Tensor | None = None  # DP-SGD's noise of a step (c, P), drawn on the CPU
         if self.dp is not None and self.dp.noise_std > 0:
             plan = request.plan
-            self.noise = torch.empty(c, work.shape[1])
+            self.draws = torch.empty(c, work.shape[1])
             self.clients = plan.clients[ids].tolist()
             self.noise_key = sgd_noise_key(plan.stream, plan.phase)
             sigma = self.dp.noise_std  # the step adds −η σ ξ/b_k (plain SGD), or its gradient σ ξ/b_k
@@ -619,7 +624,7 @@ class _Chunk:
             ones = torch.ones_like(self.rate)
             pull = self.pull if self.pull is not None else torch.zeros_like(self.rate)
             affine = (self.decay if self.decay is not None else ones, pull, self.request.anchor)
-        noisy = self.noise is not None
+        noisy = self.draws is not None
         return _GramFirstLayer(self.x_all, index, first, w0, where, samples, affine, self.request.reuse, noisy)
 
     def _start_weights(self, starts: Tensor | None) -> None:
@@ -792,11 +797,11 @@ class _Chunk:
         return [(d.mul_(factor), noise[i] if noise is not None else None) for i, d in enumerate(deltas)]
 
     def _noise(self, t: int, n: int) -> list[list[Tensor]] | None:
-        """Step t's noise ξ of the first n clients (`ghost.draw_noise`) × `noise_scale`, as each layer's leaves'
-        views (n, out, in) and (n, 1, out); None without noise."""
-        if self.noise is None:
+        """Step t's standard normal noise ξ of the first n clients (`ghost.draw_noise`) as each layer's leaves' views
+        (n, out, in) and (n, 1, out) (× `noise_scale` as it is added); None without noise."""
+        if self.draws is None:
             return None
-        flat = draw_noise(self.clients[:n], self.request.seed, self.request.round_, self.noise_key, t, self.noise[:n])
+        flat = draw_noise(self.clients[:n], self.request.seed, self.request.round_, self.noise_key, t, self.draws[:n])
         flat = flat.to(self.work.device)
         parts = [((la.weight, la.shape), (la.bias, (1, la.shape[0]))) for la in self.layers]
         return [[flat[:, where].view(n, *shape) for where, shape in leaves if where is not None] for leaves in parts]
