@@ -162,3 +162,15 @@ def test_dense_dp_sgd_takes_the_tasks_loss(task: Task) -> None:
         results.append(engine.train(engine.initial_params(), plan, 1))
     torch.testing.assert_close(results[0].params, results[1].params, **TOL)
     torch.testing.assert_close(results[0].train_loss, results[1].train_loss, **TOL)
+
+
+@pytest.mark.parametrize("z", [0.0, 1.0])
+def test_dense_dp_sgd_from_each_clients_own_start_point(z: float) -> None:
+    """Own start points (a personal model's), the first layer from Gram matrices of each client's own weights."""
+    data = tiny_data([6, 9, 4, 30], dim=40, classes=2, seed=2)
+    engines = [Engine(_mlp((40, 16, 2)), data, backend=b, seed=3, chunk_size=2) for b in ("dense", "vectorised")]  # type: ignore[arg-type]
+    w = engines[0].initial_params()
+    starts = w + 0.1 * torch.randn(4, len(w), generator=torch.Generator().manual_seed(0))
+    plan = replace(LocalPlan.uniform(torch.arange(4), 5, 0.3, 4), dp_sgd=ExampleDP(0.5, z), starts=starts)
+    dense, vectorised = (e.train(w, plan, 1) for e in engines)
+    torch.testing.assert_close(dense.params, vectorised.params, **TOL)
