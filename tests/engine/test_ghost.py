@@ -174,3 +174,18 @@ def test_dense_dp_sgd_from_each_clients_own_start_point(z: float) -> None:
     plan = replace(LocalPlan.uniform(torch.arange(4), 5, 0.3, 4), dp_sgd=ExampleDP(0.5, z), starts=starts)
     dense, vectorised = (e.train(w, plan, 1) for e in engines)
     torch.testing.assert_close(dense.params, vectorised.params, **TOL)
+
+
+@pytest.mark.parametrize("dims", [(3, 4, 2), (40, 16, 2)])
+def test_dense_dp_sgd_with_an_infinite_bound_and_no_noise_is_the_dense_backends_plain_sgd(
+    dims: tuple[int, ...],
+) -> None:
+    """c_i = 1 and w_i/b_k = the batch's mean weights (full shuffled batches, b_k = min(B, n_k)): plain SGD, on the
+    per-step path and on the Gram path of the first layer (a wide input), with weight decay."""
+    engine = Engine(_mlp(dims), tiny_data([7, 12, 3], dim=dims[0], classes=2, seed=4), backend="dense", seed=2)
+    w = engine.initial_params()
+    plan = LocalPlan.uniform(torch.arange(3), 6, 0.3, 4, weight_decay=0.01)
+    plain = engine.train(w, plan, 1)
+    private = engine.train(w, replace(plan, dp_sgd=ExampleDP(math.inf, 0.0, "shuffle")), 1)
+    torch.testing.assert_close(private.params, plain.params, **TOL)
+    torch.testing.assert_close(private.train_loss, plain.train_loss, **TOL)
