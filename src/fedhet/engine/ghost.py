@@ -3,13 +3,13 @@
 For a linear layer z_i = W a_i + b, sample i's gradient is the outer product ∇W_i = δ_iᵀ a_i (δ_i = ∂ℓ_i/∂z_i, the
 row of the output gradient of a batch-sized backward pass, a_i the layer's input), so its norm needs neither the
 (out, in) gradient nor a second pass ("ghost clipping": Goodfellow, arXiv:1510.01799, 2015; Li et al., ICLR 2022,
-§4 and Eq. 4, whose ‖∇W_i‖² = vec(a_i a_iᵀ)·vec(δ_i δ_iᵀ) over a sequence is, for one row per sample,)
+§4, whose ‖∇W_i‖²_F = vec(a_i a_iᵀ)·vec(δ_i δ_iᵀ) over a sequence of rows reduces, with one row per sample, to)
 
     ‖∇W_i‖² = ‖a_i‖² ‖δ_i‖²,   ‖∇b_i‖² = ‖δ_i‖²   (with a bias: (‖a_i‖² + 1) ‖δ_i‖², the input with a 1 appended)
 
 summed over the trained layers: ‖g_i‖², then c_i = min(1, C/‖g_i‖) (Abadi et al., CCS 2016, Algorithm 1). The
 clipped sum is Σ_i c_i ∇W_i = (c ⊙ δ)ᵀ A: the same δ and A weighted (book-keeping, Bu et al., "Differentially
-Private Optimization on Large Model at Small Cost", ICML 2023, Algorithm 1), one matrix product as in plain SGD.
+Private Optimization on Large Model at Small Cost", ICML 2023), one matrix product as in plain SGD.
 The noise ξ of client k's step t is drawn from the stream the vectorised backend draws it from
 (`fedhet.engine.privacy.step_noise`), so both give the same numbers up to float rounding (tested).
 """
