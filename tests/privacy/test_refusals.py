@@ -32,7 +32,10 @@ CASES: dict[str, tuple[list[str], str]] = {
         [*DP, "--set", "algorithm.sampling=fixed", "--set", "clients_per_round=3", "--set", "privacy.accountant=pld"],
         "PLD accountant has no sampling without replacement",
     ),
-    "DP-SGD on dense": ([*SGD, "--backend", "dense"], "which backend 'dense' does not form"),
+    "DP-SGD on conv": (
+        [*SGD, "--model", "cnn_mnist", "--set", "model.hidden=8", "--backend", "conv"],
+        "which backend 'conv' does not form",
+    ),
     "DP-SGD with dropout": ([*SGD, "--set", "model.dropout=0.5"], "cannot run with dropout"),
     "DP-SGD with MOON": ([*SGD, "--algorithm", "moon"], "cannot run with a data-space term"),
     "DP-SGD with Per-FedAvg": ([*SGD, "--algorithm", "perfedavg"], "cannot run with a local rule"),

@@ -26,6 +26,11 @@ Under plain SGD without parameter terms, the first layer runs from its inputs' G
 (`_GramFirstLayer`: its outputs at step t are x_t W₀ᵀ + b₀ − Σ_{s<t} (x_t x_sᵀ + 1) G_s, and its weights are written
 once per round), where the steps' T·b rows are few next to the layer (`use_gram_first_layer`).
 
+DP-SGD (``plan.dp_sgd``, Abadi et al. 2016) runs without per-sample gradients: the backward pass from the
+per-sample loss gradients gives every layer's D_l first, each sample's gradient norm is Σ_l (‖a_{l,i}‖² + 1)‖d_{l,i}‖²
+("ghost clipping", `fedhet.engine.ghost`), and each layer is updated from D_l with its rows weighted by the clip
+factors, then noised from the clients' own streams (the first layer's noise kept beside the Gram form's D).
+
 The mini-batches (`batches.local_batches`) and dropout masks (seeded per round and step, the same for every
 client) are those of the sequential and vectorised backends, so all three give the same numbers up to float
 rounding (tested). `dense_layers` says whether a model qualifies; other models use the generic backends, and so
@@ -46,9 +51,10 @@ from torch import Tensor, nn
 from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import gather_rows, local_batches
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.ghost import clip_factors, draw_noise, square_norms
 from fedhet.engine.objective import Aligned, ParameterTerm
 from fedhet.engine.plan import LocalPlan
-from fedhet.engine.privacy import clip_rows
+from fedhet.engine.privacy import clip_rows, expected_batch, poisson_batches, refuse_with, sgd_noise_key
 from fedhet.engine.request import CLIPPED, Trained, TrainRequest
 from fedhet.engine.reuse import Reuse, rows_key
 from fedhet.engine.step import Cohort, affine_part, aligned, leaf_direction, term_gradient
@@ -139,6 +145,7 @@ def train_dense(request: TrainRequest, layers: list[DenseLayer]) -> Trained:
     core: chunks are independent, and small ops gain more from running side by side than from splitting each
     one. Elsewhere (CUDA) everything runs on the device of the request's tensors, chunks one after another."""
     model, data, plan, cohort = request.model, request.data, request.plan, request.cohort
+    refuse_with(cohort.dp_sgd, bool(cohort.data_terms), cohort.rule is not None, model.has_dropout)
     m, dev = request.size, request.anchor.device
     losses = torch.full((m,), float("nan"), device=dev)
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
@@ -200,7 +207,11 @@ def _map(fn: Callable[[int], None], items: range, workers: int) -> None:
 class _Batches:
     """The mini-batches of a block of clients and what the loss gradient needs of them, for all steps:
     row indices, labels, each row's share of its batch's mean loss, what the task's gradient needs of the labels
-    (`Task.prepare`; for classification −onehot(y) scaled) and the outputs kept for the losses."""
+    (`Task.prepare`; for classification −onehot(y) scaled) and the outputs kept for the losses.
+
+    Under DP-SGD (``plan.dp_sgd``) the batches are its own (Poisson-sampled unless it says ``shuffle``), the loss
+    gradient is per sample (scale 1) and `private` (T, c, b) holds each row's weight in the clipped sum, w_i/b_k (× η
+    where the optimiser is plain SGD), b_k the client's expected batch size (`fedhet.engine.privacy`)."""
 
     def __init__(
         self,
@@ -218,7 +229,9 @@ class _Batches:
         if not fold_lr:  # the optimiser takes the plain gradient
             lr = torch.ones_like(lr)
         clients = plan.clients[ids]
-        index, weight = local_batches(data.offsets, clients, self.steps, plan.batch_size, seed, round_, plan.stream)
+        dp = plan.dp_sgd
+        sample = poisson_batches if dp is not None and dp.sampling == "poisson" else local_batches
+        index, weight = sample(data.offsets, clients, self.steps, plan.batch_size, seed, round_, plan.stream)
         index, weight = index.to(data.x.device), weight.to(data.x.device)
         self.starts = data.offsets[clients].to(data.x.device)  # where each client's samples begin in `data.x`
         self.sizes = (data.offsets[clients + 1] - data.offsets[clients]).to(data.x.device)
@@ -227,6 +240,11 @@ class _Batches:
         self.y = data.y[self.index]
         self.share = (weight / weight.sum(2, keepdim=True).clamp_min(1.0)).transpose(0, 1)  # (T, c, b)
         self.scale = (self.share * lr.view(1, c, 1).to(index.device)).unsqueeze(3)  # ∂(η · batch loss)/∂ℓ
+        self.private: Tensor | None = None
+        if dp is not None:
+            rate = lr / expected_batch(data.offsets.cpu(), clients, plan.batch_size)
+            self.private = (weight * rate.view(c, 1, 1).to(weight.device)).transpose(0, 1)
+            self.scale = torch.ones_like(self.scale)  # per-sample gradients: weighted after clipping
         self.prepared = task.prepare(self.y, self.scale, outputs)  # (T, c, b, ...)
         self.logits = torch.zeros(t_max, c, b, outputs, device=index.device)
 
@@ -361,11 +379,13 @@ class _GramFirstLayer:
         samples: int,
         affine: tuple[Tensor, Tensor, Tensor] | None = None,
         reuse: Reuse | None = None,
+        noisy: bool = False,
     ) -> None:
         """`index` (T, c, b): the steps' rows of `x_all`; `w0` the layer's start: the flat model (P,) shared by the
         chunk, or each client's (c, P); `starts` (c,): where each client's samples begin in `x_all`; `samples`:
         work on each client's first `samples` rows from its start (0: on the steps' rows); `affine`: the affine
-        terms' ρ = 1 − ηλ and ηκ per client (c, 1, 1), and the received model A (P,)."""
+        terms' ρ = 1 − ηλ and ηκ per client (c, 1, 1), and the received model A (P,); `noisy`: DP-SGD's noise moves
+        the layer at every step (`record`)."""
         steps, c, b = index.shape
         self.b = b
         self.by_sample = samples > 0
@@ -386,6 +406,11 @@ class _GramFirstLayer:
             if layer.bias is not None:
                 self.z0.add_(w0[:, layer.bias].unsqueeze(1))
         self.grads = torch.zeros_like(self.z0)  # D: rows never recorded (or of clients that stopped) stay zero
+        # N, n: DP-SGD's noise added to the layer's weight and bias so far (decayed by ρ as the weights are)
+        self.noise = torch.zeros(c, *layer.shape, device=self.z0.device) if noisy else None
+        self.noise_bias = (
+            torch.zeros(c, 1, layer.shape[0], device=self.z0.device) if noisy and layer.bias is not None else None
+        )
         self.affine = affine
         if affine is not None:
             decay, pull, anchor = affine
@@ -417,7 +442,15 @@ class _GramFirstLayer:
         return z[:n, t * self.b : (t + 1) * self.b]
 
     def outputs(self, t: int, n: int) -> Tensor:
-        """Z_t of the first n clients (n, b, out)."""
+        """Z_t of the first n clients (n, b, out); with DP-SGD's noise, + x_t N_tᵀ + n_t."""
+        z = self._data_outputs(t, n)
+        if self.noise is None or t == 0:
+            return z
+        z = z + self.noise_bias[:n] if self.noise_bias is not None else z
+        return torch.baddbmm(z, self._rows(self.x, t, n), self.noise[:n].mT)
+
+    def _data_outputs(self, t: int, n: int) -> Tensor:
+        """Z_t of the first n clients without DP-SGD's noise (not to be written into)."""
         base = self._rows(self.z0, t, n)
         if self.affine is not None:
             base = base * self.scale[:n]
@@ -431,18 +464,30 @@ class _GramFirstLayer:
         rows = slice(t * self.b, (t + 1) * self.b)
         return torch.baddbmm(base, self.gram[:n, rows, : t * self.b], self.grads[:n, : t * self.b], alpha=-1.0)
 
-    def record(self, t: int, grad: Tensor) -> None:
-        """Step t's G (n, b, out) for the first n clients."""
+    def record(self, t: int, grad: Tensor, noise: list[Tensor] | None = None, scale: Tensor | None = None) -> None:
+        """Step t's G (n, b, out) for the first n clients, and DP-SGD's noise ξ of the weight and bias (n, out, in),
+        (n, 1, out) × `scale` (n, 1, 1) into N and n."""
         n = len(grad)
         if self.affine is not None:
             decay, pull, _ = self.affine
             self.grads[:n].mul_(decay[:n])
             self.shift[:n] = self.shift[:n] * decay[:n] + pull[:n]
             self.scale[:n] *= decay[:n]
+            for kept in (self.noise, self.noise_bias):
+                if kept is not None:
+                    kept[:n].mul_(decay[:n])
+        if noise is not None and scale is not None:
+            for kept, xi in zip((self.noise, self.noise_bias), noise, strict=False):
+                if kept is not None:
+                    kept[:n].addcmul_(xi, scale)
         if self.by_sample:
             self.grads.view(-1, grad.shape[2]).index_add_(0, self.flat[t, :n].view(-1), grad.reshape(-1, grad.shape[2]))
         else:
             self.grads[:n, t * self.b : (t + 1) * self.b] = grad
+
+    def input_square_norms(self, t: int, n: int) -> Tensor:
+        """‖x_i‖² of step t's input rows of the first n clients (n, b): DP-SGD's ghost norms (`fedhet.engine.ghost`)."""
+        return self._rows(self.x, t, n).square().sum(-1)
 
     def update_square_norms(self) -> Tensor:
         """‖W_T − W_0‖² + ‖b_T − b_0‖² of each client (c,) before the weights are written, without affine terms
@@ -461,10 +506,12 @@ class _GramFirstLayer:
             start = self.w0 if shared else self.w0[i]
             if self.affine is None:
                 torch.addmm(start, g, x, alpha=-1.0, out=value)
-                continue
-            torch.addmm(start, g, x, beta=float(self.scale[i]), alpha=-1.0, out=value)
-            if self.za is not None:
-                value.add_(self.anchor, alpha=float(self.shift[i]))
+            else:
+                torch.addmm(start, g, x, beta=float(self.scale[i]), alpha=-1.0, out=value)
+                if self.za is not None:
+                    value.add_(self.anchor, alpha=float(self.shift[i]))
+            if self.noise is not None:
+                value.add_(self.noise[i])
         bias = weights.bias
         if bias is not None:
             if self.affine is not None:
@@ -472,6 +519,8 @@ class _GramFirstLayer:
                 if self.za is not None and self.anchor_bias is not None:
                     bias.value.addcmul_(self.shift, self.anchor_bias.view(1, 1, -1))
             bias.value.add_(self.grads.sum(1, keepdim=True), alpha=-1.0)
+            if self.noise_bias is not None:
+                bias.value.add_(self.noise_bias)
 
 
 def _inputs(x_all: Tensor, rows: Tensor, layer: DenseLayer) -> tuple[Tensor, Tensor]:
@@ -501,7 +550,9 @@ class _Chunk:
     Each step is a forward pass (`forward`: the layers' inputs and activations, the logits), the loss gradient at
     the logits, and a backward pass (`backward`) that updates each layer once the gradient below it is known:
     with plain SGD the data gradient is fused into the products (`_sgd_update`), other optimisers step from the
-    gradient (`_optimizer_update`); the first layer may run from its inputs' Gram matrices (`_GramFirstLayer`)."""
+    gradient (`_optimizer_update`); the first layer may run from its inputs' Gram matrices (`_GramFirstLayer`).
+    Under DP-SGD the backward pass keeps every layer's per-sample output gradient, clips by ghost norms and adds
+    the noise (`_private_gradients`, `fedhet.engine.ghost`) before the layers are updated."""
 
     def __init__(
         self,
@@ -536,7 +587,18 @@ class _Chunk:
         self.decay = 1 - self.rate * lam if lam else None
         self.pull = self.rate * kappa if kappa else None
         self.general = any(t.affine() is None for t, _ in first)  # terms whose gradient is computed as it is
-        self.b = request.plan.batch_size
+        self.b = batches.index.shape[2]  # the batch's slots: B, or DP-SGD's largest Poisson batch
+        self.dp = cohort.dp_sgd
+        self.draws: Tensor | None = None  # DP-SGD's noise of a step (c, P), drawn on the CPU
+        if self.dp is not None and self.dp.noise_std > 0:
+            plan = request.plan
+            self.draws = torch.empty(c, work.shape[1])
+            self.clients = plan.clients[ids].tolist()
+            self.noise_key = sgd_noise_key(plan.stream, plan.phase)
+            sigma = self.dp.noise_std  # the step adds −η σ ξ/b_k (plain SGD), or its gradient σ ξ/b_k
+            scale = -sigma * self.rate if self.optimizer.plain else torch.full_like(self.rate, sigma)
+            sizes = expected_batch(request.data.offsets.cpu(), plan.clients[ids], plan.batch_size).to(dev)
+            self.noise_scale = scale / sizes.view(c, 1, 1)
         self.ones = torch.ones(c, 1, self.b, device=dev)
         self.x_buffer = torch.empty(c * self.b, x_all.shape[1], dtype=x_all.dtype, device=dev)  # a step's inputs
         self.remaining = batches.steps[part].tolist()
@@ -562,7 +624,8 @@ class _Chunk:
             ones = torch.ones_like(self.rate)
             pull = self.pull if self.pull is not None else torch.zeros_like(self.rate)
             affine = (self.decay if self.decay is not None else ones, pull, self.request.anchor)
-        return _GramFirstLayer(self.x_all, index, first, w0, where, samples, affine, self.request.reuse)
+        noisy = self.draws is not None
+        return _GramFirstLayer(self.x_all, index, first, w0, where, samples, affine, self.request.reuse, noisy)
 
     def _start_weights(self, starts: Tensor | None) -> None:
         """The weights start as the clients' start points, written just before use so that they start in cache;
@@ -600,7 +663,8 @@ class _Chunk:
             self.backward(net, t, n, grad, inputs, acts, mask)
         bound, anchor = self.request.clip, self.request.anchor
         clipped = None
-        gram_form = self.gram is not None and self.gram.affine is None and self.request.starts is None
+        gram = self.gram
+        gram_form = gram is not None and gram.affine is None and gram.noise is None and self.request.starts is None
         if bound is not None and not math.isinf(bound) and gram_form:
             clipped = self._clip_before_writing(bound)
         if self.gram is not None:
@@ -676,30 +740,77 @@ class _Chunk:
         mask: list[Tensor | None],
     ) -> None:
         """Step t's backward pass from the loss gradient at the logits, updating each layer of the first n clients
-        (with its weights before the update for the gradient below it)."""
+        (with its weights before the update for the gradient below it; under DP-SGD, every layer's clipped gradient
+        and noise first: `_private_gradients`)."""
         step_counts = {k: v[:n].view(n, 1, 1) for k, v in self.counts.items()}
         new_counts: dict[str, Tensor] = {}
+        private = self._private_gradients(net, t, n, grad, inputs, acts, mask) if self.dp is not None else None
         for i in range(len(self.layers) - 1, -1, -1):
             w = net[i]
-            back = torch.bmm(grad, w.weight.value) if i > 0 else None  # with W_i before its update
+            back = torch.bmm(grad, w.weight.value) if i > 0 and private is None else None  # with W_i before its update
+            grad, noise = private[i] if private is not None else (grad, None)
             if i == 0 and self.gram is not None:
-                self.gram.record(t, grad)
+                self.gram.record(t, grad, noise, self.noise_scale[:n] if noise is not None else None)
             elif self.optimizer.plain:
-                self._sgd_update(w, grad, inputs[i], n, self.frozen[i])
+                self._sgd_update(w, grad, inputs[i], n, self.frozen[i], noise)
             else:
-                new_counts = self._optimizer_update(w, grad, inputs[i], n, step_counts, self.frozen[i]) or new_counts
-            if back is None:
-                break
-            below, dropped = self.layers[i - 1], mask[i - 1]
-            if dropped is not None:
-                back.mul_(dropped)
-            grad = _BACKWARD[below.activation or ""](back, acts[i - 1])
+                step = self._optimizer_update(w, grad, inputs[i], n, step_counts, self.frozen[i], noise)
+                new_counts = step or new_counts
+            if back is not None:
+                grad = self._below(i, back, acts, mask)
         for k, v in new_counts.items():
             self.counts[k][:n] = v.view(n)
 
-    def _sgd_update(self, w: _Weights, grad: Tensor, a: Tensor, n: int, frozen: list[bool]) -> None:
+    def _below(self, i: int, back: Tensor, acts: list[Tensor], mask: list[Tensor | None]) -> Tensor:
+        """The gradient at layer i − 1's outputs from `back`, the gradient at its activations (D_i W_i)."""
+        dropped = mask[i - 1]
+        if dropped is not None:
+            back.mul_(dropped)
+        return _BACKWARD[self.layers[i - 1].activation or ""](back, acts[i - 1])
+
+    def _private_gradients(
+        self,
+        net: list[_Weights],
+        t: int,
+        n: int,
+        grad: Tensor,
+        inputs: list[Tensor],
+        acts: list[Tensor],
+        mask: list[Tensor | None],
+    ) -> list[tuple[Tensor, list[Tensor] | None]]:
+        """DP-SGD's step t for the first n clients, layer by layer (`fedhet.engine.ghost`): each layer's output
+        gradient weighted by its rows' clip factors and batch weights, c_i w_i/b_k (× η for plain SGD), from the
+        per-sample gradient D_L = ∂ℓ_i/∂z_i (`grad`) and the D_l below it (one backward pass, before any update);
+        and each leaf's standard normal noise ξ (n, ...) (None without noise; × `noise_scale` as it is added)."""
+        assert self.dp is not None and self.batches.private is not None
+        deltas = [grad]
+        for i in range(len(self.layers) - 1, 0, -1):
+            deltas.insert(0, self._below(i, torch.bmm(deltas[0], net[i].weight.value), acts, mask))
+        a_sq = [
+            self.gram.input_square_norms(t, n) if i == 0 and self.gram is not None else a.square().sum(-1)
+            for i, a in enumerate(inputs)
+        ]
+        trained = [(not f[0], len(f) > 1 and not f[1]) for f in self.frozen]
+        factor = clip_factors(square_norms(a_sq, deltas, trained), self.dp.clip)
+        factor.mul_(self.batches.private[t, self.part][:n]).unsqueeze_(2)
+        noise = self._noise(t, n)
+        return [(d.mul_(factor), noise[i] if noise is not None else None) for i, d in enumerate(deltas)]
+
+    def _noise(self, t: int, n: int) -> list[list[Tensor]] | None:
+        """Step t's standard normal noise ξ of the first n clients (`ghost.draw_noise`) as each layer's leaves' views
+        (n, out, in) and (n, 1, out) (× `noise_scale` as it is added); None without noise."""
+        if self.draws is None:
+            return None
+        flat = draw_noise(self.clients[:n], self.request.seed, self.request.round_, self.noise_key, t, self.draws[:n])
+        flat = flat.to(self.work.device)
+        parts = [((la.weight, la.shape), (la.bias, (1, la.shape[0]))) for la in self.layers]
+        return [[flat[:, where].view(n, *shape) for where, shape in leaves if where is not None] for leaves in parts]
+
+    def _sgd_update(
+        self, w: _Weights, grad: Tensor, a: Tensor, n: int, frozen: list[bool], noise: list[Tensor] | None = None
+    ) -> None:
         """w ← w − η Σ_j ∇T_j(w) − η ∇F(w) for each trained leaf, the data part fused into the products and the
-        affine terms' part into two in-place passes, w ← ρw + ηκA."""
+        affine terms' part into two in-place passes, w ← ρw + ηκA; DP-SGD's `noise` ξ adds −η σ ξ/b_k."""
         for leaf, still in zip(w.leaves(), frozen, strict=True):
             if still:
                 continue
@@ -714,15 +825,28 @@ class _Chunk:
             w.weight.value.baddbmm_(grad.mT, a, alpha=-1.0)
         if w.bias is not None and not frozen[1]:
             w.bias.value.baddbmm_(self.ones[:n], grad, alpha=-1.0)
+        if noise is not None:
+            for leaf, xi, still in zip(w.leaves(), noise, frozen, strict=True):
+                if not still:
+                    leaf.value.addcmul_(xi, self.noise_scale[:n])
 
     def _optimizer_update(
-        self, w: _Weights, grad: Tensor, a: Tensor, n: int, counts: dict[str, Tensor], frozen: list[bool]
+        self,
+        w: _Weights,
+        grad: Tensor,
+        a: Tensor,
+        n: int,
+        counts: dict[str, Tensor],
+        frozen: list[bool],
+        noise: list[Tensor] | None = None,
     ) -> dict[str, Tensor]:
-        """The client optimiser's step on each trained leaf from its data gradient; the new counts (empty when
-        every leaf is frozen)."""
+        """The client optimiser's step on each trained leaf from its data gradient (with DP-SGD's `noise` ξ:
+        + σ ξ/b_k); the new counts (empty when every leaf is frozen)."""
         data_grads = [torch.bmm(grad.mT, a)]
         if w.bias is not None:
             data_grads.append(torch.bmm(self.ones[:n], grad))
+        if noise is not None:
+            data_grads = [g.addcmul_(xi, self.noise_scale[:n]) for g, xi in zip(data_grads, noise, strict=True)]
         new_counts: dict[str, Tensor] = {}
         for leaf, g, still in zip(w.leaves(), data_grads, frozen, strict=True):
             if still:

@@ -66,6 +66,7 @@ def resolve_backend(
     device: torch.device | None = None,
     autograd_only: bool = False,
     batch_size: int = 0,
+    dense_runs: bool | None = None,
 ) -> Backend:
     """`auto` picks `dense` for networks of Linear layers and ReLU/Tanh/Sigmoid (fastest on every workload
     of `fedhet bench`), and `conv` on a CPU for the CNNs `conv_layers` recognises (every CNN of the zoo; the
@@ -73,17 +74,20 @@ def resolve_backend(
     local rule) or a step's activations at `batch_size` are too large (`conv_is_faster`: then `sequential`); for
     other models, vectorised for models of at most 100k parameters and cohorts of at least 10
     clients when torch has two threads or more, and for every objective with a local rule, else sequential (on
-    a GPU: always vectorised); sequential where vmap cannot run the model. All give the same numbers."""
+    a GPU: always vectorised); sequential where vmap cannot run the model. All give the same numbers. `dense_runs`
+    (default: not `autograd_only`) says whether the dense backend runs the objective all the same (DP-SGD: its
+    per-sample gradient norms by ghost clipping, `Cohort.dense_runs`)."""
+    dense_runs = not autograd_only if dense_runs is None else dense_runs
     if choice == "dense":
         if dense_layers(model) is None:
             raise ConfigError(
                 "backend 'dense' needs a model of Linear layers with ReLU/Tanh/Sigmoid activations (and optional "
                 "dropout); use backend 'auto', 'vectorised' or 'sequential' for this model"
             )
-        if autograd_only:
+        if not dense_runs:
             raise ConfigError(
-                "backend 'dense' cannot run this local objective (a data-space term, a local rule or DP-SGD's "
-                "per-sample gradients need autograd); use backend 'auto', 'vectorised' or 'sequential'"
+                "backend 'dense' cannot run this local objective (a data-space term or a local rule needs "
+                "autograd); use backend 'auto', 'vectorised' or 'sequential'"
             )
     if choice == "conv":
         if conv_layers(model) is None:
@@ -102,7 +106,7 @@ def resolve_backend(
         raise ConfigError(f"backend 'vectorised' cannot run this model ({probe.failure}); use 'sequential'")
     if choice != "auto":
         return choice
-    if dense_layers(model) is not None and not autograd_only:
+    if dense_layers(model) is not None and dense_runs:
         return "dense"
     on_cpu = device is None or device.type == "cpu"
     spec = conv_layers(model) if on_cpu and not autograd_only else None
@@ -168,7 +172,9 @@ class Engine:
         outside its mask at zero and returns them as zero (a sub-model: `LocalPlan`)."""
         cohort, starts, (params, losses, state) = self._run(global_params, plan, round_, clip=True)
         clipped = state.pop(CLIPPED, None)
-        self.last_backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
+        self.last_backend = self.backend_for(
+            len(plan.clients), cohort.autograd_only, plan.batch_size, cohort.dense_runs
+        )
         result = LocalResult(plan.clients, params, losses, plan.steps, plan.lr)
         anchor = starts if starts is not None else global_params
         result.state_delta = self.keep_state(plan, cohort, anchor, result, state, round_)
@@ -261,7 +267,7 @@ class Engine:
         starts = plan.starts if plan.starts is not None else self.personal_starts(global_params, plan, round_)
         if plan.masks is not None:  # sub-models: the coordinates outside a client's mask start (and stay) at zero
             starts = torch.where(plan.masks, global_params if starts is None else starts, 0.0)
-        backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size)
+        backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size, cohort.dense_runs)
         frozen = self.mask(plan.frozen, "local.frozen") if plan.frozen else None
         request = TrainRequest(
             self.model,
@@ -338,14 +344,17 @@ class Engine:
                 stacklevel=3,
             )
 
-    def backend_for(self, cohort: int, autograd_only: bool = False, batch_size: int | None = None) -> Backend:
+    def backend_for(
+        self, cohort: int, autograd_only: bool = False, batch_size: int | None = None, dense_runs: bool | None = None
+    ) -> Backend:
         """The backend that trains a cohort of this size (see `resolve_backend`) with mini-batches of `batch_size`
-        (default: the run's)."""
+        (default: the run's) and an objective the dense backend runs or not (`dense_runs`, default: not
+        `autograd_only`)."""
         unprobed = self.model.vmap_probe is None and dense_layers(self.model) is None
         if autograd_only and self.backend == "auto" and unprobed:
             self._probe("auto")  # a CNN with an objective that needs autograd: vectorised if vmap runs it well
         batch = self.local.batch_size if batch_size is None else batch_size
-        return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only, batch)
+        return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only, batch, dense_runs)
 
     def cohort(self, plan: LocalPlan, global_params: Tensor, round_: int) -> Cohort:
         """The plan's objective with the cohort's stored state (a term's initial state for clients never seen;

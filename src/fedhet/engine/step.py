@@ -60,6 +60,12 @@ class Cohort:
         dense and conv backends."""
         return self.rule is not None or bool(self.data_terms) or self.dp_sgd is not None
 
+    @property
+    def dense_runs(self) -> bool:
+        """True when the dense backend can run the objective: no data term, no rule (DP-SGD's per-sample gradient
+        norms it has by ghost clipping, `fedhet.engine.ghost`)."""
+        return self.rule is None and not self.data_terms
+
     def rows(self, sel: Tensor | slice) -> Cohort:
         """The state of the clients `sel` (indices or a slice of the cohort)."""
         return replace(

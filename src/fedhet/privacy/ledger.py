@@ -116,7 +116,7 @@ def check_dp_sgd(backend: str, strategy: Strategy, engine: EngineProtocol, seen:
     """Refuse, in one line and before the run, DP-SGD where its per-sample gradients cannot be had: a backend that
     forms batch gradients by hand, or a plan with a data-space term, a local rule or dropout (`refuse_with`; the
     strategy's first plan, on a seen client)."""
-    if backend in ("dense", "conv"):
+    if backend == "conv":
         raise ConfigError(
             f"local.dp_sgd clips per-sample gradients, which backend '{backend}' does not form (it computes batch "
             "gradients by hand); use backend auto, vectorised or sequential"
