@@ -528,7 +528,7 @@ def list_(
         str | None,
         typer.Argument(
             help="algorithms, terms, optimizers, server-optimizers, rules, schedules, tasks, datasets, partitioners, "
-            "models, availability, attacks, metrics, plugins, recipes"
+            "shifts, models, availability, attacks, metrics, plugins, recipes"
         ),
     ] = None,
     imports: Annotated[
