@@ -74,8 +74,8 @@ def heterogeneity_of(data: Any) -> Any:
     counts = None
     if not torch.is_floating_point(train.y):
         flat = train.owner * data.num_classes + train.y
-        counts = torch.bincount(flat, minlength=data.num_clients * data.num_classes)
-        counts = counts.view(data.num_clients, data.num_classes).numpy()
+        found = torch.bincount(flat, minlength=data.num_clients * data.num_classes)
+        counts = found.view(data.num_clients, data.num_classes).numpy()
     levels = data.info.get("shift_level")
     groups = data.info.get("group")
     return Heterogeneity(
