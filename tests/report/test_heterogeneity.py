@@ -48,6 +48,9 @@ def test_the_summary_csv_and_figure() -> None:
     assert rows[2] == "1,1,0.5,1,4,1,0.250000,0.220896,1,3"
     image = Image.open(io.BytesIO(heterogeneity_figure(report, "a title")))
     assert image.format == "PNG" and image.width > 600
+    report.examples = [("group 0", np.zeros((1, 4, 4))), ("group 1", np.ones((3, 4, 4)))]  # grey and colour images
+    taller = Image.open(io.BytesIO(heterogeneity_figure(report, "a title")))
+    assert taller.height > image.height
     no_classes = Heterogeneity(np.array([3, 5]), np.array([1, 1]), np.array([True, False]), None)
     assert "tv_distance" not in no_classes.csv_text() and math.isclose(float(no_classes.train_sizes.mean()), 4.0)
     assert Image.open(io.BytesIO(heterogeneity_figure(no_classes, "sizes only"))).format == "PNG"

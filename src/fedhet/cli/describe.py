@@ -42,11 +42,11 @@ def describe_data(console: Console, raw: dict[str, Any], out: Path) -> None:
     for note in notes:
         warnings.warn(note, FedhetNote, stacklevel=2)
     data = federate_dataset(config, parts, dataset)
-    report = heterogeneity_of(data)
+    shift = parts.shift.for_dataset(dataset)
+    report = heterogeneity_of(data, shift.level_name)
     spec = config.spec("partition")
     params = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "name")
     title = f"{dataset.name}: partition {spec['name']}{f' ({params})' if params else ''}, {data.num_clients} clients"
-    shift = parts.shift.for_dataset(dataset)
     if shift.active:
         level = f" (level: {shift.level_name})" if shift.level_name else ""
         title += f", shift {shift.name}{level}"
@@ -63,11 +63,14 @@ def describe_data(console: Console, raw: dict[str, Any], out: Path) -> None:
     console.print(f"wrote {out / CSV_NAME} (a row per client) and {out / FIGURE_NAME}", highlight=False)
 
 
-def heterogeneity_of(data: Any) -> Any:
-    """The `fedhet.report.heterogeneity.Heterogeneity` of a `FederatedData`: its training labels per client."""
+def heterogeneity_of(data: Any, level_name: str = "") -> Any:
+    """The `fedhet.report.heterogeneity.Heterogeneity` of a `FederatedData`: its training labels per client, and,
+    for images with groups, the first training image of each group (named by `level_name` and its level)."""
     import numpy as np
     import torch
 
+    from fedhet.data.shift_transforms import as_images
+    from fedhet.errors import DataError
     from fedhet.report.heterogeneity import Heterogeneity
 
     train = data.train
@@ -78,6 +81,20 @@ def heterogeneity_of(data: Any) -> Any:
         counts = found.view(data.num_clients, data.num_classes).numpy()
     levels = data.info.get("shift_level")
     groups = data.info.get("group")
+    examples = None
+    if groups is not None:
+        try:
+            images = as_images(train.x, "describe")
+        except DataError:  # not images: nothing to show
+            images = None
+        if images is not None:
+            examples = []
+            for g in torch.unique(groups).tolist():
+                k = next((k for k in range(data.num_clients) if groups[k] == g and train.sizes[k] > 0), None)
+                if k is None:
+                    continue
+                level = f", {level_name} {float(levels[k]):g}" if levels is not None and level_name else ""
+                examples.append((f"group {g}{level}", images[int(train.offsets[k])].numpy()))
     return Heterogeneity(
         train_sizes=train.sizes.numpy(),
         test_sizes=data.test.sizes.numpy(),
@@ -85,4 +102,5 @@ def heterogeneity_of(data: Any) -> Any:
         counts=counts,
         groups=groups.numpy() if groups is not None else None,
         levels=np.asarray(levels, dtype=np.float64) if levels is not None else None,
+        examples=examples,
     )

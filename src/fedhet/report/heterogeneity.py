@@ -67,6 +67,7 @@ class Heterogeneity:
     counts: np.ndarray | None  # (K, C) training samples per class (None: a task without classes)
     groups: np.ndarray | None = None  # (K,) the shift's ground-truth group
     levels: np.ndarray | None = None  # (K,) the shift's level
+    examples: list[tuple[str, np.ndarray]] | None = None  # a (C, H, W) training image of each group, with a caption
 
     @property
     def tv(self) -> np.ndarray | None:
@@ -139,7 +140,10 @@ def heterogeneity_figure(report: Heterogeneity, title: str) -> bytes:
     """A PNG: a heatmap of each client's label shares (clients × classes) beside a histogram of the clients'
     training sizes (the histogram alone for a task without classes)."""
     with_labels = report.counts is not None
-    fig, axes = plt.subplots(1, 2 if with_labels else 1, figsize=(11 if with_labels else 5.5, 4.8), squeeze=False)
+    examples = report.examples or []
+    fig = plt.figure(figsize=(11 if with_labels else 5.5, 6.6 if examples else 4.8))
+    grid = fig.add_gridspec(2 if examples else 1, 2 if with_labels else 1, height_ratios=[3, 1.3] if examples else [1])
+    axes = np.array([[fig.add_subplot(grid[0, i]) for i in range(2 if with_labels else 1)]])
     caption = "How many clients have how many training samples. Nothing was trained."
     if report.counts is not None and report.tv is not None:
         ax = axes[0, 0]
@@ -166,6 +170,16 @@ def heterogeneity_figure(report: Heterogeneity, title: str) -> bytes:
     ax.set_ylabel("clients")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
+    if examples:
+        strip = grid[1, :].subgridspec(1, len(examples))
+        low = min(float(image.min()) for _, image in examples)
+        high = max(float(image.max()) for _, image in examples)
+        for i, (label, image) in enumerate(examples):
+            shown = fig.add_subplot(strip[0, i])
+            shown.imshow(_displayable(image, low, high), cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+            shown.set_title(label, fontsize=8)
+            shown.set_axis_off()
+        caption += " Bottom: a training image of each group as the shift made it, all on one grey (or colour) scale."
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     add_caption(fig, caption)
@@ -173,3 +187,9 @@ def heterogeneity_figure(report: Heterogeneity, title: str) -> bytes:
     fig.savefig(image_bytes, format="png", bbox_inches="tight", dpi=110)
     plt.close(fig)
     return image_bytes.getvalue()
+
+
+def _displayable(image: np.ndarray, low: float, high: float) -> np.ndarray:
+    """A (C, H, W) image as (H, W) grey or (H, W, 3) colour values in [0, 1], [low, high] stretched to [0, 1]."""
+    scaled = (image - low) / (high - low) if high > low else np.zeros_like(image)
+    return scaled[0] if scaled.shape[0] == 1 else np.moveaxis(scaled[:3], 0, -1)
