@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedhet.cli.main import app
+from helpers.domains import write_domains
 from helpers.hostile import assert_refused
 
 
@@ -81,3 +82,13 @@ def test_hostile_input_is_refused_in_one_line_and_writes_nothing(
         (tmp_path / "secret.csv").write_text("mine")
         os.symlink(tmp_path / "secret.csv", tmp_path / "d" / "clients.csv")
     assert_refused(["describe", "--dataset", "digits", *args], fragment, tmp_path)
+
+
+def test_describe_names_each_domain(tmp_path: Path) -> None:
+    root = write_domains(tmp_path / "d")
+    args = ["describe", "--set", f"dataset={{name: image_domains, path: '{root}', grayscale: true}}"]
+    args += ["--set", "shift.name=domain", "--partition", "iid", "--set", "num_clients=3", "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "group 0 (cartoon)" in result.output and "group 2 (sketch)" in result.output
+    assert [r["group"] for r in _rows(tmp_path / "o" / "clients.csv")] == ["0", "1", "2"]

@@ -5,31 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from fedhet.datasets import load
 from fedhet.errors import ConfigError, DataError
 from fedhet.experiments.build import components, federated_data
 from fedhet.experiments.config import parse_config
-
-DOMAINS = {"photo": 200, "sketch": 40, "cartoon": 120}  # each domain's grey level: its images are told apart by it
-
-
-def write_domains(root: Path, per_class: int = 6) -> Path:
-    """Three domains of 4×4 PNGs, classes cat and dog (the sketches have a bird too)."""
-    for domain, grey in DOMAINS.items():
-        classes = ["cat", "dog", "bird"] if domain == "sketch" else ["cat", "dog"]
-        for c, name in enumerate(classes):
-            folder = root / domain / name
-            folder.mkdir(parents=True)
-            for i in range(per_class):
-                pixels = np.full((4, 4), grey, dtype=np.uint8)
-                pixels[0, 0] = 10 * c + i  # class and index in one pixel
-                Image.fromarray(pixels).save(folder / f"{i}.png")
-    return root
+from helpers.domains import DOMAINS, write_domains
 
 
 def test_domains_are_users_and_classes_are_shared_by_name(tmp_path: Path) -> None:

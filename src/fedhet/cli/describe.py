@@ -44,6 +44,8 @@ def describe_data(console: Console, raw: dict[str, Any], out: Path) -> None:
     data = federate_dataset(config, parts, dataset)
     shift = parts.shift.for_dataset(dataset)
     report = heterogeneity_of(data, shift.level_name)
+    if shift.name == "domain":
+        report.group_names = dataset.user_names
     spec = config.spec("partition")
     params = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "name")
     title = f"{dataset.name}: partition {spec['name']}{f' ({params})' if params else ''}, {data.num_clients} clients"

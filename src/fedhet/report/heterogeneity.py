@@ -68,6 +68,7 @@ class Heterogeneity:
     groups: np.ndarray | None = None  # (K,) the shift's ground-truth group
     levels: np.ndarray | None = None  # (K,) the shift's level
     examples: list[tuple[str, np.ndarray]] | None = None  # a (C, H, W) training image of each group, with a caption
+    group_names: tuple[str, ...] | None = None  # each group's name (a domain's), by group id
 
     @property
     def tv(self) -> np.ndarray | None:
@@ -110,7 +111,8 @@ class Heterogeneity:
                     values = np.unique(np.round(self.levels[mine], 6))
                     shown = f"{values[0]:g}" if len(values) == 1 else f"{values.min():g}..{values.max():g}"
                     level = f", level {shown}"
-                lines.append((f"group {g}", f"{int(mine.sum())} clients{level}"))
+                name = f" ({self.group_names[g]})" if self.group_names is not None else ""
+                lines.append((f"group {g}{name}", f"{int(mine.sum())} clients{level}"))
         return lines
 
     def csv_text(self) -> str:
