@@ -67,6 +67,7 @@ def _link(target: str, name: str):  # type: ignore[no-untyped-def]
         (["--out", "link"], "symbolic link", _link("elsewhere", "link")),
         (["--out", "afile"], "is a file", "afile"),
         (["--out", "d"], "symbolic link", "d/clients.csv"),
+        (["--out", "run"], "a folder of fedhet's runs", "run/.fedhet.lock"),
     ],
 )
 def test_hostile_input_is_refused_in_one_line_and_writes_nothing(
@@ -81,6 +82,10 @@ def test_hostile_input_is_refused_in_one_line_and_writes_nothing(
         (tmp_path / "d").mkdir()
         (tmp_path / "secret.csv").write_text("mine")
         os.symlink(tmp_path / "secret.csv", tmp_path / "d" / "clients.csv")
+    elif setup == "run/.fedhet.lock":
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "clients.csv").write_text("client,test_accuracy\n0,0.9\n")
+        (tmp_path / "run" / ".fedhet.lock").write_text('{"fedhet": "run", "pid": null, "files": ["config.yaml"]}\n')
     assert_refused(["describe", "--dataset", "digits", *args], fragment, tmp_path)
 
 

@@ -19,10 +19,15 @@ FIGURE_NAME = "heterogeneity.png"
 
 
 def check_out(out: Path) -> None:
-    """Refuse an output folder that is a file or a link, or whose files would be links (before anything is read)."""
+    """Refuse an output folder that is a file, a link or a run folder, or whose files would be links (before anything
+    is read)."""
+    from fedhet.experiments.runfolder import LOCK
+
     refuse_link(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out '{out}' is a file, not a folder; choose a folder")
+    if (out / LOCK).exists():
+        raise ConfigError(f"--out '{out}' is a folder of fedhet's runs (its clients.csv is the run's): choose another")
     for name in (CSV_NAME, FIGURE_NAME):
         refuse_link(out / name)
         if (out / name).is_dir():
