@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -97,3 +99,15 @@ def test_describe_names_each_domain(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "group 0 (cartoon)" in result.output and "group 2 (sketch)" in result.output
     assert [r["group"] for r in _rows(tmp_path / "o" / "clients.csv")] == ["0", "1", "2"]
+
+
+def test_a_config_error_is_said_without_importing_torch() -> None:
+    probe = (
+        "import sys\nfrom fedhet.cli.main import app\ntry:\n    app(['describe', '--set', 'lcoal.lr=0.1'])\n"
+        "except SystemExit as done:\n    print(done.code, 'torch' in sys.modules)"
+    )
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    assert "unknown key 'lcoal'" in done.stderr

@@ -38,12 +38,14 @@ def describe_data(console: Console, raw: dict[str, Any], out: Path) -> None:
     """Federate the data of the raw config `raw` as a run would, print what the clients hold, and write
     ``clients.csv`` and ``heterogeneity.png`` into `out` (everything checked and computed before anything is
     written)."""
-    from fedhet.experiments.build import federate_dataset, prepared
     from fedhet.experiments.config import parse_config
+
+    parsed = parse_config(raw)  # a config error is said before torch is imported
+    check_out(out)
+    from fedhet.experiments.build import federate_dataset, prepared
     from fedhet.report.heterogeneity import heterogeneity_figure
 
-    check_out(out)
-    config, parts, dataset, notes = prepared(parse_config(raw))
+    config, parts, dataset, notes = prepared(parsed)
     for note in notes:
         warnings.warn(note, FedhetNote, stacklevel=2)
     data = federate_dataset(config, parts, dataset)
