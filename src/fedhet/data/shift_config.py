@@ -44,7 +44,7 @@ class ShiftComponent(Component, Groups):
     """
 
     active: ClassVar[bool] = True
-    level_name: ClassVar[str] = ""  # what `levels` measures, e.g. "noise std" (empty: no level)
+    level_name: ClassVar[str] = ""  # what `group_levels` measures, e.g. "noise std" (empty: no level)
 
     def group_levels(self) -> list[float] | None:
         """Each group's level (G,), or None."""
