@@ -113,12 +113,22 @@ HEADER = ["| key | type | default | range | description |", "|---|---|---|---|--
 
 def groups() -> list[tuple[str, str, Any]]:
     """(title, config key, registry) for every kind of component, as `fedhet list` shows them."""
-    from fedhet.catalog import ATTACKS, AVAILABILITY, DATASETS, METRIC_PLUGINS, MODELS, PARTITIONERS, STRATEGIES
+    from fedhet.catalog import (
+        ATTACKS,
+        AVAILABILITY,
+        DATASETS,
+        METRIC_PLUGINS,
+        MODELS,
+        PARTITIONERS,
+        SHIFTS,
+        STRATEGIES,
+    )
 
     return [
         ("Algorithms", "algorithm", STRATEGIES),
         ("Datasets", "dataset", DATASETS),
         ("Partitioners", "partition", PARTITIONERS),
+        ("Shifts", "shift", SHIFTS),
         ("Models", "model", MODELS),
         ("Availability", "availability", AVAILABILITY),
         ("Attacks", "attack", ATTACKS),

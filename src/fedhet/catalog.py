@@ -20,6 +20,7 @@ from fedhet.data import (
     torchvision_source,
 )
 from fedhet.data.partition import PARTITIONERS
+from fedhet.data.shift_config import SHIFTS
 from fedhet.data.sources import DATASETS
 from fedhet.engine.objective import TERMS
 from fedhet.engine.optimizers import OPTIMIZERS
@@ -81,6 +82,7 @@ __all__ = [
     "RULES",
     "SCHEDULES",
     "SERVER_OPTIMIZERS",
+    "SHIFTS",
     "STALENESS",
     "STRATEGIES",
     "SYSTEMS",

@@ -34,7 +34,8 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_component_kind_has_an_example() -> None:
     registries = ["STRATEGIES", "TERMS", "OPTIMIZERS", "SERVER_OPTIMIZERS", "RULES", "MODELS", "DATASETS"]
-    registries += ["PARTITIONERS", "AVAILABILITY", "METRIC_PLUGINS", "SYSTEMS", "DEADLINE_POLICIES", "STALENESS"]
+    registries += ["PARTITIONERS", "SHIFTS", "AVAILABILITY", "METRIC_PLUGINS", "SYSTEMS", "DEADLINE_POLICIES"]
+    registries += ["STALENESS", "MECHANISMS"]
     for registry in registries:
         assert f"@{registry}.register" in TEXT, registry
     assert len(COMMANDS) >= 9

@@ -31,7 +31,7 @@ TINY = ["--dataset", "digits", "--rounds", "2", "--quiet"]
 TINY_SETS = {"num_clients": "4", "clients_per_round": "2", "model": "{name: mlp, hidden: [4]}", "local.steps": "2"}
 # Components that read the user's files or the network: their parameters are fuzzed through other checks
 # (tests/data): here they would only say the file is missing.
-NEEDS_FILES = {"arrays", "table", "image_folder", "huggingface", "torchvision", "in_memory", "trace"}
+NEEDS_FILES = {"arrays", "table", "image_folder", "image_domains", "huggingface", "torchvision", "in_memory", "trace"}
 SKIP_KINDS = {"tracker"}  # trackers write to outside services; tests/experiments/test_tracking.py
 
 
@@ -61,6 +61,7 @@ def registries() -> dict[str, tuple[Registry[Any], str]]:
     from fedhet.attacks.base import ATTACKS
     from fedhet.availability.base import AVAILABILITY
     from fedhet.data.partition import PARTITIONERS
+    from fedhet.data.shift_config import SHIFTS
     from fedhet.data.sources import DATASETS
     from fedhet.engine.objective import TERMS
     from fedhet.engine.optimizers import OPTIMIZERS
@@ -75,6 +76,7 @@ def registries() -> dict[str, tuple[Registry[Any], str]]:
         "algorithm": (STRATEGIES, "algorithm"),
         "dataset": (DATASETS, "dataset"),
         "partition": (PARTITIONERS, "partition"),
+        "shift": (SHIFTS, "shift"),
         "model": (MODELS, "model"),
         "availability": (AVAILABILITY, "availability"),
         "attack": (ATTACKS, "attack"),

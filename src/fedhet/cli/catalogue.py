@@ -30,6 +30,7 @@ REGISTRIES = {
     "tasks": "TASKS",
     "datasets": "DATASETS",
     "partitioners": "PARTITIONERS",
+    "shifts": "SHIFTS",
     "models": "MODELS",
     "availability": "AVAILABILITY",
     "attacks": "ATTACKS",

@@ -528,7 +528,7 @@ def list_(
         str | None,
         typer.Argument(
             help="algorithms, terms, optimizers, server-optimizers, rules, schedules, tasks, datasets, partitioners, "
-            "models, availability, attacks, metrics, plugins, recipes"
+            "shifts, models, availability, attacks, metrics, plugins, recipes"
         ),
     ] = None,
     imports: Annotated[
@@ -552,6 +552,37 @@ def list_(
         for name, (text, origin) in entries.items():
             table.add_row(name, text, origin)
         console.print(table)
+
+
+@app.command()
+@friendly
+def describe(
+    config: Annotated[Path | None, typer.Argument(help="YAML config file (optional; as fedhet run's)")] = None,
+    dataset: Annotated[str | None, typer.Option(help="dataset name")] = None,
+    partition: Annotated[str | None, typer.Option(help="partitioner name")] = None,
+    seed: Annotated[int | None, typer.Option(help="random seed")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override a key, e.g. --set shift.name=noise (repeatable)")
+    ] = None,
+    imports: Annotated[
+        list[str] | None, typer.Option("--import", help="a module or .py file with your own components (repeatable)")
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="folder with dataset files")] = None,
+    out: Annotated[Path, typer.Option(help="folder for clients.csv and heterogeneity.png")] = Path("describe"),
+) -> None:
+    """Describe the clients a config makes, without training: sizes, label distributions and their distance to the
+    global one (total variation, Jensen-Shannon), the shift's groups and levels; writes clients.csv and a figure."""
+    from fedhet.cli.describe import describe_data
+    from fedhet.experiments.assembly import assemble
+
+    raw = assemble(
+        config,
+        components={"dataset": dataset, "partition": partition},
+        values={"seed": seed, "data_dir": data_dir},
+        imports=imports or [],
+        overrides=set_ or [],
+    )
+    describe_data(console, raw, out)
 
 
 XOption = Annotated[

@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fedhet.data.arrays import check_users, resolve, standardise
 from fedhet.data.dataset import Dataset
@@ -123,10 +123,9 @@ class ImageFolder(DatasetSource):
             owners.append(match.group(1) if pattern.groups else match.group(0))
         return check_users(np.asarray(owners), len(files), "dataset 'image_folder'")
 
-    def load(self, data_dir: Path, download: bool = False) -> Dataset:
+    def decode(self, root: Path, files: list[Path]) -> torch.Tensor:
+        """The image `files` (below `root`) as one float tensor (N, C, H, W)."""
         Image = require_pillow()
-        root = resolve(self.path, "dataset 'image_folder'")
-        files, labels, classes = self.files(root)
         pixels = []
         for file in files:
             try:
@@ -134,7 +133,52 @@ class ImageFolder(DatasetSource):
                     pixels.append(pil_pixels(image, self.grayscale, self.size))
             except (OSError, ValueError, Image.DecompressionBombError) as err:  # a bomb: more pixels than PIL allows
                 reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                raise DataError(f"dataset 'image_folder': cannot decode '{file}' ({reason})") from None
-        stacked = stack_pixels(pixels, [str(f.relative_to(root)) for f in files], f"dataset 'image_folder' ({root})")
-        x = pixels_to_tensor(stacked, self.normalize)
+                raise DataError(f"dataset '{self.name}': cannot decode '{file}' ({reason})") from None
+        stacked = stack_pixels(pixels, [str(f.relative_to(root)) for f in files], f"dataset '{self.name}' ({root})")
+        return pixels_to_tensor(stacked, self.normalize)
+
+    def load(self, data_dir: Path, download: bool = False) -> Dataset:
+        require_pillow()
+        root = resolve(self.path, "dataset 'image_folder'")
+        files, labels, classes = self.files(root)
+        x = self.decode(root, files)
         return Dataset(root.name, x, torch.tensor(labels, dtype=torch.long), len(classes), self.users(root, files))
+
+
+@DATASETS.register
+class ImageDomains(ImageFolder):
+    """Images of several domains (Digit5, PACS, Office style): ``path/<domain>/<class>/*.png``, each domain folder
+    an ``image_folder``. Classes are the class folder names of all domains, in sorted order (a domain may lack
+    some); each image's domain is its user (``user_pattern`` is not taken), so that ``shift: domain`` gives each
+    client the data of one domain (group = domain), and ``partition: natural`` one client per domain.
+    """
+
+    name: ClassVar[str] = "image_domains"
+    description: ClassVar[str] = "your images by domain: a folder per domain, in it a subfolder per class"
+    path: str = Field(..., description="the folder holding one subfolder per domain, each with one per class")
+
+    @model_validator(mode="after")
+    def _domains_are_users(self) -> ImageDomains:
+        if self.user_pattern is not None:
+            raise ValueError("each image's user is its domain here: leave user_pattern out")
+        return self
+
+    def load(self, data_dir: Path, download: bool = False) -> Dataset:
+        require_pillow()
+        root = resolve(self.path, "dataset 'image_domains'")
+        if not root.is_dir():
+            raise DataError(f"dataset 'image_domains': '{root}' is not a folder")
+        domains = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if len(domains) < 2:
+            raise DataError(
+                f"dataset 'image_domains': '{root}' has {len(domains)} domain subfolder(s); put each domain's "
+                "class folders in a subfolder named after the domain (two domains at least)"
+            )
+        found = [self.files(root / domain) for domain in domains]
+        classes = sorted({name for _, _, names in found for name in names})
+        files = [file for domain_files, _, _ in found for file in domain_files]
+        labels = [classes.index(names[k]) for _, domain_labels, names in found for k in domain_labels]
+        owners = [d for d, (domain_files, _, _) in enumerate(found) for _ in domain_files]
+        x = self.decode(root, files)
+        y, users = torch.tensor(labels, dtype=torch.long), torch.tensor(owners, dtype=torch.long)
+        return Dataset(root.name, x, y, len(classes), users, user_names=tuple(domains))

@@ -1,14 +1,11 @@
-"""Per-group data shift (the config's ``shift``, `fedhet.data.shift_config.Shift`): each client is put in a
-ground-truth group, and the group's transform is applied to the client's samples after any label partition.
-
-A transform is a function (data part, row groups, number of groups, classes, rng) → data part, listed in
-`TRANSFORMS` under the name the config gives (add one as one such function).
+"""Per-group data shift (the config's ``shift``, a registered `fedhet.data.shift_config.ShiftComponent`): each client
+is put in a ground-truth group (and given a level), and the shift transforms each client's samples after any label
+partition (`shift_clients`); the ``domain`` shift instead picks each client's samples from its group's domain
+(`fedhet.data.shift_transforms.ByDomain`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -16,76 +13,53 @@ import torch
 from torch import Tensor
 
 from fedhet.data.dataset import ClientData, FederatedData
-from fedhet.data.shift_config import Shift
+from fedhet.data.shift_config import Groups, Shift, ShiftComponent
+from fedhet.data.shift_transforms import Assignment, ByDomain
 from fedhet.errors import DataError
 from fedhet.seeding import numpy_rng
 
-Transform = Callable[[ClientData, Tensor, int, int, np.random.Generator], ClientData]
+__all__ = ["Assignment", "ByDomain", "assign_clients", "client_groups", "shift_clients"]
 
 
-def client_groups(num_clients: int, spec: Shift, seed: int) -> Tensor:
+def client_groups(num_clients: int, spec: Groups, seed: int) -> Tensor:
     """(K,) each client's group: k mod G (``cyclic``), or those same balanced groups in a seeded order (``random``)."""
-    groups = np.arange(num_clients) % spec.groups
+    groups = np.arange(num_clients) % (spec.groups or 1)
     if spec.assign == "random":
         groups = numpy_rng(seed, "shift-groups").permutation(groups)
     return torch.as_tensor(groups, dtype=torch.long)
 
 
-def square_images(x: Tensor) -> Tensor:
-    """`x` as (N, ..., s, s) images: flat (N, s²) inputs are one-channel s×s images; a `DataError` otherwise."""
-    if not torch.is_floating_point(x):
-        raise DataError("shift 'rotation' rotates images; this dataset's inputs are tokens: use another shift")
-    if x.dim() == 2:
-        side = math.isqrt(x.shape[1])
-        if side * side == x.shape[1]:
-            return x.view(len(x), side, side)
-    elif x.shape[-1] == x.shape[-2]:
-        return x
-    raise DataError(
-        f"shift 'rotation' rotates square images; this dataset's inputs are {tuple(x.shape[1:])}: use another shift"
-    )
+def assign_clients(shift: ShiftComponent, num_clients: int, seed: int) -> tuple[Tensor, Tensor | None]:
+    """(K,) each client's group and (K,) level (None without levels): its group's level, or with ``per_client`` a
+    level drawn uniformly in [0, strength] (seeded), the group then the nearest of the groups' levels."""
+    groups = client_groups(num_clients, shift, seed)
+    by_group = shift.group_levels()
+    if by_group is None:
+        return groups, None
+    table = torch.tensor(by_group, dtype=torch.float64)
+    if not getattr(shift, "per_client", False):
+        return groups, table[groups]
+    levels = torch.as_tensor(numpy_rng(seed, "shift-levels").uniform(0.0, table.max().item(), num_clients))
+    return (levels[:, None] - table[None, :]).abs().argmin(dim=1), levels
 
 
-def rotate(part: ClientData, rows: Tensor, groups: int, classes: int, rng: np.random.Generator) -> ClientData:
-    """Each sample of group g rotated by g·90° (`torch.rot90`: exact, a permutation of the pixels)."""
-    del classes, rng
-    images = square_images(part.x)
-    out = images.clone()
-    for g in range(1, groups):
-        mine = rows == g
-        out[mine] = torch.rot90(images[mine], g, dims=(-2, -1))
-    return ClientData(out.reshape(part.x.shape), part.y, part.offsets)
-
-
-def permute_labels(part: ClientData, rows: Tensor, groups: int, classes: int, rng: np.random.Generator) -> ClientData:
-    """Each label y of group g replaced by π_g(y): π_0 the identity, π_1.. seeded permutations of the classes."""
-    if torch.is_floating_point(part.y):
-        raise DataError("shift 'labels' permutes class labels; a regression dataset has none: use another shift")
-    tables = [torch.arange(classes)]
-    tables += [torch.as_tensor(rng.permutation(classes), dtype=torch.long) for _ in range(1, groups)]
-    y = part.y.clone()
-    for g in range(1, groups):
-        mine = rows == g
-        y[mine] = tables[g][part.y[mine]]
-    return ClientData(part.x, y, part.offsets)
-
-
-TRANSFORMS: dict[str, Transform] = {"rotation": rotate, "labels": permute_labels}
-
-
-def shift_clients(data: FederatedData, spec: Shift, seed: int) -> FederatedData:
-    """`data` with each client's samples transformed by its group's transform (train, validation and test alike),
-    the groups in ``data.info["group"]``; `data` itself when ``spec`` shifts nothing."""
-    if not spec.active:
+def shift_clients(data: FederatedData, spec: Shift | ShiftComponent, seed: int) -> FederatedData:
+    """`data` with each client's samples transformed by its group's shift (train, validation and test alike), the
+    groups in ``data.info["group"]`` and the levels in ``data.info["shift_level"]``; `data` itself when ``spec``
+    shifts nothing."""
+    shift = spec.component() if isinstance(spec, Shift) else spec
+    if not shift.active:
         return data
-    groups = client_groups(data.num_clients, spec, seed)
-    transform = TRANSFORMS[spec.name]
+    groups, levels = assign_clients(shift, data.num_clients, seed)
+    num_groups = int(shift.groups or 1)
 
-    def shifted(part: ClientData) -> ClientData:
-        rows = torch.repeat_interleave(groups, part.offsets.diff())  # each sample's group
-        rng = numpy_rng(seed, "shift")  # the same tables for every split
-        return transform(part, rows, spec.groups, data.num_classes, rng)
+    def shifted(part: ClientData, split: str) -> ClientData:
+        who = Assignment(groups, levels, num_groups, data.num_classes, seed, split)
+        out = shift.transform(part, who)
+        if not isinstance(out, ClientData) or len(out.y) != len(part.y) or not torch.equal(out.offsets, part.offsets):
+            raise DataError(f"shift '{shift.name}' must return the clients' samples (the same offsets), shifted")
+        return out
 
-    val = shifted(data.val) if data.val is not None else None
-    info = {**data.info, "group": groups}
-    return replace(data, train=shifted(data.train), test=shifted(data.test), val=val, info=info)
+    val = shifted(data.val, "val") if data.val is not None else None
+    info = {**data.info, "group": groups, **({"shift_level": levels} if levels is not None else {})}
+    return replace(data, train=shifted(data.train, "train"), test=shifted(data.test, "test"), val=val, info=info)

@@ -18,7 +18,8 @@ from fedhet.data.dataset import Dataset, FederatedData
 from fedhet.data.federate import federate
 from fedhet.data.labels import corrupt_labels
 from fedhet.data.partition import Partitioner
-from fedhet.data.shift import shift_clients
+from fedhet.data.shift import client_groups, shift_clients
+from fedhet.data.shift_config import NoShift, ShiftComponent
 from fedhet.data.sources import DatasetSource
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
@@ -99,6 +100,7 @@ def resolved_config(config: RunConfig) -> dict[str, Any]:
     raw["metrics"] = [spec_of(m) for m in parts.metrics]
     raw["local"]["optimizer"] = spec_of(parts.optimizer)
     raw["local"]["terms"] = [spec_of(t) for t in parts.terms]
+    raw["shift"] = spec_of(parts.shift)
     if parts.task is not None:
         raw["task"] = spec_of(parts.task)
     if "schedules" in raw:
@@ -126,6 +128,7 @@ class Components:
     task: Task | None = None  # None: the dataset's (``task: auto``)
     local_schedule: Schedule | None = None  # None: constant
     server_schedule: Schedule | None = None  # None: the strategy's own
+    shift: ShiftComponent = field(default_factory=NoShift)  # the config's shift (a plugin's once imported)
 
     def items(self) -> list[tuple[str, Component]]:
         return [(key, getattr(self, key)) for key in COMPONENT_KEYS]
@@ -149,6 +152,7 @@ def components(config: RunConfig) -> Components:
         task=None if config.task == "auto" else TASKS.build(config.task, where="task"),
         local_schedule=_schedule(config.schedules.local_lr, "schedules.local_lr"),
         server_schedule=_schedule(config.schedules.server_lr, "schedules.server_lr"),
+        shift=config.shift.component(),
     )
     check_columns(parts.metrics)
     return parts
@@ -234,16 +238,18 @@ def explicit_config(config: RunConfig) -> RunConfig:
 def federate_dataset(config: RunConfig, parts: Components, dataset: Dataset) -> FederatedData:
     """Split `dataset` among the clients (train, validation, test), shift each group's data (``shift``), corrupt the
     configured labels, and standardise a regression's targets (``task.standardize``) by its training samples."""
+    shift = parts.shift.for_dataset(dataset)
+    groups = client_groups(config.num_clients + config.unseen_clients, shift, config.seed)
     data = federate(
         dataset,
-        parts.partition,
+        shift.partitioner(parts.partition, groups.numpy()),
         config.num_clients,
         unseen_clients=config.unseen_clients,
         test_fraction=config.test_fraction,
         seed=config.seed,
         val_fraction=config.val_fraction,
     )
-    data = shift_clients(data, config.shift, config.seed)
+    data = shift_clients(data, shift, config.seed)
     data = corrupt_labels(data, config.label_noise, config.seed)
     if task_of(config, parts, data.task).standardizes_targets() and torch.is_floating_point(data.train.y):
         data = standardise_targets(data)

@@ -86,7 +86,7 @@ def evaluate_global(
     if task.accuracy:
         metrics.update(group_accuracy(test.accuracy, data.info.get("group"), everywhere(seen), "test_accuracy"))
     columns = {
-        **({"group": data.info["group"]} if "group" in data.info else {}),
+        **{key: data.info[key] for key in ("group", "shift_level") if key in data.info},
         "seen": data.seen,  # whether the client trains (1) or not (0), also when it was not scored (a lost node's)
         "train_samples": train.count,
         "test_samples": test.count,

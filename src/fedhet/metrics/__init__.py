@@ -86,6 +86,7 @@ for _name, _text in TASK_METRICS.items():
 CLIENT_COLUMNS: dict[str, str] = {
     "client": "the client's id",
     "group": "the client's ground-truth group (shift)",
+    "shift_level": "the level of the client's shift (its group's, or its own: a noise std, a blur sigma, an angle)",
     "seen": "1 for a client that trains, 0 for an unseen (held-out) one",
     "train_samples": "the client's training samples",
     "test_samples": "the client's test samples",
