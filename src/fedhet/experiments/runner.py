@@ -56,6 +56,7 @@ from fedhet.experiments.state import RunState, pack_columns, unpack_columns
 from fedhet.experiments.tracking import with_trackers
 from fedhet.experiments.trust import code_of_folder
 from fedhet.metrics.base import RoundView, compute_checked, needs_all_clients
+from fedhet.models.flops import parameter_flops
 from fedhet.strategies.asynchronous import AsynchronousStrategy
 from fedhet.strategies.base import Train
 from fedhet.systems.clock import RoundClock
@@ -390,7 +391,10 @@ def _round_clock(state: RunState, round_: int, clients: Tensor) -> RoundClock | 
         return None
     exp, cfg = state.experiment, state.config
     keep = cfg.deadline.rule.keep(cfg.clients_per_round) if cfg.deadline.seconds is not None else None
-    return RoundClock(exp.system.profiles(round_), clients, exp.data.train.sizes, cfg.deadline, keep)
+    if state.flops is None and any(part.sub_models for part in exp.strategy.parts()):
+        state.flops = parameter_flops(exp.engine.model.module, exp.data.input_shape)
+    profiles = exp.system.profiles(round_)
+    return RoundClock(profiles, clients, exp.data.train.sizes, cfg.deadline, keep, state.flops)
 
 
 def _personal_evaluation(
@@ -582,6 +586,8 @@ def _evaluate(
         **outcome.columns,
     }
     state.client_columns.update(exp.strategy.client_columns())
+    if exp.system.capacity is not None:
+        state.client_columns["system_capacity"] = exp.system.capacities()
     if exp.privacy is not None:
         state.client_columns.update(exp.privacy.client_columns())
     view = RoundView(

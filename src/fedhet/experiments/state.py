@@ -138,6 +138,7 @@ class RunState:
     best_round: int = 0  # the selected round so far (``selection``; 0: none yet, or no selection)
     best_params: Tensor | None = None  # its evaluated model
     initial_loss: float | None = None  # the initial model's largest training loss (the divergence test's scale)
+    flops: Tensor | None = None  # (P,) forward FLOPs per parameter, for sub-models on the clock (worked out once)
     evaluated: Tensor | None = None  # the clients the last evaluation scored, sorted (None: every client)
 
     @property

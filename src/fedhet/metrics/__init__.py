@@ -88,6 +88,7 @@ CLIENT_COLUMNS: dict[str, str] = {
     "group": "the client's ground-truth group (shift)",
     "shift_level": "the level of the client's shift (its group's, or its own: a noise std, a blur sigma, an angle)",
     "seen": "1 for a client that trains, 0 for an unseen (held-out) one",
+    "system_capacity": "the largest width level the client can hold (system.capacity)",
     "train_samples": "the client's training samples",
     "test_samples": "the client's test samples",
     "test_accuracy": "the global model's accuracy on the client's test data",

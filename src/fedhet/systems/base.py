@@ -9,6 +9,13 @@ exactly what it was before system models existed.
 Figures are per client: seconds per training sample (forward and backward), download and upload bandwidth in bytes
 per second, and a latency per message. A model may vary them by round (``profiles(round_)``), drawing from the
 run's seeded streams.
+
+Every system model may also give each client a **capacity** (``system: {..., capacity: {levels, proportions, by}}``):
+the largest share r ∈ (0, 1] of the model's width it can hold (HeteroFL's levels; a sub-model method with
+``assignment: system`` trains each client at its capacity). It is drawn once per run from the seed, at random or
+by speed (the fastest clients hold the largest models), and reported in clients.csv (``system_capacity``). On the
+clock a client that trains a sub-model computes for its share of the full model's FLOPs
+(`fedhet.models.flops`).
 """
 
 from __future__ import annotations
@@ -17,14 +24,15 @@ import csv
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
+import numpy as np
 import torch
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from torch import Tensor
 
 from fedhet.errors import DataError
-from fedhet.registry import Component, Registry
+from fedhet.registry import Component, Registry, Settings
 from fedhet.seeding import RunAware
 
 MEGABIT = 1e6 / 8  # bytes per second in one Mbit/s
@@ -60,6 +68,52 @@ class Profiles:
         return down, compute, up
 
 
+class Capacity(Settings):
+    """Each client's capacity: the largest width level r ∈ (0, 1] of the model it can hold (HeteroFL's levels)."""
+
+    levels: list[float] = Field(
+        [1.0, 0.5, 0.25, 0.125, 0.0625], min_length=1, description="the width levels r in (0, 1] clients may hold"
+    )
+    proportions: list[float] | None = Field(
+        None, description="the share of clients at each level (default: equal shares)"
+    )
+    by: Literal["random", "speed"] = Field(
+        "random", description="random: drawn from the seed; speed: the fastest clients hold the largest levels"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Capacity:
+        if any(not 0 < r <= 1 for r in self.levels):
+            raise ValueError("capacity levels must be in (0, 1]")
+        if self.proportions is not None and (
+            len(self.proportions) != len(self.levels) or min(self.proportions) < 0 or sum(self.proportions) <= 0
+        ):
+            raise ValueError("capacity proportions: one share (>= 0, not all 0) for each level")
+        return self
+
+    def shares(self) -> np.ndarray:
+        p = np.asarray(self.proportions if self.proportions is not None else [1.0] * len(self.levels), dtype=float)
+        return p / p.sum()
+
+
+def assign_capacity(capacity: Capacity, k: int, rng: np.random.Generator, sample_s: Tensor | None = None) -> Tensor:
+    """(K,) float64 each client's level: drawn with the shares (``random``), or, ``by: speed``, the levels from the
+    largest down given to the clients from the fastest down in the shares' counts (largest remainders; ties in
+    speed broken by the client's number)."""
+    shares, levels = capacity.shares(), np.asarray(capacity.levels, dtype=float)
+    if capacity.by == "random" or sample_s is None:
+        return torch.from_numpy(levels[rng.choice(len(levels), size=k, p=shares)])
+    exact = shares * k
+    counts = np.floor(exact).astype(int)
+    counts[np.argsort(-(exact - counts), kind="stable")[: k - counts.sum()]] += 1
+    order = np.argsort(-levels, kind="stable")  # largest level first
+    ranked = np.repeat(levels[order], counts[order])
+    fastest = torch.argsort(sample_s, stable=True).numpy()
+    out = np.empty(k)
+    out[fastest] = ranked
+    return torch.from_numpy(out)
+
+
 class SystemModel(Component, RunAware):
     """Base of system models: ``profiles(round_)`` gives every client's figures in that round (see the module
     docstring). After `setup`, `num_clients` and `seed` are the run's; ``self.rng(purpose, *keys)`` draws from
@@ -67,8 +121,18 @@ class SystemModel(Component, RunAware):
 
     model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
     simulates_time: ClassVar[bool] = True  # False only for `none`: no clock at all
+    capacity: Capacity | None = Field(
+        None, description="each client's largest width level {levels, proportions, by: random|speed} (none: 1)"
+    )
     _num_clients: int | None = PrivateAttr(None)
     _seed: int | None = PrivateAttr(None)
+
+    def capacities(self) -> Tensor:
+        """(K,) float64 each client's capacity level (1 for every client without ``capacity``), the same all run."""
+        if self.capacity is None:
+            return torch.ones(self.num_clients, dtype=torch.float64)
+        speeds = self.profiles(0).sample_s if self.capacity.by == "speed" else None
+        return assign_capacity(self.capacity, self.num_clients, self.rng("system-capacity"), speeds)
 
     def setup(self, num_clients: int, seed: int) -> None:
         """Called once before the first round (an override calls ``super().setup(num_clients, seed)`` first)."""
@@ -95,6 +159,14 @@ class NoSystem(SystemModel):
     name: ClassVar[str] = "none"
     description: ClassVar[str] = "no simulated time: every client takes the same (no) time"
     simulates_time: ClassVar[bool] = False
+
+    @model_validator(mode="after")
+    def _no_speeds(self) -> NoSystem:
+        if self.capacity is not None and self.capacity.by == "speed":
+            raise ValueError(
+                "capacity.by: speed needs the clients' speeds, and system none has none; set a system model"
+            )
+        return self
 
     def profiles(self, round_: int) -> Profiles:
         raise RuntimeError("system model 'none' has no profiles: the run keeps no clock")

@@ -3,8 +3,10 @@
 A client's round is download + compute + upload (`Profiles.durations`):
 
 * download: what the server sends for the plan, 4 bytes per float: the shared part of the model (a personal part
-  stays on the client, `fedhet.engine.personal`) and the terms' server tensors (SCAFFOLD's c);
-* compute: the samples of its local steps (steps × min(batch, its samples)) times its seconds per sample;
+  stays on the client, `fedhet.engine.personal`; a sub-model's coordinates alone, ``plan.masks``) and the terms'
+  server tensors (SCAFFOLD's c);
+* compute: the samples of its local steps (steps × min(batch, its samples)) times its seconds per sample, times
+  its sub-model's share of the full model's FLOPs where it trains one (``plan.masks``, `fedhet.models.flops`);
 * upload: the shared part of its model and the state rows its terms report (SCAFFOLD's Δc_i).
 
 A round of several plans (Ditto's two, FedRep's two phases) charges each client once for what it receives and
@@ -66,6 +68,7 @@ class RoundClock:
     sizes: Tensor  # (K,) each client's training samples
     deadline: Deadline = field(default_factory=Deadline)
     keep: int | None = None  # over-selection: the clients kept (the run's m)
+    flops: Tensor | None = None  # (P,) forward FLOPs owed to each parameter (`fedhet.models.flops`): sub-models
     down: Tensor = field(init=False)  # (m,) bytes received
     up: Tensor = field(init=False)  # (m,) bytes sent
     compute: Tensor = field(init=False)  # (m,) seconds of local steps
@@ -89,10 +92,13 @@ class RoundClock:
         rows = self.rows(plan)
         rule = self.deadline.rule
         down, up = plan_bytes(plan, size, personal)
-        self.down[rows] = torch.maximum(self.down[rows], torch.tensor(down, dtype=torch.float64))
-        self.up[rows] = torch.maximum(self.up[rows], torch.tensor(up, dtype=torch.float64))
+        sent = torch.tensor([down, up], dtype=torch.float64).expand(len(rows), 2)
+        if plan.masks is not None:  # a sub-model travels alone: its coordinates instead of the whole model's
+            sent = sent + FLOAT_BYTES * (plan.masks.sum(1).double().cpu() - (size - personal)).unsqueeze(1)
+        self.down[rows] = torch.maximum(self.down[rows], sent[:, 0])
+        self.up[rows] = torch.maximum(self.up[rows], sent[:, 1])
         batch = torch.minimum(self.sizes[plan.clients], torch.tensor(plan.batch_size)).double()
-        per_step = batch * self.profiles.sample_s[plan.clients].double()
+        per_step = batch * self.profiles.sample_s[plan.clients].double() * self.work_share(plan)
         steps = plan.steps.clone()
         seconds = self.deadline.seconds
         if seconds is not None and rule.cuts_at_deadline:
@@ -111,6 +117,14 @@ class RoundClock:
         steps = torch.where(late, torch.zeros_like(steps), steps)
         self.compute[rows] += steps.double() * per_step
         return Scheduled(replace(plan, steps=steps), late, self.finish_times()[rows])
+
+    def work_share(self, plan: LocalPlan) -> Tensor | float:
+        """(m,) each client's share of the full model's FLOPs: that of the coordinates its sub-model trains
+        (``plan.masks``), 1 for the full model."""
+        if plan.masks is None or self.flops is None:
+            return 1.0
+        flops = self.flops.to(plan.masks.device)
+        return (plan.masks.double() @ flops / flops.sum()).cpu()
 
     def _comm(self, rows: Tensor | slice = slice(None)) -> Tensor:
         lat = 2 * self.profiles.latency_s[self.clients[rows]].double()
