@@ -90,6 +90,25 @@ def _masks_from_the_cpu(model: FlatModel, device: torch.device) -> Iterator[None
             del m.forward
 
 
+@contextmanager
+def _output_scales(model: FlatModel, scales: Tensor | None) -> Iterator[list[Tensor]]:
+    """While open, the outputs of the module's Linear/Conv2d layers (in order) are multiplied by the entries of the
+    (L,) tensor put in the yielded list (a plan's ``scales`` row of the client training now); no hooks without."""
+    current: list[Tensor] = []
+    if scales is None:
+        yield current
+        return
+    layers = [m for m in model.module.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
+    handles = [
+        layer.register_forward_hook(lambda _m, _i, out, k=k: out * current[0][k]) for k, layer in enumerate(layers)
+    ]
+    try:
+        yield current
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def train_sequential(request: TrainRequest) -> Trained:
     """Clients one after another with plain autograd on one module whose parameters are views of a flat
     buffer (no model copies). The same step as `make_step`; objectives that need more than the module's loss
@@ -100,37 +119,54 @@ def train_sequential(request: TrainRequest) -> Trained:
     index, weight = local_batches(
         data.offsets, plan.clients, plan.steps, plan.batch_size, request.seed, request.round_, plan.stream
     )
-    w, g = model.bound_buffers()
     params = request.start()
     losses = torch.full((request.size,), float("nan"))
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
-    kinds = cohort.optimizer.state_kinds()
-    for i in range(request.size):
-        tau = int(plan.steps[i])
-        if tau == 0:
-            continue
-        terms = aligned(cohort.parameter_terms, request.anchor, lambda v: v, lambda v, i=i: v[i])  # type: ignore[misc]
-        state = {k: v[i] for k, v in opt_state.items()}
-        lr = plan.lr[i]
-        total = torch.zeros(())
-        with torch.no_grad():
-            w.copy_(params[i])
-        for t in range(tau):
-            _seed_dropout(model, request.seed, request.round_, t, plan.stream)
-            rows = index[i, t]
-            g.zero_()
-            loss = model.module_batch_loss(data.x[rows], data.y[rows], weight[i, t])
-            loss.backward()
-            with torch.no_grad():
-                new, after = cohort.optimizer.step(w, leaf_direction(g, w, terms), state, lr)
-                w.copy_(request.keep_frozen(new, w))
-                state = {k: request.keep_frozen(v, state[k]) if kinds[k] == "param" else v for k, v in after.items()}
-            total = total + loss.detach()
-        params[i] = w
-        losses[i] = total / tau
-        for k, v in state.items():
-            opt_state[k][i] = v
+    with _output_scales(model, plan.scales) as scale:
+        for i in range(request.size):
+            if plan.scales is not None:
+                scale[:] = [plan.scales[i]]
+            _train_one(request, i, params, losses, opt_state, index, weight)
     return params, losses, opt_state
+
+
+def _train_one(
+    request: TrainRequest,
+    i: int,
+    params: Tensor,
+    losses: Tensor,
+    opt_state: dict[str, Tensor],
+    index: Tensor,
+    weight: Tensor,
+) -> None:
+    """`train_sequential`'s steps of client i (row i of `params`, `losses` and `opt_state`, written in place)."""
+    model, data, plan, cohort = request.model, request.data, request.plan, request.cohort
+    w, g = model.bound_buffers()
+    kinds = cohort.optimizer.state_kinds()
+    tau = int(plan.steps[i])
+    if tau == 0:
+        return
+    terms = aligned(cohort.parameter_terms, request.anchor, lambda v: v, lambda v, i=i: v[i])  # type: ignore[misc]
+    state = {k: v[i] for k, v in opt_state.items()}
+    lr = plan.lr[i]
+    total = torch.zeros(())
+    with torch.no_grad():
+        w.copy_(params[i])
+    for t in range(tau):
+        _seed_dropout(model, request.seed, request.round_, t, plan.stream)
+        rows = index[i, t]
+        g.zero_()
+        loss = model.module_batch_loss(data.x[rows], data.y[rows], weight[i, t])
+        loss.backward()
+        with torch.no_grad():
+            new, after = cohort.optimizer.step(w, leaf_direction(g, w, terms), state, lr)
+            w.copy_(request.keep_frozen(new, w))
+            state = {k: request.keep_frozen(v, state[k]) if kinds[k] == "param" else v for k, v in after.items()}
+        total = total + loss.detach()
+    params[i] = w
+    losses[i] = total / tau
+    for k, v in state.items():
+        opt_state[k][i] = v
 
 
 def make_step(
@@ -522,6 +558,11 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
         run = request.on(placed, placed.x.device)
     layers = dense_layers(model) if backend == "dense" else None
     spec = conv_layers(model) if backend == "conv" else None
+    if request.plan.scales is not None and layers is None and (backend != "sequential" or request.cohort.autograd_only):
+        raise ConfigError(
+            f"layer output factors (a plan's scales: HeteroFL's scaler) run on the dense backend (MLPs of ReLU, Tanh "
+            f"or Sigmoid layers) and on backend: sequential, not on '{backend}'"
+        )
     if layers is not None:
         out = train_dense(run, layers)
     elif spec is not None:
