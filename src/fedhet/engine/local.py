@@ -34,6 +34,7 @@ from fedhet.engine.privacy import (
     step_noise,
 )
 from fedhet.engine.request import Trained, TrainRequest
+from fedhet.engine.sliced import train_sliced
 from fedhet.engine.step import Cohort, aligned, leaf_direction
 from fedhet.engine.task import Task
 from fedhet.engine.threads import few_threads, torch_threads
@@ -564,7 +565,7 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
             f"or Sigmoid layers) and on backend: sequential, not on '{backend}'"
         )
     if layers is not None:
-        out = train_dense(run, layers)
+        out = train_sliced(run, layers) or train_dense(run, layers)
     elif spec is not None:
         out = train_conv(run, spec)
     elif backend == "sequential":
