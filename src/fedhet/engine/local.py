@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -552,20 +553,27 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
     model = request.model
     model.module.train()
     cpu = request.anchor.device
-    run = request
-    if placed is not None and placed.x.device != cpu:
-        if backend == "sequential":
-            raise ConfigError("backend 'sequential' runs on the CPU only: use 'auto', 'dense' or 'vectorised'")
-        run = request.on(placed, placed.x.device)
+    elsewhere = placed is not None and placed.x.device != cpu
+    if elsewhere and backend == "sequential":
+        raise ConfigError("backend 'sequential' runs on the CPU only: use 'auto', 'dense' or 'vectorised'")
+    run = request.on(placed, placed.x.device) if placed is not None and elsewhere else request
     layers = dense_layers(model) if backend == "dense" else None
     spec = conv_layers(model) if backend == "conv" else None
+    masks = request.plan.masks
+    if masks is not None:  # sub-models: as the smaller networks, or the masked full one from zeros outside the mask
+        sliced = train_sliced(run, layers) if layers is not None else None
+        if sliced is not None:
+            return _on_cpu(model, sliced, cpu)
+        if request.starts is None:
+            request = replace(request, starts=torch.where(masks, request.anchor, 0.0))
+            run = request.on(placed, placed.x.device) if placed is not None and elsewhere else request
     if request.plan.scales is not None and layers is None and (backend != "sequential" or request.cohort.autograd_only):
         raise ConfigError(
             f"layer output factors (a plan's scales: HeteroFL's scaler) run on the dense backend (MLPs of ReLU, Tanh "
             f"or Sigmoid layers) and on backend: sequential, not on '{backend}'"
         )
     if layers is not None:
-        out = train_sliced(run, layers) or train_dense(run, layers)
+        out = train_dense(run, layers)
     elif spec is not None:
         out = train_conv(run, spec)
     elif backend == "sequential":
@@ -577,6 +585,13 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
         private = request.plan.dp_sgd is not None and run.anchor.device.type == "cpu"
         with _masks_from_the_cpu(model, run.anchor.device), few_threads() if private else nullcontext():
             out = train_vectorised(run)
+    if masks is not None:  # whatever the optimiser did there, the coordinates outside the mask come back as zero
+        out = (out[0].masked_fill_(~masks.to(out[0].device), 0.0), *out[1:])
+    return _on_cpu(model, out, cpu)
+
+
+def _on_cpu(model: FlatModel, out: Trained, cpu: torch.device) -> Trained:
+    """The backend's results on the CPU (the module back in evaluation mode)."""
     model.module.eval()
     params, losses, state = out
     return params.detach().to(cpu), losses.detach().to(cpu), {k: v.detach().to(cpu) for k, v in state.items()}

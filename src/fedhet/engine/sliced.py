@@ -14,8 +14,9 @@ need the dropped units re-drawn at the smaller width); otherwise the masked full
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -42,10 +43,27 @@ def unit_structure(layers: list[DenseLayer], mask: Tensor) -> list[Tensor] | Non
     return out
 
 
-def _sub_network(model: FlatModel, layers: list[DenseLayer], units: list[Tensor]) -> tuple[Tensor, FlatModel]:
-    """The flat indices (P_sub,) of the sub-network's weights and biases, in the order of a network of Linear
-    layers of the kept widths, and that network (on the meta device: only its layout is used)."""
-    index = []
+@dataclass(frozen=True)
+class _SubNetwork:
+    """A sub-network of units: where its weights and biases are in the full vector (`index`, in the order of a
+    network of Linear layers of the kept widths), that network's layers and layout (a model on the meta device),
+    and the kept units of every layer."""
+
+    index: Tensor  # (P_sub,)
+    model: FlatModel
+    layers: list[DenseLayer]
+    kept: list[Tensor]  # (k_l,) the kept output units of layer l
+
+
+_NETWORKS: dict[tuple[object, ...], _SubNetwork] = {}  # the last few sub-networks (a run reuses a handful)
+
+
+def _sub_network(model: FlatModel, layers: list[DenseLayer], units: list[Tensor]) -> _SubNetwork:
+    """The sub-network of the kept `units` of every layer (kept: a run meets the same few again each round)."""
+    key = (id(model), *(bytes(u.cpu().numpy()) for u in units))
+    if key in _NETWORKS:
+        return _NETWORKS[key]
+    index, kept_units = [], []
     inputs = torch.arange(layers[0].shape[1])
     modules: list[nn.Module] = []
     for la, rows in zip(layers, units, strict=True):
@@ -57,8 +75,15 @@ def _sub_network(model: FlatModel, layers: list[DenseLayer], units: list[Tensor]
         modules.append(nn.Linear(len(inputs), len(kept), bias=la.bias is not None, device="meta"))
         if la.activation is not None:
             modules.append({"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}[la.activation]())
+        kept_units.append(kept)
         inputs = kept
-    return torch.cat(index), FlatModel(nn.Sequential(*modules), model.task)
+    small = FlatModel(nn.Sequential(*modules), model.task)
+    small_layers = dense_layers(small)
+    assert small_layers is not None
+    if len(_NETWORKS) >= 64:
+        _NETWORKS.pop(next(iter(_NETWORKS)))
+    _NETWORKS[key] = _SubNetwork(torch.cat(index), small, small_layers, kept_units)
+    return _NETWORKS[key]
 
 
 def sliceable(request: TrainRequest, layers: list[DenseLayer]) -> bool:
@@ -82,34 +107,83 @@ def train_sliced(request: TrainRequest, layers: list[DenseLayer]) -> Trained | N
     masks = request.plan.masks
     if masks is None or not sliceable(request, layers):
         return None
-    distinct, which = torch.unique(masks, dim=0, return_inverse=True)
-    structures = [unit_structure(layers, row) for row in distinct]
-    if any(s is None for s in structures) or bool(distinct.all()):
+    grouped = _groups(masks, layers)
+    if grouped is None:
         return None
-    m, dev = request.size, request.anchor.device
-    params = torch.zeros(m, request.model.size, device=dev)
+    m, dev, size = request.size, request.anchor.device, request.model.size
+    whole = [bool(all(bool(u.all()) for u in units)) for _, units in grouped]
+    if len(grouped) == 1 and whole[0]:  # every client trains the whole model: no mask to apply
+        return train_dense(replace(request, plan=replace(request.plan, masks=None)), layers)
+    params = torch.zeros(m, size, device=dev)
     losses = torch.full((m,), float("nan"), device=dev)
-    for g, units in enumerate(structures):
-        assert units is not None
-        rows = (which == g).nonzero().flatten()
-        index, small = _sub_network(request.model, layers, units)
-        index = index.to(dev)
-        starts = request.starts[rows.to(request.starts.device)] if request.starts is not None else None
-        plan = replace(request.plan.rows(rows.cpu()), masks=None)
+    for (rows, units), full in zip(grouped, whole, strict=True):
+        at = rows.to(dev)
+        plan = replace(request.plan.rows(rows), masks=None, starts=None)
+        starts = request.starts[at] if request.starts is not None else None  # else: the anchor
+        if full:
+            sub = replace(request, plan=plan, cohort=request.cohort.rows(at), starts=starts, reuse=None)
+            params[at], losses[at], _ = train_dense(sub, layers)
+            continue
+        net = _sub_network(request.model, layers, units)
+        index = net.index.to(dev)
         sub = replace(
             request,
-            model=small,
+            model=net.model,
             anchor=request.anchor[index],
             plan=plan,
-            cohort=request.cohort.rows(rows.to(dev)),
+            cohort=request.cohort.rows(at),
             starts=starts[:, index] if starts is not None else None,
             reuse=None,
         )
-        sub_layers = dense_layers(small)
-        assert sub_layers is not None
-        trained, loss, _ = train_dense(sub, sub_layers)
-        block = torch.zeros(len(rows), request.model.size, device=dev)
-        block[:, index] = trained
-        params[rows.to(dev)] = block
-        losses[rows.to(dev)] = loss
+        trained, loss, _ = train_dense(sub, net.layers)
+        _scatter(params, at, trained, layers, net)
+        losses[at] = loss
     return params, losses, {}
+
+
+def _scatter(params: Tensor, at: Tensor, trained: Tensor, layers: list[DenseLayer], net: _SubNetwork) -> None:
+    """Write the sub-network's models `trained` (g, P_sub) into rows `at` of `params` (zero there), client by
+    client: each layer's kept rows and columns (a view where the kept units are the first ones)."""
+    dev = params.device
+    kept = [k.to(dev) for k in net.kept]
+    first = [int(k[-1]) + 1 == len(k) for k in net.kept]  # the kept units are 0 … k − 1
+    for row, model in zip(at.tolist(), trained, strict=True):
+        inputs: Tensor | None = None  # the kept inputs of the layer (None: all)
+        inputs_first = True
+        for la, sub, out, prefix in zip(layers, net.layers, kept, first, strict=True):
+            weight = model[sub.weight].view(sub.shape)
+            target = params[row, la.weight].view(la.shape)
+            if prefix and inputs_first:
+                target[: sub.shape[0], : sub.shape[1]].copy_(weight)
+            else:
+                spread = weight if inputs is None else torch.zeros(sub.shape[0], la.shape[1], device=dev)
+                if inputs is not None:
+                    spread.index_copy_(1, inputs, weight)
+                target.index_copy_(0, out, spread)
+            if la.bias is not None and sub.bias is not None:
+                params[row, la.bias].index_copy_(0, out, model[sub.bias])
+            inputs, inputs_first = out, prefix
+
+
+def _groups(masks: Tensor, layers: list[DenseLayer]) -> list[tuple[Tensor, list[Tensor]]] | None:
+    """The rows of `masks` (m, P) grouped by sub-network, each with its kept units (`unit_structure`); None where
+    some mask is not a sub-network of units. Rows are grouped by their biases' coordinates (the kept units, where
+    every layer has a bias), then each row is checked equal to its group's first (a cohort has few distinct
+    sub-models, and sorting (m, P) rows costs more)."""
+    rows_np = masks.cpu().numpy()
+    if any(la.bias is None for la in layers):
+        keys = [row.tobytes() for row in rows_np]
+    else:
+        probe = np.concatenate([np.arange(la.bias.start or 0, la.bias.stop) for la in layers if la.bias is not None])
+        keys = [row.tobytes() for row in rows_np[:, probe]]
+    members: dict[bytes, list[int]] = {}
+    for i, key in enumerate(keys):
+        members.setdefault(key, []).append(i)
+    out = []
+    for rows in members.values():
+        first = rows_np[rows[0]]
+        units = unit_structure(layers, masks[rows[0]])
+        if units is None or not all(np.array_equal(rows_np[i], first) for i in rows[1:]):
+            return None
+        out.append((torch.tensor(rows), units))
+    return out

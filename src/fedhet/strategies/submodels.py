@@ -47,6 +47,7 @@ _PASSING = (
     ToImage,
 )
 SCALING_BACKENDS = ("dense", "sequential")  # the backends that run `LocalPlan.scales`
+Group = tuple[Tensor, Tensor]  # the rows (indices) of a cohort's clients with one sub-model, and its mask (P,)
 
 
 def level_name(level: float) -> str:
@@ -122,12 +123,28 @@ def width_mask(model: FlatModel, layers: list[str], level: float) -> Tensor:
     return unit_mask(model, layers, first_units(hidden_widths(model, layers), level))
 
 
-def masked_average(global_params: Tensor, params: Tensor, masks: Tensor, weights: Tensor) -> Tensor:
-    """d_j = Σ_k p_k m_kj (w_j − w_kj) / Σ_k p_k m_kj, and 0 where no client's mask holds j (HeteroFL Eq. 2)."""
-    on = masks.to(params.dtype) * weights.to(params.dtype).unsqueeze(1)
-    total = on.sum(0)
-    moved = (on * (global_params.unsqueeze(0) - params)).sum(0)
-    return torch.where(total > 0, moved / total.clamp_min(torch.finfo(params.dtype).tiny), 0.0)
+def masked_average(
+    global_params: Tensor, params: Tensor, masks: Tensor, weights: Tensor, groups: list[Group] | None = None
+) -> Tensor:
+    """d_j = Σ_k p_k m_kj (w_j − w_kj) / Σ_k p_k m_kj, and 0 where no client's mask holds j (HeteroFL Eq. 2),
+    computed as w_j − Σ_k p_k m_kj w_kj / Σ_k p_k m_kj. With `groups` (the rows of each distinct mask, as
+    `SubModels.masks` gives them) the sums run per distinct mask: (G, m) × (m, P) and G passes over P."""
+    p = weights.to(params.dtype)
+    if groups is None:
+        total = p @ masks.to(params.dtype)
+        kept = p @ params.masked_fill(~masks, 0.0)
+    else:
+        share = torch.zeros(len(groups), len(p), dtype=params.dtype)
+        for g, (rows, _) in enumerate(groups):
+            share[g, rows] = p[rows]
+        sums = share @ params  # (G, P): each group's weighted sum of its clients' models
+        total = torch.zeros_like(global_params)
+        kept = torch.zeros_like(global_params)
+        for (_, mask), part, weight in zip(groups, sums, share.sum(1).tolist(), strict=True):
+            total.add_(mask, alpha=weight)
+            kept.add_(part.masked_fill_(~mask, 0.0))
+    mean = kept / total.clamp_min(torch.finfo(params.dtype).tiny)
+    return torch.where(total > 0, global_params - mean, 0.0)
 
 
 class SubModels(Strategy):
@@ -159,7 +176,7 @@ class SubModels(Strategy):
     _widths: list[int] = PrivateAttr(default_factory=list)
     _prefix: dict[float, Tensor] = PrivateAttr(default_factory=dict)  # the first ⌈r·d⌉ units of each level
     _fixed: Tensor | None = PrivateAttr(None)
-    _round_masks: tuple[int, Tensor, Tensor] | None = PrivateAttr(None)  # the last plan's (round, clients, masks)
+    _round_masks: tuple[int, Tensor, Tensor, list[Group]] | None = PrivateAttr(None)  # the last round's masks
     _evaluated: Tensor | None = PrivateAttr(None)
     _scores: dict[float, ClientScores] = PrivateAttr(default_factory=dict)  # of the evaluated model at each level
 
@@ -253,29 +270,41 @@ class SubModels(Strategy):
 
     def masks(self, round_: int, clients: Tensor) -> Tensor:
         """(m, P) the sub-model mask of each of `clients` in round `round_`."""
+        return self.grouped_masks(round_, clients)[0]
+
+    def grouped_masks(self, round_: int, clients: Tensor) -> tuple[Tensor, list[Group]]:
+        """(m, P) the sub-model mask of each of `clients` in round `round_`, and the rows of each distinct one."""
+        last = self._round_masks
+        if last is not None and last[0] == round_ and torch.equal(last[1], clients):
+            return last[2], last[3]
         levels = self.trained_levels(round_, clients).tolist()
         model = self.ctx.engine.model
-        rows = []
-        for client, level in zip(clients.tolist(), levels, strict=True):
+        found: dict[bytes, tuple[Tensor, list[int]]] = {}
+        keys = []
+        for i, (client, level) in enumerate(zip(clients.tolist(), levels, strict=True)):
             units = self.unit_sets(round_, client, level)
-            prefix = first_units(self._widths, level)
-            same = all(torch.equal(a, b) for a, b in zip(units, prefix, strict=True)) and level in self._prefix
-            rows.append(self._prefix[level] if same else unit_mask(model, self._layers, units))
-        return torch.stack(rows) if rows else torch.zeros(0, model.size, dtype=torch.bool)
+            key = b"".join(bytes(u.numpy()) for u in units)
+            if key not in found:
+                prefix = level in self._prefix and key == b"".join(
+                    bytes(u.numpy()) for u in first_units(self._widths, level)
+                )
+                found[key] = (self._prefix[level] if prefix else unit_mask(model, self._layers, units), [])
+            found[key][1].append(i)
+            keys.append(key)
+        masks = torch.stack([found[key][0] for key in keys]) if keys else torch.zeros(0, model.size, dtype=torch.bool)
+        groups = [(torch.tensor(rows), mask) for mask, rows in found.values()]
+        self._round_masks = (round_, clients.clone(), masks, groups)
+        return masks, groups
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
-        masks = self.masks(round_, clients)
-        self._round_masks = (round_, clients.clone(), masks)
-        plan = replace(super().configure(round_, clients, global_params), masks=masks)
+        plan = replace(super().configure(round_, clients, global_params), masks=self.masks(round_, clients))
         scales = self.scales(self.trained_levels(round_, clients))
         return replace(plan, scales=scales) if scales is not None else plan
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         p = fedavg_weights(self.ctx.train_sizes[result.clients], self.weighting)
-        last = self._round_masks
-        same = last is not None and last[0] == round_ and torch.equal(last[1], result.clients)
-        masks = last[2] if last is not None and same else self.masks(round_, result.clients)
-        return self.server_step(global_params, masked_average(global_params, result.params, masks, p))
+        masks, groups = self.grouped_masks(round_, result.clients)
+        return self.server_step(global_params, masked_average(global_params, result.params, masks, p, groups))
 
     def evaluation_params(self, params: Tensor) -> Tensor:
         """The global model (kept: the round's metrics score it at every level)."""
