@@ -142,27 +142,32 @@ def train_sliced(request: TrainRequest, layers: list[DenseLayer]) -> Trained | N
 
 
 def _scatter(params: Tensor, at: Tensor, trained: Tensor, layers: list[DenseLayer], net: _SubNetwork) -> None:
-    """Write the sub-network's models `trained` (g, P_sub) into rows `at` of `params` (zero there), client by
-    client: each layer's kept rows and columns (a view where the kept units are the first ones)."""
-    dev = params.device
-    kept = [k.to(dev) for k in net.kept]
-    first = [int(k[-1]) + 1 == len(k) for k in net.kept]  # the kept units are 0 … k − 1
-    for row, model in zip(at.tolist(), trained, strict=True):
-        inputs: Tensor | None = None  # the kept inputs of the layer (None: all)
-        inputs_first = True
-        for la, sub, out, prefix in zip(layers, net.layers, kept, first, strict=True):
-            weight = model[sub.weight].view(sub.shape)
-            target = params[row, la.weight].view(la.shape)
-            if prefix and inputs_first:
-                target[: sub.shape[0], : sub.shape[1]].copy_(weight)
+    """Write the sub-network's models `trained` (g, P_sub) into rows `at` of `params` (zero there): each layer's
+    kept rows and columns, a strided block where the kept units are the first ones."""
+    g, m, dev = len(at), len(params), params.device
+    inputs: Tensor | None = None  # the kept inputs of the layer (None: all)
+    for la, sub, kept in zip(layers, net.layers, net.kept, strict=True):
+        out = kept.to(dev)
+        weight = trained[:, sub.weight].view(g, *sub.shape)
+        target = params[:, la.weight].view(m, *la.shape)
+        prefix = int(kept[-1]) + 1 == len(kept) and (inputs is None or int(inputs[-1]) + 1 == len(inputs))
+        if prefix:  # the first k rows and columns
+            target[:, : sub.shape[0], : sub.shape[1]].index_copy_(0, at, weight)
+        else:
+            block = torch.zeros(g, *la.shape, device=dev)
+            spread = weight if inputs is None else torch.zeros(g, sub.shape[0], la.shape[1], device=dev)
+            if inputs is not None:
+                spread.index_copy_(2, inputs.to(dev), weight)
+            target.index_copy_(0, at, block.index_copy_(1, out, spread))
+        if la.bias is not None and sub.bias is not None:
+            bias = params[:, la.bias]
+            if prefix:
+                bias[:, : len(kept)].index_copy_(0, at, trained[:, sub.bias])
             else:
-                spread = weight if inputs is None else torch.zeros(sub.shape[0], la.shape[1], device=dev)
-                if inputs is not None:
-                    spread.index_copy_(1, inputs, weight)
-                target.index_copy_(0, out, spread)
-            if la.bias is not None and sub.bias is not None:
-                params[row, la.bias].index_copy_(0, out, model[sub.bias])
-            inputs, inputs_first = out, prefix
+                bias.index_copy_(
+                    0, at, torch.zeros(g, la.shape[0], device=dev).index_copy_(1, out, trained[:, sub.bias])
+                )
+        inputs = kept
 
 
 def _groups(masks: Tensor, layers: list[DenseLayer]) -> list[tuple[Tensor, list[Tensor]]] | None:
@@ -183,7 +188,8 @@ def _groups(masks: Tensor, layers: list[DenseLayer]) -> list[tuple[Tensor, list[
     for rows in members.values():
         first = rows_np[rows[0]]
         units = unit_structure(layers, masks[rows[0]])
-        if units is None or not all(np.array_equal(rows_np[i], first) for i in rows[1:]):
+        whole = first.tobytes()
+        if units is None or not all(rows_np[i].tobytes() == whole for i in rows[1:]):
             return None
         out.append((torch.tensor(rows), units))
     return out
