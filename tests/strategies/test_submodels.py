@@ -68,6 +68,26 @@ def test_the_scaler_divides_the_hidden_outputs_by_the_level_in_training(backend:
     assert not torch.allclose(run_round(unscaled, setup(unscaled, backend), w, 0)[1], got, atol=1e-4)
 
 
+def test_the_scaler_on_a_cnn_trains_the_same_on_the_conv_and_sequential_backends() -> None:
+    """Levels 1 and 1/2 with the scaler on the zoo's MNIST CNN: conv's hand-derived backward with the factors
+    against autograd through the sequential backend's output hooks (pinned by hand on the MLP above)."""
+    images = image_federated((784,), [3, 4])
+    rounds = []
+    for backend in ("conv", "sequential"):
+        model = zoo_model("fedavg_cnn")[0]
+        strategy = HeteroFL(levels=[1.0, 0.5], capacities=[1.0, 0.5])
+        engine = Engine(model, images, backend=backend, seed=1)  # type: ignore[arg-type]
+        strategy.setup(make_context(engine, steps=2, lr=0.05, batch=2, m=2))
+        plan = strategy.configure(0, torch.tensor([0, 1]), model.initial_params())
+        assert plan.scales is not None and plan.scales[1].tolist() == [2.0, 2.0, 2.0, 1.0]
+        rounds.append(run_round(strategy, engine, model.initial_params(), 0)[1])
+    torch.testing.assert_close(rounds[0], rounds[1], **TOL)
+    unscaled = HeteroFL(levels=[1.0, 0.5], capacities=[1.0, 0.5], scaler=False)
+    engine = Engine(zoo_model("fedavg_cnn")[0], images, backend="conv", seed=1)
+    unscaled.setup(make_context(engine, steps=2, lr=0.05, batch=2, m=2))
+    assert not torch.allclose(run_round(unscaled, engine, engine.model.initial_params(), 0)[1], rounds[0], atol=1e-4)
+
+
 def test_the_scaler_is_refused_in_one_line_where_it_cannot_run() -> None:
     engine = Engine(mlp(), data(), backend="vectorised")
     with pytest.raises(ConfigError, match=r"set algorithm\.scaler=false"):

@@ -567,10 +567,11 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
         if request.starts is None:
             request = replace(request, starts=torch.where(masks, request.anchor, 0.0))
             run = request.on(placed, placed.x.device) if placed is not None and elsewhere else request
-    if request.plan.scales is not None and layers is None and (backend != "sequential" or request.cohort.autograd_only):
+    scaled = layers is not None or spec is not None or (backend == "sequential" and not request.cohort.autograd_only)
+    if request.plan.scales is not None and not scaled:
         raise ConfigError(
-            f"layer output factors (a plan's scales: HeteroFL's scaler) run on the dense backend (MLPs of ReLU, Tanh "
-            f"or Sigmoid layers) and on backend: sequential, not on '{backend}'"
+            f"layer output factors (a plan's scales: HeteroFL's scaler) run on the dense, conv and sequential "
+            f"backends, not on '{backend}'"
         )
     if layers is not None:
         out = train_dense(run, layers)

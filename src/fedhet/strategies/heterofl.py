@@ -12,7 +12,7 @@ client trained keeps its value (d_j = 0). With every client at level 1 this is F
 The scaler (§3.2, ``scaler: true``): in training, the output of every sliced layer but the last (its weights and
 bias applied, before the activation) is divided by the client's level r, as the paper's code's ``Scaler`` module
 (``input / rate`` in training mode, the identity in evaluation mode, for the full model and every level alike):
-`LocalPlan.scales` carries 1/r per client and layer to the backends (dense and sequential).
+`LocalPlan.scales` carries 1/r per client and layer to the backends (dense, conv and sequential; not vectorised).
 
 Models: MLPs (``model: mlp``) and the zoo's CNNs without group norm (convolutions are sliced by channels). Not
 implemented: HeteroFL's static batch norm.

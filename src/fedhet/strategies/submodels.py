@@ -46,7 +46,7 @@ _PASSING = (
     Flatten,
     ToImage,
 )
-SCALING_BACKENDS = ("dense", "sequential")  # the backends that run `LocalPlan.scales`
+SCALING_BACKENDS = ("dense", "conv", "sequential")  # the backends that run `LocalPlan.scales`
 Group = tuple[Tensor, Tensor]  # the rows (indices) of a cohort's clients with one sub-model, and its mask (P,)
 
 
@@ -222,14 +222,18 @@ class SubModels(Strategy):
         self._fixed = torch.tensor(self.capacities) if self.capacities is not None else self._draw(0)
         self._round_masks = None
 
+    @property
+    def widths(self) -> list[int]:
+        """d_l: the width (units or channels) of every hidden layer, in order (known after `setup`)."""
+        return list(self._widths)
+
     def check_scaling(self) -> None:
         """Refuse in one line a run whose cohorts would train on a backend without `LocalPlan.scales`."""
         backend = self.ctx.engine.backend_for(self.ctx.clients_per_round)
         if backend not in SCALING_BACKENDS:
             raise ConfigError(
-                f"algorithm '{self.name}': the scaler runs on the dense backend (MLPs with ReLU or Tanh) and on "
-                f"backend: sequential; this run trains on '{backend}': set algorithm.scaler=false or "
-                "backend=sequential"
+                f"algorithm '{self.name}': the scaler runs on the dense, conv and sequential backends; this run "
+                f"trains on '{backend}': set algorithm.scaler=false or backend=sequential"
             )
 
     def _draw(self, round_: int) -> Tensor:
