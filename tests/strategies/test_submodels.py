@@ -25,6 +25,7 @@ from fedhet.strategies.fedrolex import FedRolex, rolling_units
 from fedhet.strategies.fjord import FjORD
 from fedhet.strategies.heterofl import HeteroFL
 from fedhet.strategies.submodels import SubModels, unit_mask, width_mask
+from helpers.hostile import assert_refused
 from helpers.personal import LR, SIZES, STEPS, TOL, data, mlp, run_round, setup, weighted
 from helpers.tiny import make_context, tiny_data
 from helpers.zoo_cnns import image_federated, zoo_model
@@ -94,6 +95,23 @@ def test_the_scaler_is_refused_in_one_line_where_it_cannot_run() -> None:
         HeteroFL(levels=[1.0, 0.5]).setup(make_context(engine, m=2))
     HeteroFL(levels=[1.0, 0.5], scaler=False).setup(make_context(engine, m=2))
     HeteroFL(levels=[1.0]).setup(make_context(engine, m=2))  # every level 1: nothing to scale
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--algorithm", "heterofl", "--set", "backend=vectorised"], "set algorithm.scaler=false"),
+        (["--algorithm", "fedrolex", "--set", "algorithm.scaler=maybe"], "scaler"),
+        (["--algorithm", "fjord", "--set", "algorithm.scaler=true"], "scaler"),
+        (["--algorithm", "fjord", "--set", "algorithm.capacities=[0.3]"], "one of"),
+    ],
+)
+def test_the_command_line_refuses_in_one_line_and_writes_nothing(
+    extra: list[str], fragment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["run", "--dataset", "digits", "--rounds", "1", "--set", "num_clients=4", "--set", "model.hidden=[8]"]
+    assert_refused([*args, *extra, "--out", "run", "--quiet"], fragment, tmp_path)
 
 
 def test_the_scales_reach_clients_under_flower() -> None:
