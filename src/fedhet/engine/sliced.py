@@ -60,7 +60,8 @@ _NETWORKS: dict[tuple[object, ...], _SubNetwork] = {}  # the last few sub-networ
 
 def _sub_network(model: FlatModel, layers: list[DenseLayer], units: list[Tensor]) -> _SubNetwork:
     """The sub-network of the kept `units` of every layer (kept: a run meets the same few again each round)."""
-    key = (id(model), *(bytes(u.cpu().numpy()) for u in units))
+    geometry = tuple((la.weight.start, la.bias.start if la.bias else None, la.shape, la.activation) for la in layers)
+    key = (id(model.task), geometry, *(bytes(u.cpu().numpy()) for u in units))  # the cached model keeps the task
     if key in _NETWORKS:
         return _NETWORKS[key]
     index, kept_units = [], []
