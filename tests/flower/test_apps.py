@@ -271,6 +271,29 @@ def test_personal_models_are_the_native_ones_whichever_worker_answers(
     assert_same_metrics(native, actors)
 
 
+@pytest.mark.parametrize("algorithm", ["heterofl", "fedrolex", "fjord"])
+def test_sub_models_on_flower_nodes_give_the_native_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_task: None, algorithm: str
+) -> None:
+    """HeteroFL (its scaler on), FedRolex and FjORD: the plans' masks and scales reach the nodes, whose engines train
+    the sub-models; every metrics.csv value, the accuracy at every level included, within 1e-5 of the native run."""
+    from flower_helpers import assert_same_metrics, read_metrics, small_config
+
+    from fedhet.experiments.runner import run
+    from fedhet.flower.remote import Settings, remote_builder
+
+    monkeypatch.setattr(apps, "_WORKERS", {})
+    levels = {"name": algorithm, "levels": [1, 0.5, 0.25]}
+    config = small_config(levels, model={"name": "mlp", "hidden": [16]})
+    run(config, tmp_path / "native")
+    run(config, tmp_path / "nodes", builder=remote_builder(Actors(2), Settings(min_nodes=2)))
+    native, nodes = read_metrics(tmp_path / "native"), read_metrics(tmp_path / "nodes")
+    assert "test_accuracy_level0.25" in native[0]
+    assert_same_metrics(native, nodes)
+    clients = [(tmp_path / folder / "clients.csv").read_text() for folder in ("native", "nodes")]
+    assert "capacity" in clients[0].splitlines()[0] and clients[0].count("\n") == clients[1].count("\n")
+
+
 def test_a_node_that_lost_its_state_stops_the_run_naming_the_node_client_and_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_task: None
 ) -> None:

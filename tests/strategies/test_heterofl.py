@@ -64,7 +64,7 @@ def test_the_aggregate_averages_each_coordinate_over_the_clients_that_trained_it
 
 
 def test_a_round_with_a_full_and_a_half_width_client_matches_the_hand_computed_model() -> None:
-    strategy = HeteroFL(levels=[1.0, 0.5], capacities=[1.0, 0.5])
+    strategy = HeteroFL(levels=[1.0, 0.5], capacities=[1.0, 0.5], scaler=False)
     engine = setup(strategy, "dense")
     model = engine.model
     w = model.initial_params()
@@ -119,7 +119,7 @@ def test_the_evaluated_model_is_scored_at_every_level_and_per_client_capacity() 
     assert set(metrics) == {"test_accuracy_level1", "test_accuracy_level0.25"}
     full = engine.scores(w, "test").accuracy
     assert metrics["test_accuracy_level1"] == pytest.approx(float(full.double().mean()))
-    small = engine.scores(torch.where(strategy._masks[0.25], w, 0.0), "test").accuracy
+    small = engine.scores(torch.where(strategy._prefix[0.25], w, 0.0), "test").accuracy
     columns = strategy.client_columns()
     assert columns["capacity"].tolist() == [1, 0.25, 0.25, 1]
     torch.testing.assert_close(columns["capacity_test_accuracy"], torch.where(columns["capacity"] == 1, full, small))

@@ -616,20 +616,30 @@ def _step(
     sink: Sink,
     masks: Sequence[Tensor | None] | None,
     rate: Tensor | None = None,
+    scales: Tensor | None = None,
 ) -> Tensor:
-    """Forward, loss and backward of a chunk; gradients (times `rate` (n,) when given) go to `sink`."""
+    """Forward, loss and backward of a chunk; gradients (times `rate` (n,) when given) go to `sink`. `scales`
+    (n, L): the outputs of the L Conv/Linear layers times a factor per client (`LocalPlan.scales`)."""
     n, b = wt.shape
     a = x.reshape(n, b, *spec.input_shape)
     masks = masks if masks is not None else [None] * len(spec.layers)
-    saved = []
+    saved, factors = [], list[Tensor | None]()
     for layer, mask in zip(spec.layers, masks, strict=True):
         a, ctx = layer.forward(a, params, mask)
         saved.append(ctx)
+        factor = None
+        if scales is not None and isinstance(layer, Conv | Linear):
+            factor = scales[:, sum(f is not None for f in factors)].view(n, *(1,) * (a.dim() - 1))
+            a = a * factor
+        factors.append(factor)
     g, loss = _logit_grad(spec.task, a, y, wt)
     if rate is not None:
         g.mul_(rate.view(n, 1, 1))
     first = next(i for i, la in enumerate(spec.layers) if isinstance(la, Conv | Linear | GroupNorm))
     for i in range(len(spec.layers) - 1, first - 1, -1):
+        factor = factors[i]
+        if factor is not None:  # the gradient at the layer's outputs before their factor
+            g = g * factor
         out = spec.layers[i].backward(g, saved[i], params, sink, need_input=i > first)
         if out is not None:
             g = out
@@ -644,9 +654,10 @@ def loss_grad_into(
     wt: Tensor,
     grad: Tensor,
     masks: Sequence[Tensor | None] | None = None,
+    scales: Tensor | None = None,
 ) -> Tensor:
     """`batched_loss_grad` on one thread, writing the gradient into `grad` (c, P); returns the losses (c,)."""
-    return _step(spec, params, x, y, wt, Sink(params, grad), masks)
+    return _step(spec, params, x, y, wt, Sink(params, grad), masks, scales=scales)
 
 
 def sgd_step_(
@@ -659,12 +670,13 @@ def sgd_step_(
     extra: Tensor | None = None,
     masks: Sequence[Tensor | None] | None = None,
     frozen: Callable[[slice], bool] | None = None,
+    scales: Tensor | None = None,
 ) -> Tensor:
     """One plain SGD step in place, w ← w − η_k Σ_j ∇T_j(w) − η_k ∇ℓ_k(w) (`extra`: η_k Σ_j ∇T_j(w) (c, P) at the
     weights before the step, or None), each layer's weights updated as soon as the backward pass is done with
     them (no gradient buffer: half the memory traffic of the large layers), except the parameters `frozen` says
     are frozen. Returns the losses ℓ_k(w) before the step (c,)."""
-    return _step(spec, params, x, y, wt, Sink(params, None, extra, frozen), masks, rate=lr)
+    return _step(spec, params, x, y, wt, Sink(params, None, extra, frozen), masks, rate=lr, scales=scales)
 
 
 def batched_loss_grad(
@@ -746,6 +758,7 @@ def train_conv(request: TrainRequest, spec: ConvSpec) -> Trained:
     drawn = [dropout_masks(spec, plan.batch_size, seed, round_, t, plan.stream) for t in range(int(steps[0]))]
     masks = [[mk.to(dev) if mk is not None else None for mk in step] for step in drawn]
     lr = plan.lr[order].to(dev)
+    scales = plan.scales[order].to(dev) if plan.scales is not None else None
     workers = 1 if dev.type != "cpu" else request.workers or torch.get_num_threads()
     chunk = request.chunk_size if request.chunk_size > 0 else default_chunk(spec, m, workers, plan.batch_size)
     work = torch.empty(m, len(request.anchor), device=dev)  # the clients' weights in training order
@@ -767,14 +780,17 @@ def train_conv(request: TrainRequest, spec: ConvSpec) -> Trained:
             rows = index[lo : lo + k, t]
             x = gather_rows(data.x, rows)
             rate = lr[lo : lo + k]
+            factors = scales[lo : lo + k] if scales is not None else None
             now = _head(terms, k)
             if grad is None:
                 extra = term_gradient(w[:k], now)  # at the weights before the step (may be a term's own tensor)
                 if extra is not None:
                     extra = extra * rate.view(k, 1)
-                loss = sgd_step_(spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], rate, extra, masks[t], skip)
+                wt = weight[lo : lo + k, t]
+                loss = sgd_step_(spec, w[:k], x, data.y[rows], wt, rate, extra, masks[t], skip, factors)
             else:
-                loss = loss_grad_into(spec, w[:k], x, data.y[rows], weight[lo : lo + k, t], grad[:k], masks[t])
+                wt = weight[lo : lo + k, t]
+                loss = loss_grad_into(spec, w[:k], x, data.y[rows], wt, grad[:k], masks[t], factors)
                 _optimizer_step(request, w[:k], leaf_direction(grad[:k], w[:k], now), state, rate)
             totals[lo : lo + k] += loss
         for name, v in state.items():

@@ -581,6 +581,8 @@ class _Chunk:
             [request.is_frozen(where) for where in (la.weight, la.bias) if where is not None] for la in layers
         ]
         self.rate = request.plan.lr[ids].view(c, 1, 1).to(dev)
+        scales = request.plan.scales  # (m, L): each layer's outputs times a factor per client (HeteroFL's scaler)
+        self.scales = scales[ids].to(dev).view(c, -1, 1, 1) if scales is not None else None
         # the affine terms (`ParameterTerm.affine`, the same on every leaf): w ← ρw + ηκA with ρ = 1 − ηλ
         first = self.whole[0].weight.terms
         lam, kappa, _ = affine_part(first)
@@ -721,6 +723,8 @@ class _Chunk:
                 z = torch.baddbmm(bias, a, w.weight_t, out=out)
             else:
                 z = torch.bmm(a, w.weight_t, out=out)
+            if self.scales is not None:
+                z = z.mul_(self.scales[:n, i]) if i == last else z * self.scales[:n, i]
             if i == last:
                 return z, inputs, acts
             a = _FORWARD[la.activation or ""](z)
@@ -747,6 +751,8 @@ class _Chunk:
         private = self._private_gradients(net, t, n, grad, inputs, acts, mask) if self.dp is not None else None
         for i in range(len(self.layers) - 1, -1, -1):
             w = net[i]
+            if self.scales is not None and private is None:  # the gradient at the layer's outputs before their factor
+                grad = grad * self.scales[:n, i]
             back = torch.bmm(grad, w.weight.value) if i > 0 and private is None else None  # with W_i before its update
             grad, noise = private[i] if private is not None else (grad, None)
             if i == 0 and self.gram is not None:

@@ -265,8 +265,8 @@ class Engine:
         unread = plan.personal is None and not any(inputs.term.client_state for inputs in cohort.terms)
         bound = plan.clip.bound if clip and plan.clip is not None and unread else None
         starts = plan.starts if plan.starts is not None else self.personal_starts(global_params, plan, round_)
-        if plan.masks is not None:  # sub-models: the coordinates outside a client's mask start (and stay) at zero
-            starts = torch.where(plan.masks, global_params if starts is None else starts, 0.0)
+        if plan.masks is not None and starts is not None:  # sub-models: the coordinates outside a client's mask
+            starts = torch.where(plan.masks, starts, 0.0)  # start (and stay) at zero (from the anchor: `train_cohort`)
         backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size, cohort.dense_runs)
         frozen = self.mask(plan.frozen, "local.frozen") if plan.frozen else None
         request = TrainRequest(
@@ -286,9 +286,6 @@ class Engine:
         self.reuse.start_round(round_)
         with exact_float32(self.device):
             trained = train_cohort(request, backend, placed=self.placed("train"))
-        if plan.masks is not None:
-            params, losses, state = trained
-            trained = (params.masked_fill_(~plan.masks, 0.0), losses, state)
         return cohort, starts, trained
 
     def _keep_personal(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -34,6 +35,7 @@ from fedhet.engine.privacy import (
     step_noise,
 )
 from fedhet.engine.request import Trained, TrainRequest
+from fedhet.engine.sliced import train_sliced
 from fedhet.engine.step import Cohort, aligned, leaf_direction
 from fedhet.engine.task import Task
 from fedhet.engine.threads import few_threads, torch_threads
@@ -90,6 +92,25 @@ def _masks_from_the_cpu(model: FlatModel, device: torch.device) -> Iterator[None
             del m.forward
 
 
+@contextmanager
+def _output_scales(model: FlatModel, scales: Tensor | None) -> Iterator[list[Tensor]]:
+    """While open, the outputs of the module's Linear/Conv2d layers (in order) are multiplied by the entries of the
+    (L,) tensor put in the yielded list (a plan's ``scales`` row of the client training now); no hooks without."""
+    current: list[Tensor] = []
+    if scales is None:
+        yield current
+        return
+    layers = [m for m in model.module.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
+    handles = [
+        layer.register_forward_hook(lambda _m, _i, out, k=k: out * current[0][k]) for k, layer in enumerate(layers)
+    ]
+    try:
+        yield current
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def train_sequential(request: TrainRequest) -> Trained:
     """Clients one after another with plain autograd on one module whose parameters are views of a flat
     buffer (no model copies). The same step as `make_step`; objectives that need more than the module's loss
@@ -100,37 +121,54 @@ def train_sequential(request: TrainRequest) -> Trained:
     index, weight = local_batches(
         data.offsets, plan.clients, plan.steps, plan.batch_size, request.seed, request.round_, plan.stream
     )
-    w, g = model.bound_buffers()
     params = request.start()
     losses = torch.full((request.size,), float("nan"))
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
-    kinds = cohort.optimizer.state_kinds()
-    for i in range(request.size):
-        tau = int(plan.steps[i])
-        if tau == 0:
-            continue
-        terms = aligned(cohort.parameter_terms, request.anchor, lambda v: v, lambda v, i=i: v[i])  # type: ignore[misc]
-        state = {k: v[i] for k, v in opt_state.items()}
-        lr = plan.lr[i]
-        total = torch.zeros(())
-        with torch.no_grad():
-            w.copy_(params[i])
-        for t in range(tau):
-            _seed_dropout(model, request.seed, request.round_, t, plan.stream)
-            rows = index[i, t]
-            g.zero_()
-            loss = model.module_batch_loss(data.x[rows], data.y[rows], weight[i, t])
-            loss.backward()
-            with torch.no_grad():
-                new, after = cohort.optimizer.step(w, leaf_direction(g, w, terms), state, lr)
-                w.copy_(request.keep_frozen(new, w))
-                state = {k: request.keep_frozen(v, state[k]) if kinds[k] == "param" else v for k, v in after.items()}
-            total = total + loss.detach()
-        params[i] = w
-        losses[i] = total / tau
-        for k, v in state.items():
-            opt_state[k][i] = v
+    with _output_scales(model, plan.scales) as scale:
+        for i in range(request.size):
+            if plan.scales is not None:
+                scale[:] = [plan.scales[i]]
+            _train_one(request, i, params, losses, opt_state, index, weight)
     return params, losses, opt_state
+
+
+def _train_one(
+    request: TrainRequest,
+    i: int,
+    params: Tensor,
+    losses: Tensor,
+    opt_state: dict[str, Tensor],
+    index: Tensor,
+    weight: Tensor,
+) -> None:
+    """`train_sequential`'s steps of client i (row i of `params`, `losses` and `opt_state`, written in place)."""
+    model, data, plan, cohort = request.model, request.data, request.plan, request.cohort
+    w, g = model.bound_buffers()
+    kinds = cohort.optimizer.state_kinds()
+    tau = int(plan.steps[i])
+    if tau == 0:
+        return
+    terms = aligned(cohort.parameter_terms, request.anchor, lambda v: v, lambda v, i=i: v[i])  # type: ignore[misc]
+    state = {k: v[i] for k, v in opt_state.items()}
+    lr = plan.lr[i]
+    total = torch.zeros(())
+    with torch.no_grad():
+        w.copy_(params[i])
+    for t in range(tau):
+        _seed_dropout(model, request.seed, request.round_, t, plan.stream)
+        rows = index[i, t]
+        g.zero_()
+        loss = model.module_batch_loss(data.x[rows], data.y[rows], weight[i, t])
+        loss.backward()
+        with torch.no_grad():
+            new, after = cohort.optimizer.step(w, leaf_direction(g, w, terms), state, lr)
+            w.copy_(request.keep_frozen(new, w))
+            state = {k: request.keep_frozen(v, state[k]) if kinds[k] == "param" else v for k, v in after.items()}
+        total = total + loss.detach()
+    params[i] = w
+    losses[i] = total / tau
+    for k, v in state.items():
+        opt_state[k][i] = v
 
 
 def make_step(
@@ -515,13 +553,26 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
     model = request.model
     model.module.train()
     cpu = request.anchor.device
-    run = request
-    if placed is not None and placed.x.device != cpu:
-        if backend == "sequential":
-            raise ConfigError("backend 'sequential' runs on the CPU only: use 'auto', 'dense' or 'vectorised'")
-        run = request.on(placed, placed.x.device)
+    elsewhere = placed is not None and placed.x.device != cpu
+    if elsewhere and backend == "sequential":
+        raise ConfigError("backend 'sequential' runs on the CPU only: use 'auto', 'dense' or 'vectorised'")
+    run = request.on(placed, placed.x.device) if placed is not None and elsewhere else request
     layers = dense_layers(model) if backend == "dense" else None
     spec = conv_layers(model) if backend == "conv" else None
+    masks = request.plan.masks
+    if masks is not None:  # sub-models: as the smaller networks, or the masked full one from zeros outside the mask
+        sliced = train_sliced(run, layers) if layers is not None else None
+        if sliced is not None:
+            return _on_cpu(model, sliced, cpu)
+        if request.starts is None:
+            request = replace(request, starts=torch.where(masks, request.anchor, 0.0))
+            run = request.on(placed, placed.x.device) if placed is not None and elsewhere else request
+    scaled = layers is not None or spec is not None or (backend == "sequential" and not request.cohort.autograd_only)
+    if request.plan.scales is not None and not scaled:
+        raise ConfigError(
+            f"layer output factors (a plan's scales: HeteroFL's scaler) run on the dense, conv and sequential "
+            f"backends, not on '{backend}'"
+        )
     if layers is not None:
         out = train_dense(run, layers)
     elif spec is not None:
@@ -535,6 +586,13 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
         private = request.plan.dp_sgd is not None and run.anchor.device.type == "cpu"
         with _masks_from_the_cpu(model, run.anchor.device), few_threads() if private else nullcontext():
             out = train_vectorised(run)
+    if masks is not None:  # whatever the optimiser did there, the coordinates outside the mask come back as zero
+        out = (out[0].masked_fill_(~masks.to(out[0].device), 0.0), *out[1:])
+    return _on_cpu(model, out, cpu)
+
+
+def _on_cpu(model: FlatModel, out: Trained, cpu: torch.device) -> Trained:
+    """The backend's results on the CPU (the module back in evaluation mode)."""
     model.module.eval()
     params, losses, state = out
     return params.detach().to(cpu), losses.detach().to(cpu), {k: v.detach().to(cpu) for k, v in state.items()}

@@ -103,7 +103,10 @@ class LocalPlan:
     zero and returns them as zero (`fedhet.engine.engine.Engine.train`). That is training with those coordinates
     frozen at zero whenever their gradient is zero there, as in a network whose masked-out hidden units have zero
     incoming and outgoing weights and an activation with φ(0) = 0 (ReLU, GELU, Tanh), under an objective with no
-    term pulling them elsewhere (`anchor_free`); the strategy that sets masks checks this.
+    term pulling them elsewhere (`anchor_free`); the strategy that sets masks checks this. ``scales`` (m, L)
+    multiplies, in training only, the outputs of the model's L Linear/Conv2d layers (in module order, their
+    weights and bias applied, before the activation) by a factor per client: HeteroFL's scaler (1/r on a sliced
+    layer). The dense, conv and sequential backends run it; the engine refuses it on the vectorised one.
 
     Differential privacy (`fedhet.engine.privacy`): ``clip`` clips (and, for local DP, noises) the update each
     client sends, after its steps; ``dp_sgd`` makes every step a DP-SGD step (per-sample clipping and noise).
@@ -124,6 +127,7 @@ class LocalPlan:
     clip: UpdateClip | None = None
     dp_sgd: ExampleDP | None = None
     masks: Tensor | None = None  # (m, P) bool: the coordinates each client trains (the others: zero)
+    scales: Tensor | None = None  # (m, L) float32: factors on the outputs of the L Linear/Conv2d layers in training
 
     def __post_init__(self) -> None:
         m = len(self.clients)
@@ -142,6 +146,8 @@ class LocalPlan:
             raise ValueError("a plan starts its clients from given points or from their personal parts, not both")
         if self.masks is not None and (self.masks.dim() != 2 or len(self.masks) != m or self.masks.dtype != torch.bool):
             raise ValueError(f"a plan's masks must be ({m}, P) bool")
+        if self.scales is not None and (self.scales.dim() != 2 or len(self.scales) != m):
+            raise ValueError(f"a plan's scales must be ({m}, L)")
         if self.masks is not None and (self.personal is not None or self.clip is not None):
             raise ValueError("a plan's masks do not combine with personal parts or update clipping")
         self.terms = tuple(self.terms)
@@ -184,8 +190,15 @@ class LocalPlan:
         """The plan of the clients `keep` selects (indices into ``clients``)."""
         starts = self.starts[keep] if self.starts is not None else None
         masks = self.masks[keep] if self.masks is not None else None
+        scales = self.scales[keep] if self.scales is not None else None
         return replace(
-            self, clients=self.clients[keep], steps=self.steps[keep], lr=self.lr[keep], starts=starts, masks=masks
+            self,
+            clients=self.clients[keep],
+            steps=self.steps[keep],
+            lr=self.lr[keep],
+            starts=starts,
+            masks=masks,
+            scales=scales,
         )
 
     @property

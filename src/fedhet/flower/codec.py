@@ -76,6 +76,8 @@ def encode_plan(plan: LocalPlan, rows: Tensor | slice = slice(None)) -> Payload:
         arrays["starts"] = to_numpy(plan.starts[rows])
     if plan.masks is not None:
         arrays["masks"] = to_numpy(plan.masks[rows])
+    if plan.scales is not None:
+        arrays["scales"] = to_numpy(plan.scales[rows])
     if plan.clip is not None:
         config["clip"] = json.dumps(dataclasses.asdict(plan.clip))
     if plan.dp_sgd is not None:
@@ -104,6 +106,7 @@ def decode_plan(arrays: Arrays, config: Config) -> LocalPlan:
         phase=int(config.get("phase", 0)),
         starts=to_torch(arrays["starts"]) if "starts" in arrays else None,
         masks=to_torch(arrays["masks"]).bool() if "masks" in arrays else None,
+        scales=to_torch(arrays["scales"]) if "scales" in arrays else None,
         clip=UpdateClip(**_fields(str(config["clip"]), UpdateClip)) if "clip" in config else None,
         dp_sgd=ExampleDP(**_fields(str(config["dp_sgd"]), ExampleDP)) if "dp_sgd" in config else None,
     )
