@@ -254,3 +254,41 @@ def test_a_run_writes_the_accuracy_at_every_level_and_each_clients_capacity(name
     with (tmp_path / "run" / "clients.csv").open() as f:
         clients = list(csv.DictReader(f))
     assert sorted(float(c["capacity"]) for c in clients) == [0.5] * 3 + [1.0] * 3
+
+
+def test_levels_from_the_system_model_s_capacity_and_the_clock_charges_their_flops() -> None:
+    """assignment: system trains each client at its system capacity (by speed: the fastest at full width), and a
+    client's compute on the clock is its sub-model's share of the FLOPs: a round of sub-models is shorter."""
+    base = {
+        "dataset": "digits",
+        "model": {"name": "mlp", "hidden": [64]},
+        "num_clients": 8,
+        "clients_per_round": 8,
+        "rounds": 2,
+        "local": {"steps": 5, "lr": 0.1, "batch_size": 10},
+        "system": {"name": "lognormal", "capacity": {"levels": [1.0, 0.25], "by": "speed"}},
+    }
+    state = run(
+        parse_config({**base, "algorithm": {"name": "heterofl", "levels": [1.0, 0.25], "assignment": "system"}})
+    )
+    capacity = state.experiment.system.capacities()
+    trained = state.experiment.strategy.capacity(0).double()
+    assert torch.equal(trained, capacity) and sorted(capacity.tolist()) == [0.25] * 4 + [1.0] * 4
+    full = run(parse_config({**base, "algorithm": "fedavg"}))
+    assert state.final["time_s"] < full.final["time_s"]  # the same clients, the slow ones on a quarter-width model
+
+
+def test_assignment_system_needs_the_system_s_capacity() -> None:
+    cfg = {
+        "dataset": "digits",
+        "model": {"name": "mlp", "hidden": [16]},
+        "num_clients": 4,
+        "clients_per_round": 2,
+        "rounds": 1,
+        "algorithm": {"name": "heterofl", "assignment": "system"},
+    }
+    with pytest.raises(ConfigError, match=r"sets none; set system\.capacity"):
+        run(parse_config(cfg))
+    cfg["system"] = {"name": "none", "capacity": {"levels": [1.0, 0.3]}}
+    with pytest.raises(ConfigError, match=r"levels \[0.3\] that algorithm.levels"):
+        run(parse_config(cfg))

@@ -168,8 +168,10 @@ class SubModels(Strategy):
     capacities: list[float] | None = Field(
         None, description="an explicit level per client (instead of drawing from proportions; fix only)"
     )
-    assignment: Literal["fix", "dynamic"] = Field(
-        "fix", description="fix: a level per client for the run; dynamic: redrawn for every client each round"
+    assignment: Literal["fix", "dynamic", "system"] = Field(
+        "fix",
+        description="fix: a level per client for the run; dynamic: redrawn for every client each round; system: "
+        "each client's capacity from the system model (system.capacity)",
     )
 
     _layers: list[str] = PrivateAttr(default_factory=list)
@@ -196,7 +198,7 @@ class SubModels(Strategy):
                 raise ValueError(f"proportions needs one share per level ({len(self.levels)})")
             if any(not (p >= 0 and math.isfinite(p)) for p in self.proportions) or sum(self.proportions) <= 0:
                 raise ValueError("proportions must be finite, >= 0 and not all 0")
-        if self.capacities is not None and self.assignment == "dynamic":
+        if self.capacities is not None and self.assignment != "fix":
             raise ValueError("capacities gives each client a fixed level: use assignment: fix")
         if self.capacities is not None and any(c not in self.levels for c in self.capacities):
             raise ValueError("every capacity must be one of the levels (each level is evaluated)")
@@ -219,8 +221,27 @@ class SubModels(Strategy):
         if self.capacities is not None and len(self.capacities) != k:
             raise ConfigError(f"{what}: capacities lists {len(self.capacities)} levels for {k} clients")
         self._prefix = {level: width_mask(model, self._layers, level) for level in self.levels}
-        self._fixed = torch.tensor(self.capacities) if self.capacities is not None else self._draw(0)
+        if self.assignment == "system":
+            self._fixed = self._from_system(ctx, what)
+        else:
+            self._fixed = torch.tensor(self.capacities) if self.capacities is not None else self._draw(0)
         self._round_masks = None
+
+    def _from_system(self, ctx: ServerContext, what: str) -> Tensor:
+        """(K,) each client's capacity as the system model gives it (`fedhet.systems.base.Capacity`)."""
+        if ctx.system.capacity is None:
+            raise ConfigError(
+                f"{what}: assignment: system takes each client's level from the system model's capacity, and the "
+                "run sets none; set system.capacity (levels, proportions, by), or use assignment: fix"
+            )
+        levels = ctx.system.capacities()
+        unknown = sorted(set(levels.tolist()) - set(self.levels))
+        if unknown:
+            raise ConfigError(
+                f"{what}: the system model gives capacity levels {unknown} that algorithm.levels {self.levels} "
+                "lacks; give both the same levels"
+            )
+        return levels.float()
 
     @property
     def widths(self) -> list[int]:
