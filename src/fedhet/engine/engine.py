@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -32,6 +33,7 @@ from fedhet.engine.protocol import Split
 from fedhet.engine.request import CLIPPED, TrainRequest
 from fedhet.engine.reuse import Reuse
 from fedhet.engine.state import ClientStore
+from fedhet.engine.state_store import PersonalState, TableStore, choose_personal_state
 from fedhet.engine.step import Cohort, fresh_cohort
 from fedhet.engine.vmap_probe import probe_vmap
 from fedhet.errors import ConfigError, FedhetWarning
@@ -158,6 +160,22 @@ class Engine:
         self.last_backend: str | None = None  # what trained the last cohort (objectives may rule out a backend)
         self.reuse = Reuse()  # products of the round's mini-batches a second training may reuse (Ditto's)
         self._masks: dict[tuple[str, ...], Tensor] = {}  # `mask`'s answers
+
+    def place_client_state(
+        self, mode: PersonalState, folder: Path | None, claim: Callable[[str], None] | None = None
+    ) -> str:
+        """Keep the clients' state where `mode` says (`fedhet.engine.state_store`): ``memory`` (the `ClientStore`),
+        ``disk`` (tables mapped onto files in run folder `folder`, each name given to `claim` first) or ``auto``;
+        returns where it lives. Called before a checkpoint is loaded (`load_state_dict`) and before training."""
+        where = choose_personal_state(mode, self.data.num_clients, self.model.size, folder is not None)
+        if where == "disk":
+            if folder is None:
+                raise ConfigError(
+                    "personal_state 'disk' keeps the clients' rows in the run folder: give the run a folder, or use "
+                    "personal_state memory or auto"
+                )
+            self.client_state = TableStore(self.data.num_clients, folder, claim)
+        return where
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         """Local training of the plan's cohort from `global_params` (or the clients' personal models, with

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+PACKED = "#packed"  # a key's rows packed as tensors (clients, versions, rows): how `TableStore` checkpoints a table
+
 
 class ClientStore:
     """Versioned per-client rows: ``{key: {client: [(round, row), ...]}}`` with rounds increasing."""
@@ -103,11 +105,17 @@ class ClientStore:
         return {key: {k: list(history) for k, history in table.items()} for key, table in self._rows.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Rows as `state_dict` gave them (or `TableStore.state_dict`: its packed rows, one entry per client)."""
         self._adopted = set()
-        self._rows = {
-            key: {int(k): [(int(r), v.clone()) for r, v in history] for k, history in table.items()}
-            for key, table in state.items()
-        }
+        self._rows = {}
+        for key, table in state.items():
+            rows = {int(k): [(int(r), v.clone()) for r, v in history] for k, history in table.items() if k != PACKED}
+            packed = table.get(PACKED)
+            if packed is not None:
+                clients, versions = packed["clients"].tolist(), packed["versions"].tolist()
+                for k, r, v in zip(clients, versions, packed["rows"], strict=True):
+                    rows[k] = [(r, v.clone()), *rows.get(k, [])]
+            self._rows[key] = rows
 
 
 V = TypeVar("V")
