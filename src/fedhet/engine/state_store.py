@@ -105,6 +105,7 @@ class TableStore(ClientStore):
                 self._put(key, moved)
         for key in [key for key, history_of in self._rows.items() if not history_of]:
             del self._rows[key]
+            self._pending.pop(key, None)
         super().prune(keep_from)
 
     def _put(self, key: str, moved: list[tuple[int, int, Tensor]]) -> None:
