@@ -25,7 +25,7 @@ from fedhet.engine.evaluate import (
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import RULE_STATE, Backend, gradient_statistics, train_cohort
 from fedhet.engine.memory import keep_freed_memory
-from fedhet.engine.numerics import exact_float32
+from fedhet.engine.numerics import Precision, exact_float32, mixed_precision
 from fedhet.engine.personal import gather, parameter_mask, scatter_, spans
 from fedhet.engine.plan import PHASES, LocalPlan, LocalResult, LocalSettings
 from fedhet.engine.privacy import add_noise, clip_rows, noise_key
@@ -137,8 +137,10 @@ class Engine:
         chunk_size: int = 0,
         local: LocalSettings | None = None,
         device: str = "cpu",
+        precision: Precision = "float32",
     ) -> None:
         self.model = model
+        self.precision: Precision = precision  # local training under torch.autocast (`mixed_precision`)
         self.data = data
         self.device = resolve_device(device)
         if self.device.type != "cpu" and backend == "sequential":
@@ -150,6 +152,11 @@ class Engine:
         if backend == "vectorised" or (backend == "auto" and not fast):
             self._probe(backend)
         resolve_backend(backend, model)  # a backend the model cannot use fails here, with a clear message
+        if precision != "float32" and backend in ("dense", "conv"):
+            raise ConfigError(
+                f"precision {precision} runs local training under torch.autocast, which the {backend} backend's "
+                "hand-written products do not follow; use backend auto or vectorised (or precision float32)"
+            )
         keep_freed_memory()  # per-round (cohort × parameters) tensors reuse memory instead of page-faulting
         self.backend: BackendChoice = backend
         self.seed = seed
@@ -296,7 +303,7 @@ class Engine:
             reuse=self.reuse,
         )
         self.reuse.start_round(round_)
-        with exact_float32(self.device):
+        with exact_float32(self.device), mixed_precision(self.device, self.precision):
             trained = train_cohort(request, backend, placed=self.placed("train"))
         if plan.masks is not None:
             params, losses, state = trained
@@ -363,7 +370,8 @@ class Engine:
         if autograd_only and self.backend == "auto" and unprobed:
             self._probe("auto")  # a CNN with an objective that needs autograd: vectorised if vmap runs it well
         batch = self.local.batch_size if batch_size is None else batch_size
-        return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only, batch)
+        autocast = self.precision != "float32"  # the dense and conv backends' own products ignore autocast
+        return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only or autocast, batch)
 
     def cohort(self, plan: LocalPlan, global_params: Tensor, round_: int) -> Cohort:
         """The plan's objective with the cohort's stored state (a term's initial state for clients never seen;

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from fedhet.atomic import open_plain
+from fedhet.engine.memory import available_bytes
 from fedhet.engine.state import PACKED, ClientStore
 
 PersonalState = Literal["memory", "disk", "auto"]
@@ -188,18 +189,6 @@ def mapped_rows(path: Path, shape: tuple[int, ...], dtype: torch.dtype) -> tuple
         os.close(fd)
     rows = torch.frombuffer(buffer, dtype=torch.uint8, count=size).view(dtype).view(shape)
     return rows, buffer
-
-
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def projected_bytes(num_clients: int, model_size: int) -> int:
