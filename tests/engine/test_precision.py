@@ -42,5 +42,5 @@ def test_autocast_is_on_only_inside_mixed_precision() -> None:
 
 @pytest.mark.parametrize("backend", ["dense"])
 def test_a_backend_that_autocast_does_not_reach_is_refused(backend: str) -> None:
-    with pytest.raises(ConfigError, match="precision bfloat16 .* backend auto or vectorised"):
+    with pytest.raises(ConfigError, match=r"precision bfloat16 .* backend auto or vectorised"):
         _trained("bfloat16", backend=backend)
