@@ -11,6 +11,7 @@ import torch
 from fedhet.atomic import LinkError
 from fedhet.engine.state import ClientStore
 from fedhet.engine.state_store import TableStore, choose_personal_state, mapped_rows, projected_bytes
+from helpers.hostile import assert_refused
 
 
 def _stores(tmp_path: Path) -> list[ClientStore]:
@@ -78,3 +79,21 @@ def test_auto_chooses_disk_when_the_rows_would_fill_a_quarter_of_memory() -> Non
     assert choose_personal_state("auto", 10**9, 10**6, has_folder=True) == "disk"
     assert choose_personal_state("auto", 10**9, 10**6, has_folder=False) == "memory"  # no folder to put it in
     assert choose_personal_state("disk", 10, 130, has_folder=True) == "disk"
+
+
+@pytest.mark.parametrize(
+    ("sets", "fragment"),
+    [
+        (["--set", "personal_state=tape"], "personal_state"),
+        (["--set", "precision=float8"], "precision"),
+        (["--set", "algorithm={name: ditto, personal: [nothing]}"], "'nothing' matches none of the model's"),
+        (["--set", "algorithm={name: ditto, personal: []}"], "personal"),
+        (["--set", "precision=bfloat16", "--set", "backend=dense"], "precision bfloat16"),
+    ],
+)
+def test_hostile_state_and_precision_settings_are_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sets: list[str], fragment: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--dataset", "digits", "--rounds", "1", "--quiet", "--set", "num_clients=4", "--set", "local.steps=1"]
+    assert_refused(["run", *tiny, *sets, "--out", "run"], fragment, tmp_path)
