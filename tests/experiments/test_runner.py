@@ -612,13 +612,18 @@ def test_ditto_with_its_state_on_disk_matches_memory_and_resumes_identically(tmp
     disk = parse_config({**cfg, "personal_state": "disk"})
     run(disk, tmp_path / "disk")
     assert (tmp_path / "disk/client-state-0.bin").stat().st_size > 0
-    with pytest.raises(KeyboardInterrupt):
-        run(disk, tmp_path / "cut", callbacks=[Interrupt(at=2)])
+    for cut in ("cut", "moved"):
+        with pytest.raises(KeyboardInterrupt):
+            run(disk, tmp_path / cut, callbacks=[Interrupt(at=2)])
+    config = tmp_path / "moved/config.yaml"  # personal_state is not part of the run's identity: it may change
+    config.write_text(config.read_text().replace("personal_state: disk", "personal_state: memory"))
     resume(tmp_path / "cut")
+    resume(tmp_path / "moved")  # a memory run reads the disk run's packed checkpoint
     for name in ("metrics.csv", "clients.csv"):
         memory = (tmp_path / "memory" / name).read_text()
         assert (tmp_path / "disk" / name).read_text() == memory
         assert (tmp_path / "cut" / name).read_text() == memory
+        assert (tmp_path / "moved" / name).read_text() == memory
     run(parse_config({**cfg, "rounds": 1}), tmp_path / "disk", overwrite=True)  # fedhet's own files are replaced
     assert not (tmp_path / "disk/client-state-0.bin").exists()
 
