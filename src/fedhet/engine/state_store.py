@@ -147,7 +147,7 @@ class TableStore(ClientStore):
             packed = {
                 "clients": index,
                 "versions": torch.from_numpy(table.versions[written]),
-                "rows": table.rows[index].clone(),
+                "rows": table.rows[index],  # advanced indexing: a copy
             }
             state[key] = {**state.get(key, {}), PACKED: packed}
         return state
