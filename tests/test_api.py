@@ -16,6 +16,7 @@ import yaml
 from torch import nn
 
 import fedhet
+from fedhet.api import ClientTable, _client_table
 from fedhet.catalog import MODELS
 from fedhet.errors import ConfigError, FedhetError
 from fedhet.experiments.config import parse_config
@@ -24,6 +25,23 @@ from fedhet.experiments.runner import run as runner_run
 
 SMALL: dict[str, Any] = {"rounds": 3, "num_clients": 6, "clients_per_round": 4, "local": {"steps": 2}, "seed": 2}
 SRC = Path(fedhet.__file__).resolve().parents[1]
+
+
+def test_the_client_table_is_columns_and_still_a_sequence_of_rows(tmp_path: Path) -> None:
+    table = ClientTable({"client": np.arange(3.0), "user": ["a", "b", "c"], "loss": np.array([0.5, np.nan, 2.0])})
+    assert len(table) == 3 and table.columns == ["client", "user", "loss"]
+    np.testing.assert_array_equal(table["loss"], [0.5, np.nan, 2.0])  # a column: one array
+    assert table[2] == {"client": 2.0, "user": "c", "loss": 2.0} and table[-1] == table[2]
+    assert [row["user"] for row in table] == ["a", "b", "c"] and table[:1] == [table[0]]
+    assert isinstance(table[0]["loss"], float) and np.isnan(table[1]["loss"])  # NaN where not scored
+    assert table == ClientTable({"client": np.arange(3.0), "user": ["a", "b", "c"], "loss": np.array([0.5, np.nan, 2])})
+    with pytest.raises(ConfigError, match=r"no client column 'acc'.*client, user, loss"):
+        table["acc"]
+    with pytest.raises(IndexError):
+        table[3]
+    (tmp_path / "clients.csv").write_text("client,user,loss\n0,a,0.5\n1,b,\n2,c,2\n")
+    assert _client_table(tmp_path / "clients.csv") == table  # an empty cell is NaN
+    assert len(ClientTable()) == 0 and list(ClientTable()) == []
 
 
 def test_run_returns_metrics_clients_and_the_final_model(tmp_path: Path) -> None:
@@ -39,6 +57,7 @@ def test_run_returns_metrics_clients_and_the_final_model(tmp_path: Path) -> None
     again = fedhet.load_run(tmp_path / "run")
     assert again.final == result.final and again.history == result.history  # CSV/JSON keep every digit
     assert again.clients == result.clients
+    assert again.clients.columns == result.clients.columns and again.clients[-1] == result.clients[5]
     assert again.state_dict is not None and again.state_dict.keys() == result.state_dict.keys()
     assert all(torch.equal(again.state_dict[k], v) for k, v in result.state_dict.items())
 

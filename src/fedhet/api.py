@@ -8,11 +8,12 @@ component object (e.g. a `Strategy` instance).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
+import numpy as np
 import yaml
 from pydantic import ValidationError
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
     from fedhet.engine.functional import FlatModel
 
-__all__ = ["Callback", "Config", "RunResult", "load_run", "run"]
+__all__ = ["Callback", "ClientTable", "Config", "RunResult", "load_run", "run"]
 
 MODEL_FILE = "model.pt"
 
@@ -121,6 +122,73 @@ def as_config(config: Config | RunConfig | Mapping[str, Any] | str | Path) -> Ru
     raise ConfigError(f"config must be a dict, a YAML file path or a fedhet.Config; got a {type(config).__name__}")
 
 
+class ClientTable(Sequence[dict[str, Any]]):
+    """``clients.csv`` as columns: ``table["test_accuracy"]`` is a float64 NumPy array over the clients (``user``: a
+    list of names), ``table.columns`` their names in the file's order; and, as before, a sequence of one row per
+    client: ``table[i]`` (a dict of that client's values, NaN where it was not scored), ``len``, iteration. A column
+    costs one array, not a dict per client, so a million clients' table is built in milliseconds."""
+
+    def __init__(self, columns: Mapping[str, np.ndarray | list[str]] | None = None) -> None:
+        self._columns: dict[str, np.ndarray | list[str]] = dict(columns or {})
+        lengths = {len(v) for v in self._columns.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"the columns of a client table must be equally long; got lengths {sorted(lengths)}")
+        self._len = lengths.pop() if lengths else 0
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns' names, in clients.csv's order."""
+        return list(self._columns)
+
+    def column(self, name: str) -> np.ndarray | list[str]:
+        """One column (float64 array; ``user``: names); a one-line `ConfigError` naming the known ones."""
+        if name not in self._columns:
+            raise ConfigError(f"no client column '{name}' in this run; it has: {', '.join(self._columns)}")
+        return self._columns[name]
+
+    @overload
+    def __getitem__(self, key: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, key: str) -> np.ndarray | list[str]: ...
+    @overload
+    def __getitem__(self, key: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, key: int | str | slice) -> Any:
+        if isinstance(key, str):
+            return self.column(key)
+        if isinstance(key, slice):
+            return [self[i] for i in range(*key.indices(self._len))]
+        i = range(self._len)[key]  # negative indices, and IndexError past the end
+        return {c: v[i] if isinstance(v, list) else float(v[i]) for c, v in self._columns.items()}
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (self[i] for i in range(self._len))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal columns (NaN equal to NaN); a list of rows compares row by row."""
+        if isinstance(other, ClientTable):
+            return self.columns == other.columns and all(
+                _same(self._columns[c], other._columns[c]) for c in self._columns
+            )
+        if isinstance(other, list):
+            return list(self) == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ClientTable({self._len} clients; columns {', '.join(self._columns)})"
+
+
+def _same(a: np.ndarray | list[str], b: np.ndarray | list[str]) -> bool:
+    if isinstance(a, list) or isinstance(b, list):
+        return list(a) == list(b)
+    return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
+
+
 @dataclass(frozen=True)
 class RunResult:
     """What a run produced: its numbers and its final global model."""
@@ -135,9 +203,10 @@ class RunResult:
     """The last evaluated round's metrics (``test_accuracy``, ``test_loss``, ...)."""
     history: list[dict[str, float]]
     """One row of metrics per evaluated round (``metrics.csv``)."""
-    clients: list[dict[str, Any]]
-    """One row per client at the end (``clients.csv``): its accuracy, loss, size, ... (and ``user``, its user's
-    name, where each client is one user)."""
+    clients: ClientTable
+    """Each client at the end (``clients.csv``), as columns: ``clients["test_accuracy"]`` an array over the clients,
+    ``clients[i]`` client i's row (its accuracy, loss, size, ... and ``user``, its user's name, where each client is
+    one user), ``len(clients)``, iteration over the rows (`ClientTable`)."""
     state_dict: dict[str, Tensor] | None
     """The final global model as a state dict (``module.load_state_dict(result.state_dict)``)."""
     wall_time_s: float = 0.0
@@ -188,21 +257,29 @@ def _write_model(out: Path, state_dict: dict[str, Tensor]) -> None:
         write_bytes(out / MODEL_FILE, buffer.getbuffer())
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    """clients.csv's rows: numbers as floats, the ``user`` column (each client's user or site name) as text; a
-    one-line `DataError` naming the file when it is not that."""
+def _client_table(path: Path) -> ClientTable:
+    """clients.csv as columns: numbers as float64 arrays (an empty cell: NaN), the ``user`` column (each client's
+    user or site name) as text; a one-line `DataError` naming the file when it is not that."""
     import csv
 
     from fedhet.errors import DataError
 
     if not path.is_file():
-        return []
+        return ClientTable()
     try:
         with path.open(encoding="utf-8", newline="") as f:
-            return [
-                {str(k): v if k == "user" else float(v) for k, v in row.items() if v not in ("", None)}
-                for row in csv.DictReader(f)
-            ]
+            reader = csv.reader(f)
+            header = next(reader, [])
+            cells = list(zip(*reader, strict=True)) or [() for _ in header]
+        columns: dict[str, np.ndarray | list[str]] = {}
+        for name, values in zip(header, cells, strict=True):
+            if name == "user":
+                columns[name] = list(values)
+                continue
+            text = np.array(values, dtype=object)
+            text[text == ""] = "nan"
+            columns[name] = text.astype(np.float64) if len(text) else np.zeros(0)
+        return ClientTable(columns)
     except (UnicodeDecodeError, ValueError, TypeError, csv.Error) as err:
         reason = str(err).splitlines()[0][:100] if str(err) else type(err).__name__
         raise DataError(f"'{path}' is not a table of numbers and user names ({reason})") from None
@@ -254,7 +331,7 @@ def run(
         rounds=state.round,
         final=dict(state.final),
         history=[dict(row) for row in state.history],
-        clients=state.client_rows(),
+        clients=ClientTable(state.client_table()),
         state_dict=model,
         wall_time_s=state.wall_time_s,
         out=folder,
@@ -286,7 +363,7 @@ def load_run(folder: str | Path, *, model: bool = True, trust: bool = False) -> 
         rounds=int(summary.get("rounds", len(record.rows))),
         final=final,
         history=record.rows,
-        clients=_rows(path / "clients.csv"),
+        clients=_client_table(path / "clients.csv"),
         state_dict=_load_model(path, config, trust) if model else None,
         wall_time_s=float(summary.get("wall_time_s", 0.0)),
         out=path,

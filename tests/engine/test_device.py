@@ -134,3 +134,26 @@ def test_cuda_runs_repeat_to_the_bit(name: str, backend: str) -> None:
     first, second = scaffold_rounds(name, backend, "cuda"), scaffold_rounds(name, backend, "cuda")
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+@CUDA
+def test_cuda_chunks_follow_the_gpus_free_memory_and_bfloat16_stays_within_tolerance() -> None:
+    """On a GPU: `fit_chunk` reads torch.cuda.mem_get_info (a cohort fits whole on an idle GPU), and bfloat16
+    training under autocast is within its tolerance of float32's (docs/performance.md, "Mixed precision")."""
+    from fedhet.engine.memory import fit_chunk, free_bytes
+    from helpers.tiny import tiny_data
+
+    gpu = torch.device("cuda")
+    free = free_bytes(gpu)
+    assert free is not None and 0 < free <= torch.cuda.mem_get_info(gpu)[1]
+    assert fit_chunk(1000, 1 << 20, gpu) == 1000 and fit_chunk(10, free, gpu) == 1
+    torch.manual_seed(0)
+    model = FlatModel(nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2)))
+    data, plan = tiny_data([5, 7, 6, 4, 8, 5]), LocalPlan.uniform(torch.arange(6), 3, 0.1, 4)
+    w = model.initial_params()
+    trained = {
+        p: Engine(model, data, backend="vectorised", device="cuda", precision=p).train(w, plan, 0).params.cpu()
+        for p in ("float32", "bfloat16")
+    }
+    gap = (trained["bfloat16"] - trained["float32"]).abs().max().item()
+    assert 0 < gap < 5e-3

@@ -93,3 +93,17 @@ def test_a_mostly_forgotten_adopted_tensor_is_copied_out_so_that_it_is_freed() -
     torch.testing.assert_close(last, torch.ones(3))  # client 3's row, copied out of the forgotten tensor
     expected = torch.tensor([[2.0] * 3] * 3 + [[1.0] * 3])
     torch.testing.assert_close(store.stacked("p", clients, 9, lambda: torch.zeros(3)), expected)
+
+
+def test_prune_visits_only_clients_with_several_versions() -> None:
+    """A round's pruning follows its cohort: a client with one version is not visited again (1,000 rounds of 100
+    Ditto clients pruned in 2 s instead of 208 s; docs/performance.md)."""
+    store = ClientStore()
+    store.write("k", torch.arange(1000), torch.zeros(1000, 2), 0, keep_from=0)
+    store.prune(8)
+    assert not store._pending.get("k")
+    store.write("k", torch.tensor([5]), torch.ones(1, 2), 9, keep_from=8)  # client 5: versions 0 and 9
+    assert store._pending["k"] == {5}
+    store.prune(16)  # version 0 of client 5 is no longer visible to any read from version 16 on
+    assert not store._pending.get("k") and [r for r, _ in store.state_dict()["k"][5]] == [9]
+    assert [r for r, _ in store.state_dict()["k"][6]] == [0]

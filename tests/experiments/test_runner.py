@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from fedhet.atomic import LinkError
 from fedhet.errors import ConfigError, DivergenceError
 from fedhet.experiments.callbacks import Callback, EarlyStopping
 from fedhet.experiments.checkpoint import CheckpointError
@@ -615,3 +616,47 @@ def test_a_wrapper_with_its_default_base_resumes(wrapper: str, tmp_path: Path) -
     run(parse_config(small(algorithm=wrapper, rounds=2)), tmp_path / "r")
     resumed = resume(tmp_path / "r", rounds=3)
     assert resumed.status == "finished" and resumed.round == 3
+
+
+def test_ditto_with_its_state_on_disk_matches_memory_and_resumes_identically(tmp_path: Path) -> None:
+    """personal_state disk: the same files as in memory (the rows in client-state-*.bin, listed as fedhet's), and an
+    interrupted run resumes to the same bytes."""
+    cfg = small(algorithm="ditto", rounds=4)
+    run(parse_config({**cfg, "personal_state": "memory"}), tmp_path / "memory")
+    disk = parse_config({**cfg, "personal_state": "disk"})
+    run(disk, tmp_path / "disk")
+    assert (tmp_path / "disk/client-state-0.bin").stat().st_size > 0
+    for cut in ("cut", "moved"):
+        with pytest.raises(KeyboardInterrupt):
+            run(disk, tmp_path / cut, callbacks=[Interrupt(at=2)])
+    config = tmp_path / "moved/config.yaml"  # personal_state is not part of the run's identity: it may change
+    config.write_text(config.read_text().replace("personal_state: disk", "personal_state: memory"))
+    resume(tmp_path / "cut")
+    resume(tmp_path / "moved")  # a memory run reads the disk run's packed checkpoint
+    for name in ("metrics.csv", "clients.csv"):
+        memory = (tmp_path / "memory" / name).read_text()
+        assert (tmp_path / "disk" / name).read_text() == memory
+        assert (tmp_path / "cut" / name).read_text() == memory
+        assert (tmp_path / "moved" / name).read_text() == memory
+    run(parse_config({**cfg, "rounds": 1}), tmp_path / "disk", overwrite=True)  # fedhet's own files are replaced
+    assert not (tmp_path / "disk/client-state-0.bin").exists()
+
+
+def test_a_link_in_place_of_a_client_state_file_is_refused_before_a_resume_writes(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run(parse_config(small(algorithm="ditto", personal_state="disk")), out, callbacks=[Interrupt(at=2)])
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    (out / "client-state-0.bin").unlink()
+    (out / "client-state-0.bin").symlink_to(outside)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if not p.is_symlink() and p.is_file()}
+    with pytest.raises(LinkError, match="symbolic link"):
+        resume(out)
+    assert outside.read_bytes() == b"precious"
+    assert {p.name: p.read_bytes() for p in out.iterdir() if not p.is_symlink() and p.is_file()} == before
+
+
+def test_disk_state_needs_a_run_folder() -> None:
+    with pytest.raises(ConfigError, match="personal_state 'disk'"):
+        run(parse_config(small(algorithm="ditto", personal_state="disk", rounds=1)))

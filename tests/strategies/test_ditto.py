@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedhet.engine.optimizers import SGD, Adam
+from fedhet.engine.personal import parameter_mask
 from fedhet.engine.schedules import SCHEDULES
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
@@ -51,6 +52,31 @@ def test_the_personal_model_takes_its_own_learning_rate_and_steps(backend: str) 
         _, w = run_round(strategy, engine, w, t)
         torch.testing.assert_close(w, expected_w, **TOL)
         torch.testing.assert_close(personal_models(strategy, engine, w, t + 1), torch.stack(v), **TOL)
+
+
+@pytest.mark.parametrize("backend", ["dense", "sequential"])
+def test_a_personal_head_is_pulled_with_the_body_frozen_at_the_global_model(backend: str) -> None:
+    """``personal: [head]``: v_k is the head only; its steps start from (w's body, v_k) with the body frozen, and
+    the client keeps the head's bytes alone."""
+    lam = 0.5
+    strategy = Ditto(lam=lam, personal=["head"])
+    engine = setup(strategy, backend)
+    model = engine.model
+    head = parameter_mask(model, ["head"], "head")
+    w = model.initial_params()
+    heads = [w[head], w[head]]
+    for t in range(2):
+        expected_w = weighted([sgd(model, w, k, STEPS) for k in range(2)])
+        for k in range(2):
+            start = torch.where(head, torch.zeros_like(w).masked_scatter(head, heads[k]), w)
+            heads[k] = sgd(model, start, k, STEPS, extra=lambda u, a=w: lam * (u - a), frozen=~head)[head]
+        _, w = run_round(strategy, engine, w, t)
+        torch.testing.assert_close(w, expected_w, **TOL)
+        mine = torch.stack([w.masked_scatter(head, heads[k]) for k in range(2)])
+        torch.testing.assert_close(personal_models(strategy, engine, w, t + 1), mine, **TOL)
+    rows = engine.client_state.latest("ditto", torch.tensor([0, 1]), 99)
+    assert [row.numel() if row is not None else 0 for row in rows] == [int(head.sum())] * 2
+    assert "personal" not in Ditto().model_dump() and Ditto(personal=["head"]).model_dump()["personal"] == ["head"]
 
 
 def test_the_personal_learning_rate_follows_the_local_schedule() -> None:

@@ -888,10 +888,33 @@ def bench(
             "--costs alone runs only these (default: with the workloads, after them)",
         ),
     ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="instead: the local training's achieved FLOP/s on this device (cuda, cpu) against its peak "
+            "(a measured matrix product, and the data sheet's for known GPUs)"
+        ),
+    ] = None,
+    precision: Annotated[
+        str, typer.Option(help="with --device: float32, bfloat16 or float16 (torch.autocast)")
+    ] = "float32",
 ) -> None:
     """Time whole rounds on fedhet's backends against a plain PyTorch loop, a vmap loop and the machine limit (the
     naive reference, pfl and Flower: python benchmarks/full_bench.py in a source checkout), and what the methods
-    cost against their references."""
+    cost against their references; with --device, the FLOP/s reached on a device against its peak."""
+    if device is not None:
+        from fedhet.bench.device import DTYPES, device_report
+        from fedhet.engine.threads import torch_threads
+
+        if precision not in DTYPES:
+            raise FedhetError(f"--precision {precision}: use float32, bfloat16 or float16")
+
+        def line(text: str) -> None:
+            console.print(text, markup=False, highlight=False)
+
+        with torch_threads(threads):
+            device_report(device, precision, quick, line)  # type: ignore[arg-type]
+        return
     from fedhet.bench.costs import method_costs
     from fedhet.bench.report import rows_table, targets_table
     from fedhet.bench.run import run_bench

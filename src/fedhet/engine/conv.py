@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from fedhet.engine.batches import gather_rows, local_batches
 from fedhet.engine.dense import _map
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.memory import fit_chunk, training_bytes
 from fedhet.engine.objective import Aligned, ParameterTerm
 from fedhet.engine.request import Trained, TrainRequest
 from fedhet.engine.step import aligned, leaf_direction, term_gradient
@@ -760,7 +761,12 @@ def train_conv(request: TrainRequest, spec: ConvSpec) -> Trained:
     lr = plan.lr[order].to(dev)
     scales = plan.scales[order].to(dev) if plan.scales is not None else None
     workers = 1 if dev.type != "cpu" else request.workers or torch.get_num_threads()
-    chunk = request.chunk_size if request.chunk_size > 0 else default_chunk(spec, m, workers, plan.batch_size)
+    if request.chunk_size > 0:
+        chunk = request.chunk_size
+    else:  # cache-sized on the CPU, the whole cohort on a GPU; never more than half the free memory holds
+        per_client = training_bytes(spec.size, plan.batch_size, sum(math.prod(shape) for shape in spec.shapes))
+        chunk = fit_chunk(m, per_client, dev)
+        chunk = min(chunk, default_chunk(spec, m, workers, plan.batch_size)) if dev.type == "cpu" else chunk
     work = torch.empty(m, len(request.anchor), device=dev)  # the clients' weights in training order
     totals = torch.zeros(m, device=dev)
     remaining = steps.tolist()

@@ -52,6 +52,7 @@ from fedhet.data.dataset import ClientData
 from fedhet.engine.batches import gather_rows, local_batches
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.ghost import clip_factors, draw_noise, square_norms
+from fedhet.engine.memory import fit_chunk, training_bytes
 from fedhet.engine.objective import Aligned, ParameterTerm
 from fedhet.engine.plan import LocalPlan
 from fedhet.engine.privacy import clip_rows, expected_batch, poisson_batches, refuse_with, sgd_noise_key
@@ -136,6 +137,16 @@ def default_chunk(model: FlatModel, clients: int, workers: int) -> int:
     return max(1, min(max(share, -(-MIN_CHUNK_BYTES // weights)), CHUNK_BYTES // weights, BLOCK))
 
 
+def memory_chunk(
+    model: FlatModel, layers: list[DenseLayer], clients: int, workers: int, batch: int, device: torch.device
+) -> int:
+    """`default_chunk` on the CPU (a cache-sized chunk), the whole cohort on a GPU; either way no more clients than
+    fit in half the device's free memory (`fit_chunk`: weights, gradients, optimiser state and activations)."""
+    widths = layers[0].shape[1] + sum(layer.shape[0] for layer in layers)
+    fits = fit_chunk(clients, training_bytes(model.size, batch, widths), device)
+    return min(default_chunk(model, clients, workers), fits) if device.type == "cpu" else fits
+
+
 def train_dense(request: TrainRequest, layers: list[DenseLayer]) -> Trained:
     """Run `request` with hand-derived gradients (see the module docstring). Returns (params (m, P), loss (m,), the
     cohort's optimiser state after the steps; with ``request.clip``, each update clipped to that norm and which were
@@ -157,7 +168,9 @@ def train_dense(request: TrainRequest, layers: list[DenseLayer]) -> Trained:
     x_all = data.x.reshape(len(data.x), -1)
     masks = _dropout_masks(layers, plan, request.seed, request.round_, dev)
     workers = 1 if dev.type != "cpu" else request.workers or torch.get_num_threads()
-    chunk = request.chunk_size if request.chunk_size > 0 else default_chunk(model, m, workers)
+    chunk = (
+        request.chunk_size if request.chunk_size > 0 else memory_chunk(model, layers, m, workers, plan.batch_size, dev)
+    )
     block = max(chunk * workers, BLOCK)  # every worker gets chunks of each block
     fold_lr = cohort.optimizer.plain
     clipped = torch.zeros(m, dtype=torch.bool, device=dev) if request.clip is not None else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -24,7 +25,7 @@ from fedhet.engine.evaluate import (
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.local import RULE_STATE, Backend, gradient_statistics, train_cohort
 from fedhet.engine.memory import keep_freed_memory
-from fedhet.engine.numerics import exact_float32
+from fedhet.engine.numerics import Precision, exact_float32, mixed_precision
 from fedhet.engine.personal import gather, parameter_mask, scatter_, spans
 from fedhet.engine.plan import PHASES, LocalPlan, LocalResult, LocalSettings
 from fedhet.engine.privacy import add_noise, clip_rows, noise_key
@@ -32,6 +33,7 @@ from fedhet.engine.protocol import Split
 from fedhet.engine.request import CLIPPED, TrainRequest
 from fedhet.engine.reuse import Reuse
 from fedhet.engine.state import ClientStore
+from fedhet.engine.state_store import PersonalState, TableStore, choose_personal_state
 from fedhet.engine.step import Cohort, fresh_cohort
 from fedhet.engine.vmap_probe import probe_vmap
 from fedhet.errors import ConfigError, FedhetWarning
@@ -139,8 +141,10 @@ class Engine:
         chunk_size: int = 0,
         local: LocalSettings | None = None,
         device: str = "cpu",
+        precision: Precision = "float32",
     ) -> None:
         self.model = model
+        self.precision: Precision = precision  # local training under torch.autocast (`mixed_precision`)
         self.data = data
         self.device = resolve_device(device)
         if self.device.type != "cpu" and backend == "sequential":
@@ -152,6 +156,11 @@ class Engine:
         if backend == "vectorised" or (backend == "auto" and not fast):
             self._probe(backend)
         resolve_backend(backend, model)  # a backend the model cannot use fails here, with a clear message
+        if precision != "float32" and backend in ("dense", "conv"):
+            raise ConfigError(
+                f"precision {precision} runs local training under torch.autocast, which the {backend} backend's "
+                "hand-written products do not follow; use backend auto or vectorised (or precision float32)"
+            )
         keep_freed_memory()  # per-round (cohort × parameters) tensors reuse memory instead of page-faulting
         self.backend: BackendChoice = backend
         self.seed = seed
@@ -162,6 +171,22 @@ class Engine:
         self.last_backend: str | None = None  # what trained the last cohort (objectives may rule out a backend)
         self.reuse = Reuse()  # products of the round's mini-batches a second training may reuse (Ditto's)
         self._masks: dict[tuple[str, ...], Tensor] = {}  # `mask`'s answers
+
+    def place_client_state(
+        self, mode: PersonalState, folder: Path | None, claim: Callable[[str], None] | None = None
+    ) -> str:
+        """Keep the clients' state where `mode` says (`fedhet.engine.state_store`): ``memory`` (the `ClientStore`),
+        ``disk`` (tables mapped onto files in run folder `folder`, each name given to `claim` first) or ``auto``;
+        returns where it lives. Called before a checkpoint is loaded (`load_state_dict`) and before training."""
+        where = choose_personal_state(mode, self.data.num_clients, self.model.size, folder is not None)
+        if where == "disk":
+            if folder is None:
+                raise ConfigError(
+                    "personal_state 'disk' keeps the clients' rows in the run folder: give the run a folder, or use "
+                    "personal_state memory or auto"
+                )
+            self.client_state = TableStore(self.data.num_clients, folder, claim)
+        return where
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         """Local training of the plan's cohort from `global_params` (or the clients' personal models, with
@@ -284,7 +309,7 @@ class Engine:
             reuse=self.reuse,
         )
         self.reuse.start_round(round_)
-        with exact_float32(self.device):
+        with exact_float32(self.device), mixed_precision(self.device, self.precision):
             trained = train_cohort(request, backend, placed=self.placed("train"))
         return cohort, starts, trained
 
@@ -351,7 +376,9 @@ class Engine:
         if autograd_only and self.backend == "auto" and unprobed:
             self._probe("auto")  # a CNN with an objective that needs autograd: vectorised if vmap runs it well
         batch = self.local.batch_size if batch_size is None else batch_size
-        return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only, batch, dense_runs)
+        autocast = self.precision != "float32"  # the dense and conv backends' own products ignore autocast
+        runs = None if dense_runs is None else dense_runs and not autocast
+        return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only or autocast, batch, runs)
 
     def cohort(self, plan: LocalPlan, global_params: Tensor, round_: int) -> Cohort:
         """The plan's objective with the cohort's stored state (a term's initial state for clients never seen;

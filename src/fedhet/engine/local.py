@@ -9,6 +9,7 @@ with ``randomness="same"``), and drawn on the CPU on any device (`_masks_from_th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
@@ -25,6 +26,7 @@ from fedhet.engine.batches import gather_rows, local_batches, stats_samples
 from fedhet.engine.conv import conv_layers, train_conv
 from fedhet.engine.dense import dense_layers, train_dense
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.memory import fit_chunk, training_bytes
 from fedhet.engine.objective import Aligned, DataTerm, ModelView, ParameterTerm
 from fedhet.engine.privacy import (
     ExampleDP,
@@ -411,6 +413,17 @@ def _train_functional(request: TrainRequest) -> Trained:
     return params, losses, _with_rule_state(opt_state, rule_state)
 
 
+VMAP_ACTIVATIONS = 8  # activations per sample of a generic model under vmap, in multiples of its input's size (a guess)
+
+
+def vectorised_chunk(request: TrainRequest) -> int:
+    """The whole cohort, or as many clients as fit in half the device's free memory (`fit_chunk`; a generic
+    model's activations estimated as `VMAP_ACTIVATIONS` times its input)."""
+    sample = math.prod(request.data.x.shape[1:])
+    per_client = training_bytes(request.model.size, request.plan.batch_size, VMAP_ACTIVATIONS * sample)
+    return fit_chunk(request.size, per_client, request.anchor.device)
+
+
 def train_vectorised(request: TrainRequest) -> Trained:
     """Many clients at once: `vmap` of `make_step` over stacked parameters, in chunks of `chunk_size` clients.
 
@@ -418,7 +431,7 @@ def train_vectorised(request: TrainRequest) -> Trained:
     model, data, plan, cohort = request.model, request.data, request.plan, request.cohort
     seed, round_ = request.seed, request.round_
     m, dev = request.size, request.anchor.device
-    chunk = request.chunk_size if request.chunk_size > 0 else max(m, 1)
+    chunk = request.chunk_size if request.chunk_size > 0 else vectorised_chunk(request)
     params = request.start()
     losses = torch.full((m,), float("nan"), device=dev)
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}

@@ -5,13 +5,17 @@ about 1e-3) and choose its algorithms by timing them; the choice can change from
 add with atomics. The engine holds a GPU to full float32 and deterministic algorithms while it trains and scores,
 so that a run on `cuda` gives the CPU's numbers (to 1e-5) and the same numbers every time, and gives the previous
 settings back afterwards.
+
+`mixed_precision` is the opposite choice, made on purpose (``precision: bfloat16`` or ``float16``): local
+training's matrix products and convolutions run under ``torch.autocast`` in that type (the weights, the optimiser's
+state and the updates stay float32); docs/performance.md states the tolerance against float32.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -43,3 +47,17 @@ def exact_float32(device: torch.device) -> Iterator[None]:
     finally:
         for (obj, name, _), value in zip(switches, saved, strict=True):
             setattr(obj, name, value)
+
+
+Precision = Literal["float32", "bfloat16", "float16"]
+AUTOCAST: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@contextmanager
+def mixed_precision(device: torch.device, precision: Precision) -> Iterator[None]:
+    """``torch.autocast`` to `precision` on `device` for the block (float32: nothing changes)."""
+    if precision == "float32":
+        yield
+        return
+    with torch.autocast(device.type, dtype=AUTOCAST[precision]):
+        yield

@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+PACKED = "#packed"  # a key's rows packed as tensors (clients, versions, rows): how `TableStore` checkpoints a table
+
 
 class ClientStore:
     """Versioned per-client rows: ``{key: {client: [(round, row), ...]}}`` with rounds increasing."""
@@ -26,6 +28,8 @@ class ClientStore:
     def __init__(self) -> None:
         self._rows: dict[str, dict[int, list[tuple[int, Tensor]]]] = {}
         self._adopted: set[str] = set()  # keys written with `adopt` (the only ones `prune` compacts)
+        self._pending: dict[str, set[int]] = {}  # clients with more than one version: the only ones `prune` visits
+        self._dropped: dict[str, int] = {}  # rows of adopted tensors forgotten since the key's last compaction
 
     def read(self, key: str, clients: Tensor, round_: int, default: Tensor) -> Tensor:
         """(m, ...) rows of `clients` as they were before round `round_`, written into `default` (m, ...) in place
@@ -80,16 +84,32 @@ class ClientStore:
                 buffer = next(spare, None)
                 new = buffer.copy_(row) if buffer is not None else row.clone()
             table[int(k)] = [(r, new if v is None else v) for r, v in kept]
+            self._forgot(key, int(k), history, table[int(k)])
+
+    def _forgot(self, key: str, k: int, before: list[tuple[int, Tensor]], after: list[tuple[int, Tensor]]) -> None:
+        """Note client k's history change: rows of adopted tensors it forgot, and whether `prune` must visit it."""
+        if len(after) > 1:
+            self._pending.setdefault(key, set()).add(k)
+        kept = {id(v) for _, v in after}
+        gone = sum(1 for _, v in before if id(v) not in kept and not _own_memory(v))
+        if gone:
+            self._dropped[key] = self._dropped.get(key, 0) + gone
 
     def prune(self, keep_from: int) -> None:
         """Forget versions no read from round `keep_from` on can see (keep the last one before it), and copy out
         the rows still kept of an adopted tensor that is more than half forgotten (the store then holds at most
-        twice the memory of its rows)."""
+        about 2.5 times the memory of its rows). Visits only the clients with several versions, and compacts a key
+        once the rows forgotten since its last compaction reach a quarter of its clients (so a round's cost
+        follows its cohort, not the number of clients with rows)."""
         for key, table in self._rows.items():
-            for k, history in table.items():
-                table[k] = _visible_from(history, keep_from)
-            if key in self._adopted:
+            for k in self._pending.pop(key, set()):
+                if k in table:
+                    before = table[k]
+                    table[k] = _visible_from(before, keep_from)
+                    self._forgot(key, k, before, table[k])
+            if key in self._adopted and 4 * self._dropped.get(key, 0) >= max(1, len(table)):
                 _compact(table)
+                self._dropped[key] = 0
 
     def keys(self) -> list[str]:
         return sorted(self._rows)
@@ -103,11 +123,17 @@ class ClientStore:
         return {key: {k: list(history) for k, history in table.items()} for key, table in self._rows.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._adopted = set()
-        self._rows = {
-            key: {int(k): [(int(r), v.clone()) for r, v in history] for k, history in table.items()}
-            for key, table in state.items()
-        }
+        """Rows as `state_dict` gave them (or `TableStore.state_dict`: its packed rows, one entry per client)."""
+        self._adopted, self._rows, self._dropped, self._pending = set(), {}, {}, {}
+        for key, table in state.items():
+            rows = {int(k): [(int(r), v.clone()) for r, v in history] for k, history in table.items() if k != PACKED}
+            packed = table.get(PACKED)
+            if packed is not None:
+                clients, versions = packed["clients"].tolist(), packed["versions"].tolist()
+                for k, r, v in zip(clients, versions, packed["rows"], strict=True):
+                    rows[k] = [(r, v.clone()), *rows.get(k, [])]
+            self._rows[key] = rows
+            self._pending[key] = {k for k, history in rows.items() if len(history) > 1}
 
 
 V = TypeVar("V")

@@ -295,6 +295,7 @@ def make_engine(config: RunConfig, parts: Components, model: FlatModel, data: Fe
         chunk_size=config.chunk_size,
         local=local_settings(config, parts),
         device=config.device,
+        precision=config.precision,
     )
 
 

@@ -221,6 +221,16 @@ class RunConfig(Settings):
     )
     chunk_size: Count = Field(0, ge=0, description="clients per chunk (0: whole cohort, or per worker for dense)")
     device: str = Field("cpu", description="where training and evaluation run: 'cpu' or 'cuda' (dense/vectorised/conv)")
+    personal_state: Literal["auto", "memory", "disk"] = Field(
+        "auto",
+        description="where the clients' own rows (personal models, SCAFFOLD's c_i, ...) live between rounds: memory, "
+        "disk (files in the run folder), auto (disk when K × the model's bytes exceed a quarter of free memory)",
+    )
+    precision: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="local training's matrix products under torch.autocast (bfloat16/float16: faster on a GPU, "
+        "results within docs/performance.md's tolerance of float32's); the models stay float32",
+    )
     data_dir: str = Field(
         "data", description="folder holding dataset files (data_dir/<dataset name>/); kept absolute in config.yaml"
     )
@@ -298,6 +308,8 @@ class RunConfig(Settings):
             data.pop("deadline", None)
         for key, default in (
             ("val_fraction", 0.0),
+            ("personal_state", "auto"),
+            ("precision", "float32"),
             ("task", "auto"),
             ("selection", SelectionConfig().model_dump()),
             ("schedules", SchedulesConfig().model_dump()),

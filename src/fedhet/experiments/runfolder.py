@@ -49,8 +49,9 @@ RUN_FILES = (*OWN_FILES, NODE_STATE, "tracking.json")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a marker that is a link is not followed (nor written through)
 STAGING_PREFIX = ".fedhet-staging-"
 # keys of config.yaml that may change between a run's start and its resume: where the data is (not what it is),
-# and how many rounds to run (no component depends on the planned total; the runner evaluates the last round)
-MOVABLE_KEYS = ("data_dir", "download", "rounds")
+# how many rounds to run (no component depends on the planned total; the runner evaluates the last round), and
+# where the clients' state lives (the same rows in memory or on disk)
+MOVABLE_KEYS = ("data_dir", "download", "rounds", "personal_state")
 
 
 class RunFolderError(FedhetError):

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from fedhet.atomic import read_plain, write_bytes
+from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import DivergenceError, FedhetError, FedhetNote
 from fedhet.experiments.asynchronous import AsyncRunner
@@ -96,9 +97,11 @@ def run(
     check_selection(experiment)  # before anything is written
     state = RunState.start(experiment, out=out, score_sample_only=score_sample_only)
     if out is None:
+        _place_client_state(experiment, None)
         return _loop(state, callbacks or [])
     with RunFolder.create(out, experiment.config_text(), overwrite) as folder:
         state.folder = folder
+        _place_client_state(experiment, folder)
         return _loop(state, callbacks or [])
 
 
@@ -125,6 +128,7 @@ def resume(
             experiment = builder(parse_config(raw))
         check_selection(experiment)
         state = RunState.start(experiment, out=out, folder=folder)
+        _place_client_state(experiment, folder)
         saved = folder.read_checkpoint()
         if saved is not None:
             _restore(state, saved)
@@ -195,6 +199,16 @@ def _repair_clients(state: RunState) -> None:
             f"'{path}' did not match the run's checkpoint; it was written again from the checkpoint",
             FedhetNote,
             stacklevel=2,
+        )
+
+
+def _place_client_state(experiment: Experiment, folder: RunFolder | None) -> None:
+    """Keep the native engine's per-client state where ``personal_state`` says (`Engine.place_client_state`; a
+    remote engine's clients keep theirs on their nodes)."""
+    if isinstance(experiment.engine, Engine):
+        claim = (lambda name: folder.record([name])) if folder is not None else None
+        experiment.engine.place_client_state(
+            experiment.config.personal_state, folder.path if folder is not None else None, claim
         )
 
 

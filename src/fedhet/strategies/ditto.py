@@ -13,6 +13,10 @@ server averages the w_k. λ = 0 is local training alone; λ → ∞ is FedAvg's 
 overshoots w^t once ηλ ≥ 2 (plain SGD: v_k − w^t is multiplied by 1 − ηλ each step), so such a λ is refused.
 The personalised model of a client is its v_k.
 
+``personal`` (default ``["*"]``: the whole model, the paper's) may name a part of the model instead, e.g. ``[head]``:
+then v_k is that part only (the rest of the client's model is the global one, frozen in the personal steps), so
+each client keeps only the head's bytes (what makes Ditto affordable for a million clients, docs/performance.md).
+
 Both trainings of a round draw the same mini-batches (the same stream: the paper does not say whether v_k's
 mini-batches are w_k's), so the dense backend's second training reuses what the first computed from them
 (`fedhet.engine.reuse`).
@@ -24,18 +28,19 @@ from dataclasses import replace
 from typing import ClassVar
 
 import torch
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 from torch import Tensor
 
 from fedhet.engine.objective import Proximal
 from fedhet.engine.optimizers import SGD, ClientOptimizer
-from fedhet.engine.personal import Personal
+from fedhet.engine.personal import Personal, parameter_names
 from fedhet.engine.plan import MAX_STEPS, LocalPlan, LocalResult
 from fedhet.errors import ConfigError
 from fedhet.strategies.base import STRATEGIES, ServerContext, Train
 from fedhet.strategies.fedavg import FedAvg
 
-PERSONAL = Personal("ditto")
+PERSONAL = Personal("ditto")  # the whole model
+WHOLE = ["*"]
 
 
 def stable_pull(optimizer: ClientOptimizer) -> float | None:
@@ -62,6 +67,32 @@ class Ditto(FedAvg):
     personal_steps: int | None = Field(
         None, ge=1, le=MAX_STEPS, description="s: the personal model's steps per round (default: local.steps/epochs)"
     )
+    personal: list[str] = Field(
+        default_factory=lambda: list(WHOLE),
+        min_length=1,
+        description="the personal parameters: '*' (the whole model), or names/patterns such as 'head' (the rest of "
+        "v_k is the global model's)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """The spec (and a run's identity) as before ``personal`` existed, when it is the whole model."""
+        data: dict[str, object] = handler(self)
+        if data.get("personal") == WHOLE:
+            data.pop("personal")
+        return data
+
+    @property
+    def spec(self) -> Personal:
+        return PERSONAL if self.personal == WHOLE else Personal("ditto", tuple(self.personal))
+
+    def _shared(self) -> tuple[str, ...]:
+        """The parameters outside v_k (frozen in the personal steps): none for the whole model."""
+        if self.personal == WHOLE:
+            return ()
+        model = self.ctx.engine.model
+        mine = parameter_names(model, self.personal, "algorithm.personal of ditto")
+        return tuple(n for n in model.names if n not in mine)
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
@@ -76,12 +107,14 @@ class Ditto(FedAvg):
             )
         if self.personal_steps is not None:
             ctx.check_steps("algorithm.personal_steps", self.personal_steps, ctx.clients_per_round)
+        self._shared()  # personal parameters the model does not have: refused before anything runs
 
     def personal_plan(self, plan: LocalPlan) -> LocalPlan:
         """The personal steps of `plan`'s clients: λ's pull instead of any proximal term, η and s where set (a
         client without training data takes no step)."""
         own = tuple(t for t in plan.terms if t.name != Proximal.name)
-        personal = replace(plan, terms=(*own, Proximal(mu=self.lam)), personal=PERSONAL, phase=1)
+        frozen = (*plan.frozen, *self._shared())
+        personal = replace(plan, terms=(*own, Proximal(mu=self.lam)), personal=self.spec, phase=1, frozen=frozen)
         if self.personal_lr is not None:
             personal.lr = torch.full_like(plan.lr, self.ctx.scheduled_lr(self.personal_lr))
         if self.personal_steps is not None:
@@ -96,4 +129,4 @@ class Ditto(FedAvg):
 
     def personalization(self, clients: Tensor) -> LocalPlan:
         local = self.ctx.local
-        return LocalPlan.uniform(clients, 0, local.lr, local.batch_size, personal=PERSONAL)
+        return LocalPlan.uniform(clients, 0, local.lr, local.batch_size, personal=self.spec)
