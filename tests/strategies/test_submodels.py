@@ -292,3 +292,24 @@ def test_assignment_system_needs_the_system_s_capacity() -> None:
     cfg["system"] = {"name": "none", "capacity": {"levels": [1.0, 0.3]}}
     with pytest.raises(ConfigError, match=r"levels \[0.3\] that algorithm.levels"):
         run(parse_config(cfg))
+
+
+def test_accuracy_by_capacity_quartile_averages_each_quarter_of_clients_at_their_own_level(tmp_path: Path) -> None:
+    """12 clients at fixed levels: q1 is the mean of clients.csv's capacity_test_accuracy over the 3 clients of the
+    lowest capacities (ties by client number), q4 over the 3 highest."""
+    cfg = {
+        "dataset": "digits",
+        "model": {"name": "mlp", "hidden": [32]},
+        "num_clients": 12,
+        "clients_per_round": 6,
+        "rounds": 2,
+        "local": {"steps": 5, "lr": 0.1, "batch_size": 10},
+        "algorithm": {"name": "heterofl", "levels": [1.0, 0.5, 0.25], "scaler": False},
+    }
+    state = run(parse_config(cfg), tmp_path / "r")
+    rows = list(csv.DictReader((tmp_path / "r" / "clients.csv").open()))
+    ranked = sorted(rows, key=lambda r: (float(r["capacity"]), int(r["client"])))
+    for q in range(4):
+        quarter = ranked[3 * q : 3 * q + 3]
+        expected = sum(float(r["capacity_test_accuracy"]) for r in quarter) / 3
+        assert state.final[f"capacity_test_accuracy_q{q + 1}"] == pytest.approx(expected, abs=1e-6)

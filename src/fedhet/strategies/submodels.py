@@ -346,22 +346,42 @@ class SubModels(Strategy):
 
     def round_metrics(self) -> dict[str, float]:
         """``test_accuracy_level<r>``: the global model at each level, its mean test accuracy over the seen clients
-        (as ``test_accuracy``)."""
+        (as ``test_accuracy``); ``capacity_test_accuracy_q1``..``q4``: each seen client's accuracy at its own level,
+        averaged over the quarter of clients of the lowest capacities (q1) up to the highest (q4; ties in
+        capacity split by client number), so that the cost to weak devices is seen."""
         seen = self.ctx.engine.data.seen
-        return {
+        metrics = {
             f"test_accuracy_level{level_name(r)}": float(s.accuracy[seen].double().mean())
             for r, s in self.level_scores().items()
         }
+        own = self._own_level_accuracy()
+        if own is not None:
+            levels, accuracy = own
+            ids = torch.nonzero(seen).flatten()
+            order = ids[torch.argsort(levels[ids], stable=True)]
+            for q, quarter in enumerate(torch.tensor_split(order, 4), start=1):
+                value = float(accuracy[quarter].double().mean()) if len(quarter) else float("nan")
+                metrics[f"capacity_test_accuracy_q{q}"] = value
+        return metrics
 
-    def client_columns(self) -> dict[str, Tensor]:
-        """clients.csv: ``capacity`` (each client's level in the last round; dynamic: redrawn each round) and
-        ``capacity_test_accuracy`` (the evaluated global model at that level, on the client's test data)."""
+    def _own_level_accuracy(self) -> tuple[Tensor, Tensor] | None:
+        """(K,) each client's capacity level and the evaluated global model's test accuracy at that level on its
+        data (None before an evaluation)."""
         scores = self.level_scores()
         if not scores:
-            return {}
+            return None
         levels = self.capacity(self.ctx.round)
         accuracy = torch.full((len(levels),), float("nan"))
         for level, s in scores.items():
             mine = levels == level
             accuracy[mine] = s.accuracy[mine]
+        return levels, accuracy
+
+    def client_columns(self) -> dict[str, Tensor]:
+        """clients.csv: ``capacity`` (each client's level in the last round; dynamic: redrawn each round) and
+        ``capacity_test_accuracy`` (the evaluated global model at that level, on the client's test data)."""
+        own = self._own_level_accuracy()
+        if own is None:
+            return {}
+        levels, accuracy = own
         return {"capacity": levels, "capacity_test_accuracy": accuracy}
