@@ -154,6 +154,7 @@ def heterogeneity_figure(report: Heterogeneity, title: str) -> bytes:
         ax.set_title(f"label shares per client (mean TV distance to global {report.tv.mean():.3f})", fontsize=10)
         ax.set_xlabel("class")
         ax.set_ylabel("client")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         if shares.shape[1] <= 20:
             ax.set_xticks(range(shares.shape[1]))
         if report.groups is not None and len(shares) <= 40:
