@@ -40,6 +40,7 @@ from fedhet.strategies import (
     ditto,
     fedasync,
     fedavg,
+    fedbn,
     fedbuff,
     fednova,
     fedopt,

@@ -165,14 +165,6 @@ def test_objects_from_python_are_held_or_named_by_path() -> None:
 @pytest.mark.parametrize(
     ("name", "kwargs", "message"),
     [
-        (
-            "BatchNormNet",
-            {},
-            re.escape(
-                "BatchNorm2d 'norm' keeps running statistics, which federated training cannot average; "
-                "use nn.GroupNorm (or LayerNorm), or BatchNorm2d(..., track_running_stats=False)"
-            ),
-        ),
         ("CNN", {"colours": 3}, "building model '.*:CNN' failed: TypeError: .*colours"),
         ("not_a_model", {}, "is a int, not an nn.Module class"),
         ("returns_a_number", {}, "returned a int, not an nn.Module"),

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import grad, vmap
 from torch.utils._pytree import tree_map
 
 from fedhet.data.dataset import ClientData
@@ -123,7 +123,9 @@ def train_sequential(request: TrainRequest) -> Trained:
             loss.backward()
             with torch.no_grad():
                 new, after = cohort.optimizer.step(w, leaf_direction(g, w, terms), state, lr)
-                w.copy_(request.keep_frozen(new, w))
+                new = request.keep_frozen(new, w)
+                new[model.stats] = w[model.stats]  # the statistics as the forward pass left them
+                w.copy_(new)
                 state = {k: request.keep_frozen(v, state[k]) if kinds[k] == "param" else v for k, v in after.items()}
             total = total + loss.detach()
         params[i] = w
@@ -151,9 +153,10 @@ def make_step(
     kinds = optimizer.state_kinds()
     dp = cohort.dp_sgd
     refuse_with(dp, bool(cohort.data_terms), rule is not None, model.has_dropout)
-
-    def forward(params: Tree, x: Tensor) -> Tensor:
-        return functional_call(model.module, params, (x,))
+    statistics = frozenset(model.stat_names)
+    if dp is not None and statistics:
+        raise ConfigError("local.dp_sgd cannot train a model with batch-norm running statistics (per-sample gradients)")
+    forward = model.forward  # a data term's forward passes leave the running statistics as they are
 
     private_gradient = _private_gradient(forward, task, dp, frozen) if dp is not None else None
 
@@ -170,16 +173,18 @@ def make_step(
         rule_state: dict[str, Any],
         private: tuple[Tree, Tensor] | None = None,
     ) -> tuple[Tree, dict[str, Any], dict[str, Any], Tensor]:
-        def objective(v: Tree, xb: Tensor, yb: Tensor, wb: Tensor) -> tuple[Tensor, Tensor]:
-            logits = forward(v, xb)
+        def objective(v: Tree, s: Tree, xb: Tensor, yb: Tensor, wb: Tensor) -> tuple[Tensor, tuple[Tensor, Tree]]:
+            logits, s = model.forward_tracked(v, s, xb)  # s: the running statistics after this batch
             loss = (task.loss(logits, yb) * wb).sum() / wb.sum().clamp_min(1.0)
             total = loss
             for term, srv, cli in zip(terms, server, client, strict=True):
                 if isinstance(term, DataTerm):
                     total = total + term.loss(ModelView(forward, v, xb, yb, wb, logits, start, srv, cli))
-            return total, loss
+            return total, (loss, s)
 
         gradient = grad(objective, has_aux=True)
+        stats = {n: w[n] for n in statistics}
+        w = {n: v for n, v in w.items() if n not in statistics}  # the trained parameters
 
         def direction(v: Tree, g: Tree) -> Tree:
             out = {}
@@ -192,16 +197,17 @@ def make_step(
                 out[n] = leaf_direction(g[n], v[n], leaf_terms)
             return out
 
+        latest = [stats]  # the statistics after the last forward pass (a rule may take several)
         if rule is None:
             if private_gradient is not None and private is not None:
                 g, loss = private_gradient(w, x, y, wt, *private)
             else:
-                g, loss = gradient(w, x, y, wt)
+                g, (loss, latest[0]) = gradient(w, stats, x, y, wt)
             d = direction(w, g)
         else:
 
             def grad_fn(v: Tree, i: int) -> tuple[Tree, Tensor]:
-                g, value = gradient(v, x[i], y[i], wt[i])
+                g, (value, latest[0]) = gradient(v, latest[0], x[i], y[i], wt[i])
                 return direction(v, g), value
 
             d, loss, rule_state = rule.step(grad_fn, w, rule_state, lr)
@@ -209,8 +215,13 @@ def make_step(
         counts = {k: opt[k] for k, kind in kinds.items() if kind == "count"}
         new_w: Tree = {}
         new_opt: dict[str, Any] = {k: {} for k in params}
-        for n in w:
+        for n in model.names:
             state = {**{k: opt[k][n] for k in params}, **counts}
+            if n in statistics:  # no gradient step, and no count of it
+                new_w[n] = latest[0][n]
+                for k in params:
+                    new_opt[k][n] = state[k]
+                continue
             if n in frozen:
                 new_w[n], after = w[n], state
             else:
@@ -280,7 +291,7 @@ def _tree(model: FlatModel, flat: Tensor) -> Tree:
     """Views of flat parameters (..., P) as a dictionary of (..., *shape) tensors."""
     chunks = torch.split(flat, model.numels, dim=-1)
     lead = flat.shape[:-1]
-    return {n: c.reshape(*lead, *s) for n, c, s in zip(model.names, chunks, model.shapes, strict=True)}
+    return {n: c.reshape((*lead, *s)) for n, c, s in zip(model.names, chunks, model.shapes, strict=True)}
 
 
 def _flat(tree: Tree, m: int) -> Tensor:

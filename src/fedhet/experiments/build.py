@@ -50,6 +50,7 @@ from fedhet.registry import Component, spec_of
 from fedhet.requirements import ClientRequirements, UsesRequirements
 from fedhet.seeding import derive_seed
 from fedhet.strategies.base import ServerContext, Strategy
+from fedhet.strategies.fedbn import check_statistics
 from fedhet.systems.base import Constant, NoSystem, SystemModel
 
 
@@ -316,6 +317,8 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     check_sampling(
         config.privacy, strategy, config.spec("availability")["name"], config.spec("attack")["name"], dropping
     )
+    private = config.local.dp_sgd is not None or find_dp(strategy) is not None
+    check_statistics(parts.model, strategy, engine.model, private)  # batch norm's statistics policy
     ctx = ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack, system)
     ctx.local_schedule, ctx.server_schedule, ctx.rounds = parts.local_schedule, parts.server_schedule, config.rounds
     strategy.setup(ctx)
