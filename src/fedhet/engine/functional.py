@@ -85,28 +85,43 @@ class FlatModel:
             values += [b.detach().reshape(-1).float() for _, b in buffers]
             self._initial = torch.cat(values).clone() if values else torch.zeros(0)
         self._bound: tuple[Tensor, Tensor] | None = None
+        self._bound_stats: list[Tensor] = []  # the bound module's statistics buffers (`bound_buffers`)
         self.vmap_probe: VmapProbe | None = None  # what torch.func.vmap makes of the model (the engine probes it)
 
     def bound_buffers(self) -> tuple[Tensor, Tensor]:
-        """Flat (params, grads) buffers that the module's own parameters, running statistics and gradients are
-        views of.
+        """Flat (params, grads) buffers that the module's own parameters and gradients are views of.
 
-        Writing into the params buffer changes the module in place, ``loss.backward()`` accumulates straight into
-        the grads buffer, and a training forward pass updates the statistics in the params buffer: the sequential
-        backend trains with plain autograd and no copies.
+        Writing into the params buffer changes the module in place, and ``loss.backward()`` accumulates
+        straight into the grads buffer: the sequential backend trains with plain autograd and no copies. The
+        running statistics are buffers of their own (`bound_statistics`): a forward pass updates them in place,
+        which must not change the version of a tensor autograd saved.
         """
         if self._bound is None:
             flat, grads = self.initial_params(), torch.zeros(self.size)
-            views, gviews = list(self.unflatten(flat).values()), list(self.unflatten(grads).values())
-            params = list(self.module.parameters())
-            for p, view, gview in zip(params, views, gviews, strict=False):
+            for p, view, gview in zip(
+                self.module.parameters(), self.unflatten(flat).values(), self.unflatten(grads).values(), strict=False
+            ):
                 p.data = view
                 p.grad = gview
-            for name, view in zip(self.stat_names, views[len(params) :], strict=True):
+            values = torch.split(flat[self.stats], self.numels[len(self.names) - len(self.stat_names) :])
+            for name, value, shape in zip(self.stat_names, values, self.shapes[len(self.shapes) - len(values) :]):
                 owner, _, leaf = name.rpartition(".")
-                self.module.get_submodule(owner)._buffers[leaf] = view
+                buffer = value.view(shape).clone()  # its own memory: one layer's update must not touch another's
+                self.module.get_submodule(owner)._buffers[leaf] = buffer
+                self._bound_stats.append(buffer)
             self._bound = (flat, grads)
         return self._bound
+
+    def bound_statistics(self) -> Tensor:
+        """The bound module's running statistics (`bound_buffers`) as a new flat vector (the ``stats`` coordinates)."""
+        self.bound_buffers()
+        return torch.cat([b.reshape(-1).float() for b in self._bound_stats]) if self._bound_stats else torch.zeros(0)
+
+    def bind_statistics(self, values: Tensor) -> None:
+        """Set the bound module's running statistics from `values` (the vector's ``stats`` coordinates)."""
+        self.bound_buffers()
+        for buffer, value in zip(self._bound_stats, torch.split(values, [b.numel() for b in self._bound_stats])):
+            buffer.copy_(value.view(buffer.shape))
 
     def initial_params(self) -> Tensor:
         """The module's parameters at construction (its initialisation) as a new flat vector."""

@@ -115,6 +115,7 @@ def train_sequential(request: TrainRequest) -> Trained:
         total = torch.zeros(())
         with torch.no_grad():
             w.copy_(params[i])
+            model.bind_statistics(params[i, model.stats])  # updated by the module's forward passes
         for t in range(tau):
             _seed_dropout(model, request.seed, request.round_, t, plan.stream)
             rows = index[i, t]
@@ -123,12 +124,11 @@ def train_sequential(request: TrainRequest) -> Trained:
             loss.backward()
             with torch.no_grad():
                 new, after = cohort.optimizer.step(w, leaf_direction(g, w, terms), state, lr)
-                new = request.keep_frozen(new, w)
-                new[model.stats] = w[model.stats]  # the statistics as the forward pass left them
-                w.copy_(new)
+                w.copy_(request.keep_frozen(new, w))
                 state = {k: request.keep_frozen(v, state[k]) if kinds[k] == "param" else v for k, v in after.items()}
             total = total + loss.detach()
         params[i] = w
+        params[i, model.stats] = model.bound_statistics()
         losses[i] = total / tau
         for k, v in state.items():
             opt_state[k][i] = v
