@@ -103,10 +103,10 @@ class FlatModel:
             ):
                 p.data = view
                 p.grad = gview
-            values = torch.split(flat[self.stats], self.numels[len(self.names) - len(self.stat_names) :])
-            for name, value, shape in zip(self.stat_names, values, self.shapes[len(self.shapes) - len(values) :]):
+            views = self.unflatten(flat)
+            for name in self.stat_names:
                 owner, _, leaf = name.rpartition(".")
-                buffer = value.view(shape).clone()  # its own memory: one layer's update must not touch another's
+                buffer = views[name].clone()  # its own memory: one layer's update must not touch another's
                 self.module.get_submodule(owner)._buffers[leaf] = buffer
                 self._bound_stats.append(buffer)
             self._bound = (flat, grads)
@@ -120,7 +120,8 @@ class FlatModel:
     def bind_statistics(self, values: Tensor) -> None:
         """Set the bound module's running statistics from `values` (the vector's ``stats`` coordinates)."""
         self.bound_buffers()
-        for buffer, value in zip(self._bound_stats, torch.split(values, [b.numel() for b in self._bound_stats])):
+        sizes = [b.numel() for b in self._bound_stats]
+        for buffer, value in zip(self._bound_stats, torch.split(values, sizes), strict=True):
             buffer.copy_(value.view(buffer.shape))
 
     def initial_params(self) -> Tensor:
