@@ -61,14 +61,19 @@ def test_evaluation_reads_the_statistics_of_the_vector() -> None:
     torch.testing.assert_close(model.logits(w, x), module(x), **TOL)
 
 
-def test_the_bound_module_trains_its_statistics_in_the_flat_buffer() -> None:
+def test_the_bound_module_trains_its_statistics_in_buffers_of_their_own() -> None:
     model = bn_model()
     w, _ = model.bound_buffers()
+    model.bind_statistics(torch.tensor([1.0] * 4 + [2.0] * 4 + [5.0]))
     model.module.train()
     x = torch.randn(7, 3)
     model.module(x)
-    torch.testing.assert_close(w[model.slices["1.running_mean"]], 0.1 * model.module[0](x).detach().mean(0), **TOL)
-    assert float(w[model.slices["1.num_batches_tracked"]]) == 1.0
+    h = model.module[0](x).detach()
+    got = model.bound_statistics()
+    torch.testing.assert_close(got[:4], 0.9 + 0.1 * h.mean(0), **TOL)
+    torch.testing.assert_close(got[4:8], 1.8 + 0.1 * h.var(0), **TOL)
+    assert float(got[8]) == 6.0
+    torch.testing.assert_close(w[model.stats], model.initial_params()[model.stats])  # not the parameters' buffer
 
 
 def test_recomputed_statistics_are_the_mean_of_the_batch_statistics() -> None:
