@@ -131,8 +131,9 @@ def small_run(algorithm: str, model: dict[str, Any], **extra: Any) -> Any:
 
 
 def test_a_fedbn_run_without_batch_norm_equals_fedavg() -> None:
-    bn, avg = small_run("fedbn", {"name": "cnn_mnist", "channels": [2, 2], "hidden": 8}), small_run(
-        "fedavg", {"name": "cnn_mnist", "channels": [2, 2], "hidden": 8}
+    bn, avg = (
+        small_run("fedbn", {"name": "cnn_mnist", "channels": [2, 2], "hidden": 8}),
+        small_run("fedavg", {"name": "cnn_mnist", "channels": [2, 2], "hidden": 8}),
     )
     torch.testing.assert_close(bn.params, avg.params, atol=1e-6, rtol=0)
     assert bn.history[-1]["test_loss"] == pytest.approx(avg.history[-1]["test_loss"], abs=1e-6)
@@ -163,7 +164,9 @@ def refusal(algorithm: dict[str, Any], batch_norm: str | None, model: str = "res
         ({"name": "fedavg", "server_lr": 2.0}, "aggregate", "server_lr 2, which would not average them"),
     ],
 )
-def test_a_policy_that_cannot_hold_is_one_line(algorithm: dict[str, Any], batch_norm: str | None, fragment: str) -> None:
+def test_a_policy_that_cannot_hold_is_one_line(
+    algorithm: dict[str, Any], batch_norm: str | None, fragment: str
+) -> None:
     with pytest.raises(ConfigError, match=r"^[^\n]+$") as err:
         refusal(algorithm, batch_norm)
     assert fragment in str(err.value)

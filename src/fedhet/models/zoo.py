@@ -453,7 +453,7 @@ class BasicBlock(nn.Module):
 
 class ResNetNet(nn.Module):
     """Stem conv 3×3 → norm → ReLU, stages of BasicBlocks (the first at stride 1, the others halving the size),
-    global average pooling, a linear classifier."""
+    global average pooling, a linear classifier; the state dict's names are torchvision's (``layer2.0.downsample.1``)."""
 
     def __init__(
         self,
@@ -467,21 +467,22 @@ class ResNetNet(nn.Module):
         self.to_image = ToImage(shape)
         self.conv1 = nn.Conv2d(shape[0], widths[0], 3, padding=1, bias=False)
         self.bn1 = _norm(norm, widths[0])
-        stages: list[nn.Module] = []
         c_in = widths[0]
-        for i, (count, width) in enumerate(zip(blocks, widths, strict=True)):
+        self.stages = len(blocks)
+        for i, (count, width) in enumerate(zip(blocks, widths, strict=True)):  # torchvision's names: layer1, ...
             stride = 1 if i == 0 else 2
             stage = [BasicBlock(c_in if j == 0 else width, width, stride if j == 0 else 1, norm) for j in range(count)]
-            stages.append(nn.Sequential(*stage))
+            self.add_module(f"layer{i + 1}", nn.Sequential(*stage))
             c_in = width
-        self.layers = nn.Sequential(*stages)
         self.fc = nn.Linear(c_in, num_classes)
         for m in self.modules():  # torchvision's initialisation
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x: Tensor) -> Tensor:
-        z = self.layers(F.relu(self.bn1(self.conv1(self.to_image(x)))))
+        z = F.relu(self.bn1(self.conv1(self.to_image(x))))
+        for i in range(self.stages):
+            z = getattr(self, f"layer{i + 1}")(z)
         return self.fc(z.mean(dim=(2, 3)))
 
 
