@@ -453,7 +453,7 @@ class BasicBlock(nn.Module):
 
 class ResNetNet(nn.Module):
     """Stem conv 3×3 → norm → ReLU, stages of BasicBlocks (the first at stride 1, the others halving the size),
-    global average pooling, a linear classifier; the state dict's names are torchvision's (``layer2.0.downsample.1``)."""
+    global average pooling, a linear classifier; the state dict's names are torchvision's (``layer2.0.bn1``)."""
 
     def __init__(
         self,
