@@ -114,3 +114,18 @@ def test_a_cumulative_average_trains_on_the_sequential_backend() -> None:
     expected = plain_loop(model, w0, fed)
     plan = LocalSettings(STEPS, LR, BATCH).plan(torch.arange(2), fed.train.sizes)
     torch.testing.assert_close(engine.train(w0, plan, 0).params, expected, **TOL)
+
+
+def test_recompute_scores_the_global_model_with_statistics_from_the_training_data() -> None:
+    model, fed = conv_bn(), data()
+    engine = Engine(model, fed, backend="sequential", seed=SEED)
+    w = model.initial_params()
+    recomputed = model.recompute_statistics(w, fed.train.x)
+    assert not torch.equal(recomputed[model.stats], w[model.stats])
+    as_is = engine.scores(w)  # policy aggregate: the statistics of the vector
+    model.statistics = "recompute"
+    scored = engine.scores(w)
+    assert engine.evaluated(w) is engine.evaluated(w.clone())  # worked out once per model
+    model.statistics = "aggregate"
+    torch.testing.assert_close(scored.loss, engine.scores(recomputed).loss)
+    assert not torch.allclose(scored.loss, as_is.loss)
