@@ -42,11 +42,11 @@ def data() -> FederatedData:
     return tiny_data(SIZES, dim=4, classes=2, seed=3)
 
 
-def plain_loop(model: FlatModel, w0: Tensor, fed: FederatedData) -> Tensor:
-    """Each client's model after `STEPS` SGD steps of a plain torch loop on the engine's mini-batches: (2, P) with
-    the parameters and the statistics."""
-    clients = torch.arange(len(SIZES))
-    index, _ = local_batches(fed.train.offsets, clients, torch.full((2,), STEPS), BATCH, SEED, 0)
+def plain_loop(model: FlatModel, w0: Tensor, fed: FederatedData, unpadded: bool = False) -> Tensor:
+    """Each client's model after `STEPS` SGD steps of a plain torch loop on the engine's mini-batches (`unpadded`:
+    without their weight-0 padding rows): (2, P) with the parameters and the statistics."""
+    clients = torch.arange(2)
+    index, weight = local_batches(fed.train.offsets, clients, torch.full((2,), STEPS), BATCH, SEED, 0)
     out = []
     for k in range(2):
         module = copy.deepcopy(model.module).train()
@@ -57,7 +57,7 @@ def plain_loop(model: FlatModel, w0: Tensor, fed: FederatedData) -> Tensor:
             buffers = module.get_submodule(owner)._buffers
             buffers[leaf] = start[name].clone().to(torch.int64 if leaf == "num_batches_tracked" else torch.float32)
         for t in range(STEPS):
-            rows = index[k, t]
+            rows = index[k, t][weight[k, t] > 0] if unpadded else index[k, t]
             loss = nn.functional.cross_entropy(module(fed.train.x[rows]), fed.train.y[rows])
             grads = torch.autograd.grad(loss, list(module.parameters()))
             with torch.no_grad():
@@ -129,3 +129,21 @@ def test_recompute_scores_the_global_model_with_statistics_from_the_training_dat
     model.statistics = "aggregate"
     torch.testing.assert_close(scored.loss, engine.scores(recomputed).loss)
     assert not torch.allclose(scored.loss, as_is.loss)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "vectorised"])
+def test_padding_rows_stay_out_of_the_batch_statistics(backend: str) -> None:
+    """Clients with fewer samples than the batch size (3 and 5 of 8) train as a plain loop on their unpadded
+    batches: the engine's weight-0 padding rows count neither in the loss nor in batch norm's statistics."""
+    global BATCH
+    model, fed = conv_bn(), tiny_data([3, 5], dim=4, classes=2, seed=3)
+    engine = Engine(model, fed, backend=backend, seed=SEED)  # type: ignore[arg-type]
+    w0 = model.initial_params()
+    plan = LocalSettings(STEPS, LR, 8).plan(torch.arange(2), fed.train.sizes)
+    got = engine.train(w0, plan, 0).params
+    batch, BATCH = BATCH, 8
+    try:
+        expected = plain_loop(model, w0, fed, unpadded=True)
+    finally:
+        BATCH = batch
+    torch.testing.assert_close(got, expected, **TOL)

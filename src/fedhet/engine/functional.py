@@ -9,6 +9,7 @@ checkpoint and personal part sees them as coordinates of the vector.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,6 +54,34 @@ class VmapProbe:
     slow: str | None = None
 
 
+def masked_batch_norm(m: nn.modules.batchnorm._BatchNorm, holder: list[Tensor | None], x: Tensor) -> Tensor:
+    """`m`'s training forward pass on a batch whose rows have the weights ``holder[0]`` (1: a sample, 0: padding):
+    normalised by the mean and (biased) variance of the weight-1 rows, over the batch and spatial dimensions, and
+    the running statistics updated with them (the variance unbiased), as `torch.nn.functional.batch_norm` does on
+    the weight-1 rows alone. Works under vmap and `torch.func.grad` (no Python numbers from tensors)."""
+    weight = holder[0]
+    if not m.training or weight is None:
+        return type(m).forward(m, x)
+    dims = [0, *range(2, x.dim())]
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    rows = weight.to(x.dtype).reshape(-1, *[1] * (x.dim() - 1))
+    count = (weight.sum() * x[0, 0].numel()).clamp_min(1.0)  # a client without samples: zeros, not NaN
+    mean = (x * rows).sum(dims) / count
+    centred = x - mean.reshape(shape)
+    var = (centred.square() * rows).sum(dims) / count
+    y = centred * torch.rsqrt(var.reshape(shape) + m.eps)
+    if m.affine:
+        y = y * m.weight.reshape(shape) + m.bias.reshape(shape)
+    if m.track_running_stats and m.running_mean is not None and m.running_var is not None:
+        assert m.num_batches_tracked is not None
+        m.num_batches_tracked.add_(1)
+        factor = 1.0 / m.num_batches_tracked if m.momentum is None else m.momentum
+        unbiased = var * count / (count - 1).clamp_min(1.0)
+        m.running_mean.mul_(1 - factor).add_(factor * mean.detach())
+        m.running_var.mul_(1 - factor).add_(factor * unbiased.detach())
+    return y
+
+
 class FlatModel:
     """Wraps an `nn.Module`; parameters live outside it as a flat float32 vector of length `size`. `task` says what
     its outputs mean (the loss at the outputs, how predictions are scored: `fedhet.engine.task`).
@@ -86,6 +115,7 @@ class FlatModel:
             self._initial = torch.cat(values).clone() if values else torch.zeros(0)
         self._bound: tuple[Tensor, Tensor] | None = None
         self._bound_stats: list[Tensor] = []  # the bound module's statistics buffers (`bound_buffers`)
+        self._weight: list[Tensor | None] = [None]  # the batch's row weights (`batch_weights`)
         self.vmap_probe: VmapProbe | None = None  # what torch.func.vmap makes of the model (the engine probes it)
 
     def bound_buffers(self) -> tuple[Tensor, Tensor]:
@@ -152,11 +182,38 @@ class FlatModel:
         with self.untracked():
             return functional_call(self.module, params, (x,))
 
-    def forward_tracked(self, params: dict[str, Tensor], stats: dict[str, Tensor], x: Tensor) -> tuple[Tensor, dict]:
+    def forward_tracked(
+        self, params: dict[str, Tensor], stats: dict[str, Tensor], x: Tensor, weight: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """The outputs, and the running statistics `stats` (by name) after this batch: new tensors, as a training
-        forward pass of the module updates them (works under vmap and `torch.func.grad`)."""
+        forward pass of the module updates them (works under vmap and `torch.func.grad`). Within `padded_batches`,
+        `weight` (the batch's row weights) leaves the padding rows out of batch norm's statistics."""
         new = {n: t.clone() for n, t in stats.items()}
-        return functional_call(self.module, {**params, **new}, (x,)), new
+        with self.batch_weights(weight):
+            return functional_call(self.module, {**params, **new}, (x,)), new
+
+    @contextmanager
+    def padded_batches(self, padded: bool = True) -> Iterator[None]:
+        """While training on mini-batches padded with weight-0 rows (clients with fewer samples than the batch
+        size): BatchNorm layers normalise by, and track, the statistics of the rows of weight 1 only
+        (`masked_batch_norm`), as a plain loop on the client's unpadded batch does."""
+        norms = [m for m in self._norms if isinstance(m, nn.modules.batchnorm._BatchNorm)] if padded else []
+        for m in norms:
+            m.forward = functools.partial(masked_batch_norm, m, self._weight)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            for m in norms:
+                del m.forward
+
+    @contextmanager
+    def batch_weights(self, weight: Tensor | None) -> Iterator[None]:
+        """The row weights `padded_batches` reads in the forward passes within."""
+        self._weight[0] = weight
+        try:
+            yield
+        finally:
+            self._weight[0] = None
 
     def logits(self, flat: Tensor, x: Tensor) -> Tensor:
         return self.forward(self.unflatten(flat), x)
@@ -193,7 +250,8 @@ class FlatModel:
 
     def module_batch_loss(self, x: Tensor, y: Tensor, weight: Tensor) -> Tensor:
         """`batch_loss` with the module's own (bound) parameters, for plain autograd."""
-        losses = self.task.loss(self.module(x), y)
+        with self.batch_weights(weight):
+            losses = self.task.loss(self.module(x), y)
         return (losses * weight).sum() / weight.sum().clamp_min(1.0)
 
     def batch_loss(self, flat: Tensor, x: Tensor, y: Tensor, weight: Tensor) -> Tensor:

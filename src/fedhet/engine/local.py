@@ -174,7 +174,7 @@ def make_step(
         private: tuple[Tree, Tensor] | None = None,
     ) -> tuple[Tree, dict[str, Any], dict[str, Any], Tensor]:
         def objective(v: Tree, s: Tree, xb: Tensor, yb: Tensor, wb: Tensor) -> tuple[Tensor, tuple[Tensor, Tree]]:
-            logits, s = model.forward_tracked(v, s, xb)  # s: the running statistics after this batch
+            logits, s = model.forward_tracked(v, s, xb, wb)  # s: the running statistics after this batch
             loss = (task.loss(logits, yb) * wb).sum() / wb.sum().clamp_min(1.0)
             total = loss
             for term, srv, cli in zip(terms, server, client, strict=True):
@@ -525,6 +525,8 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
     local models come back to the CPU."""
     model = request.model
     model.module.train()
+    sizes = request.data.offsets.diff()[request.plan.clients] if model.stat_names else None
+    padded = sizes is not None and bool((sizes < request.plan.batch_size).any())  # padding rows: batch norm skips
     cpu = request.anchor.device
     run = request
     if placed is not None and placed.x.device != cpu:
@@ -538,13 +540,14 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
     elif spec is not None:
         out = train_conv(run, spec)
     elif backend == "sequential":
-        with torch_threads(1 if model.size <= ONE_THREAD_MAX_PARAMS else None):
+        with torch_threads(1 if model.size <= ONE_THREAD_MAX_PARAMS else None), model.padded_batches(padded):
             out = train_sequential(request)
     else:
         # DP-SGD's per-sample steps are many small operations: one thread each on a CPU, unless --threads says
         # otherwise (a team of threads made them 3.6-4.4x slower, docs/privacy.md, Speed)
         private = request.plan.dp_sgd is not None and run.anchor.device.type == "cpu"
-        with _masks_from_the_cpu(model, run.anchor.device), few_threads() if private else nullcontext():
+        threads = few_threads() if private else nullcontext()
+        with _masks_from_the_cpu(model, run.anchor.device), threads, model.padded_batches(padded):
             out = train_vectorised(run)
     model.module.eval()
     params, losses, state = out
