@@ -105,6 +105,8 @@ class FlatModel:
         self.numels = [p.numel() for _, p in named] + [b.numel() for _, b in buffers]
         self.size = sum(self.numels)
         self.stats = slice(self.num_params, self.size)
+        if self.stat_names:
+            module.eval()  # scored with its statistics unless a backend trains it (which sets training mode)
         ends = torch.tensor(self.numels).cumsum(0).tolist() if self.numels else []
         self.slices = {n: slice(end - k, end) for n, k, end in zip(self.names, self.numels, ends, strict=True)}
         dropout = nn.modules.dropout._DropoutNd  # Dropout, Dropout1d/2d/3d, AlphaDropout, ...

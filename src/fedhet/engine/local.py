@@ -210,7 +210,15 @@ def make_step(
                 g, (value, latest[0]) = gradient(v, latest[0], x[i], y[i], wt[i])
                 return direction(v, g), value
 
-            d, loss, rule_state = rule.step(grad_fn, w, rule_state, lr)
+            rule_kinds = rule.state_kinds()  # the rule sees the parameters only; its state keeps the statistics' rows
+            own = {k: {n: v[n] for n in w} if rule_kinds[k] == "param" else v for k, v in rule_state.items()}
+            d, loss, after = rule.step(grad_fn, w, own, lr)
+            rule_state = {
+                k: {n: v[n] if n in statistics else after[k][n] for n in model.names}
+                if rule_kinds[k] == "param"
+                else after[k]
+                for k, v in rule_state.items()
+            }
         params = [k for k, kind in kinds.items() if kind == "param"]
         counts = {k: opt[k] for k, kind in kinds.items() if kind == "count"}
         new_w: Tree = {}
