@@ -178,6 +178,10 @@ def test_policies_that_hold() -> None:
     refusal({"name": "fedavg", "server_optimizer": {"name": "momentum"}}, None, model="logistic")  # no statistics
     with pytest.raises(ConfigError, match="differential privacy cannot protect batch norm"):
         refusal({"name": "fedavg"}, None, private=True)
+    spec = MODELS.build({"name": "resnet8", "batch_norm": "recompute"})
+    flat = FlatModel(spec.build((3, 8, 8), 2))
+    with pytest.raises(ConfigError, match="Flower's nodes hold apart"):
+        check_statistics(spec, STRATEGIES.build("fedavg"), flat, private=False, native=False)
 
 
 def test_the_cli_refuses_before_writing_anything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

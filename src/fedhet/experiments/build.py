@@ -318,7 +318,7 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
         config.privacy, strategy, config.spec("availability")["name"], config.spec("attack")["name"], dropping
     )
     private = config.local.dp_sgd is not None or find_dp(strategy) is not None
-    check_statistics(parts.model, strategy, engine.model, private)  # batch norm's statistics policy
+    check_statistics(parts.model, strategy, engine.model, private, isinstance(engine, Engine))  # batch norm
     ctx = ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack, system)
     ctx.local_schedule, ctx.server_schedule, ctx.rounds = parts.local_schedule, parts.server_schedule, config.rounds
     strategy.setup(ctx)

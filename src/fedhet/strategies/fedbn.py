@@ -63,10 +63,13 @@ class FedBN(FedAvg):
         return LocalPlan.uniform(clients, 0, self.ctx.local.lr, self.ctx.local.batch_size, personal=spec)
 
 
-def check_statistics(spec: ModelSpec, strategy: Strategy, model: FlatModel, private: bool) -> Statistics:
+def check_statistics(
+    spec: ModelSpec, strategy: Strategy, model: FlatModel, private: bool, native: bool = True
+) -> Statistics:
     """The run's batch-norm statistics policy: ``model.batch_norm``, else the algorithm's (fedbn: ``local``, others:
     ``aggregate``), set on `model`; a one-line `ConfigError` for a combination that cannot hold (before anything
-    is written). `private`: the run asks for differential privacy."""
+    is written). `private`: the run asks for differential privacy; `native`: the engine is fedhet's own (not
+    Flower's nodes)."""
     declared: Statistics | None = getattr(spec, "batch_norm", None)
     parts = strategy.parts()
     fedbn = any(isinstance(part, FedBN) for part in parts)
@@ -88,6 +91,11 @@ def check_statistics(spec: ModelSpec, strategy: Strategy, model: FlatModel, priv
         raise ConfigError(
             "differential privacy cannot protect batch norm's running statistics (they are sums over samples, "
             "neither clipped nor noised): use a model with GroupNorm (e.g. resnet18 with norm: group)"
+        )
+    if policy == "recompute" and not native:
+        raise ConfigError(
+            "model.batch_norm 'recompute' works the statistics out from every client's training data, which Flower's "
+            "nodes hold apart: use batch_norm 'aggregate' or algorithm fedbn"
         )
     if policy == "aggregate":
         for part in parts:
