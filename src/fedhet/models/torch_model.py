@@ -10,8 +10,9 @@ Buffers: fedhet trains, sends and aggregates parameters. A buffer (a fixed posit
 value the model was built with, on every client and in the global model, except the running statistics of
 normalisation layers (BatchNorm1d/2d/3d, SyncBatchNorm, InstanceNorm with ``track_running_stats=True``:
 ``running_mean``, ``running_var``, ``num_batches_tracked``). Those are model state: each client trains from the
-statistics it receives (updating them in every training forward pass, as torch does, on the padded mini-batch
-where a client has fewer samples than ``batch_size``), returns them, and the server treats them by the run's
+statistics it receives (updating them in every training forward pass, as torch does; the weight-0 rows that pad
+the batch of a client with fewer samples than ``batch_size`` count in no BatchNorm statistic), returns them, and
+the server treats them by the run's
 ``batch_norm`` policy: ``aggregate`` (averaged as the parameters are: FedAvg's weighted mean), ``local`` (each
 client keeps its own, with its BN layers' affine parameters: ``algorithm: fedbn``) or ``recompute`` (worked out
 from the training data before the global model is scored: HeteroFL's static batch norm). docs/batchnorm.md has

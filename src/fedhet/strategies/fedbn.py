@@ -23,7 +23,7 @@ from fedhet.engine.personal import Personal
 from fedhet.engine.plan import LocalPlan
 from fedhet.errors import ConfigError
 from fedhet.models.base import ModelSpec, Statistics
-from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy
+from fedhet.strategies.base import STRATEGIES, Strategy
 from fedhet.strategies.fedavg import FedAvg
 from fedhet.strategies.server import ServerSGD
 
@@ -48,10 +48,6 @@ class FedBN(FedAvg):
         """The BN layers as the clients' personal part (None: the model has none, and FedBN is FedAvg)."""
         names = norm_names(self.ctx.engine.model)
         return Personal(self.name, tuple(names)) if names else None
-
-    def setup(self, ctx: ServerContext) -> None:
-        super().setup(ctx)
-        self.spec  # noqa: B018 - the model is known before the first round
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         return replace(super().configure(round_, clients, global_params), personal=self.spec)
