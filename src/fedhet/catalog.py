@@ -43,6 +43,7 @@ from fedhet.strategies import (
     ditto,
     fedasync,
     fedavg,
+    fedbn,
     fedbuff,
     fednova,
     fedopt,

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from fedhet.bench import asynchronous, clusters, costs, personal
+from fedhet.bench import asynchronous, batchnorm, clusters, costs, personal
 from fedhet.bench.workloads import Workload
 from fedhet.cli.main import app
 
+RESNET = Workload("tiny-resnet", "", {"name": "resnet8", "width": 4}, (3, 8, 8), clients=3, samples=8, steps=2, batch=4)
 SMALL = Workload("small", "MLP, 24 clients", {"name": "mlp", "hidden": [8]}, (6,), 3, clients=24, samples=12, steps=2)
 
 
@@ -18,10 +19,12 @@ def test_the_costs_run_on_small_workloads_and_become_targets(monkeypatch: pytest
     monkeypatch.setattr(personal, "EVAL", SMALL)
     monkeypatch.setattr(clusters, "MLP", SMALL)
     monkeypatch.setattr(asynchronous, "WORKLOAD", SMALL)
+    monkeypatch.setattr(batchnorm, "RESNET", RESNET)
     monkeypatch.setattr(costs, "fedbuff_throughput", _smaller(asynchronous.fedbuff_throughput))
     result = CliRunner().invoke(app, ["bench", "--costs", "--quick"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    for name in ("Ditto round", "personalised evaluation", "FedBuff", "the machine", "IFCA round, k=4"):
+    names = ("Ditto round", "personalised evaluation", "FedBuff", "the machine", "IFCA round, k=4")
+    for name in (*names, "ResNet-8 round with batch norm"):
         assert name in result.output
 
 

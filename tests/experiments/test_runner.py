@@ -101,6 +101,31 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path: Path, algorit
         assert "personal_test_accuracy" in (tmp_path / "full/metrics.csv").read_text()
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "batch_norm"),
+    [
+        ("fedbn", None),
+        pytest.param("fedavg", "aggregate", marks=pytest.mark.slow),
+        pytest.param("fedavg", "recompute", marks=pytest.mark.slow),
+    ],
+)
+def test_a_resumed_run_with_batch_norm_matches_uninterrupted(tmp_path: Path, algorithm: str, batch_norm: str) -> None:
+    """Batch norm's running statistics are model state: the checkpoint holds them (the global model's, each client's
+    own under fedbn), so a resumed run writes the same files."""
+    model = {"name": "resnet8", "width": 2, "batch_norm": batch_norm}
+    changes = {"dataset": {"name": "digits", "image": True}, "model": model, "algorithm": algorithm, "rounds": 4}
+    cfg = parse_config(small(**changes, personal_eval={"appeal": False}, eval_every=2))
+    full = run(cfg, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "cut", callbacks=[Interrupt(at=2)])
+    resumed = resume(tmp_path / "cut")
+    assert (tmp_path / "cut/metrics.csv").read_text() == (tmp_path / "full/metrics.csv").read_text()
+    assert (tmp_path / "cut/clients.csv").read_text() == (tmp_path / "full/clients.csv").read_text()
+    assert torch.equal(resumed.params, full.params)
+    stats = full.experiment.engine.model.stats
+    assert not torch.equal(full.params[stats], full.experiment.engine.initial_params()[stats]) or algorithm == "fedbn"
+
+
 def _divergence_state(initial: list[float], max_loss: float = 100.0, scaled: bool = True) -> Any:
     """What `_check_divergence` reads of a run: clients whose initial model has training losses `initial`."""
     calls: list[int] = []

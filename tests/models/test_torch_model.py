@@ -165,14 +165,6 @@ def test_objects_from_python_are_held_or_named_by_path() -> None:
 @pytest.mark.parametrize(
     ("name", "kwargs", "message"),
     [
-        (
-            "BatchNormNet",
-            {},
-            re.escape(
-                "BatchNorm2d 'norm' keeps running statistics, which federated training cannot average; "
-                "use nn.GroupNorm (or LayerNorm), or BatchNorm2d(..., track_running_stats=False)"
-            ),
-        ),
         ("CNN", {"colours": 3}, "building model '.*:CNN' failed: TypeError: .*colours"),
         ("not_a_model", {}, "is a int, not an nn.Module class"),
         ("returns_a_number", {}, "returned a int, not an nn.Module"),
@@ -222,7 +214,7 @@ def small_run(nets: str, model: str, backend: str, cohort: int = 6, **extra: Any
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "extra"),
-    [("CNN", {}), ("RowLSTM", {}), ("BatchNormNet", {"kwargs": {"track": False}})],
+    [("CNN", {}), ("RowLSTM", {}), ("BatchNormNet", {"kwargs": {"track": False}}), ("BatchNormNet", {})],
 )
 def test_sequential_and_vectorised_give_the_same_metrics(nets: str, model: str, extra: dict[str, Any]) -> None:
     with warnings.catch_warnings():
@@ -236,6 +228,23 @@ def test_sequential_and_vectorised_give_the_same_metrics(nets: str, model: str, 
             assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-5), (model, key, a[key], b[key])
     assert not torch.equal(seq.params, seq.experiment.engine.initial_params())  # it trained
     assert torch.allclose(seq.params, vec.params, atol=1e-5)
+
+
+def test_a_users_batch_norm_model_trains_its_running_statistics(nets: str) -> None:
+    """BatchNorm with running statistics: the statistics train with the model, are averaged (FedAvg), and come out
+    in the final state dict as torch keeps them (num_batches_tracked an integer)."""
+    from fedhet.api import state_dict_of
+
+    state = small_run(nets, "BatchNormNet", "auto")
+    model = state.experiment.engine.model
+    assert model.stat_names == ["norm.running_mean", "norm.running_var", "norm.num_batches_tracked"]
+    assert model.statistics == "aggregate"
+    assert float(state.params[model.slices["norm.num_batches_tracked"]]) == 2 * 3  # 2 rounds of 3 steps
+    saved = state_dict_of(model, state.params)
+    assert saved["norm.num_batches_tracked"].dtype == torch.int64 and int(saved["norm.num_batches_tracked"]) == 6
+    fresh = build(nets, "BatchNormNet")
+    fresh.load_state_dict(saved)
+    torch.testing.assert_close(fresh.norm.running_mean, state.params[model.slices["norm.running_mean"]])
 
 
 def test_auto_falls_back_to_sequential_when_vmap_cannot_run_the_model(nets: str) -> None:

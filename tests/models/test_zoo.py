@@ -319,3 +319,48 @@ def test_the_fused_lstm_path_reads_the_parameters_functional_call_substitutes() 
     loaded.load_state_dict(other)
     torch.testing.assert_close(functional_call(model, other, (x,)), loaded(x))
     assert not torch.allclose(model(x), loaded(x))
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"name": "resnet18"}, 11_173_962),  # torchvision's ResNet-18 with a 3x3 stem, for CIFAR-10
+        ({"name": "resnet18", "width": 16}, 701_466),
+        ({"name": "resnet8"}, 78_042),
+        ({"name": "resnet8", "norm": "group"}, 78_042),
+    ],
+)
+def test_resnet_parameter_counts(spec: dict[str, Any], expected: int) -> None:
+    assert n_params(build(spec, (3, 32, 32), 10)) == expected
+
+
+def test_resnet18_has_torchvisions_layout_with_a_cifar_stem() -> None:
+    model = build({"name": "resnet18"}, (3, 32, 32), 10)
+    state = model.state_dict()
+    assert state["conv1.weight"].shape == (64, 3, 3, 3)  # 3x3 stem (torchvision: 7x7, stride 2, then max-pool)
+    assert not any(isinstance(m, nn.MaxPool2d) for m in model.modules())
+    assert state["layer2.0.downsample.0.weight"].shape == (128, 64, 1, 1)
+    assert state["layer4.1.bn2.running_var"].shape == (512,) and "layer4.1.bn2.num_batches_tracked" in state
+    assert state["fc.weight"].shape == (10, 512)
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in model.modules()) == 20  # 1 + 8 blocks x 2 + 3 shortcuts
+    assert model(torch.randn(2, 3072)).shape == (2, 10)  # flat CIFAR rows too
+    grouped = build({"name": "resnet8", "norm": "group"}, (3, 32, 32), 10)
+    assert not list(grouped.buffers())  # GroupNorm: no running statistics
+
+
+@pytest.mark.slow
+def test_a_resnet_trains_its_statistics_alike_on_both_autograd_backends() -> None:
+    from fedhet.engine.engine import Engine
+    from fedhet.engine.plan import LocalSettings
+    from helpers.tiny import tiny_data
+
+    data = tiny_data([6, 9, 5], dim=3 * 8 * 8, classes=3, seed=4)
+    out = []
+    for backend in ("sequential", "vectorised"):
+        model = FlatModel(build({"name": "resnet8", "width": 4}, (3, 8, 8), 3))
+        engine = Engine(model, data, backend=backend, seed=0)  # type: ignore[arg-type]
+        plan = LocalSettings(3, 0.1, 4).plan(torch.arange(3), data.train.sizes)
+        out.append(engine.train(model.initial_params(), plan, 0).params)
+    assert model.stat_names[:3] == ["bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked"]
+    torch.testing.assert_close(out[0], out[1], atol=1e-5, rtol=1e-4)
+    assert not torch.equal(out[0][:, model.stats], model.initial_params()[model.stats].expand(3, -1))

@@ -6,6 +6,7 @@ work with the reference it extends, on one engine and backend, timed in turns (r
   and personal heads; with the machine's own ratio of per-client to shared matrix products beside it);
 * FedBuff's clients trained per second against synchronous FedAvg rounds: at least 0.5×;
 * an IFCA round with k = 4 against a FedAvg round plus the 4 loss evaluations it needs: at most 1.5×.
+* a ResNet-8 round with batch norm on ``backend: auto`` against a plain per-client PyTorch loop: at most 1.5×.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from fedhet.bench.asynchronous import fedbuff_throughput
+from fedhet.bench.batchnorm import resnet_round
 from fedhet.bench.clusters import ifca_round
 from fedhet.bench.pairs import CostRow
 from fedhet.bench.personal import ditto_round, machine_limit, personal_evaluation
@@ -48,7 +50,17 @@ def ifca_target(reps: int) -> list[Target]:
     return [_at_most(ifca_round(reps=reps))]
 
 
-COSTS: list[Callable[[int], list[Target]]] = [ditto_target, personal_evaluation_targets, fedbuff_target, ifca_target]
+def batchnorm_target(reps: int) -> list[Target]:
+    return [_at_most(resnet_round(min(reps, 3)))]
+
+
+COSTS: list[Callable[[int], list[Target]]] = [
+    ditto_target,
+    personal_evaluation_targets,
+    fedbuff_target,
+    ifca_target,
+    batchnorm_target,
+]
 
 
 def method_costs(quick: bool = False, progress: Callable[[str], None] = print) -> list[Target]:

@@ -543,6 +543,8 @@ def conv_layers(model: FlatModel, input_shape: Sequence[int] | None = None) -> C
 
 def _find_spec(model: FlatModel, input_shape: Sequence[int] | None) -> ConvSpec | None:
     module = model.module
+    if model.stat_names:
+        return None  # running statistics (batch norm): the autograd backends
     where: dict[int, slice] = {}
     start = 0
     for p, n in zip(module.parameters(), model.numels, strict=True):

@@ -97,6 +97,8 @@ def dense_layers(model: FlatModel) -> list[DenseLayer] | None:
     """The model as a list of dense layers, or None when it is not (an optional leading Flatten, then Linear
     layers each optionally followed by ReLU/Tanh/Sigmoid and Dropout, ending with a Linear layer; a hidden Linear
     layer without an activation feeds the next one directly)."""
+    if model.stat_names:
+        return None  # running statistics (batch norm): the autograd backends
     leaves = _leaves(model.module)
     if leaves and _is_flatten(leaves[0]):
         leaves = leaves[1:]

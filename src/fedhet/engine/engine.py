@@ -171,6 +171,7 @@ class Engine:
         self.last_backend: str | None = None  # what trained the last cohort (objectives may rule out a backend)
         self.reuse = Reuse()  # products of the round's mini-batches a second training may reuse (Ditto's)
         self._masks: dict[tuple[str, ...], Tensor] = {}  # `mask`'s answers
+        self._recomputed: tuple[Tensor, Tensor] | None = None  # `evaluated`'s last (model, model as scored)
 
     def place_client_state(
         self, mode: PersonalState, folder: Path | None, claim: Callable[[str], None] | None = None
@@ -454,9 +455,24 @@ class Engine:
             raise ConfigError("this run has no validation split: set val_fraction (e.g. 0.1) to score one")
         return data
 
+    def evaluated(self, params: Tensor) -> Tensor:
+        """One model (P,) as it is scored: under the statistics policy ``recompute`` (docs/batchnorm.md), with its
+        batch-norm statistics worked out afresh from every client's training data (the last model's kept)."""
+        model = self.model
+        if model.statistics != "recompute" or not model.stat_names:
+            return params
+        if self._recomputed is not None and torch.equal(self._recomputed[0], params):
+            return self._recomputed[1]
+        data = self.placed("train") or self.data.train
+        with exact_float32(self.device):
+            out = model.recompute_statistics(params.to(data.x.device), data.x).to(params.device)
+        self._recomputed = (params.clone(), out)
+        return out
+
     def scores(self, params: Tensor, split: Split = "test", clients: Tensor | None = None) -> ClientScores:
         """Loss and accuracy of one model on every client's `split` data, or only on `clients`' (the others
         NaN: not scored)."""
+        params = self.evaluated(params)
         data: ClientData = self.placed(split) or self.split(split)
         with exact_float32(self.device):
             if clients is None:
@@ -465,7 +481,7 @@ class Engine:
 
     def losses_at(self, params: Tensor, clients: Tensor, split: Split = "train") -> Tensor:
         """F_k(w): the mean loss of model `params` on each of `clients`' full `split` data (m,)."""
-        return score_clients(self.model, params, self.split(split).select(clients)).loss
+        return score_clients(self.model, self.evaluated(params), self.split(split).select(clients)).loss
 
     def own_scores(self, params: Tensor, clients: Tensor, split: Split = "test") -> ClientScores:
         """Loss and accuracy of client i's own model params[i] on its own `split` data."""

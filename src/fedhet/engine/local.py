@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import grad, vmap
 from torch.utils._pytree import tree_map
 
 from fedhet.data.dataset import ClientData
@@ -156,6 +156,7 @@ def _train_one(
     total = torch.zeros(())
     with torch.no_grad():
         w.copy_(params[i])
+        model.bind_statistics(params[i, model.stats])  # updated by the module's forward passes
     for t in range(tau):
         _seed_dropout(model, request.seed, request.round_, t, plan.stream)
         rows = index[i, t]
@@ -168,6 +169,7 @@ def _train_one(
             state = {k: request.keep_frozen(v, state[k]) if kinds[k] == "param" else v for k, v in after.items()}
         total = total + loss.detach()
     params[i] = w
+    params[i, model.stats] = model.bound_statistics()
     losses[i] = total / tau
     for k, v in state.items():
         opt_state[k][i] = v
@@ -191,9 +193,10 @@ def make_step(
     kinds = optimizer.state_kinds()
     dp = cohort.dp_sgd
     refuse_with(dp, bool(cohort.data_terms), rule is not None, model.has_dropout)
-
-    def forward(params: Tree, x: Tensor) -> Tensor:
-        return functional_call(model.module, params, (x,))
+    statistics = frozenset(model.stat_names)
+    if dp is not None and statistics:
+        raise ConfigError("local.dp_sgd cannot train a model with batch-norm running statistics (per-sample gradients)")
+    forward = model.forward  # a data term's forward passes leave the running statistics as they are
 
     private_gradient = _private_gradient(forward, task, dp, frozen) if dp is not None else None
 
@@ -210,16 +213,18 @@ def make_step(
         rule_state: dict[str, Any],
         private: tuple[Tree, Tensor] | None = None,
     ) -> tuple[Tree, dict[str, Any], dict[str, Any], Tensor]:
-        def objective(v: Tree, xb: Tensor, yb: Tensor, wb: Tensor) -> tuple[Tensor, Tensor]:
-            logits = forward(v, xb)
+        def objective(v: Tree, s: Tree, xb: Tensor, yb: Tensor, wb: Tensor) -> tuple[Tensor, tuple[Tensor, Tree]]:
+            logits, s = model.forward_tracked(v, s, xb, wb)  # s: the running statistics after this batch
             loss = (task.loss(logits, yb) * wb).sum() / wb.sum().clamp_min(1.0)
             total = loss
             for term, srv, cli in zip(terms, server, client, strict=True):
                 if isinstance(term, DataTerm):
                     total = total + term.loss(ModelView(forward, v, xb, yb, wb, logits, start, srv, cli))
-            return total, loss
+            return total, (loss, s)
 
         gradient = grad(objective, has_aux=True)
+        stats = {n: w[n] for n in statistics}
+        w = {n: v for n, v in w.items() if n not in statistics}  # the trained parameters
 
         def direction(v: Tree, g: Tree) -> Tree:
             out = {}
@@ -232,25 +237,39 @@ def make_step(
                 out[n] = leaf_direction(g[n], v[n], leaf_terms)
             return out
 
+        latest = [stats]  # the statistics after the last forward pass (a rule may take several)
         if rule is None:
             if private_gradient is not None and private is not None:
                 g, loss = private_gradient(w, x, y, wt, *private)
             else:
-                g, loss = gradient(w, x, y, wt)
+                g, (loss, latest[0]) = gradient(w, stats, x, y, wt)
             d = direction(w, g)
         else:
 
             def grad_fn(v: Tree, i: int) -> tuple[Tree, Tensor]:
-                g, value = gradient(v, x[i], y[i], wt[i])
+                g, (value, latest[0]) = gradient(v, latest[0], x[i], y[i], wt[i])
                 return direction(v, g), value
 
-            d, loss, rule_state = rule.step(grad_fn, w, rule_state, lr)
+            rule_kinds = rule.state_kinds()  # the rule sees the parameters only; its state keeps the statistics' rows
+            own = {k: {n: v[n] for n in w} if rule_kinds[k] == "param" else v for k, v in rule_state.items()}
+            d, loss, after = rule.step(grad_fn, w, own, lr)
+            rule_state = {
+                k: {n: v[n] if n in statistics else after[k][n] for n in model.names}
+                if rule_kinds[k] == "param"
+                else after[k]
+                for k, v in rule_state.items()
+            }
         params = [k for k, kind in kinds.items() if kind == "param"]
         counts = {k: opt[k] for k, kind in kinds.items() if kind == "count"}
         new_w: Tree = {}
         new_opt: dict[str, Any] = {k: {} for k in params}
-        for n in w:
+        for n in model.names:
             state = {**{k: opt[k][n] for k in params}, **counts}
+            if n in statistics:  # no gradient step, and no count of it
+                new_w[n] = latest[0][n]
+                for k in params:
+                    new_opt[k][n] = state[k]
+                continue
             if n in frozen:
                 new_w[n], after = w[n], state
             else:
@@ -320,7 +339,7 @@ def _tree(model: FlatModel, flat: Tensor) -> Tree:
     """Views of flat parameters (..., P) as a dictionary of (..., *shape) tensors."""
     chunks = torch.split(flat, model.numels, dim=-1)
     lead = flat.shape[:-1]
-    return {n: c.reshape(*lead, *s) for n, c, s in zip(model.names, chunks, model.shapes, strict=True)}
+    return {n: c.reshape((*lead, *s)) for n, c, s in zip(model.names, chunks, model.shapes, strict=True)}
 
 
 def _flat(tree: Tree, m: int) -> Tensor:
@@ -565,6 +584,8 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
     local models come back to the CPU."""
     model = request.model
     model.module.train()
+    sizes = request.data.offsets.diff()[request.plan.clients] if model.stat_names else None
+    padded = sizes is not None and bool((sizes < request.plan.batch_size).any())  # padding rows: batch norm skips
     cpu = request.anchor.device
     elsewhere = placed is not None and placed.x.device != cpu
     if elsewhere and backend == "sequential":
@@ -591,13 +612,14 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
     elif spec is not None:
         out = train_conv(run, spec)
     elif backend == "sequential":
-        with torch_threads(1 if model.size <= ONE_THREAD_MAX_PARAMS else None):
+        with torch_threads(1 if model.size <= ONE_THREAD_MAX_PARAMS else None), model.padded_batches(padded):
             out = train_sequential(request)
     else:
         # DP-SGD's per-sample steps are many small operations: one thread each on a CPU, unless --threads says
         # otherwise (a team of threads made them 3.6-4.4x slower, docs/privacy.md, Speed)
         private = request.plan.dp_sgd is not None and run.anchor.device.type == "cpu"
-        with _masks_from_the_cpu(model, run.anchor.device), few_threads() if private else nullcontext():
+        threads = few_threads() if private else nullcontext()
+        with _masks_from_the_cpu(model, run.anchor.device), threads, model.padded_batches(padded):
             out = train_vectorised(run)
     if masks is not None:  # whatever the optimiser did there, the coordinates outside the mask come back as zero
         out = (out[0].masked_fill_(~masks.to(out[0].device), 0.0), *out[1:])

@@ -51,6 +51,7 @@ from fedhet.registry import Component, spec_of
 from fedhet.requirements import ClientRequirements, UsesRequirements
 from fedhet.seeding import derive_seed
 from fedhet.strategies.base import ServerContext, Strategy
+from fedhet.strategies.fedbn import check_statistics
 from fedhet.systems.base import Constant, NoSystem, SystemModel
 
 
@@ -324,6 +325,8 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     check_sampling(
         config.privacy, strategy, config.spec("availability")["name"], config.spec("attack")["name"], dropping
     )
+    private = bool(run_mechanisms(strategy, config.local.dp_sgd))
+    check_statistics(parts.model, strategy, engine.model, private, isinstance(engine, Engine))  # batch norm
     ctx = ServerContext(engine, local, config.seed, config.clients_per_round, parts.attack, system)
     if timed:  # a deadline that over-selects: the server selects more clients than the updates it keeps
         ctx.cohort_size = config.deadline.rule.cohort(config.clients_per_round)

@@ -1,14 +1,17 @@
 """Model specifications: a named, typed recipe that builds a plain `torch.nn.Module`.
 
-The engine runs models functionally (`torch.func.functional_call` on a flat parameter vector), so models must
-not update buffers in forward (no BatchNorm running statistics). Dropout is allowed: the engine seeds it per
-local step so both backends draw the same masks.
+The engine runs models functionally (`torch.func.functional_call` on a flat parameter vector). Buffers a forward
+pass updates must be normalisation layers' running statistics (BatchNorm; the engine carries them as model state,
+docs/batchnorm.md); other buffers keep their built values. Dropout is allowed: the engine seeds it per local step so
+both backends draw the same masks.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import Literal
 
+from pydantic import Field
 from torch import nn
 
 from fedhet.registry import Component, Registry
@@ -26,3 +29,15 @@ class ModelSpec(Component):
 
 
 MODELS: Registry[ModelSpec] = Registry("model")
+
+Statistics = Literal["aggregate", "local", "recompute"]  # what the server does with running statistics
+
+
+def batch_norm_field() -> Statistics | None:
+    """The ``batch_norm`` field of a model that may have batch norm (docs/batchnorm.md)."""
+    return Field(
+        None,
+        description="running statistics: 'aggregate' (averaged as the parameters are), 'local' (each client's own, "
+        "with its BN layers: algorithm fedbn) or 'recompute' (from the training data at evaluation); default: "
+        "the algorithm's (fedbn: local, others: aggregate)",
+    )

@@ -6,13 +6,17 @@ the name resolves to is checked before anything is called, so a config cannot ma
 function (``subprocess:getoutput``). From Python, `fedhet.run` and `fedhet.Config` also accept the class, any
 function or the instance itself (`hold_model`): an object you pass is your own request.
 
-Buffers: fedhet trains, sends and averages parameters only. A buffer (a fixed positional encoding, a mask)
-keeps the value the model was built with, on every client and in the global model. Layers that update
-buffers while training (BatchNorm, or InstanceNorm with ``track_running_stats=True``, keeping running
-statistics) are refused: their statistics would be per-client state no strategy aggregates. Use GroupNorm
-or LayerNorm, or ``BatchNorm2d(..., track_running_stats=False)``, which normalises every batch by its own
-statistics: in training the local mini-batch (a client with fewer samples than ``batch_size`` pads it by
-repeating rows), in evaluation each evaluation batch (thousands of samples, several clients together).
+Buffers: fedhet trains, sends and aggregates parameters. A buffer (a fixed positional encoding, a mask) keeps the
+value the model was built with, on every client and in the global model, except the running statistics of
+normalisation layers (BatchNorm1d/2d/3d, SyncBatchNorm, InstanceNorm with ``track_running_stats=True``:
+``running_mean``, ``running_var``, ``num_batches_tracked``). Those are model state: each client trains from the
+statistics it receives (updating them in every training forward pass, as torch does; the weight-0 rows that pad
+the batch of a client with fewer samples than ``batch_size`` count in no BatchNorm statistic), returns them, and
+the server treats them by the run's
+``batch_norm`` policy: ``aggregate`` (averaged as the parameters are: FedAvg's weighted mean), ``local`` (each
+client keeps its own, with its BN layers' affine parameters: ``algorithm: fedbn``) or ``recompute`` (worked out
+from the training data before the global model is scored: HeteroFL's static batch norm). docs/batchnorm.md has
+the details; ``BatchNorm2d(..., track_running_stats=False)`` (always the batch's statistics) needs none of this.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from torch import nn
 
 from fedhet.errors import ConfigError
 from fedhet.imports import load_object, object_path
-from fedhet.models.base import MODELS, ModelSpec
+from fedhet.models.base import MODELS, ModelSpec, Statistics, batch_norm_field
 
 IN_MEMORY = "<python>"
 _HELD: dict[str, Any] = {}
@@ -114,13 +118,6 @@ def check_trainable(module: nn.Module, where: str) -> None:
             raise ConfigError(f"{where}: parameter '{name}' is lazy (uninitialised); give its layer's input size")
         if p.dtype != torch.float32:
             raise ConfigError(f"{where}: parameter '{name}' is {p.dtype}; fedhet trains float32 models (call .float())")
-    for name, sub in module.named_modules():
-        if getattr(sub, "track_running_stats", False) is True:
-            kind = type(sub).__name__
-            raise ConfigError(
-                f"{where}: {kind} '{name}' keeps running statistics, which federated training cannot average; use "
-                f"nn.GroupNorm (or LayerNorm), or {kind}(..., track_running_stats=False)"
-            )
 
 
 @MODELS.register
@@ -132,7 +129,7 @@ class TorchModel(ModelSpec):
     ``num_classes`` when it takes parameters of those names), or a module instance (copied). The module must
     return outputs ``(batch, num_classes)``: the logits of a classifier; one logit for ``task: binary`` and one
     column per target for ``task: regression`` (num_classes is then that width). Parameters are trained; buffers
-    stay as built; BatchNorm with running statistics is refused (see this module's docstring for the semantics).
+    stay as built, except batch norm's running statistics, which follow ``batch_norm`` (see this module's docstring).
     """
 
     name: ClassVar[str] = "torch"
@@ -141,6 +138,7 @@ class TorchModel(ModelSpec):
         ..., description="'package.module:Name' or 'path/to/file.py:Name' (nn.Module class or instance, model_factory)"
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the class or factory")
+    batch_norm: Statistics | None = batch_norm_field()
 
     @field_validator("target")
     @classmethod

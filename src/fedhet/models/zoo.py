@@ -2,7 +2,8 @@
 
 Every model here is a plain `torch.nn.Module` that the engine can run functionally: with
 `torch.func.functional_call` on parameters stacked over clients, under `torch.func.vmap` and
-`torch.func.grad`. Hence no BatchNorm (no buffers are updated in forward), no in-place operations on inputs,
+`torch.func.grad`. Hence no buffers updated in forward except batch norm's running statistics (the ResNets;
+the engine carries them as model state, docs/batchnorm.md), no in-place operations on inputs,
 no `.item()` and no Python control flow that depends on data values (loops over a sequence's fixed length are
 fine). Inputs are flattened or reshaped inside the modules, so an image model accepts both ``(B, C, H, W)``
 and ``(B, C*H*W)`` batches; every model returns logits of shape ``(B, num_classes)``.
@@ -20,6 +21,9 @@ Sources of the architectures:
   models).
 * FedGSNR (gradient signal-to-noise-ratio aware FL; LeNet-5 on CIFAR-10 after LeCun et al. 1998, VGG-16 on
   CIFAR-100 after Simonyan and Zisserman 2015).
+* He, Zhang, Ren and Sun, "Deep Residual Learning for Image Recognition", CVPR 2016: ResNet-18 as torchvision
+  builds it, adapted to 32×32 images (a 3×3 stem, no max-pool), and the CIFAR ResNet-8 (§4.2, n = 1), with batch
+  norm (FedBN, Li et al. 2021; HeteroFL, Diao et al. 2021).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedhet.errors import ConfigError
-from fedhet.models.base import MODELS, ModelSpec
+from fedhet.models.base import MODELS, ModelSpec, Statistics, batch_norm_field
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Activation = Literal["relu", "tanh", "sigmoid", "gelu"]
@@ -422,3 +426,102 @@ class CharLSTM(ModelSpec):
         if len(input_shape) != 1:
             raise ConfigError(f"model '{self.name}' needs token sequences (L,); got input shape {input_shape}")
         return CharLSTMNet(num_classes, self.embed_dim, self.hidden, self.layers, self.fused)
+
+
+def _norm(kind: Literal["batch", "group"], channels: int) -> nn.Module:
+    return nn.BatchNorm2d(channels) if kind == "batch" else nn.GroupNorm(math.gcd(32, channels), channels)
+
+
+class BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock: conv 3×3 → norm → ReLU → conv 3×3 → norm, plus the input (through a 1×1
+    conv and norm where the stride or width changes), → ReLU."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, norm: Literal["batch", "group"]) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = _norm(norm, c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.bn2 = _norm(norm, c_out)
+        self.downsample: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.downsample = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), _norm(norm, c_out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.downsample(x))
+
+
+class ResNetNet(nn.Module):
+    """Stem conv 3×3 → norm → ReLU, stages of BasicBlocks (the first at stride 1, the others halving the size),
+    global average pooling, a linear classifier; the state dict's names are torchvision's (``layer2.0.bn1``)."""
+
+    def __init__(
+        self,
+        shape: tuple[int, int, int],
+        blocks: tuple[int, ...],
+        widths: tuple[int, ...],
+        num_classes: int,
+        norm: Literal["batch", "group"],
+    ) -> None:
+        super().__init__()
+        self.to_image = ToImage(shape)
+        self.conv1 = nn.Conv2d(shape[0], widths[0], 3, padding=1, bias=False)
+        self.bn1 = _norm(norm, widths[0])
+        c_in = widths[0]
+        self.stages = len(blocks)
+        for i, (count, width) in enumerate(zip(blocks, widths, strict=True)):  # torchvision's names: layer1, ...
+            stride = 1 if i == 0 else 2
+            stage = [BasicBlock(c_in if j == 0 else width, width, stride if j == 0 else 1, norm) for j in range(count)]
+            self.add_module(f"layer{i + 1}", nn.Sequential(*stage))
+            c_in = width
+        self.fc = nn.Linear(c_in, num_classes)
+        for m in self.modules():  # torchvision's initialisation
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = F.relu(self.bn1(self.conv1(self.to_image(x))))
+        for i in range(self.stages):
+            z = getattr(self, f"layer{i + 1}")(z)
+        return self.fc(z.mean(dim=(2, 3)))
+
+
+class _ResNet(ModelSpec):
+    """A ResNet of BasicBlocks for small images; `width` scales every stage's channels."""
+
+    blocks: ClassVar[tuple[int, ...]]
+    widths: ClassVar[tuple[int, ...]]
+    width: PositiveInt = Field(..., description="the first stage's channels (the others double at each stage)")
+    norm: Literal["batch", "group"] = Field("batch", description="BatchNorm2d, or GroupNorm(gcd(32, channels))")
+    batch_norm: Statistics | None = batch_norm_field()
+
+    def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+        shape = image_shape(input_shape, self.name)
+        widths = tuple(self.width * w // self.widths[0] for w in self.widths)
+        return ResNetNet(shape, self.blocks, widths, num_classes, self.norm)
+
+
+@MODELS.register
+class ResNet18(_ResNet):
+    """ResNet-18 (He et al. 2016) as torchvision builds it, for 32×32 images: a 3×3 stem conv (64) without max-pool,
+    four stages of two BasicBlocks (64, 128, 256, 512 channels; strides 1, 2, 2, 2), BatchNorm2d after every conv,
+    global average pooling, fc C: 11,173,962 parameters for CIFAR-10. ``width`` 16 gives a 700k-parameter one."""
+
+    name: ClassVar[str] = "resnet18"
+    description: ClassVar[str] = "ResNet-18 for 32x32 images (3x3 stem, no max-pool), BatchNorm2d; width option"
+    blocks: ClassVar[tuple[int, ...]] = (2, 2, 2, 2)
+    widths: ClassVar[tuple[int, ...]] = (64, 128, 256, 512)
+    width: PositiveInt = Field(64, description="the first stage's channels (64: ResNet-18; the others double)")
+
+
+@MODELS.register
+class ResNet8(_ResNet):
+    """The CIFAR ResNet-8 (He et al. 2016, §4.2 with n = 1): a 3×3 stem conv (16), three stages of one BasicBlock
+    (16, 32, 64 channels; strides 1, 2, 2), BatchNorm2d, global average pooling, fc C: 78,042 parameters for
+    CIFAR-10 (a 1×1 conv shortcut where the width changes)."""
+
+    name: ClassVar[str] = "resnet8"
+    description: ClassVar[str] = "CIFAR ResNet-8 (16-32-64 channels, one BasicBlock a stage), BatchNorm2d"
+    blocks: ClassVar[tuple[int, ...]] = (1, 1, 1)
+    widths: ClassVar[tuple[int, ...]] = (16, 32, 64)
+    width: PositiveInt = Field(16, description="the first stage's channels (16: ResNet-8; the others double)")
