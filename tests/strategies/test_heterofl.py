@@ -116,13 +116,17 @@ def test_the_evaluated_model_is_scored_at_every_level_and_per_client_capacity() 
     w = engine.model.initial_params()
     strategy.evaluation_params(w)
     metrics = strategy.round_metrics()
-    assert set(metrics) == {"test_accuracy_level1", "test_accuracy_level0.25"}
+    quartiles = {f"capacity_test_accuracy_q{q}" for q in range(1, 5)}
+    assert set(metrics) == {"test_accuracy_level1", "test_accuracy_level0.25", *quartiles}
     full = engine.scores(w, "test").accuracy
     assert metrics["test_accuracy_level1"] == pytest.approx(float(full.double().mean()))
     small = engine.scores(torch.where(strategy._prefix[0.25], w, 0.0), "test").accuracy
     columns = strategy.client_columns()
     assert columns["capacity"].tolist() == [1, 0.25, 0.25, 1]
     torch.testing.assert_close(columns["capacity_test_accuracy"], torch.where(columns["capacity"] == 1, full, small))
+    # one client a quarter, from the weakest: clients 1, 2 (level 0.25), then 0, 3 (level 1)
+    own = [float(small[1]), float(small[2]), float(full[0]), float(full[3])]
+    assert [metrics[f"capacity_test_accuracy_q{q}"] for q in range(1, 5)] == pytest.approx(own)
 
 
 @pytest.mark.parametrize(
