@@ -5,7 +5,8 @@ setting), each client in one of 4 ground-truth groups (``shift``, docs/clusters.
 shift (``clusters-rotation``: group g's images rotated by g·90°) and one a concept shift (``clusters-labels``: group
 g's labels permuted by π_g). The methods: FedAvg (one model for all), IFCA with k = 4 (the number of groups given),
 CFL (clusters found by splitting; ε1 = 0.3, ε2 = 0.4 for this model and local training, as its update norms show),
-Ditto and local training alone. For each: the mean and worst-10% test accuracy of the clients' personalised models
+Ditto and local training alone; and FedBN (each client's batch-norm layers kept local) beside FedAvg on a ResNet-8
+with batch norm, since the MLP has none. For each: the mean and worst-10% test accuracy of the clients' personalised models
 (FedAvg's: its global model), the adjusted Rand index of the clusters against the groups (IFCA, CFL), and the
 global model's accuracy.
 """
@@ -26,14 +27,16 @@ BASE: dict[str, Any] = {
     "eval_every": 5,
     "local": {"steps": 10, "lr": 0.05, "batch_size": 10},
 }
+RESNET: dict[str, Any] = {"name": "resnet8", "width": 8}  # batch norm after every convolution
 METHODS: dict[str, dict[str, Any]] = {
     "FedAvg": {"algorithm": "fedavg", "personal_eval": {"enabled": True}},
     "IFCA (k=4)": {"algorithm": {"name": "ifca", "k": 4}},
     "CFL": {"algorithm": {"name": "cfl", "eps1": 0.3, "eps2": 0.4}},
     "Ditto": {"algorithm": "ditto"},
     "Local only": {"algorithm": "local_only"},
-    # FedBN (strategies/fedbn.py, written separately): its row goes here, e.g.
-    # "FedBN": {"algorithm": "fedbn", "model": <a model with batch norm>}, once that strategy is in the catalogue.
+    # FedBN needs batch norm: a ResNet-8 (width 8), beside FedAvg on the same model for a fair comparison
+    "FedAvg (ResNet-8)": {"algorithm": "fedavg", "model": RESNET, "personal_eval": {"enabled": True}},
+    "FedBN (ResNet-8)": {"algorithm": "fedbn", "model": RESNET},
 }
 COLUMNS: dict[str, str] = {
     "personal_test_accuracy": "accuracy (personalised)",
