@@ -10,10 +10,12 @@ from torch import Tensor, nn
 
 from fedhet.api import state_dict_of
 from fedhet.bench.pairs import CostRow, in_turns, print_rows, round_runners, workload_engine
+from fedhet.bench.run import matmul_flop_rate
 from fedhet.bench.workloads import Workload
 from fedhet.catalog import MODELS
 from fedhet.engine.batches import local_batches
 from fedhet.engine.engine import Engine
+from fedhet.models.flops import parameter_flops
 from fedhet.strategies.base import ServerContext
 from fedhet.strategies.fedavg import FedAvg
 
@@ -80,9 +82,19 @@ def resnet_round(reps: int = 3, backend: str = "auto") -> CostRow:
     return CostRow(name, "plain PyTorch loop", engine_s, plain_s, GOAL)
 
 
+def matmul_limit_s(workload: Workload = RESNET) -> float:
+    """The machine's limit for the round: its training FLOPs (3× the forward pass's, `fedhet.models.flops`, for
+    every sample of every step) at the rate of a large float32 matrix product, a lower bound on any loop's time."""
+    module = MODELS.build(workload.model).build(workload.input_shape, workload.num_classes)
+    forward = float(parameter_flops(module, workload.input_shape).sum())
+    samples = workload.clients * workload.steps * workload.batch
+    return 3 * forward * samples / matmul_flop_rate()
+
+
 def main() -> None:  # pragma: no cover - a measurement, run by hand
     torch.set_num_threads(1)
     print_rows([resnet_round()], "no goal")
+    print(f"the machine's limit for this round: {1e3 * matmul_limit_s():.0f} ms (its FLOPs at a 2048² product's rate)")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,9 +6,9 @@ shift (``clusters-rotation``: group g's images rotated by g·90°) and one a con
 g's labels permuted by π_g). The methods: FedAvg (one model for all), IFCA with k = 4 (the number of groups given),
 CFL (clusters found by splitting; ε1 = 0.3, ε2 = 0.4 for this model and local training, as its update norms show),
 Ditto and local training alone; and FedBN (each client's batch-norm layers kept local) beside FedAvg on a ResNet-8
-with batch norm, since the MLP has none. For each: the mean and worst-10% test accuracy of the clients' personalised models
-(FedAvg's: its global model), the adjusted Rand index of the clusters against the groups (IFCA, CFL), and the
-global model's accuracy.
+with batch norm, since the MLP has none. For each: the mean and worst-10% test accuracy of the clients'
+personalised models (FedAvg's: its global model), the adjusted Rand index of the clusters against the groups (IFCA,
+CFL), and the global model's accuracy.
 """
 
 from __future__ import annotations
