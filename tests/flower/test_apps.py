@@ -294,6 +294,39 @@ def test_sub_models_on_flower_nodes_give_the_native_numbers(
     assert "capacity" in clients[0].splitlines()[0] and clients[0].count("\n") == clients[1].count("\n")
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "extra"),
+    [
+        ({"name": "cfl", "eps1": 10.0, "eps2": 0.0}, {"shift": {"name": "rotation", "groups": 2}}),  # splits early
+        ({"name": "ifca", "k": 2}, {"shift": {"name": "rotation", "groups": 2}}),
+        ("fedbn", {"model": {"name": "resnet8", "width": 2}, "personal_eval": {"appeal": False}}),
+        ("fedavg", {"model": {"name": "resnet8", "width": 2, "batch_norm": "aggregate"}}),
+    ],
+    ids=["cfl", "ifca", "fedbn", "batch-norm-aggregated"],
+)
+def test_clusters_and_batch_norm_on_flower_nodes_give_the_native_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_task: None, algorithm: object, extra: dict
+) -> None:
+    """CFL (splitting in its first rounds), IFCA, FedBN (each client's batch-norm layers and statistics kept where
+    the client lives) and batch-norm statistics averaged as parameters: every metrics.csv value within 1e-5 of the
+    native run."""
+    from flower_helpers import assert_same_metrics, read_metrics, small_config
+
+    from fedhet.experiments.runner import run
+    from fedhet.flower.remote import Settings, remote_builder
+
+    monkeypatch.setattr(apps, "_WORKERS", {})
+    config = small_config(algorithm, **{"model": {"name": "mlp", "hidden": [16]}, **extra})
+    run(config, tmp_path / "native")
+    run(config, tmp_path / "nodes", builder=remote_builder(Actors(2), Settings(min_nodes=2)))
+    native, nodes = read_metrics(tmp_path / "native"), read_metrics(tmp_path / "nodes")
+    if algorithm == "fedbn":
+        assert "personal_test_accuracy" in native[-1]
+    if "clusters" in native[-1]:
+        assert float(native[-1]["clusters"]) > 1  # CFL did split
+    assert_same_metrics(native, nodes)
+
+
 def test_a_node_that_lost_its_state_stops_the_run_naming_the_node_client_and_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_task: None
 ) -> None:
