@@ -102,6 +102,15 @@ class ClientStore:
         save or clone them before training on)."""
         return {key: {k: list(history) for k, history in table.items()} for key, table in self._rows.items()}
 
+    def update(self, state: dict[str, Any]) -> None:
+        """Replace the rows of the clients `state` holds (a `state_dict` of some clients: those another engine
+        trained, `fedhet.experiments.actors`) with its rows; the other clients keep theirs."""
+        for key, table in state.items():
+            mine = self._rows.setdefault(key, {})
+            self._adopted.add(key)  # its rows may be rows of one tensor (as sent): `prune` copies them out
+            for k, history in table.items():
+                mine[int(k)] = [(int(r), v) for r, v in history]
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._adopted = set()
         self._rows = {

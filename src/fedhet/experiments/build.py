@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,9 +280,11 @@ def local_settings(config: RunConfig, parts: Components) -> LocalSettings:
     )
 
 
-def make_engine(config: RunConfig, parts: Components, model: FlatModel, data: FederatedData) -> Engine:
-    """The engine over `data` with the config's backend and local settings."""
-    return Engine(
+def make_engine(
+    config: RunConfig, parts: Components, model: FlatModel, data: FederatedData, cls: type[Engine] = Engine
+) -> Engine:
+    """The engine (of class `cls`) over `data` with the config's backend and local settings."""
+    return cls(
         model,
         data,
         backend=config.backend,
@@ -369,14 +372,18 @@ def privacy_ledger(
     return PrivacyLedger(config.privacy, dp, sgd, shape)
 
 
-def build(config: RunConfig) -> Experiment:
+EngineMaker = Callable[[RunConfig, Components, FlatModel, FederatedData], EngineProtocol]
+
+
+def build(config: RunConfig, make: EngineMaker = make_engine) -> Experiment:
     """Load and federate the data (the config made explicit: `implied`; a line for each thing implied, as a
-    `FedhetNote`), build the model, engine, strategy and availability process."""
+    `FedhetNote`), build the model, engine (`make`: `make_engine`, or another's such as
+    `fedhet.experiments.actors`'), strategy and availability process."""
     config, parts, dataset, notes = prepared(config)
     for note in notes:
         warnings.warn(note, FedhetNote, stacklevel=2)
     data = federate_dataset(config, parts, dataset)
     model = build_model(config, parts, data.input_shape, data.num_classes, data.task)
     check_run(config, data, model)  # before the engine probes the model, and before anything is written
-    engine = make_engine(config, parts, model, data)
+    engine = make(config, parts, model, data)
     return assemble(config, parts, data, engine)

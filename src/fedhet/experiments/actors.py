@@ -1,0 +1,253 @@
+"""One run on several processes: each round's cohort sharded over Ray actors (``fedhet run --actors N``).
+
+Each actor holds an `Engine` built from the run's config and the driver's federated data (sent once), and trains
+its share of the cohort: the plan is cut into contiguous slices of about equal work (local steps), each actor trains
+one (`Engine.train`), and the results are put back together in the plan's order. Everything else (selection, the
+server step, evaluation, checkpoints) stays in the driver, on its own `Engine` over the same data.
+
+The numbers are those of the one-process run (the same ``metrics.csv``, byte for byte): a client's mini-batches,
+dropout masks and noise come from streams keyed by (seed, round, client) (`fedhet.engine.batches`,
+`fedhet.seeding`), never by its place in the cohort, and every actor trains on the backend the driver picks for the
+whole cohort. The clients' state between rounds (SCAFFOLD's c_i, Ditto's personal models, a persistent optimiser's
+buffers) stays in the driver's `ClientStore`: each call sends the shard's rows to its actor and takes the new rows
+back, so checkpoints, resumes and personalised evaluation read it where a one-process run does.
+
+Ray is an optional extra (``pip install 'fedhet[ray]'``). Without an address the actors run on a local Ray instance
+started for the run; with one (``auto``, ``HOST:PORT``) on that cluster, one actor per `threads` cores (and one GPU
+each with ``device: cuda``). The data travels through Ray's object store: the nodes need no data files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedhet.data.dataset import FederatedData
+from fedhet.engine.engine import Engine
+from fedhet.engine.functional import FlatModel
+from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.step import fresh_cohort
+from fedhet.errors import FedhetError
+from fedhet.experiments.build import Components, Experiment, build, build_model, components, make_engine
+from fedhet.experiments.config import RunConfig, parse_config
+from fedhet.experiments.executor import RAY_HINT
+
+MAX_ACTORS = 1024
+# Shards start at multiples of this many clients: a client's rows of the cohort's (m, P) models then lie at the same
+# memory alignment (32 bytes) on its actor as in one process, and MKL's small matrix products (layers of a few
+# inputs) round by alignment.
+ALIGN = 8
+
+
+def check_actors(actors: int | None, address: str | None, engine: str = "native", estimate: bool = False) -> None:
+    """Refuse in one line, before anything runs, what `--actors` cannot do (and a missing Ray)."""
+    if actors is None:
+        if address is not None:
+            raise FedhetError("--ray gives the cluster of --actors: add --actors N (the processes that train)")
+        return
+    if not 1 <= actors <= MAX_ACTORS:
+        raise FedhetError(f"--actors {actors}: give 1 to {MAX_ACTORS} actors (processes that train the cohort)")
+    if engine != "native":
+        raise FedhetError(f"--actors shards the native engine's training: leave out --engine {engine}")
+    if estimate:
+        raise FedhetError("--estimate times this process alone: leave out --actors")
+    if importlib.util.find_spec("ray") is None:
+        raise FedhetError(f"--actors needs Ray: {RAY_HINT}")
+
+
+class ActorPool:
+    """Ray actors that train a run's cohorts (`ShardedEngine`); use as a context manager, or call `close`.
+
+    `builder` is the run's builder (`fedhet.experiments.runner.run`/`resume`'s ``builder``): the run's own `build`,
+    with an engine whose training goes to `actors` actors of `threads` torch threads each, on the Ray cluster at
+    `address` (None: a local instance started here, stopped by `close`).
+    """
+
+    def __init__(self, actors: int, address: str | None = None, threads: int = 1) -> None:
+        check_actors(actors, address)
+        if threads < 1:
+            raise FedhetError(f"--threads {threads}: give at least 1 torch thread per actor")
+        self.count, self.address, self.threads = actors, address, threads
+        self.handles: list[Any] = []
+        self._ray: Any = None
+
+    def __enter__(self) -> ActorPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the actors, and the Ray connection (a local instance stops with it)."""
+        ray, self._ray = self._ray, None
+        if ray is None:
+            return
+        for handle in self.handles:
+            ray.kill(handle)
+        self.handles = []
+        ray.shutdown()
+
+    def builder(self, config: RunConfig) -> Experiment:
+        """`build` with a `ShardedEngine` on this pool's actors."""
+        return build(config, make=self._engine)
+
+    def _engine(self, config: RunConfig, parts: Components, model: FlatModel, data: FederatedData) -> Engine:
+        engine = make_engine(config, parts, model, data, cls=ShardedEngine)
+        assert isinstance(engine, ShardedEngine)
+        engine.pool = self
+        self._start(config, data)
+        return engine
+
+    def _connect(self) -> Any:
+        if self._ray is None:
+            import ray
+
+            options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}  # no notices
+            if self.address is None:  # a local instance of its own, as large as the actors
+                options.update(address="local", num_cpus=self.count * self.threads, include_dashboard=False)
+            else:
+                options["address"] = self.address
+            try:
+                ray.init(**options)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                where = f"the Ray cluster at '{self.address}'" if self.address else "a local Ray instance"
+                raise FedhetError(f"cannot start {where} ({first}); start one with `ray start --head`") from None
+            self._ray = ray
+        return self._ray
+
+    def _start(self, config: RunConfig, data: FederatedData) -> None:
+        """Start the actors (once per pool: a resume builds the run again on the same actors' successors)."""
+        ray = self._connect()
+        for handle in self.handles:
+            ray.kill(handle)
+        gpus = 1 if config.device.startswith("cuda") else 0
+        remote = ray.remote(num_cpus=self.threads, num_gpus=gpus, max_restarts=0)(Trainer)
+        shared = ray.put(data)
+        raw = config.model_dump(mode="json")
+        self.handles = [remote.remote(raw, shared, self.threads, os.getcwd()) for _ in range(self.count)]
+        try:
+            ray.get([h.ready.remote() for h in self.handles])
+        except ray.exceptions.RayError as err:
+            raise FedhetError(f"the Ray actors did not start: {_first_line(err)}") from None
+
+    def train(
+        self, shards: list[tuple[LocalPlan, dict[str, Any]]], params: Tensor, round_: int, backend: str, history: int
+    ) -> list[tuple[LocalResult, dict[str, Any]]]:
+        """Each shard (its plan and its clients' stored state) trained on its own actor: (result, new state)."""
+        ray = self._ray
+        shared = ray.put(params)
+        refs = [
+            handle.train.remote(shared, plan, round_, backend, state, history)
+            for handle, (plan, state) in zip(self.handles, shards, strict=False)
+        ]
+        try:
+            return list(ray.get(refs))
+        except ray.exceptions.RayError as err:
+            raise FedhetError(
+                f"round {round_ + 1}: a Ray actor failed ({_first_line(err)}); the run stopped at its last "
+                "checkpoint: continue it with fedhet run --resume"
+            ) from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+class Trainer:
+    """A Ray actor's body: an `Engine` over the driver's data, built from the run's config as the driver's is."""
+
+    def __init__(self, raw: dict[str, Any], data: FederatedData, threads: int, cwd: str) -> None:
+        if os.path.isdir(cwd):
+            os.chdir(cwd)  # relative paths (plugins) as the driver's
+        torch.set_num_threads(threads)
+        self.threads = threads
+        config = parse_config(raw)
+        parts = components(config)
+        model = build_model(config, parts, data.input_shape, data.num_classes, data.task)
+        self.engine = make_engine(config, parts, model, data)
+
+    def ready(self) -> bool:
+        return True
+
+    def train(
+        self, params: Tensor, plan: LocalPlan, round_: int, backend: str, state: dict[str, Any], history: int
+    ) -> tuple[LocalResult, dict[str, Any]]:
+        """`Engine.train` of the shard on `backend`, from its clients' stored `state`; the result and their new
+        state."""
+        from fedhet.engine.threads import torch_threads
+
+        engine = self.engine
+        engine.backend, engine.state_history = backend, history  # type: ignore[assignment]
+        engine.client_state.load_state_dict(state)
+        with torch_threads(self.threads):
+            result = engine.train(params, plan, round_)
+        return result, engine.client_state.state_dict()
+
+
+class ShardedEngine(Engine):
+    """An `Engine` whose `train` shards the cohort over an `ActorPool`; the rest runs here."""
+
+    pool: ActorPool
+
+    def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
+        m = len(plan.clients)
+        probe = fresh_cohort(plan.rows(torch.arange(min(m, 1))), global_params)  # what the objective needs
+        backend = self.backend_for(m, probe.autograd_only, plan.batch_size)
+        stored = self.client_state.state_dict()
+        shards = []
+        for rows in split_work(plan.steps, self.pool.count):
+            part = plan.rows(rows)
+            wanted = set(part.clients.tolist())
+            state = {key: {k: h for k, h in table.items() if k in wanted} for key, table in stored.items()}
+            shards.append((part, state))
+        trained = self.pool.train(shards, global_params, round_, backend, self.state_history)
+        for _, state in trained:
+            self.client_state.update(state)
+        self.client_state.prune(self._keep_from(round_))
+        self.last_backend = backend
+        return concat_results([result for result, _ in trained])
+
+
+def split_work(steps: Tensor, parts: int, align: int = ALIGN) -> list[Tensor]:
+    """Contiguous index ranges of the cohort, at most `parts` of them and none empty, of about equal local steps
+    (each client's, at least one: clients without steps spread too), cut at multiples of `align` clients."""
+    m = len(steps)
+    if m == 0:
+        return [torch.arange(0)]
+    work = steps.clamp_min(1).double().cumsum(0)
+    cuts = torch.searchsorted(work, work[-1] * torch.arange(1, parts, dtype=torch.float64) / parts, right=True)
+    cuts = (cuts.double() / align).round().long() * align
+    bounds = sorted({0, *cuts.clamp(0, m).tolist(), m})
+    return [torch.arange(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def concat_results(results: list[LocalResult]) -> LocalResult:
+    """The shards' results as one, in the order given (every per-client field)."""
+    if len(results) == 1:
+        return results[0]
+
+    def cat(pick: Callable[[LocalResult], Tensor | None]) -> Tensor | None:
+        parts = [pick(r) for r in results]
+        return None if parts[0] is None else torch.cat(parts)  # type: ignore[arg-type]
+
+    first = results[0]
+    keys = first.state_delta.keys()
+    out = LocalResult(
+        torch.cat([r.clients for r in results]),
+        torch.cat([r.params for r in results]),
+        torch.cat([r.train_loss for r in results]),
+        torch.cat([r.steps for r in results]),
+        torch.cat([r.lr for r in results]),
+        {key: torch.cat([r.state_delta[key] for r in results]) for key in keys},
+    )
+    out.dropped, out.clipped = cat(lambda r: r.dropped), cat(lambda r: r.clipped)
+    return out
