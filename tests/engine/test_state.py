@@ -93,3 +93,18 @@ def test_a_mostly_forgotten_adopted_tensor_is_copied_out_so_that_it_is_freed() -
     torch.testing.assert_close(last, torch.ones(3))  # client 3's row, copied out of the forgotten tensor
     expected = torch.tensor([[2.0] * 3] * 3 + [[1.0] * 3])
     torch.testing.assert_close(store.stacked("p", clients, 9, lambda: torch.zeros(3)), expected)
+
+
+def test_update_replaces_the_rows_of_the_clients_given_only() -> None:
+    """What an actor sends back (`fedhet.experiments.actors`): its clients' histories replace theirs, the others'
+    stay, and a key seen first there is added."""
+    store = ClientStore()
+    store.write("c", torch.tensor([0, 1]), torch.tensor([[1.0], [2.0]]), 0)
+    other = ClientStore()
+    other.write("c", torch.tensor([1]), torch.tensor([[5.0]]), 0)
+    other.write("c", torch.tensor([1]), torch.tensor([[6.0]]), 1)
+    other.write("d", torch.tensor([1]), torch.tensor([[7.0]]), 1)
+    store.update(other.state_dict())
+    assert store.read("c", torch.tensor([0, 1]), 2, torch.zeros(2, 1)).view(-1).tolist() == [1.0, 6.0]
+    assert store.read("c", torch.tensor([1]), 1, torch.zeros(1, 1)).item() == 5.0  # the history came too
+    assert store.keys() == ["c", "d"] and store.clients("d") == [1]

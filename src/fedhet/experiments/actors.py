@@ -22,14 +22,22 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import logging
+import math
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from fedhet.data.dataset import FederatedData
+from fedhet.engine.conv import conv_layers
+from fedhet.engine.conv import default_chunk as conv_chunk
+from fedhet.engine.dense import BLOCK as DENSE_BLOCK
+from fedhet.engine.dense import default_chunk as dense_chunk
+from fedhet.engine.dense import dense_layers
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult
@@ -40,10 +48,6 @@ from fedhet.experiments.config import RunConfig, parse_config
 from fedhet.experiments.executor import RAY_HINT
 
 MAX_ACTORS = 1024
-# Shards start at multiples of this many clients: a client's rows of the cohort's (m, P) models then lie at the same
-# memory alignment (32 bytes) on its actor as in one process, and MKL's small matrix products (layers of a few
-# inputs) round by alignment.
-ALIGN = 8
 
 
 def check_actors(actors: int | None, address: str | None, engine: str = "native", estimate: bool = False) -> None:
@@ -139,22 +143,34 @@ class ActorPool:
             raise FedhetError(f"the Ray actors did not start: {_first_line(err)}") from None
 
     def train(
-        self, shards: list[tuple[LocalPlan, dict[str, Any]]], params: Tensor, round_: int, backend: str, history: int
+        self,
+        shards: list[tuple[LocalPlan, dict[str, Any]]],
+        params: Tensor,
+        round_: int,
+        backend: str,
+        chunk: int,
+        history: int,
     ) -> list[tuple[LocalResult, dict[str, Any]]]:
-        """Each shard (its plan and its clients' stored state) trained on its own actor: (result, new state)."""
+        """Each shard (its plan and its clients' stored state) trained on its own actor on `backend` in chunks of
+        `chunk` clients (0: the config's): (result, new state)."""
         ray = self._ray
         shared = ray.put(params)
         refs = [
-            handle.train.remote(shared, plan, round_, backend, state, history)
+            handle.train.remote(shared, plan, round_, backend, chunk, state, history)
             for handle, (plan, state) in zip(self.handles, shards, strict=False)
         ]
         try:
-            return list(ray.get(refs))
+            done = ray.get(refs)
         except ray.exceptions.RayError as err:
             raise FedhetError(
                 f"round {round_ + 1}: a Ray actor failed ({_first_line(err)}); the run stopped at its last "
                 "checkpoint: continue it with fedhet run --resume"
             ) from None
+        with warnings.catch_warnings():  # torch warns of read-only arrays
+            warnings.simplefilter("ignore", UserWarning)
+            for result, models, _ in done:  # views of Ray's shared memory, read-only: `concat_results` copies them
+                result.params = torch.from_numpy(models)
+        return [(result, state) for result, _, state in done]
 
 
 def _first_line(err: BaseException) -> str:
@@ -174,66 +190,115 @@ class Trainer:
         parts = components(config)
         model = build_model(config, parts, data.input_shape, data.num_classes, data.task)
         self.engine = make_engine(config, parts, model, data)
+        self.chunk_size = config.chunk_size
 
     def ready(self) -> bool:
         return True
 
     def train(
-        self, params: Tensor, plan: LocalPlan, round_: int, backend: str, state: dict[str, Any], history: int
-    ) -> tuple[LocalResult, dict[str, Any]]:
-        """`Engine.train` of the shard on `backend`, from its clients' stored `state`; the result and their new
-        state."""
+        self,
+        params: Tensor,
+        plan: LocalPlan,
+        round_: int,
+        backend: str,
+        chunk: int,
+        state: dict[str, Any],
+        history: int,
+    ) -> tuple[LocalResult, np.ndarray, dict[str, Any]]:
+        """`Engine.train` of the shard on `backend`, from its clients' stored `state`: the result (its models apart,
+        as an array) and their new state."""
         from fedhet.engine.threads import torch_threads
 
         engine = self.engine
         engine.backend, engine.state_history = backend, history  # type: ignore[assignment]
+        engine.chunk_size = chunk or self.chunk_size
         engine.client_state.load_state_dict(state)
         with torch_threads(self.threads):
             result = engine.train(params, plan, round_)
-        return result, engine.client_state.state_dict()
+        models, result.params = result.params.numpy(), result.params[:0]  # NumPy: Ray's shared memory, no copy
+        return result, models, engine.client_state.state_dict()
 
 
 class ShardedEngine(Engine):
     """An `Engine` whose `train` shards the cohort over an `ActorPool`; the rest runs here."""
 
     pool: ActorPool
+    spread: int | None = None  # the actors a cohort is spread over (None: all of the pool's; benchmarks set 1)
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         m = len(plan.clients)
         probe = fresh_cohort(plan.rows(torch.arange(min(m, 1))), global_params)  # what the objective needs
         backend = self.backend_for(m, probe.autograd_only, plan.batch_size)
+        order, chunk, starts = one_process_chunks(self, plan, backend)
         stored = self.client_state.state_dict()
-        shards = []
-        for rows in split_work(plan.steps, self.pool.count):
-            part = plan.rows(rows)
+        shards, picked = [], []
+        for rows in split_work(plan.steps[order], self.spread or self.pool.count, starts):
+            part = plan.rows(order[rows])
             wanted = set(part.clients.tolist())
             state = {key: {k: h for k, h in table.items() if k in wanted} for key, table in stored.items()}
             shards.append((part, state))
-        trained = self.pool.train(shards, global_params, round_, backend, self.state_history)
+            picked.append(order[rows])
+        trained = self.pool.train(shards, global_params, round_, backend, chunk, self.state_history)
         for _, state in trained:
             self.client_state.update(state)
         self.client_state.prune(self._keep_from(round_))
         self.last_backend = backend
-        return concat_results([result for result, _ in trained])
+        result = concat_results([result for result, _ in trained])
+        where = torch.cat(picked)
+        return result if bool((where == torch.arange(m)).all()) else result.rows(torch.argsort(where))
 
 
-def split_work(steps: Tensor, parts: int, align: int = ALIGN) -> list[Tensor]:
-    """Contiguous index ranges of the cohort, at most `parts` of them and none empty, of about equal local steps
-    (each client's, at least one: clients without steps spread too), cut at multiples of `align` clients."""
+def one_process_chunks(engine: Engine, plan: LocalPlan, backend: str) -> tuple[Tensor, int, list[int]]:
+    """How one process would train the plan on `backend`: the order of its clients, its chunk size (0: the
+    engine's own), and where its chunks start (in that order) that a shard may start at (`split_work`).
+
+    The dense and conv backends train clients in order of decreasing steps, in chunks of clients whose products
+    are batched (and whose path, such as the dense backend's Gram form of the first layer, is chosen per chunk): a
+    shard of whole chunks of that size, in that order, is computed on its actor as here. Its start is also a
+    multiple of 8 models (32 bytes), where MKL's small matrix products round alike. The others train client by
+    client (sequential) or all at once (vectorised: `vmap`'s batched products): any start."""
+    m, model = len(plan.clients), engine.model
+    workers = torch.get_num_threads()
+    if backend == "dense":
+        layers = dense_layers(model)
+        assert layers is not None
+        chunk = engine.chunk_size or dense_chunk(model, m, workers)
+        block = max(chunk * workers, DENSE_BLOCK)
+        starts = [b + c for b in range(0, m, block) for c in range(0, min(block, m - b), chunk)]
+    elif backend == "conv":
+        spec = conv_layers(model)
+        assert spec is not None
+        chunk = engine.chunk_size or conv_chunk(spec, m, workers, plan.batch_size)
+        starts = list(range(0, m, chunk))
+    else:
+        return torch.arange(m), 0, list(range(m))
+    words = 8 // math.gcd(model.size, 8)  # models per 32 bytes
+    order = torch.argsort(plan.steps, descending=True, stable=True)
+    return order, chunk, [s for s in starts if s % words == 0]
+
+
+def split_work(steps: Tensor, parts: int, starts: list[int] | None = None) -> list[Tensor]:
+    """Consecutive index ranges of the cohort, at most `parts` of them and none empty, of about equal local steps
+    (each client's, at least one: clients without steps spread too), each starting at one of `starts` (default:
+    anywhere)."""
     m = len(steps)
     if m == 0:
         return [torch.arange(0)]
-    work = steps.clamp_min(1).double().cumsum(0)
-    cuts = torch.searchsorted(work, work[-1] * torch.arange(1, parts, dtype=torch.float64) / parts, right=True)
-    cuts = (cuts.double() / align).round().long() * align
-    bounds = sorted({0, *cuts.clamp(0, m).tolist(), m})
+    allowed = torch.tensor(sorted({0, *(starts if starts is not None else range(m))}), dtype=torch.float64)
+    work = torch.cat([torch.zeros(1, dtype=torch.float64), steps.clamp_min(1).double().cumsum(0)])
+    at = work[allowed.long()]  # the work before each allowed start
+    goals = work[-1] * torch.arange(1, parts, dtype=torch.float64) / parts
+    nearest = (at.view(1, -1) - goals.view(-1, 1)).abs().argmin(1)
+    bounds = sorted({0, *allowed[nearest].long().tolist(), m})
     return [torch.arange(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def concat_results(results: list[LocalResult]) -> LocalResult:
     """The shards' results as one, in the order given (every per-client field)."""
     if len(results) == 1:
-        return results[0]
+        only = results[0]
+        only.params = only.params.clone()
+        return only
 
     def cat(pick: Callable[[LocalResult], Tensor | None]) -> Tensor | None:
         parts = [pick(r) for r in results]
