@@ -809,6 +809,9 @@ def _print_estimates(estimates: list[Any], title: str, note: str = "") -> None:
         table.add_row(*row)
     console.print(table)
     for e in estimates:
+        if e.footprint is not None and len(estimates) == 1:  # one run: its memory by part
+            for line in e.footprint.lines():
+                console.print(line, highlight=False)
         if e.steps_timed:
             timed, steps = e.steps_timed
             console.print(f"{e.label}: rounds timed with {timed} of their {steps} local steps, local training scaled")

@@ -33,6 +33,7 @@ from fedhet.engine.task import TASKS, Task
 from fedhet.errors import ConfigError, FedhetNote
 from fedhet.experiments.config import RunConfig, dump_yaml, parse_config
 from fedhet.experiments.evaluation import scores_personal
+from fedhet.experiments.footprint import check_memory
 from fedhet.experiments.preflight import check_run
 from fedhet.metrics.base import Metric, check_columns
 from fedhet.models.base import ModelSpec
@@ -386,4 +387,6 @@ def build(config: RunConfig, make: EngineMaker = make_engine) -> Experiment:
     model = build_model(config, parts, data.input_shape, data.num_classes, data.task)
     check_run(config, data, model)  # before the engine probes the model, and before anything is written
     engine = make(config, parts, model, data)
-    return assemble(config, parts, data, engine)
+    experiment = assemble(config, parts, data, engine)
+    check_memory(experiment)  # the clients' state and a round's cohort must fit: before anything is written
+    return experiment
