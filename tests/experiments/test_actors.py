@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fedhet.engine.plan import LocalResult
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, FedhetNote
 from fedhet.experiments.actors import (
     ActorPool,
     Trainer,
@@ -211,3 +211,10 @@ def test_the_cli_refuses_actors_without_ray(tmp_path: Path, monkeypatch: pytest.
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     assert_refused(["run", "--rounds", "1", "--out", "run", "--actors", "2"], "pip install 'fedhet[ray]'", tmp_path)
+
+
+def test_a_cohort_of_one_chunk_trains_on_one_actor_with_a_note(tmp_path: Path) -> None:
+    config = parse_config({**SMALL, "chunk_size": 0, "rounds": 2})  # the dense backend's default: 28 clients a chunk
+    with InProcessPool(2) as pool, pytest.warns(FedhetNote, match="trains on 1 of the 2 actors; set chunk_size"):
+        run(config, tmp_path / "two", builder=pool.builder)
+    assert pool.calls == [[16], [16]]

@@ -42,7 +42,7 @@ from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.engine.step import fresh_cohort
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, FedhetNote
 from fedhet.experiments.build import Components, Experiment, build, build_model, components, make_engine
 from fedhet.experiments.config import RunConfig, parse_config
 from fedhet.experiments.executor import RAY_HINT
@@ -224,6 +224,7 @@ class ShardedEngine(Engine):
 
     pool: ActorPool
     spread: int | None = None  # the actors a cohort is spread over (None: all of the pool's; benchmarks set 1)
+    _noted = False  # whether the run was told its cohort is fewer chunks than actors
 
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         m = len(plan.clients)
@@ -238,6 +239,16 @@ class ShardedEngine(Engine):
             state = {key: {k: h for k, h in table.items() if k in wanted} for key, table in stored.items()}
             shards.append((part, state))
             picked.append(order[rows])
+        asked = min(self.spread or self.pool.count, m)
+        if len(starts) < asked and not self._noted:  # fewer chunks than actors
+            self._noted = True
+            warnings.warn(
+                f"round {round_ + 1}: the cohort of {m} clients is {len(starts)} chunk(s) of one process's {backend} "
+                f"backend ({chunk or 1} clients each), so it trains on {len(shards)} of the {asked} actors; set "
+                "chunk_size lower to cut it finer (the same numbers in one process)",
+                FedhetNote,
+                stacklevel=2,
+            )
         trained = self.pool.train(shards, global_params, round_, backend, chunk, self.state_history)
         for _, state in trained:
             self.client_state.update(state)
