@@ -3,7 +3,7 @@
 thread each), and in this process, taking turns round by round; the medians, the speedup of two actors over one,
 and a check that the three give the same models and losses, bit for bit.
 
-Run: python benchmarks/actor_scaling.py [--rounds 15] [--json runs/actor_scaling.json]
+Run: python benchmarks/actor_scaling.py [--rounds 15] [--steps 10] [--json runs/actor_scaling.json]
 
 On a quiet machine (the load average is printed before and after: other processes on the cores lower the speedup).
 A round here is the engine's `train` (what `fedhet run --actors N` shards): the driver's server step and evaluation
@@ -18,6 +18,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,7 +29,7 @@ from fedhet.experiments.actors import ActorPool, ShardedEngine
 from fedhet.experiments.build import build_model, components
 from fedhet.experiments.config import parse_config
 
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "model": MLP.model,
     "num_clients": MLP.clients,
     "clients_per_round": MLP.clients,
@@ -43,10 +44,11 @@ def load() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds of each system")
+    parser.add_argument("--steps", type=int, default=MLP.steps, help="local steps a client takes in a round")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     print(f"load average before: {load()} ({os.cpu_count()} CPUs)")
-    config = parse_config(CONFIG)
+    config = parse_config({**CONFIG, "local": {**CONFIG["local"], "steps": args.steps}})
     data = MLP.data()
     with torch_threads(1), ActorPool(2, threads=1) as pool:
         parts = components(config)
@@ -80,11 +82,12 @@ def main() -> None:
     for name, value in medians.items():
         spread = f"{min(times[name]):.3f}–{max(times[name]):.3f}"
         print(f"{name:>14}: {value:.3f} s a round (median of {args.rounds}; {spread})")
-    print(f"two actors over one: {speedup:.2f}×; the same models and losses, bit for bit: {same}")
+    print(f"{args.steps} local steps; two actors over one: {speedup:.2f}×; the same models and losses: {same}")
     print(f"load average after: {load()}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        record = {"medians_s": medians, "speedup": speedup, "identical": same, "load_after": os.getloadavg()}
+        record = {"steps": args.steps, "medians_s": medians, "speedup": speedup, "identical": same}
+        record["load_after"] = os.getloadavg()
         args.json.write_text(json.dumps(record, indent=1) + "\n")
 
 
