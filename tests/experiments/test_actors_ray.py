@@ -59,16 +59,19 @@ def fedhet(*args: str) -> list[str]:
     return [sys.executable, "-m", "fedhet", "run", *args, "--quiet", "--threads", "1"]
 
 
+def subprocess_env() -> dict[str, str]:
+    """This environment, with this checkout's fedhet first on the path."""
+    paths = [str(ray_cluster.ROOT / "src"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def test_a_run_on_a_ray_cluster_whose_driver_is_killed_resumes_there(cluster: str, tmp_path: Path) -> None:
     config = {**CONFIG, "algorithm": "scaffold", "rounds": 40}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     run(parse_config(config), tmp_path / "one")
     out = tmp_path / "two"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ray_cluster.ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = subprocess_env()
     driver = subprocess.Popen(
         fedhet(str(path), "--out", str(out), "--actors", "2", "--ray", cluster), env=env, stderr=subprocess.PIPE
     )
@@ -89,3 +92,17 @@ def test_a_run_on_a_ray_cluster_whose_driver_is_killed_resumes_there(cluster: st
     )
     assert resumed.returncode == 0, resumed.stderr
     same_files(tmp_path / "one", out)
+
+
+def test_more_actors_than_the_cluster_has_cores_for_are_refused(cluster: str, tmp_path: Path) -> None:
+    env = subprocess_env()
+    out = tmp_path / "run"
+    done = subprocess.run(
+        fedhet("--rounds", "1", "--out", str(out), "--actors", "3", "--ray", cluster),
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and not out.exists()
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--actors 3 need 3 CPUs (1 each) and the Ray cluster has 2" in lines[0], done.stderr

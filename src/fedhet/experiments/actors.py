@@ -133,6 +133,13 @@ class ActorPool:
         for handle in self.handles:
             ray.kill(handle)
         gpus = 1 if config.device.startswith("cuda") else 0
+        have = ray.cluster_resources()
+        for what, each in (("CPU", self.threads), ("GPU", gpus)):
+            if each and have.get(what, 0) < self.count * each:
+                raise FedhetError(
+                    f"--actors {self.count} need {self.count * each} {what}s ({each} each) and the Ray cluster has "
+                    f"{have.get(what, 0):g}; ask for fewer actors (or --threads), or add nodes"
+                )
         remote = ray.remote(num_cpus=self.threads, num_gpus=gpus, max_restarts=0)(Trainer)
         shared = ray.put(data)
         raw = config.model_dump(mode="json")
