@@ -68,11 +68,11 @@ flower-venv: $(FLOWER_BIN)/flwr
 test-flower: flower-venv
 	FEDHET_FLOWER_TESTS=1 $(FLOWER_BIN)/pytest tests/flower
 
-# The Ray executor's test (docs/sweeps.md): a local Ray head on loopback; FEDHET_RAY_TESTS=1 makes a missing Ray an
+# The Ray tests (docs/sweeps.md, docs/performance.md: sweeps and --actors): a local Ray head on loopback; FEDHET_RAY_TESTS=1 makes a missing Ray an
 # error instead of a skip.
 test-ray: install
 	$(BIN)/pip install -q -e '.[dev,ray]' $(TORCH)
-	FEDHET_RAY_TESTS=1 $(BIN)/pytest tests/experiments/test_executor_ray.py
+	FEDHET_RAY_TESTS=1 $(BIN)/pytest tests/experiments/test_executor_ray.py tests/experiments/test_actors_ray.py
 
 # The trackers' tests with TensorBoard, MLflow and W&B (offline) installed: FEDHET_TRACKER_TESTS=1 makes a missing
 # tracker an error instead of a skip.

@@ -26,7 +26,6 @@ from fedhet.registry import Component, format_validation_error, spec_of
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from fedhet.engine.functional import FlatModel
 
 __all__ = ["Callback", "ClientTable", "Config", "RunResult", "load_run", "run"]
 
@@ -227,23 +226,6 @@ class RunResult:
         return [row[name] for row in self.history if name in row]
 
 
-def state_dict_of(model: FlatModel, params: Tensor) -> dict[str, Tensor]:
-    """The model with flat parameters `params` as a state dict (tied parameters under each of their names, like
-    `nn.Module.state_dict`; batch norm's running statistics from `params`, ``num_batches_tracked`` rounded to an
-    integer count; other buffers as built)."""
-    flat = model.unflatten(params.detach().cpu())
-    module = model.module
-    canonical = {id(p): n for n, p in module.named_parameters()}
-    every = dict(module.named_parameters(remove_duplicate=False))
-    out: dict[str, Tensor] = {}
-    for key, tensor in module.state_dict(keep_vars=True).items():
-        source = flat[canonical[id(every[key])]] if key in every else flat.get(key, tensor)
-        if key.endswith("num_batches_tracked") and key in flat:
-            source = source.round().long()
-        out[key] = source.detach().cpu().clone()
-    return out
-
-
 def _write_model(out: Path, state_dict: dict[str, Tensor]) -> None:
     """model.pt, atomically, listed in the run folder's marker (so that overwrite removes it too)."""
     import io
@@ -321,6 +303,8 @@ def run(
 
         hooks.insert(0, ProgressBar(Console()))
     state = start(cfg, folder, hooks, overwrite=overwrite)
+    from fedhet.engine.functional import state_dict_of
+
     model = state_dict_of(state.experiment.engine.model, state.params)
     if folder is not None:
         _write_model(folder, model)
@@ -394,6 +378,7 @@ def _as_state_dict(path: Path, config: dict[str, Any], trust: bool, params: Any,
     dataset is loaded for its shapes and task; code the folder names is imported only with `trust`)."""
     import torch
 
+    from fedhet.engine.functional import state_dict_of
     from fedhet.experiments.build import build_model, federate_dataset, prepared
     from fedhet.experiments.config import parse_config
     from fedhet.experiments.trust import code_of_folder

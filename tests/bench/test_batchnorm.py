@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from fedhet.api import state_dict_of
 from fedhet.bench.batchnorm import PlainLoop
 from fedhet.bench.pairs import workload_engine
 from fedhet.bench.workloads import Workload
+from fedhet.engine.functional import state_dict_of
 from fedhet.engine.plan import LocalPlan
 from fedhet.strategies.base import ServerContext
 from fedhet.strategies.fedavg import FedAvg

@@ -53,7 +53,8 @@ ELSEWHERE: dict[str, str] = {
         "a template for machines of your own (superlink.example, <pids>, certificates); the Flower stage runs "
         "the same SuperNodes on loopback"
     ),
-    r"^ray (start|stop)|--ray 127\.0\.0\.1|sweep-fedprox-ray": "the Ray stage (tests/experiments/test_executor_ray.py)",
+    r"^ray (start|stop)|--ray 127\.0\.0\.1|sweep-fedprox-ray": "the Ray stage (tests/experiments/test_executor_ray.py, "
+    "test_actors_ray.py)",
     r"^wandb ": "the trackers' stage (tests/experiments/test_tracking.py reads the offline W&B run back)",
     r"tv_nets\.py:resnet18": "torchvision's ResNet-18, not installable beside the pinned CPU torch here "
     "(tests/models/test_torchvision_shaped.py trains a ResNet built as torchvision builds it, each policy)",

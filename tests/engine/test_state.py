@@ -107,3 +107,18 @@ def test_prune_visits_only_clients_with_several_versions() -> None:
     store.prune(16)  # version 0 of client 5 is no longer visible to any read from version 16 on
     assert not store._pending.get("k") and [r for r, _ in store.state_dict()["k"][5]] == [9]
     assert [r for r, _ in store.state_dict()["k"][6]] == [0]
+
+
+def test_update_replaces_the_rows_of_the_clients_given_only() -> None:
+    """What an actor sends back (`fedhet.experiments.actors`): its clients' histories replace theirs, the others'
+    stay, and a key seen first there is added."""
+    store = ClientStore()
+    store.write("c", torch.tensor([0, 1]), torch.tensor([[1.0], [2.0]]), 0)
+    other = ClientStore()
+    other.write("c", torch.tensor([1]), torch.tensor([[5.0]]), 0)
+    other.write("c", torch.tensor([1]), torch.tensor([[6.0]]), 1)
+    other.write("d", torch.tensor([1]), torch.tensor([[7.0]]), 1)
+    store.update(other.state_dict())
+    assert store.read("c", torch.tensor([0, 1]), 2, torch.zeros(2, 1)).view(-1).tolist() == [1.0, 6.0]
+    assert store.read("c", torch.tensor([1]), 1, torch.zeros(1, 1)).item() == 5.0  # the history came too
+    assert store.keys() == ["c", "d"] and store.clients("d") == [1]

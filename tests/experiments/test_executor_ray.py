@@ -7,15 +7,9 @@ Skipped only when Ray is not installed and FEDHET_RAY_TESTS is unset (CI sets it
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,57 +20,12 @@ from helpers.sweeps import TINY, Probe, assert_same_run_folders, log_lines
 
 if not os.environ.get("FEDHET_RAY_TESTS"):
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'fedhet[ray]'")
-import ray
+from helpers import ray_cluster
+
+cluster = ray_cluster.cluster  # the fixture: a Ray head on loopback
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    """A Ray head on 127.0.0.1 with 2 CPUs, its processes in a process group of their own (stopped at the end by
-    that group: `ray stop` would stop every Ray instance of the machine's user)."""
-    command = Path(sys.executable).with_name("ray")
-    temp = tempfile.mkdtemp(prefix="fhray", dir="/tmp")  # short: Ray's socket paths must stay under 108 bytes
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
-    ray_cli = str(command if command.exists() else shutil.which("ray"))
-    options = ["--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2", "--temp-dir", temp]
-    head = subprocess.Popen(
-        [ray_cli, "start", "--head", "--block", *options, "--include-dashboard=false", "--disable-usage-stats"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    address = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # until the head answers
-            try:
-                ray.init(address=address, log_to_driver=False)
-                ray.shutdown()
-                break
-            except Exception:
-                if head.poll() is not None or time.monotonic() > deadline:
-                    raise
-                time.sleep(1)
-        yield address
-    finally:
-        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(head.pid, sig)
-                head.wait(wait)
-                break
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def kill_when_running(log: Path, label: str, after_round: int, killed: list[int], stop: threading.Event) -> None:

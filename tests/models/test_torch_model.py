@@ -233,7 +233,7 @@ def test_sequential_and_vectorised_give_the_same_metrics(nets: str, model: str, 
 def test_a_users_batch_norm_model_trains_its_running_statistics(nets: str) -> None:
     """BatchNorm with running statistics: the statistics train with the model, are averaged (FedAvg), and come out
     in the final state dict as torch keeps them (num_batches_tracked an integer)."""
-    from fedhet.api import state_dict_of
+    from fedhet.engine.functional import state_dict_of
 
     state = small_run(nets, "BatchNormNet", "auto")
     model = state.experiment.engine.model

@@ -8,13 +8,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fedhet.api import state_dict_of
 from fedhet.bench.pairs import CostRow, in_turns, print_rows, round_runners, workload_engine
 from fedhet.bench.run import matmul_flop_rate
 from fedhet.bench.workloads import Workload
 from fedhet.catalog import MODELS
 from fedhet.engine.batches import local_batches
 from fedhet.engine.engine import Engine
+from fedhet.engine.functional import state_dict_of
 from fedhet.models.flops import parameter_flops
 from fedhet.strategies.base import ServerContext
 from fedhet.strategies.fedavg import FedAvg

@@ -301,12 +301,26 @@ def run(
         float | None,
         typer.Option(help="differential privacy: set the noise multiplier so that ε after the run is this"),
     ] = None,
+    actors: Annotated[
+        int | None,
+        typer.Option(
+            help="train each round's cohort on this many Ray actors (processes; --threads torch threads each), the "
+            "same numbers as one process (needs the fedhet[ray] extra)"
+        ),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(help="with --actors: the Ray cluster's address (auto, or HOST:PORT; default: a local instance)"),
+    ] = None,
 ) -> None:
     """Run one experiment and write its run folder (one fedhet process per folder; Ctrl-C or SIGTERM stops it
     cleanly and --resume continues it)."""
     if threads is not None and threads < 1:
         raise FedhetError(f"--threads {threads}: give at least 1 torch thread")
-    with _torch_threads(threads):
+    from fedhet.experiments.actors import check_actors
+
+    check_actors(actors, ray, engine, estimate)
+    with _torch_threads(threads), _builder(actors, ray, threads) as builder:
         _run(
             config,
             algorithm,
@@ -330,7 +344,20 @@ def run(
             estimate,
             trust_imports,
             target_epsilon,
+            builder,
         )
+
+
+@contextmanager
+def _builder(actors: int | None, address: str | None, threads: int | None) -> Iterator[Any]:
+    """The run's builder: the runner's own (None), or one whose training goes to `actors` Ray actors."""
+    if actors is None:
+        yield None
+        return
+    from fedhet.experiments.actors import ActorPool
+
+    with ActorPool(actors, address, threads or 1) as pool:
+        yield pool.builder
 
 
 @contextmanager
@@ -369,6 +396,7 @@ def _run(
     estimate: bool,
     trust_imports: bool,
     target_epsilon: float | None,
+    builder: Any = None,
 ) -> None:
     if engine not in ("native", "flower"):
         raise FedhetError(f"--engine '{engine}' is not one of: native, flower")
@@ -384,7 +412,7 @@ def _run(
 
         require_flwr()
     if resume is not None:
-        _resume(resume, rounds, engine, nodes, track or [], _progress(quiet), quiet, trust_imports)
+        _resume(resume, rounds, engine, nodes, track or [], _progress(quiet), quiet, trust_imports, builder)
         return
     from fedhet.experiments.assembly import assemble, default_run_folder
     from fedhet.experiments.config import parse_config
@@ -404,7 +432,7 @@ def _run(
 
         _print_estimates([estimate_run(raw)], "this run")
         return
-    _start(cfg, out or default_run_folder(cfg), overwrite, engine, nodes, _progress(quiet), quiet)
+    _start(cfg, out or default_run_folder(cfg), overwrite, engine, nodes, _progress(quiet), quiet, builder)
 
 
 def _refuse_run_flags(resume: Path, given: list[str]) -> None:
@@ -419,9 +447,19 @@ def _refuse_run_flags(resume: Path, given: list[str]) -> None:
         )
 
 
-def _start(cfg: Any, out: Path, overwrite: bool, engine: str, nodes: int, callbacks: list[Any], quiet: bool) -> None:
-    """Run `cfg` into the new run folder `out` on the native engine or in Flower's simulation."""
-    from fedhet.experiments.runfolder import prepare_new
+def _start(
+    cfg: Any,
+    out: Path,
+    overwrite: bool,
+    engine: str,
+    nodes: int,
+    callbacks: list[Any],
+    quiet: bool,
+    builder: Any = None,
+) -> None:
+    """Run `cfg` into the new run folder `out` on the native engine (`builder`: the runner's own, or --actors') or in
+    Flower's simulation."""
+    from fedhet.experiments.runfolder import check_new, prepare_new
     from fedhet.experiments.runner import run as start_run
 
     with _resume_hint(out):
@@ -429,7 +467,9 @@ def _start(cfg: Any, out: Path, overwrite: bool, engine: str, nodes: int, callba
             prepare_new(out, overwrite)
             state = _simulate(cfg, out, nodes, callbacks)
         else:
-            state = start_run(cfg, out, callbacks, overwrite=overwrite)
+            if builder is not None:
+                check_new(out, overwrite)  # before the actors start (a minute on a busy machine)
+            state = start_run(cfg, out, callbacks, overwrite=overwrite, **({"builder": builder} if builder else {}))
     _report(state, quiet)
 
 
@@ -442,9 +482,10 @@ def _resume(
     callbacks: list[Any],
     quiet: bool,
     trust: bool = False,
+    builder: Any = None,
 ) -> None:
     """Continue the run in `out` (up to `rounds`), with the trackers of `track` added; `trust`: the code its
-    config.yaml names may be imported (``--trust-imports``)."""
+    config.yaml names may be imported (``--trust-imports``); `builder`: the runner's own (None) or --actors'."""
     from fedhet.experiments.runner import resume as resume_run
 
     if track:
@@ -457,7 +498,7 @@ def _resume(
                 raise FedhetError("--rounds with --resume is not supported with --engine flower")
             state = _simulate(None, out, nodes, callbacks, trust)
         else:
-            state = resume_run(out, callbacks, rounds=rounds, trust=trust)
+            state = resume_run(out, callbacks, rounds=rounds, trust=trust, **({"builder": builder} if builder else {}))
     if state.already_finished:
         console.print(f"'{out}' is already finished ({state.round} rounds); nothing to resume", highlight=False)
         return
@@ -501,6 +542,9 @@ def _report(state: Any, quiet: bool) -> None:
     nodes = getattr(engine, "nodes", None)  # a Flower run's remote engine
     backend = engine.last_backend or engine.backend_for(state.config.clients_per_round)
     where = f"Flower, {len(nodes)} nodes" if nodes is not None else f"{backend} backend"
+    pool = getattr(engine, "pool", None)  # --actors
+    if pool is not None:
+        where += f" on {pool.count} Ray actors"
     from fedhet.experiments.selection import selected_row
 
     table = Table(title=f"{state.status}: {state.round} rounds in {state.wall_time_s:.1f} s ({where})")
@@ -796,6 +840,9 @@ def _print_estimates(estimates: list[Any], title: str, note: str = "") -> None:
         table.add_row(*row)
     console.print(table)
     for e in estimates:
+        if e.footprint is not None and len(estimates) == 1:  # one run: its memory by part
+            for line in e.footprint.lines():
+                console.print(line, highlight=False)
         if e.steps_timed:
             timed, steps = e.steps_timed
             console.print(f"{e.label}: rounds timed with {timed} of their {steps} local steps, local training scaled")

@@ -265,7 +265,10 @@ class _Batches:
 
     def losses(self) -> Tensor:
         """Each client's mean over its steps of the weighted mean loss (nan for 0 steps)."""
-        total = (self.task.loss_value(self.logits, self.y) * self.share).sum((0, 2))
+        values = self.task.loss_value(self.logits, self.y) * self.share  # (T, c, b)
+        if values.shape[1] == 1:  # a lone client's column sums in another order than columns of several: padded,
+            values = torch.cat([values, torch.zeros_like(values)], 1)  # its loss is the same in any cohort
+        total = values.sum((0, 2))[: len(self.steps)]
         steps = self.steps.to(total.device)
         return torch.where(steps > 0, total / steps.clamp_min(1), torch.nan)
 

@@ -259,3 +259,20 @@ class FlatModel:
     def batch_loss(self, flat: Tensor, x: Tensor, y: Tensor, weight: Tensor) -> Tensor:
         """Weighted mean loss of a (possibly padded) mini-batch; padded rows have weight 0."""
         return (self.sample_losses(flat, x, y) * weight).sum() / weight.sum().clamp_min(1.0)
+
+
+def state_dict_of(model: FlatModel, params: Tensor) -> dict[str, Tensor]:
+    """The model with flat parameters `params` as a state dict (tied parameters under each of their names, like
+    `nn.Module.state_dict`; batch norm's running statistics from `params`, ``num_batches_tracked`` rounded to an
+    integer count; other buffers as built)."""
+    flat = model.unflatten(params.detach().cpu())
+    module = model.module
+    canonical = {id(p): n for n, p in module.named_parameters()}
+    every = dict(module.named_parameters(remove_duplicate=False))
+    out: dict[str, Tensor] = {}
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        source = flat[canonical[id(every[key])]] if key in every else flat.get(key, tensor)
+        if key.endswith("num_batches_tracked") and key in flat:
+            source = source.round().long()
+        out[key] = source.detach().cpu().clone()
+    return out

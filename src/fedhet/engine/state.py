@@ -122,6 +122,17 @@ class ClientStore:
         save or clone them before training on)."""
         return {key: {k: list(history) for k, history in table.items()} for key, table in self._rows.items()}
 
+    def update(self, state: dict[str, Any]) -> None:
+        """Replace the rows of the clients `state` holds (a `state_dict` of some clients: those another engine
+        trained, `fedhet.experiments.actors`) with its rows; the other clients keep theirs."""
+        for key, table in state.items():
+            mine = self._rows.setdefault(key, {})
+            self._adopted.add(key)  # its rows may be rows of one tensor (as sent): `prune` copies them out
+            for k, history in table.items():
+                mine[int(k)] = [(int(r), v) for r, v in history]
+                if len(history) > 1:  # several versions: `prune` visits it
+                    self._pending.setdefault(key, set()).add(int(k))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Rows as `state_dict` gave them (or `TableStore.state_dict`: its packed rows, one entry per client)."""
         self._adopted, self._rows, self._dropped, self._pending = set(), {}, {}, {}

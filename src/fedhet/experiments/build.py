@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from fedhet.engine.task import TASKS, Task
 from fedhet.errors import ConfigError, FedhetNote
 from fedhet.experiments.config import RunConfig, dump_yaml, parse_config
 from fedhet.experiments.evaluation import scores_personal
+from fedhet.experiments.footprint import check_memory
 from fedhet.experiments.preflight import check_run
 from fedhet.metrics.base import Metric, check_columns
 from fedhet.models.base import ModelSpec
@@ -286,9 +288,11 @@ def local_settings(config: RunConfig, parts: Components) -> LocalSettings:
     )
 
 
-def make_engine(config: RunConfig, parts: Components, model: FlatModel, data: FederatedData) -> Engine:
-    """The engine over `data` with the config's backend and local settings."""
-    return Engine(
+def make_engine(
+    config: RunConfig, parts: Components, model: FlatModel, data: FederatedData, cls: type[Engine] = Engine
+) -> Engine:
+    """The engine (of class `cls`) over `data` with the config's backend and local settings."""
+    return cls(
         model,
         data,
         backend=config.backend,
@@ -401,14 +405,20 @@ def privacy_ledger(
     return PrivacyLedger(config.privacy, mechanisms, shape)
 
 
-def build(config: RunConfig) -> Experiment:
+EngineMaker = Callable[[RunConfig, Components, FlatModel, FederatedData], EngineProtocol]
+
+
+def build(config: RunConfig, make: EngineMaker = make_engine) -> Experiment:
     """Load and federate the data (the config made explicit: `implied`; a line for each thing implied, as a
-    `FedhetNote`), build the model, engine, strategy and availability process."""
+    `FedhetNote`), build the model, engine (`make`: `make_engine`, or another's such as
+    `fedhet.experiments.actors`'), strategy and availability process."""
     config, parts, dataset, notes = prepared(config)
     for note in notes:
         warnings.warn(note, FedhetNote, stacklevel=2)
     data = federate_dataset(config, parts, dataset)
     model = build_model(config, parts, data.input_shape, data.num_classes, data.task)
     check_run(config, data, model)  # before the engine probes the model, and before anything is written
-    engine = make_engine(config, parts, model, data)
-    return assemble(config, parts, data, engine)
+    engine = make(config, parts, model, data)
+    experiment = assemble(config, parts, data, engine)
+    check_memory(experiment)  # the clients' state and a round's cohort must fit: before anything is written
+    return experiment

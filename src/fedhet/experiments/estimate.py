@@ -33,6 +33,7 @@ from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.evaluation import evaluate_global, evaluation_sample
 from fedhet.experiments.executor import Executor, Outcome, Post, Task
+from fedhet.experiments.footprint import Footprint, footprint
 from fedhet.experiments.reproduce import Recipe, dataset_available, deep_merge
 from fedhet.experiments.runner import run
 from fedhet.experiments.state import RunState
@@ -63,6 +64,7 @@ class Estimate:
     stand_in: bool
     steps_timed: tuple[int, int] | None = None  # (timed, configured) local steps when the timed rounds had fewer
     gpu_peak_mb: float | None = None  # the most GPU memory its tensors held, for a config on `device: cuda`
+    footprint: Footprint | None = None  # its memory by part, projected for K clients and the cohort
 
     @property
     def run_s(self) -> float:
@@ -305,6 +307,7 @@ def estimate_config(
         stand_in,
         steps_timed,
         gpu_peak,
+        footprint(exp),
     )
 
 
