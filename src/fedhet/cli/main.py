@@ -317,9 +317,10 @@ def run(
     cleanly and --resume continues it)."""
     if threads is not None and threads < 1:
         raise FedhetError(f"--threads {threads}: give at least 1 torch thread")
-    from fedhet.experiments.actors import check_actors
+    if actors is not None or ray is not None:  # (the actors' module imports torch: a misspelt key answers without)
+        from fedhet.experiments.actors import check_actors
 
-    check_actors(actors, ray, engine, estimate)
+        check_actors(actors, ray, engine, estimate)
     with _torch_threads(threads), _builder(actors, ray, threads) as builder:
         _run(
             config,
