@@ -56,7 +56,8 @@ EXPECTED = {
     "own_images": [r"finished: test accuracy \d\.\d+ on 8 clients", r"features\.0\.weight \(4, 1, 3, 3\)"],
     "own_model": [
         r"by import path: test accuracy (\d\.\d+)\nthe class: +test accuracy \1\n",  # the same run both ways
-        r"refused: .*BatchNorm2d 'net\.1' keeps running statistics.*GroupNorm",
+        r"with batch norm: FedAvg 0\.\d+, FedBN's own models 0\.\d+",
+        r"averaged statistics: net\.1\.running_mean \[",
     ],
     "custom_strategy": [r"fedavg +q=0 ", r"loss_weighted +q=2\.0", r"loss_weighted +q=5\.0"],
     "tutorial": [
