@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 from torch import nn
 
 from fedhet.registry import Component, Registry
@@ -26,6 +26,15 @@ class ModelSpec(Component):
 
     @abstractmethod
     def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module: ...
+
+    @model_serializer(mode="wrap")
+    def _without_unset_policy(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """The spec (and a run's identity) as before ``batch_norm`` existed, when the policy is left to the
+        algorithm."""
+        data: dict[str, object] = handler(self)
+        if "batch_norm" in data and data["batch_norm"] is None:
+            data.pop("batch_norm")
+        return data
 
 
 MODELS: Registry[ModelSpec] = Registry("model")
