@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from fedhet.privacy.secagg import (
     default_degree,
     default_threshold,
     dequantise,
+    dp_noise,
     harary_graph,
     masked_inputs,
     masked_sum,
@@ -38,7 +40,9 @@ from fedhet.privacy.secagg import (
     share,
     unmask,
 )
+from fedhet.seeding import torch_gen
 from fedhet.strategies.base import Strategy
+from helpers.hostile import assert_refused
 from helpers.tiny import linear_model, make_context, tiny_data
 
 SIZES = [6, 9, 4, 12, 7, 5]
@@ -161,8 +165,8 @@ def test_client_bytes_formula() -> None:
     assert client_bytes(10, 32, 4) == 248
 
 
-def _engine() -> Engine:
-    return Engine(linear_model(), tiny_data(SIZES, seed=1), backend="dense", seed=3)
+def _engine(dim: int = 3, classes: int = 2) -> Engine:
+    return Engine(linear_model(dim, classes), tiny_data(SIZES, dim, classes, seed=1), backend="dense", seed=3)
 
 
 def _round(strategy: Strategy, engine: Engine, drop: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,3 +266,110 @@ def test_share_draws_its_coefficients_as_16_byte_draws_would(threshold: int) -> 
     coeffs = [42] + [int.from_bytes(ref.bytes(16), "little") % (2**127 - 1) for _ in range(threshold - 1)]
     assert shares == [(x, sum(c * x**i for i, c in enumerate(coeffs)) % (2**127 - 1)) for x in range(1, 6)]
     assert rng.integers(0, 2**63) == ref.integers(0, 2**63)
+
+
+# --- distributed DP -----------------------------------------------------------------------------------------------
+
+
+def test_dp_noise_clips_to_the_norm_then_adds_the_client_streams_noise() -> None:
+    updates = torch.tensor([[3.0, 4.0], [0.3, 0.4]])  # norms 5 and 0.5 against C = 1
+    clipped, which = dp_noise(updates, torch.tensor([7, 2]), 1.0, 0.0, seed=0, round_=0)
+    assert torch.allclose(clipped, torch.tensor([[0.6, 0.8], [0.3, 0.4]], dtype=torch.float64))
+    assert which.tolist() == [True, False]
+    noised, _ = dp_noise(updates, torch.tensor([7, 2]), 1.0, 0.5, seed=0, round_=3)
+    draw = torch.randn(2, generator=torch_gen(0, "secagg-dp-noise", 3, 7), dtype=torch.float64)
+    assert torch.allclose(noised[0], clipped[0] + 0.5 * draw)
+
+
+@pytest.mark.parametrize("drop", [[], [1, 4]])
+def test_dp_with_no_noise_and_no_clip_gives_todays_numbers(drop: list[int]) -> None:
+    engine = _engine()
+    base = {"name": "fedavg", "weighting": "uniform"}
+    spec = {"name": "secagg", "base": base, "degree": 4, "threshold": 2}
+    _, plain = _round(STRATEGIES.build(spec), engine, drop)
+    private = STRATEGIES.build({**spec, "dp_clip": float("inf"), "noise_multiplier": 0.0})
+    _, new = _round(private, engine, drop)
+    assert torch.equal(new, plain)
+    assert private.round_metrics()["dp_noise_std"] == 0
+
+
+@pytest.mark.parametrize("drop", [[], [1]])
+def test_each_client_adds_noise_of_sd_zc_over_root_t(drop: list[int]) -> None:
+    # z = 1, C = 0.5, t = 3: σ_u = 0.5/√3; the unmasked mean minus the mean of the clipped quantised updates is the
+    # survivors' noise over s, each client's drawn from its own stream, and its sum has sd √s·σ_u ≥ zC over P = 4010
+    engine = _engine(dim=400, classes=10)
+    spec = {"name": "secagg", "degree": 4, "threshold": 3, "dp_clip": 0.5}
+    _, quiet = _round(STRATEGIES.build({**spec, "noise_multiplier": 0.0}), engine, drop)
+    noisy_strategy = STRATEGIES.build({**spec, "noise_multiplier": 1.0})
+    _, noisy = _round(noisy_strategy, engine, drop)
+    survivors = [c for c in range(len(SIZES)) if c not in drop]
+    sigma = 0.5 / 3**0.5
+    total = (quiet - noisy).double() * len(survivors)  # new = w − mean(clipped Δ_u + noise_u)
+    draws = sum(
+        torch.randn(total.shape, generator=torch_gen(0, "secagg-dp-noise", 0, c), dtype=torch.float64)
+        for c in survivors
+    )
+    assert torch.allclose(total, sigma * draws, atol=1e-4)
+    assert float(total.std()) == pytest.approx(len(survivors) ** 0.5 * sigma, rel=0.05)
+    assert len(survivors) ** 0.5 * sigma >= 0.5  # ≥ t survivors: at least central DP-FedAvg's zC
+    assert noisy_strategy.round_metrics()["dp_noise_std"] == pytest.approx(sigma)
+
+
+def _dp_config(tmp: dict) -> dict:
+    return {
+        "dataset": "digits",
+        "model": {"name": "mlp", "hidden": [8]},
+        "num_clients": 12,
+        "clients_per_round": 6,
+        "rounds": 4,
+        "local": {"steps": 2, "lr": 0.1, "batch_size": 8},
+        "algorithm": {"name": "secagg", "degree": 4, "dp_clip": 1.0},
+        "seed": 2,
+        **tmp,
+    }
+
+
+@pytest.mark.slow
+def test_a_target_epsilon_sets_z_lands_on_the_target_and_resumes_identically(tmp_path: Path) -> None:
+    cfg = parse_config(_dp_config({"privacy": {"target_epsilon": 6.0}, "checkpoint_every": 1}))
+    run(cfg, tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "cut", callbacks=[_Interrupt()])
+    resume(tmp_path / "cut")
+    text = (tmp_path / "full/metrics.csv").read_text()
+    assert (tmp_path / "cut/metrics.csv").read_text() == text
+    rows = list(csv.DictReader(text.splitlines()))
+    assert float(rows[-1]["dp_epsilon"]) == pytest.approx(6.0, rel=1e-3)
+    assert float(rows[0]["dp_epsilon"]) < float(rows[-1]["dp_epsilon"])
+    z = float(rows[-1]["dp_noise_multiplier"])
+    assert z > 0 and float(rows[-1]["dp_noise_std"]) == pytest.approx(z / 3**0.5)  # C = 1, t = 3 of k = 4
+    summary = json.loads((tmp_path / "full/summary.json").read_text())["privacy"]["client"]
+    assert summary["epsilon"] == pytest.approx(6.0, rel=1e-3) and summary["noise"] == "distributed"
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--set", "algorithm.dp_clip=1", "--set", "algorithm.base.weighting=samples"], "weighs them by samples"),
+        (["--set", "algorithm.noise_multiplier=1"], "set algorithm.dp_clip too"),
+        (
+            ["--set", "algorithm.dp_clip=1", "--set", "algorithm.noise_multiplier=1", "--target-epsilon", "3"],
+            "not both",
+        ),
+    ],
+)
+def test_cli_refuses_inconsistent_distributed_dp_in_one_line(
+    extra: list[str], fragment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert_refused(["run", "--algorithm", "secagg", *extra, "--out", "run", "--quiet"], fragment, tmp_path)
+
+
+def test_the_ledger_finds_the_mechanism_without_naming_it() -> None:
+    from fedhet.privacy.ledger import strategy_mechanisms
+
+    assert strategy_mechanisms(STRATEGIES.build("secagg")) == []  # no DP: no ledger, today's run
+    private = STRATEGIES.build({"name": "secagg", "dp_clip": 1.0})
+    assert strategy_mechanisms(private) == [private]
+    ledger = Path(__file__).parents[2] / "src/fedhet/privacy/ledger.py"
+    assert "secagg" not in ledger.read_text().lower()

@@ -139,8 +139,15 @@ def planned_participations(strategy: Strategy, seen: Tensor, rounds: int) -> Ten
 
 
 def strategy_mechanisms(strategy: Strategy) -> list[Mechanism]:
-    """The privacy mechanisms the strategy's wrappers run (outermost first)."""
-    return [part.privacy_mechanism() for part in strategy.parts() if isinstance(part, MechanismWrapper)]
+    """The privacy mechanisms the strategy's parts run (outermost first): a mechanism wrapper's, or a part that is a
+    mechanism itself and active in its configuration (`Mechanism.active`)."""
+    out = []
+    for part in strategy.parts():
+        if isinstance(part, MechanismWrapper):
+            out.append(part.privacy_mechanism())
+        elif isinstance(part, Mechanism) and part.active():
+            out.append(part)
+    return out
 
 
 def run_mechanisms(strategy: Strategy, dp_sgd: DPSGDConfig | None) -> list[Mechanism]:

@@ -74,6 +74,10 @@ class Mechanism(Component):
     _z: float | None = PrivateAttr(None)
     _context: Any = PrivateAttr(None)
 
+    def active(self) -> bool:
+        """Whether it runs in this configuration (a strategy that is a mechanism only when some setting asks)."""
+        return True
+
     # -- what the run reports it as ---------------------------------------------------------------------------
     def block(self) -> str:
         return self.level or self.name

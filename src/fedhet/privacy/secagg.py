@@ -22,6 +22,17 @@ What is simulated: the integer arithmetic, the graph, the key agreement (over th
 real security), Shamir's scheme (exact integers over the same prime field), the dropouts and the recovery. What is
 not: encryption of the shares, signatures, a malicious server, dropouts during unmasking. The PRG is NumPy's
 PCG64 (`prg`), not a cryptographic one.
+
+With differential privacy (``dp_clip: C``, ``noise_multiplier: z`` or a target ε through ``privacy.target_epsilon``:
+distributed DP, Kairouz et al., ICML 2021, in its simplest form): before step 1 each client clips its update to L2
+norm C, Δ_u · min(1, C/‖Δ_u‖), and adds its own Gaussian noise N(0, σ_u² I) with σ_u = z·C/√t, t the threshold
+(`dp_noise`; the draws from (seed, "secagg-dp-noise", round, client)); the weights are uniform, as in DP-FedAvg.
+A round that succeeds has ≥ t survivors, so the noise in the unmasked sum has standard deviation √s·σ_u ≥ z·C on
+each coordinate: the sum is at least as private as central DP-FedAvg's Σ_u Δ_u + N(0, (zC)² I), and the run's
+ledger accounts exactly that (conservatively): one Gaussian release of noise multiplier z on the sum, sensitivity
+C, each round, with the run's sampling (the base's m of the K clients; `release`). Not accounted: the quantisation
+after the noise (stochastic rounding, and the coordinate clip to [−c, c], which a large enough c leaves idle), and
+a server that lies about who dropped (with fewer than t honest survivors the noise is below z·C).
 """
 
 from __future__ import annotations
@@ -33,12 +44,15 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, model_validator
 from torch import Tensor
 
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import ConfigError, FedhetNote
-from fedhet.privacy.strategy import weights_of
+from fedhet.privacy.accounting import Release
+from fedhet.privacy.mechanisms import Mechanism, RunShape, Unit
+from fedhet.privacy.settings import PrivacyConfig
+from fedhet.privacy.strategy import uniform_by_default, weights_of
 from fedhet.seeding import numpy_rng, torch_gen
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train
 from fedhet.strategies.wrapper import Wrapper
@@ -293,16 +307,37 @@ def client_bytes(size: int, bits: int, degree: int) -> int:
     return math.ceil(size * bits / 8) + 2 * degree * FIELD_BYTES + (degree + 1) * FIELD_BYTES
 
 
+def dp_noise(
+    updates: Tensor, clients: Tensor, clip: float, std: float, seed: int, round_: int
+) -> tuple[Tensor, Tensor]:
+    """Each client's side of distributed DP: its update (a float64 row of `updates`) clipped to L2 norm `clip`, plus
+    N(0, std² I) drawn from (seed, "secagg-dp-noise", round, client); the rows, and which were clipped."""
+    out = updates.to(torch.float64, copy=True)
+    norms = torch.linalg.vector_norm(out, dim=1)
+    clipped = norms > clip
+    out[clipped] *= (clip / norms[clipped]).unsqueeze(1)
+    if std > 0:
+        for row, client in zip(out, clients.tolist(), strict=True):
+            gen = torch_gen(seed, "secagg-dp-noise", round_, int(client))
+            row += torch.randn(row.shape, generator=gen, dtype=torch.float64).mul_(std)
+    return out, clipped
+
+
 # --- the wrapper --------------------------------------------------------------------------------------------------
 
 
 @STRATEGIES.register
-class SecAgg(Wrapper):
+class SecAgg(Wrapper, Mechanism):
     """The base's weighted mean computed by secure aggregation (SecAgg+): quantised, masked updates whose masks
     cancel in the sum, dropouts recovered from Shamir shares; a round with too few survivors fails
-    (``secagg_failed``) and leaves the model unchanged."""
+    (``secagg_failed``) and leaves the model unchanged. With ``dp_clip`` it is also a privacy mechanism (distributed
+    DP, module docstring), which the run's ledger accounts (`Mechanism.active`)."""
 
+    model_config = Strategy.model_config
     name: ClassVar[str] = "secagg"
+    level: ClassVar[str] = "client"
+    prefix: ClassVar[str] = "dp"
+    noise_key: ClassVar[str | None] = "algorithm.noise_multiplier"
     description: ClassVar[str] = "secure aggregation (SecAgg+, simulated): masked, quantised updates of a weighted mean"
     base: str | dict[str, Any] = Field(
         "fedavg", validate_default=True, description="the strategy whose weighted mean is aggregated securely"
@@ -322,10 +357,50 @@ class SecAgg(Wrapper):
         "net", description="net: only the masks that do not cancel; all: every client's masked vector (slower)"
     )
 
+    dp_clip: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=True,
+        description="distributed DP: C, each update is clipped to L2 norm <= C before its noise (None: no DP)",
+    )
+    noise_multiplier: float | None = Field(
+        None,
+        ge=0,
+        description="distributed DP: z, each client adds N(0, (zC)^2/t) (None: from privacy.target_epsilon, else 1.0)",
+    )
+
     _cohort: Tensor | None = PrivateAttr(None)
     _last: dict[str, float] = PrivateAttr(default_factory=dict)
     _noted: bool = PrivateAttr(False)  # the first failed round of a run is a note
     _buffers: dict[str, Tensor] = PrivateAttr(default_factory=dict)  # workspaces reused across rounds
+
+    @model_validator(mode="before")
+    @classmethod
+    def _uniform_with_dp(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("dp_clip") is not None:
+            return {**data, "base": uniform_by_default(data.get("base", "fedavg"))}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SecAgg:
+        if self.dp_clip is None:
+            if self.noise_multiplier is not None:
+                raise ValueError(
+                    "algorithm.noise_multiplier is the noise over the clipping bound: set algorithm.dp_clip too"
+                )
+            return self
+        if math.isinf(self.dp_clip) and self.noise_multiplier != 0:
+            raise ValueError(
+                "the noise is z times the clipping bound: give a finite dp_clip (an infinite one only with "
+                "noise_multiplier: 0)"
+            )
+        weighting = getattr(self.inner, "weighting", None)
+        if weighting != "uniform":
+            raise ValueError(
+                f"distributed DP weighs every clipped update equally (DP-FedAvg), and the base weighs them by "
+                f"{weighting or 'its own rule'}: set algorithm.base.weighting: uniform"
+            )
+        return self
 
     @classmethod
     def check_base(cls, built: Strategy) -> None:
@@ -392,6 +467,12 @@ class SecAgg(Wrapper):
         assert weights is not None  # check_base refused bases without them
         gen = torch_gen(self.ctx.seed, "secagg-rounding", round_)
         updates = result.updates(global_params)
+        dp: dict[str, float] = {}
+        if self.dp_clip is not None:
+            std = self.z * self.dp_clip / math.sqrt(t) if self.z > 0 else 0.0
+            updates, clipped = dp_noise(updates, result.clients, self.dp_clip, std, self.ctx.seed, round_)
+            share = float(clipped.double().mean()) if len(clipped) else float("nan")
+            dp = {"dp_noise_std": std, "dp_noise_multiplier": self.z, "dp_clipped_share": share}
         weighted = self._buffer("work", updates.shape, torch.float64)  # NumPy: torch's mixed-type product is slow
         np.multiply(updates.numpy(), weights.double().numpy()[:, None], out=weighted.numpy())
         noise = self._buffer("noise", updates.shape, torch.float32) if self.rounding == "stochastic" else None
@@ -404,7 +485,7 @@ class SecAgg(Wrapper):
         else:
             masked = masked_sum(inputs, alive, keys, self.bits)
         total = unmask(masked, alive, keys, self.bits)
-        self._last = self._columns(global_params.numel(), k, t, int((~alive).sum()), failed=total is None)
+        self._last = {**self._columns(global_params.numel(), k, t, int((~alive).sum()), failed=total is None), **dp}
         if total is None:
             if not self._noted:
                 self._noted = True
@@ -435,6 +516,33 @@ class SecAgg(Wrapper):
 
     def state_dict(self) -> dict[str, Any]:
         return {"base": self.inner.state_dict(), "last": dict(self._last)}
+
+    # -- distributed DP's release (`fedhet.privacy.ledger`) -----------------------------------------------------------
+    def active(self) -> bool:
+        return self.dp_clip is not None
+
+    def unit(self) -> Unit:
+        return "round"
+
+    def release(self, z: float, n: int, shape: RunShape, settings: PrivacyConfig) -> Release:
+        """Central DP-FedAvg's release, which the ≥ t survivors' noise bounds (module docstring): a Gaussian of
+        multiplier z on the sum of the base's fixed-size sample of m of the K seen clients (replace-one), in full
+        without amplification."""
+        if not settings.amplification:
+            return Release(z, "none", replace=True)
+        population = int(shape.seen.sum())
+        return Release(z, "fixed", population=population, sample=min(shape.clients_per_round, population))
+
+    def assumes_uniform_cohort(self, settings: PrivacyConfig) -> bool:
+        return settings.amplification
+
+    def noise_limit(self, shape: RunShape) -> tuple[float, str]:
+        """Beyond z = m√T the noise on one coordinate of the mean over T rounds exceeds what T clipped means move."""
+        m = max(1, min(shape.clients_per_round, int(shape.seen.sum())))
+        return m * math.sqrt(max(1, shape.rounds)), f"m·√T, m = {shape.clients_per_round}, T = {shape.rounds} rounds"
+
+    def report(self, rounds: int) -> dict[str, Any]:
+        return {"noise_multiplier": self.z, "noise": "distributed", "sampling": "fixed", "clip": self.dp_clip}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["base"])
