@@ -67,5 +67,6 @@ def main() -> None:
     print(f"FedBN's own models {fedbn.final['personal_test_accuracy']:.3f}")
     print(f"averaged statistics: net.1.running_mean {shared.state_dict['net.1.running_mean'].tolist()}")
 
+
 if __name__ == "__main__":
     main()
