@@ -35,6 +35,10 @@ def cluster() -> Iterator[str]:
     temp = tempfile.mkdtemp(prefix="fhray", dir="/tmp")  # short: Ray's socket paths must stay under 108 bytes
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
+    # Ray >= 2.5x turns token authentication on for a head that finds ~/.ray/auth_token (which a local
+    # `ray.init()` writes), while a driver connecting by address stays in the mode its RAY_AUTH_MODE says: the head
+    # takes the driver's mode, so the tests pass whatever an earlier Ray run left in the home folder
+    env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
     ray_cli = str(command if command.exists() else shutil.which("ray"))
     options = ["--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2", "--temp-dir", temp]
     head = subprocess.Popen(
