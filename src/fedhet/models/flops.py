@@ -28,13 +28,13 @@ def parameter_flops(module: nn.Module, input_shape: tuple[int, ...]) -> Tensor:
 
     owners = [m for m in module.modules() if any(True for _ in m.parameters(recurse=False))]
     hooks = [m.register_forward_hook(record) for m in owners]
+    was_training = module.training
     try:
-        was_training = module.training
-        module.eval()
+        module.eval()  # batch norm's statistics stay as they are
         with torch.no_grad():
             module(torch.zeros(1, *input_shape))
-        module.train(was_training)
     finally:
+        module.train(was_training)
         for hook in hooks:
             hook.remove()
     parts, seen = [], set()

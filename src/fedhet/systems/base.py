@@ -126,17 +126,22 @@ class SystemModel(Component, RunAware):
     )
     _num_clients: int | None = PrivateAttr(None)
     _seed: int | None = PrivateAttr(None)
+    _capacities: Tensor | None = PrivateAttr(None)  # drawn at the first `capacities` after `setup`
 
     def capacities(self) -> Tensor:
-        """(K,) float64 each client's capacity level (1 for every client without ``capacity``), the same all run."""
-        if self.capacity is None:
-            return torch.ones(self.num_clients, dtype=torch.float64)
-        speeds = self.profiles(0).sample_s if self.capacity.by == "speed" else None
-        return assign_capacity(self.capacity, self.num_clients, self.rng("system-capacity"), speeds)
+        """(K,) float64 each client's capacity level (1 for every client without ``capacity``), the same all run
+        (drawn once: every evaluation reports it)."""
+        if self._capacities is None:
+            if self.capacity is None:
+                self._capacities = torch.ones(self.num_clients, dtype=torch.float64)
+            else:
+                speeds = self.profiles(0).sample_s if self.capacity.by == "speed" else None
+                self._capacities = assign_capacity(self.capacity, self.num_clients, self.rng("system-capacity"), speeds)
+        return self._capacities
 
     def setup(self, num_clients: int, seed: int) -> None:
         """Called once before the first round (an override calls ``super().setup(num_clients, seed)`` first)."""
-        self._num_clients, self._seed = num_clients, seed
+        self._num_clients, self._seed, self._capacities = num_clients, seed, None
 
     def profiles(self, round_: int) -> Profiles:
         """Every client's figures in round `round_`."""
