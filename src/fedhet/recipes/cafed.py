@@ -423,7 +423,7 @@ def plot_availability(panels: dict[str, dict[str, np.ndarray]], path: Path, titl
     from matplotlib.patches import Patch
 
     from fedhet.methods.cafed.metrics import excluded_share
-    from fedhet.report.plots import add_caption, round_axis
+    from fedhet.report.plots import add_caption, round_axis, write_figure
 
     fig, axes = plt.subplots(
         len(panels), 2, figsize=(11, 5.5 * len(panels)), dpi=120, squeeze=False, gridspec_kw={"width_ratios": [5, 1]}
@@ -470,9 +470,7 @@ def plot_availability(panels: dict[str, dict[str, np.ndarray]], path: Path, titl
         "Each row is a client, sorted by data group, then availability π (more available first), then correlation λ "
         "(most correlated first). Right: the share of a client's active rounds in which the strategy excluded it.",
     )
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return write_figure(fig, path)
 
 
 def plot_importance(
@@ -489,7 +487,7 @@ def plot_importance(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedhet.report.plots import add_caption, draw_lines, outside_legend, round_axis
+    from fedhet.report.plots import add_caption, draw_lines, outside_legend, round_axis, write_figure
 
     order, labels, starts = _class_order(arrays)
     bars = {"Target α": arrays["alpha"], **importances}
@@ -520,9 +518,7 @@ def plot_importance(
         f"Bars and lines: {mean} (no band). Clients sorted by data group, availability π and correlation λ; grey lines "
         "separate the (group, π) blocks. d_TV is the total-variation distance: 0 when the weights match α.",
     )
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return write_figure(fig, path)
 
 
 def plot_time_average(result: Table1Result, path: Path) -> Path:
@@ -536,7 +532,7 @@ def plot_time_average(result: Table1Result, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     from fedhet.report.labels import metric_info
-    from fedhet.report.plots import add_caption, band_caption, draw_lines, outside_legend, round_axis
+    from fedhet.report.plots import add_caption, band_caption, draw_lines, outside_legend, round_axis, write_figure
 
     names = list(result.curves)
     fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), dpi=120, squeeze=False)
@@ -571,9 +567,7 @@ def plot_time_average(result: Table1Result, path: Path) -> Path:
         f"{caption} The time average at round t is the mean of the α-weighted test accuracy over rounds 1…t. "
         "The y axis starts just below the lowest mean at round T/5, where the methods begin to differ.",
     )
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return write_figure(fig, path)
 
 
 def load_arrays(folder: Path) -> dict[str, np.ndarray]:

@@ -165,7 +165,7 @@ def plot_leakage(found: dict[str, dict[str, list[float]]], out: Path, seeds: int
     """Test accuracy (left), iDLG PSNR (middle) and MIA AUC (right) per method, ± 1 std over seeds."""
     import matplotlib.pyplot as plt
 
-    from fedhet.report.plots import add_caption, outside_legend
+    from fedhet.report.plots import add_caption, outside_legend, write_figure
 
     names = list(found)
     fig, axes = plt.subplots(1, 3, figsize=(14.0, 4.4), dpi=120)
@@ -198,10 +198,7 @@ def plot_leakage(found: dict[str, dict[str, list[float]]], out: Path, seeds: int
         f"Bars: mean over {seeds} seed(s), error bars ± 1 std. PSNR: client 0's gradient on one image at the initial "
         f"model (SecAgg+: no single update is seen, no bar). {DESCRIPTION}.",
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, bbox_inches="tight")
-    plt.close(fig)
-    return out
+    return write_figure(fig, out)
 
 
 DESCRIPTION = "privacy, utility and measured leakage on digits: FedAvg, DP-FedAvg by ε, SecAgg+ and Ditto"

@@ -132,7 +132,7 @@ def plot_accuracy_against_epsilon(
     bars; each method's accuracy without DP as a dotted line of its colour."""
     import matplotlib.pyplot as plt
 
-    from fedhet.report.plots import add_caption, outside_legend
+    from fedhet.report.plots import add_caption, outside_legend, write_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0), dpi=120, sharey=True)
     private = [label for label in labels if label.startswith("ε")]
@@ -172,10 +172,7 @@ def plot_accuracy_against_epsilon(
         f"Client-level DP (DP-FedAvg's clipping and central Gaussian noise) on each method; points: mean over "
         f"{seeds} seed(s), error bars ± 1 std over seeds; horizontal lines: the method without DP. {DESCRIPTION}.",
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, bbox_inches="tight")
-    plt.close(fig)
-    return out
+    return write_figure(fig, out)
 
 
 def _alike(values: np.ndarray, drawn: dict[str, np.ndarray], tolerance: float = 0.005) -> str:

@@ -48,6 +48,11 @@ def save_figure(fig: Figure, ax: Axes, out: Path, legend: bool = True, caption: 
     if legend:
         outside_legend(ax)
     add_caption(fig, caption)
+    return write_figure(fig, out, kind)
+
+
+def write_figure(fig: Figure, out: Path, kind: str = "png") -> Path:
+    """Render `fig` as `kind` and write it to `out` atomically (creating its folder), then close it."""
     image = io.BytesIO()
     fig.savefig(image, format=kind, bbox_inches="tight")
     plt.close(fig)
