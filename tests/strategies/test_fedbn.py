@@ -14,7 +14,7 @@ from fedhet.catalog import MODELS, STRATEGIES
 from fedhet.engine.batches import local_batches
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, FedhetNote
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import run
 from fedhet.strategies.fedavg import FedAvg
@@ -131,10 +131,9 @@ def small_run(algorithm: str, model: dict[str, Any], **extra: Any) -> Any:
 
 
 def test_a_fedbn_run_without_batch_norm_equals_fedavg() -> None:
-    bn, avg = (
-        small_run("fedbn", {"name": "cnn_mnist", "channels": [2, 2], "hidden": 8}),
-        small_run("fedavg", {"name": "cnn_mnist", "channels": [2, 2], "hidden": 8}),
-    )
+    with pytest.warns(FedhetNote, match="this model has none: the run is FedAvg"):
+        bn = small_run("fedbn", {"name": "cnn_mnist", "channels": [2, 2], "hidden": 8})
+    avg = small_run("fedavg", {"name": "cnn_mnist", "channels": [2, 2], "hidden": 8})
     torch.testing.assert_close(bn.params, avg.params, atol=1e-6, rtol=0)
     assert bn.history[-1]["test_loss"] == pytest.approx(avg.history[-1]["test_loss"], abs=1e-6)
 
@@ -189,3 +188,11 @@ def test_the_cli_refuses_before_writing_anything(tmp_path: Path, monkeypatch: py
     fast = ["--dataset", "digits", "--rounds", "1", "--set", "num_clients=4", "--set", "model.name=resnet8", "--quiet"]
     args = ["run", *fast, "--algorithm", "fedavg", "--set", "model.batch_norm=local", "--out", "r"]
     assert_refused(args, "use it, or batch_norm 'aggregate' or 'recompute'", tmp_path)
+
+
+def test_a_policy_for_a_model_without_statistics_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resnet8 with GroupNorm keeps no running statistics: a batch_norm policy for it would be ignored."""
+    monkeypatch.chdir(tmp_path)
+    fast = ["--dataset", "digits", "--rounds", "1", "--set", "num_clients=4", "--quiet", "--out", "r"]
+    model = ["--set", "model={name: resnet8, width: 2, norm: group, batch_norm: recompute}"]
+    assert_refused(["run", *fast, *model], "this model keeps none (no BatchNorm, or norm: group)", tmp_path)

@@ -13,6 +13,7 @@ its algorithm before anything runs.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import ClassVar
 
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.personal import Personal
 from fedhet.engine.plan import LocalPlan
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, FedhetNote
 from fedhet.models.base import ModelSpec, Statistics
 from fedhet.strategies.base import STRATEGIES, Strategy
 from fedhet.strategies.fedavg import FedAvg
@@ -82,6 +83,18 @@ def check_statistics(
     policy: Statistics = declared or ("local" if fedbn else "aggregate")
     model.statistics = policy
     if not model.stat_names:
+        if declared is not None:
+            raise ConfigError(
+                f"model.batch_norm '{declared}' says what the server does with batch norm's running statistics, and "
+                "this model keeps none (no BatchNorm, or norm: group); leave batch_norm out"
+            )
+        if fedbn:
+            warnings.warn(
+                "algorithm fedbn keeps each client's batch-norm layers local, and this model has none: the run is "
+                "FedAvg (use a model with BatchNorm, e.g. resnet8)",
+                FedhetNote,
+                stacklevel=2,
+            )
         return policy
     if private:
         raise ConfigError(
