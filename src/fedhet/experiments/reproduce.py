@@ -73,6 +73,9 @@ class Recipe:
     custom: Callable[[Path, bool, tuple[int, ...], bool | None, Executor], str] | None = None
     # figures other than mean curves (violins, log scales): (recipe, method → runs, out) → None
     extra_figures: Callable[[Recipe, dict[str, list[Outcome]], Path], None] | None = None
+    # a study of its own that reads dataset files: the config keys naming them (``{"dataset": "cifar10"}``), loaded
+    # once before anything is written (a missing file is refused in one line)
+    data: dict[str, Any] | None = None
 
     def config(self, method: str, seed: int, quick: bool, embedded: bool = False) -> dict[str, Any]:
         raw = deep_merge(self.base, self.methods[method])
@@ -131,6 +134,8 @@ def run_recipe(
     executor = executor or Executor(1)
     check_claimable(out, "recipe")
     if recipe.custom is not None:
+        if recipe.data is not None:
+            executor.check_data([Task(dict(recipe.data), out, recipe.name, {})])
         with FolderLock.claim(out, "recipe"):
             start = len(executor.history)
             table = recipe.custom(out, quick, seeds, embedded, executor)

@@ -3,6 +3,7 @@
 from fedhet.experiments.reproduce import RECIPES, get_recipe
 from fedhet.recipes import (  # registers each paper's recipes
     cafed,
+    capacity,
     clusters,
     fedgsnr,
     fedmgda,
