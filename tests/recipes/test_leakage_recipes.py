@@ -11,7 +11,9 @@ import pytest
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.reproduce import get_recipe
 from fedhet.experiments.runner import run
+from fedhet.recipes import leakage
 from fedhet.recipes.leakage import CLIP, EPSILONS, SETTING, methods, noise_multiplier, plot_leakage, tasks
+from helpers.cifar import write_cifar10
 from helpers.figures import caption, check_figure, kept_figures
 
 
@@ -71,3 +73,37 @@ def test_a_tiny_study_writes_its_table_and_figure(tmp_path: Path) -> None:
     assert "| SecAgg+ |" in text and "the server sees only the sum" in text
     assert "| DP-FedAvg, ε = 8 |" in text
     assert (tmp_path / "privacy_utility_leakage.png").is_file()
+
+
+def test_the_cifar10_cells_read_cifar10_with_lenet(tmp_path: Path) -> None:
+    cells = tasks(tmp_path, quick=False, seeds=(0,), dataset="cifar10")
+    assert len(cells) == 4 + len(EPSILONS)
+    for task in cells:
+        config = parse_config(task.config)
+        assert config.dataset == "cifar10" and config.model == {"name": "lenet_cifar"}
+        # the digits study's clients, sampling and rounds: the attack's z for a target ε is the same
+        assert (config.num_clients, config.clients_per_round, config.rounds) == (100, 20, 60)
+    assert get_recipe("privacy-leakage-cifar10").data == {"dataset": "cifar10"}
+
+
+@pytest.mark.slow
+def test_a_tiny_cifar10_study_on_files_in_the_real_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedhet.recipes.leakage import leakage_study
+
+    monkeypatch.setenv("FEDHET_SKIP_CHECKSUMS", "1")  # small files, not the published ones
+    monkeypatch.setitem(leakage.DLG, "iterations", 20)
+    write_cifar10(tmp_path / "data")
+    tiny = {
+        "data_dir": str(tmp_path / "data"),
+        "partition": "iid",
+        "num_clients": 4,
+        "clients_per_round": 2,
+        "rounds": 2,
+        "eval_every": 1,
+        "local": {"steps": 2, "batch_size": 8},
+    }
+    text = leakage_study(tmp_path / "out", quick=True, seeds=(0,), changes=tiny, dataset="cifar10")
+    assert "on CIFAR-10 (LeNet-5)" in text and "| SecAgg+ |" in text
+    cells = next(line for line in text.splitlines() if line.startswith("| FedAvg |")).split(" | ")
+    assert all(math.isfinite(float(cell)) for cell in cells[1:5])  # accuracy, worst 10%, inversion PSNR, MIA AUC
+    assert (tmp_path / "out" / "privacy_utility_leakage.png").is_file()

@@ -314,7 +314,7 @@ def plot_capacity(found: Found, out: Path, seeds: int, description: str) -> Path
 
     fig, axes = plt.subplots(1, 2, figsize=(12.0, 4.4), dpi=120, sharey=True)
     xs = np.asarray(LEVELS)
-    styles = {scheme: (f"C{i}", marker) for i, (scheme, marker) in enumerate(zip(SCHEMES, "osD^", strict=True))}
+    styles = {scheme: (f"C{i}", "osD^v<>"[i % 7]) for i, scheme in enumerate(SCHEMES)}
     for ax, assignment in zip(axes, ASSIGNMENTS, strict=True):
         for method in mixed(found):
             scheme, _, kind = method.rpartition(" (")
@@ -338,6 +338,7 @@ def plot_capacity(found: Found, out: Path, seeds: int, description: str) -> Path
                     ms=11,
                     capsize=3,
                     linestyle="none",
+                    zorder=5,
                     label=method,
                 )
         ax.set_xscale("log", base=2)

@@ -17,6 +17,10 @@ rounds of 10 local steps. Each method's utility (final test accuracy, worst 10% 
 DP-FedAvg weighs clients uniformly, samples them by Poisson sampling (q = 0.2) and calibrates z to the target ε
 (δ = 1e-5, RDP accountant) before the run; the recipe computes the same z for the attack's noise and checks it
 against the one the run reports.
+
+``privacy-leakage-cifar10``: the same study on CIFAR-10 from its python batches in ``data/cifar10/`` (refused in
+one line when they are missing), with the zoo's LeNet-5 (``lenet_cifar``), lr 0.05 and batches of 20; the clients,
+rounds, sampling and C are the digits study's (C is not re-tuned to CIFAR-10's update norms).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from fedhet.errors import ConfigError
 from fedhet.experiments.executor import Executor, Outcome, Task, raise_failures
 from fedhet.experiments.naming import safe_name
 from fedhet.experiments.reproduce import Recipe, deep_merge, mean_std, register_recipe
@@ -45,6 +50,13 @@ SETTING: dict[str, Any] = {
     "local": {"steps": 10, "lr": 0.1, "batch_size": 10},
     "privacy": {"delta": DELTA},
 }
+CIFAR10: dict[str, Any] = {
+    **SETTING,
+    "dataset": "cifar10",
+    "model": {"name": "lenet_cifar"},
+    "local": {"steps": 10, "lr": 0.05, "batch_size": 20},
+}
+SETTINGS = {"digits": SETTING, "cifar10": CIFAR10}  # the same clients, rounds and sampling: the same z for an ε
 QUICK: dict[str, Any] = {"rounds": 20, "eval_every": 5}
 EPSILONS = (32.0, 8.0, 2.0)
 DLG: dict[str, Any] = {"name": "dlg", "round": 1, "client": 0, "method": "geiping", "iterations": 300}
@@ -93,14 +105,17 @@ def methods(quick: bool) -> dict[str, dict[str, Any]]:
     return out
 
 
-def tasks(out: Path, quick: bool, seeds: tuple[int, ...], changes: dict[str, Any] | None = None) -> list[Task]:
-    setting = deep_merge(deep_merge(SETTING, QUICK) if quick else SETTING, changes or {})
+def tasks(
+    out: Path, quick: bool, seeds: tuple[int, ...], changes: dict[str, Any] | None = None, dataset: str = "digits"
+) -> list[Task]:
+    base = SETTINGS[dataset]
+    setting = deep_merge(deep_merge(base, QUICK) if quick else base, changes or {})
     return [
         Task(
             {**deep_merge(setting, cell), "seed": seed},
             out / safe_name(method) / f"seed{seed}",
             f"{method}, seed {seed}",
-            {"recipe": "privacy-leakage", "method": method, "seed": seed},
+            {"recipe": f"privacy-leakage ({dataset})", "method": method, "seed": seed},
         )
         for method, cell in methods(quick).items()
         for seed in seeds
@@ -137,14 +152,20 @@ def leakage_study(
     embedded: bool | None = None,
     executor: Executor | None = None,
     changes: dict[str, Any] | None = None,
+    dataset: str = "digits",
 ) -> str:
-    """Every method over `seeds`: the table (markdown) and privacy_utility_leakage.png."""
-    del embedded  # the digits are embedded
-    outcomes = (executor or Executor(1)).run(tasks(out, quick, seeds, changes))
+    """Every method over `seeds` on `dataset` (digits, cifar10): the table (markdown) and
+    privacy_utility_leakage.png."""
+    if embedded and dataset != "digits":
+        raise ConfigError(
+            f"privacy-leakage-{dataset} runs on the {dataset} files: its digits version is 'fedhet reproduce "
+            "privacy-leakage'"
+        )
+    outcomes = (executor or Executor(1)).run(tasks(out, quick, seeds, changes, dataset))
     found = values(outcomes)
     if not changes:
         check_noise(found, quick)
-    text = f"### {DESCRIPTION}\n\nseeds: {', '.join(map(str, seeds))}" + (" (quick)" if quick else "")
+    text = f"### {DESCRIPTIONS[dataset]}\n\nseeds: {', '.join(map(str, seeds))}" + (" (quick)" if quick else "")
     text += f"; C = {CLIP}, Poisson sampling q = 0.2, δ = {DELTA:g}, RDP accountant; mean ± std over seeds\n\n"
     rows = []
     for method, columns in found.items():
@@ -156,12 +177,14 @@ def leakage_study(
                 cells.append(mean_std(columns[column]) if np.isfinite(columns[column]).any() else "—")
         rows.append([method, *cells])
     text += markdown_table(["method", *COLUMNS.values()], rows)
-    plot_leakage(found, out / "privacy_utility_leakage.png", len(seeds))
+    plot_leakage(found, out / "privacy_utility_leakage.png", len(seeds), DESCRIPTIONS[dataset])
     raise_failures(outcomes)
     return text
 
 
-def plot_leakage(found: dict[str, dict[str, list[float]]], out: Path, seeds: int) -> Path:
+def plot_leakage(
+    found: dict[str, dict[str, list[float]]], out: Path, seeds: int, description: str | None = None
+) -> Path:
     """Test accuracy (left), iDLG PSNR (middle) and MIA AUC (right) per method, ± 1 std over seeds."""
     import matplotlib.pyplot as plt
 
@@ -196,12 +219,13 @@ def plot_leakage(found: dict[str, dict[str, list[float]]], out: Path, seeds: int
     add_caption(
         fig,
         f"Bars: mean over {seeds} seed(s), error bars ± 1 std. PSNR: client 0's gradient on one image at the initial "
-        f"model (SecAgg+: no single update is seen, no bar). {DESCRIPTION}.",
+        f"model (SecAgg+: no single update is seen, no bar). {description or DESCRIPTION}.",
     )
     return write_figure(fig, out)
 
 
 DESCRIPTION = "privacy, utility and measured leakage on digits: FedAvg, DP-FedAvg by ε, SecAgg+ and Ditto"
+DESCRIPTIONS = {"digits": DESCRIPTION, "cifar10": DESCRIPTION.replace("on digits", "on CIFAR-10 (LeNet-5)")}
 
 
 @register_recipe
@@ -213,4 +237,19 @@ def privacy_leakage() -> Recipe:
         methods={},
         columns={},
         custom=lambda out, quick, seeds, embedded, executor: leakage_study(out, quick, seeds, embedded, executor),
+    )
+
+
+@register_recipe
+def privacy_leakage_cifar10() -> Recipe:
+    return Recipe(
+        name="privacy-leakage-cifar10",
+        description=DESCRIPTIONS["cifar10"] + " (needs data/cifar10)",
+        base={},
+        methods={},
+        columns={},
+        custom=lambda out, quick, seeds, embedded, executor: leakage_study(
+            out, quick, seeds, embedded, executor, dataset="cifar10"
+        ),
+        data={"dataset": "cifar10"},
     )
