@@ -148,3 +148,4 @@ def test_the_cifar10_version_without_its_files_is_refused_before_anything_is_wri
     monkeypatch.chdir(tmp_path)
     assert_refused(["reproduce", "capacity-cifar10", "--out", "out"], "data_batch_1", tmp_path)
     assert_refused(["reproduce", "privacy-leakage-cifar10", "--out", "out"], "cifar-10-python.tar.gz", tmp_path)
+    assert_refused(["reproduce", "capacity-cifar10", "--embedded"], "no --embedded version", tmp_path)

@@ -135,6 +135,10 @@ def run_recipe(
     check_claimable(out, "recipe")
     if recipe.custom is not None:
         if recipe.data is not None:
+            if embedded:
+                raise ConfigError(
+                    f"'{recipe.name}' reads the {recipe.data.get('dataset')} files: it has no --embedded version"
+                )
             executor.check_data([Task(dict(recipe.data), out, recipe.name, {})])
         with FolderLock.claim(out, "recipe"):
             start = len(executor.history)
