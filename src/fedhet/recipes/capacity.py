@@ -38,7 +38,6 @@ from fedhet import atomic
 from fedhet.experiments.executor import Executor, Outcome, Task, raise_failures
 from fedhet.experiments.naming import safe_name
 from fedhet.experiments.reproduce import Recipe, deep_merge, mean_std, register_recipe
-from fedhet.experiments.state import RunState
 from fedhet.report.tables import markdown_table
 
 LEVELS = (1.0, 0.5, 0.25, 0.125, 0.0625)
@@ -138,14 +137,20 @@ def tasks(
     ]
 
 
-def level_costs(state: RunState) -> dict[str, float]:
+INPUT_SHAPES = {"digits": ((64,), 10), "cifar10": ((3, 32, 32), 10)}  # each dataset's input shape and classes
+
+
+def level_costs(config: dict[str, Any]) -> dict[str, float]:
     """``parameters<r>`` and ``flops<r>``: the parameters and the forward FLOPs per sample of the sub-model of
-    level r (the first ⌈r·d⌉ units of every hidden layer; computed where the run ran)."""
+    level r (the first ⌈r·d⌉ units of every hidden layer) of the model of `config` (a digits or CIFAR-10 run)."""
+    from fedhet.catalog import MODELS
+    from fedhet.engine.functional import FlatModel
     from fedhet.models.flops import parameter_flops
     from fedhet.strategies.submodels import sliced_layers, width_mask
 
-    model = state.experiment.engine.model
-    flops = parameter_flops(model.module, state.experiment.data.input_shape)
+    shape, classes = INPUT_SHAPES[config["dataset"]]
+    model = FlatModel(MODELS.build(config["model"], where="model").build(shape, classes))
+    flops = parameter_flops(model.module, shape)
     layers = sliced_layers(model, "the capacity recipe")
     out = {}
     for level in LEVELS:
@@ -164,11 +169,10 @@ def last(history: list[dict[str, float]], key: str) -> float:
     return float(values[-1]) if values else math.nan
 
 
-def accuracies(outcomes: list[Outcome]) -> tuple[Found, dict[str, float]]:
+def accuracies(outcomes: list[Outcome]) -> Found:
     """Each method's final accuracy at each level per seed (FedAvg full: its whole model at level 1; the 1/16
-    baseline: at 1/16 only), and the levels' costs (from the first run that reported them)."""
+    baseline: at 1/16 only)."""
     found: Found = {}
-    costs: dict[str, float] = {}
     for outcome in outcomes:
         method = outcome.task.meta["method"]
         history = outcome.history if outcome.ok else []
@@ -181,9 +185,7 @@ def accuracies(outcomes: list[Outcome]) -> tuple[Found, dict[str, float]]:
             else:
                 value = last(history, column(level))
             row.setdefault(level, []).append(value)
-        if not costs and outcome.ok and outcome.result:
-            costs = dict(outcome.result)
-    return found, costs
+    return found
 
 
 Check = tuple[list[float], list[float], list[bool | None]]  # the mixed run's value, the baseline's, holds (per seed)
@@ -225,8 +227,6 @@ def check_cell(key: str, check: Check) -> str:
 
 
 def costs_cells(costs: dict[str, float], level: float) -> list[str]:
-    if not costs:
-        return ["–", "–"]
     params, flops = costs[f"parameters{level:g}"], costs[f"flops{level:g}"]
     return [f"{params:,.0f}", f"{flops:,.0f} ({flops / costs['flops1']:.1%})"]
 
@@ -265,8 +265,7 @@ def write_csvs(
     for method, levels in found.items():
         for level, values in levels.items():
             for seed, value in zip(seeds, values, strict=True):
-                cost = [costs.get(f"parameters{level:g}", ""), costs.get(f"flops{level:g}", "")]
-                writer.writerow([method, level, *cost, seed, value])
+                writer.writerow([method, level, costs[f"parameters{level:g}"], costs[f"flops{level:g}"], seed, value])
     atomic.write_text(out / "accuracy.csv", buffer.getvalue())
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -288,8 +287,9 @@ def capacity_study(
 ) -> str:
     """Every method over `seeds` on `dataset`: the tables (markdown, returned), accuracy.csv, checks.csv and
     accuracy_by_level.png in `out`."""
-    outcomes = (executor or Executor(1)).run(tasks(out, dataset, quick, seeds, changes), post=level_costs)
-    found, costs = accuracies(outcomes)
+    cells = tasks(out, dataset, quick, seeds, changes)
+    outcomes = (executor or Executor(1)).run(cells)
+    found, costs = accuracies(outcomes), level_costs(cells[0].config)
     verdicts = checks(found)
     base = setting(dataset, quick, changes)
     text = f"### {DESCRIPTIONS[dataset]}\n\nseeds: {', '.join(map(str, seeds))}" + (" (quick)" if quick else "")
