@@ -49,7 +49,7 @@ def scaled_sgd(model: FlatModel, w: torch.Tensor, k: int, level: float, mask: to
     return v.detach()
 
 
-@pytest.mark.parametrize("backend", ["dense", "sequential"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_scaler_divides_the_hidden_outputs_by_the_level_in_training(backend: str) -> None:
     """Two clients at levels 1 and 1/2 (the scaler: ×1 and ×2 on the hidden layer's outputs, ×1 on the logits):
     the round's model is Eq. 2's average of the two trainings written out by hand."""
@@ -89,18 +89,9 @@ def test_the_scaler_on_a_cnn_trains_the_same_on_the_conv_and_sequential_backends
     assert not torch.allclose(run_round(unscaled, engine, engine.model.initial_params(), 0)[1], rounds[0], atol=1e-4)
 
 
-def test_the_scaler_is_refused_in_one_line_where_it_cannot_run() -> None:
-    engine = Engine(mlp(), data(), backend="vectorised")
-    with pytest.raises(ConfigError, match=r"set algorithm\.scaler=false"):
-        HeteroFL(levels=[1.0, 0.5]).setup(make_context(engine, m=2))
-    HeteroFL(levels=[1.0, 0.5], scaler=False).setup(make_context(engine, m=2))
-    HeteroFL(levels=[1.0]).setup(make_context(engine, m=2))  # every level 1: nothing to scale
-
-
 @pytest.mark.parametrize(
     ("extra", "fragment"),
     [
-        (["--algorithm", "heterofl", "--set", "backend=vectorised"], "set algorithm.scaler=false"),
         (["--algorithm", "fedrolex", "--set", "algorithm.scaler=maybe"], "scaler"),
         (["--algorithm", "fjord", "--set", "algorithm.scaler=true"], "scaler"),
         (["--algorithm", "fjord", "--set", "algorithm.capacities=[0.3]"], "one of"),

@@ -25,7 +25,7 @@ from typing import ClassVar
 from pydantic import Field
 from torch import Tensor
 
-from fedhet.strategies.base import STRATEGIES, ServerContext
+from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.submodels import (
     SubModels,
     level_name,
@@ -54,11 +54,6 @@ class HeteroFL(SubModels):
     scaler: bool = Field(
         True, description="the paper's scaler: hidden layers' outputs divided by the client's level r in training"
     )
-
-    def setup(self, ctx: ServerContext) -> None:
-        super().setup(ctx)
-        if self.scaler and any(level != 1 for level in self.levels):
-            self.check_scaling()
 
     def scales(self, levels: Tensor) -> Tensor | None:
         """1/r on the hidden layers' outputs with the scaler (None without, or where every level is 1)."""
