@@ -261,3 +261,13 @@ def test_a_resumed_run_is_byte_identical(tmp_path: Path) -> None:
     resume(tmp_path / "cut")
     for file in ("metrics.csv", "clients.csv"):
         assert (tmp_path / "cut" / file).read_bytes() == (tmp_path / "straight" / file).read_bytes(), file
+
+
+def test_levels_from_the_system_model_charge_the_sub_models_flops_on_a_model_with_batch_norm() -> None:
+    """A client's compute on the clock is its sub-model's share of the parameters' FLOPs (the running statistics,
+    the vector's last coordinates, cost none): the slow clients at a quarter width make a shorter round."""
+    base = {**config(rounds=1), "clients_per_round": 4, "local": {"steps": 2, "lr": 0.1, "batch_size": 10}}
+    base["system"] = {"name": "lognormal", "capacity": {"levels": [1.0, 0.25], "by": "speed"}}
+    algorithm = {"name": "heterofl", "levels": [1.0, 0.25], "assignment": "system"}
+    state = run(parse_config({**base, "algorithm": algorithm}))
+    assert state.final["time_s"] < run(parse_config({**base, "algorithm": "fedavg"})).final["time_s"]

@@ -416,7 +416,9 @@ class SubModels(Strategy):
 
     def level_scores(self) -> dict[float, ClientScores]:
         """The test scores of the evaluated global model at the first ⌈r·d⌉ units of each level (once per
-        evaluation)."""
+        evaluation). Under the statistics policy ``recompute`` (the default on a model with batch norm) the engine
+        scores each level's masked model with batch-norm statistics worked out at that level (`Engine.evaluated`:
+        HeteroFL's static batch norm, a forward pass over the training data per level)."""
         if self._evaluated is not None and not self._scores:
             w = self._evaluated
             self._scores = {r: self.ctx.engine.scores(torch.where(m, w, 0.0), "test") for r, m in self._prefix.items()}
