@@ -24,6 +24,7 @@ from fedhet.experiments.runner import resume, run
 from fedhet.strategies.fedavg import FedAvg
 from fedhet.strategies.fedbn import check_statistics
 from fedhet.strategies.heterofl import HeteroFL, scaler_factors, sliced_layers, width_mask
+from fedhet.strategies.submodels import channels
 from helpers.hostile import assert_refused
 from helpers.personal import run_round
 from helpers.tiny import make_context, tiny_data
@@ -88,6 +89,19 @@ def plain_training(module: nn.Module, x: Tensor, y: Tensor, level: float) -> nn.
             for p in module.parameters():
                 p -= LR * p.grad
     return module.eval()
+
+
+@pytest.mark.parametrize("name", ["resnet8", "resnet18"])
+def test_a_resnets_level_keeps_the_smaller_resnets_coordinates(name: str) -> None:
+    """Level 1/2 of a ResNet of width 4 keeps as many coordinates as the ResNet of width 2 has (parameters and
+    running statistics), the shortcut's channels those of the block's output; level 1 keeps all."""
+    big, small = (FlatModel(MODELS.build({"name": name, "width": w}).build((3, 32, 32), 10)) for w in (4, 2))
+    layers = sliced_layers(big, "test")
+    assert int(width_mask(big, layers, 0.5).sum()) == small.size
+    assert bool(width_mask(big, layers, 1.0).all())
+    groups = channels(big, layers)
+    assert groups.writes["layer2.0.downsample.0"] == groups.writes["layer2.0.conv2"] == groups.reads["layer3.0.conv1"]
+    assert groups.writes["conv1"] == groups.writes["layer1.0.conv2"] == groups.reads["layer2.0.downsample.0"]
 
 
 @pytest.mark.parametrize("backend", ["sequential", "vectorised"])
