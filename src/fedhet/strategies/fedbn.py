@@ -82,7 +82,7 @@ def check_statistics(
             "the client: that is algorithm fedbn; use it, or batch_norm 'aggregate' or 'recompute'"
         )
     sliced = [part.name for part in parts if part.sub_models]
-    policy: Statistics = declared or ("local" if fedbn else "recompute" if sliced else "aggregate")
+    policy: Statistics = declared or ("local" if fedbn else "recompute" if sliced and model.stat_names else "aggregate")
     model.statistics = policy
     if not model.stat_names:
         if declared is not None:
