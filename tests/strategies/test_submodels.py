@@ -5,6 +5,7 @@ is byte-identical, and a run writes each level's accuracy and each client's capa
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 from fedhet.cli.main import app
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.plan import LocalPlan
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import resume, run
@@ -23,7 +25,7 @@ from fedhet.strategies.base import STRATEGIES, Strategy
 from fedhet.strategies.fedavg import FedAvg
 from fedhet.strategies.fedrolex import FedRolex, rolling_units
 from fedhet.strategies.fjord import FjORD
-from fedhet.strategies.heterofl import HeteroFL
+from fedhet.strategies.heterofl import HeteroFL, scaler_factors
 from fedhet.strategies.submodels import SubModels, unit_mask, width_mask
 from helpers.hostile import assert_refused
 from helpers.personal import LR, SIZES, STEPS, TOL, data, mlp, run_round, setup, weighted
@@ -49,7 +51,7 @@ def scaled_sgd(model: FlatModel, w: torch.Tensor, k: int, level: float, mask: to
     return v.detach()
 
 
-@pytest.mark.parametrize("backend", ["dense", "sequential"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_scaler_divides_the_hidden_outputs_by_the_level_in_training(backend: str) -> None:
     """Two clients at levels 1 and 1/2 (the scaler: ×1 and ×2 on the hidden layer's outputs, ×1 on the logits):
     the round's model is Eq. 2's average of the two trainings written out by hand."""
@@ -67,6 +69,24 @@ def test_the_scaler_divides_the_hidden_outputs_by_the_level_in_training(backend:
     torch.testing.assert_close(got, expected, **TOL)
     unscaled = HeteroFL(levels=[1.0, 0.5], capacities=[1.0, 0.5], scaler=False)
     assert not torch.allclose(run_round(unscaled, setup(unscaled, backend), w, 0)[1], got, atol=1e-4)
+
+
+def test_the_vectorised_backend_scales_each_clients_outputs_by_its_own_factors() -> None:
+    """Three clients at levels 1, 1/2, 1/4 taking 3, 1 and 2 steps, in chunks of two (a step where only some clients
+    of a chunk train): each client's factors reach its own rows, as on the sequential backend."""
+    plans, results = [], []
+    for backend in ("vectorised", "sequential"):
+        engine = Engine(mlp(), tiny_data([3, 5, 4], dim=3), backend=backend, seed=1, chunk_size=2)  # type: ignore[arg-type]
+        levels = torch.tensor([1.0, 0.5, 0.25])
+        plan = LocalPlan(torch.arange(3), torch.tensor([3, 1, 2]), torch.full((3,), LR), 2)
+        plan.masks = torch.stack([width_mask(engine.model, ["0", "2"], float(r)) for r in levels])
+        plan.scales = scaler_factors(levels, 2)
+        plans.append(plan)
+        results.append(engine.train(engine.model.initial_params(), plan, 0).params)
+    torch.testing.assert_close(results[0], results[1], **TOL)
+    unscaled = replace(plans[0], scales=None)
+    engine = Engine(mlp(), tiny_data([3, 5, 4], dim=3), backend="vectorised", seed=1, chunk_size=2)
+    assert not torch.allclose(engine.train(engine.model.initial_params(), unscaled, 0).params, results[0], atol=1e-4)
 
 
 def test_the_scaler_on_a_cnn_trains_the_same_on_the_conv_and_sequential_backends() -> None:
@@ -89,18 +109,9 @@ def test_the_scaler_on_a_cnn_trains_the_same_on_the_conv_and_sequential_backends
     assert not torch.allclose(run_round(unscaled, engine, engine.model.initial_params(), 0)[1], rounds[0], atol=1e-4)
 
 
-def test_the_scaler_is_refused_in_one_line_where_it_cannot_run() -> None:
-    engine = Engine(mlp(), data(), backend="vectorised")
-    with pytest.raises(ConfigError, match=r"set algorithm\.scaler=false"):
-        HeteroFL(levels=[1.0, 0.5]).setup(make_context(engine, m=2))
-    HeteroFL(levels=[1.0, 0.5], scaler=False).setup(make_context(engine, m=2))
-    HeteroFL(levels=[1.0]).setup(make_context(engine, m=2))  # every level 1: nothing to scale
-
-
 @pytest.mark.parametrize(
     ("extra", "fragment"),
     [
-        (["--algorithm", "heterofl", "--set", "backend=vectorised"], "set algorithm.scaler=false"),
         (["--algorithm", "fedrolex", "--set", "algorithm.scaler=maybe"], "scaler"),
         (["--algorithm", "fjord", "--set", "algorithm.scaler=true"], "scaler"),
         (["--algorithm", "fjord", "--set", "algorithm.capacities=[0.3]"], "one of"),

@@ -447,23 +447,41 @@ def train_vectorised(request: TrainRequest) -> Trained:
     """Many clients at once: `vmap` of `make_step` over stacked parameters, in chunks of `chunk_size` clients.
 
     Runs on the device of the request's tensors and data (the plan's client ids and step counts stay on the CPU)."""
+    model, plan, cohort = request.model, request.plan, request.cohort
+    dev = request.anchor.device
+    chunk = request.chunk_size if request.chunk_size > 0 else vectorised_chunk(request)
+    randomness = "same" if model.has_dropout else "error"
+    dp = cohort.dp_sgd
+    step = make_step(model, cohort, _frozen_names(request))
+    scales = plan.scales.to(dev) if plan.scales is not None else None
+    with _output_scales(model, scales) as current:
+
+        def scaled_step(scale: Tensor | None, *args: Any) -> tuple[Tree, dict[str, Any], dict[str, Any], Tensor]:
+            if scale is not None:  # this client's (L,) row: the output hooks multiply by it (a plan's ``scales``)
+                current[:] = [scale]
+            return step(*args)
+
+        vstep = vmap(
+            scaled_step,
+            in_dims=(None if scales is None else 0, 0, None, 0, 0, 0, 0, None, 0, 0, 0, 0 if dp is not None else None),
+            randomness=randomness,
+        )
+        return _train_vectorised(request, vstep, scales, chunk)
+
+
+def _train_vectorised(request: TrainRequest, vstep: Callable[..., Any], scales: Tensor | None, chunk: int) -> Trained:
+    """`train_vectorised`'s chunks of clients, each step a call of `vstep` (the vmapped step, its first argument
+    the clients' rows of `scales` or None)."""
     model, data, plan, cohort = request.model, request.data, request.plan, request.cohort
     seed, round_ = request.seed, request.round_
     m, dev = request.size, request.anchor.device
-    chunk = request.chunk_size if request.chunk_size > 0 else vectorised_chunk(request)
     params = request.start()
     losses = torch.full((m,), float("nan"), device=dev)
     opt_state = {k: v.clone() for k, v in cohort.opt_state.items()}
     rule_state = {k: v.clone() for k, v in cohort.rule_state.items()}
     per_step = cohort.rule.batches_per_step if cohort.rule is not None else 1
-    randomness = "same" if model.has_dropout else "error"
-    dp = cohort.dp_sgd
-    vstep = vmap(
-        make_step(model, cohort, _frozen_names(request)),
-        in_dims=(0, None, 0, 0, 0, 0, None, 0, 0, 0, 0 if dp is not None else None),
-        randomness=randomness,
-    )
     start = _tree(model, request.anchor)
+    dp = cohort.dp_sgd is not None
     denominators = expected_batch(data.offsets.cpu(), plan.clients, plan.batch_size).to(dev) if dp else None
     for lo in range(0, m, chunk):
         sel = slice(lo, min(lo + chunk, m))
@@ -482,6 +500,7 @@ def train_vectorised(request: TrainRequest) -> Trained:
                 rows = index[:, at]
                 private = _private_inputs(request, chunk_rows, t, denominators) if denominators is not None else None
                 w, opt, carried, loss = vstep(
+                    scales[sel] if scales is not None else None,
                     w,
                     start,
                     gather_rows(data.x, rows),
@@ -504,6 +523,7 @@ def train_vectorised(request: TrainRequest) -> Trained:
                 if denominators is not None:
                     private = _private_inputs(request, chunk_rows[on_cpu], t, denominators)
                 new_w, new_opt, new_carried, loss = vstep(
+                    scales[sel][ids] if scales is not None else None,
                     tree_map(pick, w),
                     start,
                     gather_rows(data.x, rows),
@@ -601,11 +621,12 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
         if request.starts is None:
             request = replace(request, starts=torch.where(masks, request.anchor, 0.0))
             run = request.on(placed, placed.x.device) if placed is not None and elsewhere else request
-    scaled = layers is not None or spec is not None or (backend == "sequential" and not request.cohort.autograd_only)
+    hooked = backend == "vectorised" or (backend == "sequential" and not request.cohort.autograd_only)
+    scaled = layers is not None or spec is not None or hooked
     if request.plan.scales is not None and not scaled:
         raise ConfigError(
-            f"layer output factors (a plan's scales: HeteroFL's scaler) run on the dense, conv and sequential "
-            f"backends, not on '{backend}'"
+            f"layer output factors (a plan's scales: HeteroFL's scaler) run on the dense, conv, vectorised and "
+            f"sequential backends (sequential: not with an objective that needs autograd), not on '{backend}'"
         )
     if layers is not None:
         out = train_dense(run, layers)

@@ -106,7 +106,7 @@ class LocalPlan:
     term pulling them elsewhere (`anchor_free`); the strategy that sets masks checks this. ``scales`` (m, L)
     multiplies, in training only, the outputs of the model's L Linear/Conv2d layers (in module order, their
     weights and bias applied, before the activation) by a factor per client: HeteroFL's scaler (1/r on a sliced
-    layer). The dense, conv and sequential backends run it; the engine refuses it on the vectorised one.
+    layer). Every backend runs it (sequential: not with an objective that needs autograd, which it trains functionally).
 
     Differential privacy (`fedhet.engine.privacy`): ``clip`` clips (and, for local DP, noises) the update each
     client sends, after its steps; ``dp_sgd`` makes every step a DP-SGD step (per-sample clipping and noise).

@@ -63,10 +63,11 @@ class FedBN(FedAvg):
 def check_statistics(
     spec: ModelSpec, strategy: Strategy, model: FlatModel, private: bool, native: bool = True
 ) -> Statistics:
-    """The run's batch-norm statistics policy: ``model.batch_norm``, else the algorithm's (fedbn: ``local``, others:
-    ``aggregate``), set on `model`; a one-line `ConfigError` for a combination that cannot hold (before anything
-    is written). `private`: the run asks for differential privacy; `native`: the engine is fedhet's own (not
-    Flower's nodes)."""
+    """The run's batch-norm statistics policy: ``model.batch_norm``, else the algorithm's (fedbn: ``local``; the
+    sub-model methods heterofl, fedrolex, fjord: ``recompute``, HeteroFL's static batch norm, each level scored with
+    statistics worked out at that level; others: ``aggregate``), set on `model`; a one-line `ConfigError` for a
+    combination that cannot hold (before anything is written). `private`: the run asks for differential privacy;
+    `native`: the engine is fedhet's own (not Flower's nodes)."""
     declared: Statistics | None = getattr(spec, "batch_norm", None)
     parts = strategy.parts()
     fedbn = any(isinstance(part, FedBN) for part in parts)
@@ -80,7 +81,8 @@ def check_statistics(
             "model.batch_norm 'local' keeps each client's batch-norm layers (statistics and affine parameters) on "
             "the client: that is algorithm fedbn; use it, or batch_norm 'aggregate' or 'recompute'"
         )
-    policy: Statistics = declared or ("local" if fedbn else "aggregate")
+    sliced = [part.name for part in parts if part.sub_models]
+    policy: Statistics = declared or ("local" if fedbn else "recompute" if sliced and model.stat_names else "aggregate")
     model.statistics = policy
     if not model.stat_names:
         if declared is not None:
@@ -100,6 +102,18 @@ def check_statistics(
         raise ConfigError(
             "differential privacy cannot protect batch norm's running statistics (they are sums over samples, "
             "neither clipped nor noised): use a model with GroupNorm (e.g. resnet18 with norm: group)"
+        )
+    if sliced and policy == "aggregate":
+        raise ConfigError(
+            f"algorithm '{sliced[0]}' trains sub-models of different widths, whose running statistics differ: their "
+            "average would score every level with a mixture of other widths' statistics; use model.batch_norm: "
+            "recompute (HeteroFL's static batch norm, the default)"
+        )
+    if sliced and not native:
+        raise ConfigError(
+            f"algorithm '{sliced[0]}' on a model with batch norm scores each level with statistics worked out from "
+            "every client's training data (model.batch_norm: recompute), which Flower's nodes hold apart: use a "
+            "model without batch norm, or the native engine"
         )
     if policy == "recompute" and not native:
         raise ConfigError(

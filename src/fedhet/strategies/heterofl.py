@@ -10,12 +10,19 @@ sub-model contains it, d_j = Σ_k p_k m_kj (w_j − w_kj) / Σ_k p_k m_kj, and w
 client trained keeps its value (d_j = 0). With every client at level 1 this is FedAvg.
 
 The scaler (§3.2, ``scaler: true``): in training, the output of every sliced layer but the last (its weights and
-bias applied, before the activation) is divided by the client's level r, as the paper's code's ``Scaler`` module
-(``input / rate`` in training mode, the identity in evaluation mode, for the full model and every level alike):
-`LocalPlan.scales` carries 1/r per client and layer to the backends (dense, conv and sequential; not vectorised).
+bias applied, before the activation and before a batch norm: the paper's placement) is divided by the client's
+level r, as the paper's code's ``Scaler`` module (``input / rate`` in training mode, the identity in evaluation mode,
+for the full model and every level alike): `LocalPlan.scales` carries 1/r per client and layer to the backends.
+Where a batch norm follows every scaled layer (the ResNets), the scaler only changes that norm's eps to eps·r² in
+training (BN(x/r) normalises by the batch's statistics); without one the factors compound from layer to layer.
 
-Models: MLPs (``model: mlp``) and the zoo's CNNs without group norm (convolutions are sliced by channels). Not
-implemented: HeteroFL's static batch norm.
+Static batch norm (§3.2, sBN): on a model with batch norm the run's statistics policy defaults to ``recompute``
+(`fedhet.strategies.fedbn.check_statistics`): training normalises by each batch's statistics, and every level r is
+scored with statistics worked out afresh at level r (its masked model's forward pass over every client's training
+data, `fedhet.engine.engine.Engine.evaluated`), the global model with the full level's.
+
+Models: MLPs (``model: mlp``), CNNs with or without batch norm (the zoo's, or a sequence of layers; convolutions
+sliced by channels) and the zoo's ResNets (``resnet8``, ``resnet18``), not group norm.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import ClassVar
 from pydantic import Field
 from torch import Tensor
 
-from fedhet.strategies.base import STRATEGIES, ServerContext
+from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.submodels import (
     SubModels,
     level_name,
@@ -50,15 +57,10 @@ class HeteroFL(SubModels):
     over the clients that trained it."""
 
     name: ClassVar[str] = "heterofl"
-    description: ClassVar[str] = "HeteroFL: width sub-models per client capacity (Diao et al. 2021), MLPs and CNNs"
+    description: ClassVar[str] = "HeteroFL: width sub-models by client capacity (Diao et al. 2021), MLPs, CNNs, ResNets"
     scaler: bool = Field(
         True, description="the paper's scaler: hidden layers' outputs divided by the client's level r in training"
     )
-
-    def setup(self, ctx: ServerContext) -> None:
-        super().setup(ctx)
-        if self.scaler and any(level != 1 for level in self.levels):
-            self.check_scaling()
 
     def scales(self, levels: Tensor) -> Tensor | None:
         """1/r on the hidden layers' outputs with the scaler (None without, or where every level is 1)."""

@@ -3,9 +3,11 @@
 A sub-model is the full model masked (`fedhet.engine.plan.LocalPlan.masks`): in every Linear or Conv2d layer
 (`sliced_layers`) a client keeps a set of the hidden units (or channels) and the weights between kept units; the
 weights into and out of the others are zero and stay zero, which with a zero-preserving activation (φ(0) = 0) and
-no objective term pulling them is exactly training the smaller network (`unit_mask`). The schemes differ in which
-units a client keeps: the first ⌈r·d⌉ (HeteroFL, FjORD: `width_mask`), a window rolling with the round
-(FedRolex), or any set a plugin chooses (`SubModels.unit_sets`).
+no objective term pulling them is exactly training the smaller network (`unit_mask`). Batch norm keeps the kept
+channels' weight, bias and running statistics (a zero channel normalises to 0 and, with weight and bias 0, stays
+0: its statistics stay 0); a ResNet's residual additions keep the same channels on both branches (`channels`).
+The schemes differ in which units a client keeps: the first ⌈r·d⌉ (HeteroFL, FjORD: `width_mask`), a window
+rolling with the round (FedRolex), or any set a plugin chooses (`SubModels.unit_sets`).
 
 `SubModels` is their common strategy: a capacity level r ∈ (0, 1] per client (fixed for the run or redrawn each
 round, from ``proportions`` over ``levels`` or an explicit ``capacities`` list, seeded), HeteroFL's Eq. 2
@@ -16,7 +18,7 @@ level (``test_accuracy_level<r>``, clients.csv ``capacity``).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -27,7 +29,7 @@ from fedhet.engine.evaluate import ClientScores
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import ConfigError
-from fedhet.models.zoo import ConvClassifier, Flatten, ToImage
+from fedhet.models.zoo import BasicBlock, ConvClassifier, Flatten, ResNetNet, ToImage
 from fedhet.seeding import numpy_rng
 from fedhet.strategies.base import ServerContext, Strategy
 from fedhet.strategies.fedavg import fedavg_weights
@@ -39,6 +41,7 @@ _ZERO_PRESERVING = (nn.ReLU, nn.GELU, nn.Tanh, nn.SiLU, nn.ELU, nn.LeakyReLU)
 _PASSING = (
     nn.modules.dropout._DropoutNd,
     nn.Flatten,
+    nn.Unflatten,
     nn.Identity,
     nn.MaxPool2d,
     nn.AvgPool2d,
@@ -46,7 +49,7 @@ _PASSING = (
     Flatten,
     ToImage,
 )
-SCALING_BACKENDS = ("dense", "conv", "sequential")  # the backends that run `LocalPlan.scales`
+_NORMS = nn.modules.batchnorm._BatchNorm  # per channel: sliced with the channels of the layer before it
 Group = tuple[Tensor, Tensor]  # the rows (indices) of a cohort's clients with one sub-model, and its mask (P,)
 
 
@@ -56,31 +59,102 @@ def level_name(level: float) -> str:
 
 
 def sliced_layers(model: FlatModel, what: str) -> list[str]:
-    """The names of the Linear and Conv2d layers of an MLP (`nn.Sequential`) or a zoo CNN (`ConvClassifier`), in
-    order; a model with other layers that hold parameters or break φ(0) = 0 is a one-line `ConfigError`."""
+    """The names of the Linear and Conv2d layers of an MLP (`nn.Sequential`), a CNN (the zoo's `ConvClassifier` or a
+    sequence of layers, with batch norm or without) or a zoo ResNet (`ResNetNet`), in module order; a model with
+    other layers that hold parameters or break φ(0) = 0 is a one-line `ConfigError`."""
     module = model.module
-    if not isinstance(module, nn.Sequential | ConvClassifier):
-        raise ConfigError(f"{what} slices MLPs and the zoo's CNNs: this model is not a sequence of layers")
+    if not isinstance(module, nn.Sequential | ConvClassifier | ResNetNet):
+        raise ConfigError(
+            f"{what} slices MLPs, CNNs and the zoo's ResNets (resnet8, resnet18): this model is not a sequence of "
+            "layers"
+        )
     names = []
     for name, layer in module.named_modules():
         if any(True for _ in layer.children()):
             continue
         if isinstance(layer, nn.Linear | nn.Conv2d):
             names.append(name)
-        elif not isinstance(layer, _ZERO_PRESERVING + _PASSING):
+        elif not isinstance(layer, _ZERO_PRESERVING + _PASSING + (_NORMS,)):
             raise ConfigError(
-                f"{what} slices MLPs and CNNs of Linear/Conv2d layers with ReLU, GELU or Tanh activations, pooling "
-                f"and local response normalisation; this model has a {type(layer).__name__} layer"
+                f"{what} slices MLPs and CNNs of Linear/Conv2d layers with ReLU, GELU or Tanh activations, pooling, "
+                f"batch norm and local response normalisation; this model has a {type(layer).__name__} layer"
             )
     if len(names) < 2:
         raise ConfigError(f"{what} needs a model with a hidden layer to slice (model: mlp with hidden: [...])")
     return names
 
 
-def hidden_widths(model: FlatModel, layers: list[str]) -> list[int]:
-    """d_l: the output units (channels) of every sliced layer but the last."""
+@dataclass(frozen=True)
+class Channels:
+    """The channel groups of a sliced model: a group is a set of units (channels) that every layer on it keeps
+    alike, a hidden layer's outputs, or a ResNet's residual stream (the block outputs and the shortcuts added to
+    them) or a block's inner channels. ``writes`` and ``reads`` give each sliced layer's output and input group,
+    ``norms`` each batch-norm layer's; None is whole (the model's input, the last layer's outputs)."""
+
+    writes: dict[str, int | None]
+    reads: dict[str, int | None]
+    norms: dict[str, int | None]
+    widths: list[int]  # d_g: the units (channels) of each group
+
+
+def channels(model: FlatModel, layers: list[str]) -> Channels:
+    """The channel groups of `model` (`sliced_layers` gives `layers`): for a sequence of layers, layer l writes
+    group l (the last: whole) and reads group l − 1 (the first: the whole input), a batch-norm layer normalises the
+    group of the sliced layer before it; a ResNet's are `resnet_channels`."""
+    if isinstance(model.module, ResNetNet):
+        return resnet_channels(model.module)
     shapes = dict(zip(model.names, model.shapes, strict=True))
-    return [int(shapes[f"{layer}.weight"][0]) for layer in layers[:-1]]
+    last = len(layers) - 1
+    writes: dict[str, int | None] = {layer: i if i < last else None for i, layer in enumerate(layers)}
+    reads: dict[str, int | None] = {layer: i - 1 if i else None for i, layer in enumerate(layers)}
+    norms: dict[str, int | None] = {}
+    group: int | None = None
+    for name, layer in model.module.named_modules():
+        if name in writes:
+            group = writes[name]
+        elif isinstance(layer, _NORMS):
+            norms[name] = group
+    return Channels(writes, reads, norms, [int(shapes[f"{layer}.weight"][0]) for layer in layers[:-1]])
+
+
+def resnet_channels(net: ResNetNet) -> Channels:
+    """A ResNet's channel groups: the stem and the blocks of a stage without a downsample branch write one residual
+    stream (so the shortcut adds the same channels), a block with a downsample branch starts the next stage's stream
+    (its conv2, bn2 and downsample conv and norm write it), each block's conv1 and bn1 an inner group of their own;
+    the classifier reads the last stream."""
+    widths: list[int] = []
+
+    def new(width: int) -> int:
+        widths.append(width)
+        return len(widths) - 1
+
+    stream = new(net.conv1.out_channels)
+    writes: dict[str, int | None] = {"conv1": stream}
+    reads: dict[str, int | None] = {"conv1": None}
+    norms: dict[str, int | None] = {"bn1": stream}
+    for i in range(net.stages):
+        stage = net.get_submodule(f"layer{i + 1}")
+        assert isinstance(stage, nn.Sequential)
+        for j, block in enumerate(stage):
+            assert isinstance(block, BasicBlock)
+            at = f"layer{i + 1}.{j}."
+            inner = new(block.conv1.out_channels)
+            out = stream if isinstance(block.downsample, nn.Identity) else new(block.conv2.out_channels)
+            writes |= {f"{at}conv1": inner, f"{at}conv2": out}
+            reads |= {f"{at}conv1": stream, f"{at}conv2": inner}
+            norms |= {f"{at}bn1": inner, f"{at}bn2": out}
+            if out != stream:
+                writes[f"{at}downsample.0"], reads[f"{at}downsample.0"] = out, stream
+                norms[f"{at}downsample.1"] = out
+            stream = out
+    writes["fc"], reads["fc"] = None, stream
+    return Channels(writes, reads, norms, widths)
+
+
+def hidden_widths(model: FlatModel, layers: list[str]) -> list[int]:
+    """d_g: the units (channels) of every channel group (`channels`; a sequence of layers: the outputs of every
+    sliced layer but the last)."""
+    return channels(model, layers).widths
 
 
 def kept(units: int, level: float) -> int:
@@ -89,27 +163,39 @@ def kept(units: int, level: float) -> int:
 
 
 def unit_mask(model: FlatModel, layers: list[str], keep: list[Tensor]) -> Tensor:
-    """(P,) bool: the sub-model that keeps, in sliced layer l, the output units or channels `keep[l]` ((d_l,) bool;
-    every output of the last layer), reading only the kept units or channels of the layer before (all of the
-    input's; a Linear layer after a convolution reads the flattened kept channels)."""
+    """(P,) bool: the sub-model that keeps the units or channels `keep[g]` ((d_g,) bool) of every channel group g
+    (`channels`): a sliced layer's weights from its input group's kept units to its output group's (every output of
+    the last layer, every input of the first; a Linear layer after a convolution reads the flattened kept
+    channels), a batch-norm layer's weight, bias and running statistics of its group's kept channels (and its count
+    of batches)."""
+    topology = channels(model, layers)
     mask = torch.zeros(model.size, dtype=torch.bool)
     shapes = dict(zip(model.names, model.shapes, strict=True))
-    before: Tensor | None = None  # the kept units of the layer before
-    for i, layer in enumerate(layers):
+
+    def units(group: int | None, count: int, where: str) -> Tensor:
+        if group is None:
+            return torch.ones(count, dtype=torch.bool)
+        mine = keep[group]
+        if count % len(mine):
+            raise ConfigError(f"layer '{where}' reads {count} inputs from {len(mine)} units: cannot slice it")
+        return mine.repeat_interleave(count // len(mine))  # a flattened channel: count/total features each
+
+    for layer in layers:
         shape = shapes[f"{layer}.weight"]
-        units, inputs = shape[0], shape[1]
-        rows = torch.ones(units, dtype=torch.bool) if i == len(layers) - 1 else keep[i]
-        read = torch.ones(inputs, dtype=torch.bool)
-        if before is not None:
-            if inputs % len(before):
-                raise ConfigError(f"layer '{layer}' reads {inputs} inputs from {len(before)} units: cannot slice it")
-            read = before[torch.arange(inputs) // (inputs // len(before))]  # a flattened channel: inputs/total
-        weight = torch.zeros(shape, dtype=torch.bool)
-        weight[rows.nonzero().flatten().unsqueeze(1), read.nonzero().flatten()] = True
-        mask[model.slices[f"{layer}.weight"]] = weight.flatten()
+        rows = units(topology.writes[layer], shape[0], layer)
+        read = units(topology.reads[layer], shape[1], layer)
+        spatial = [1] * (len(shape) - 2)
+        weight = rows.view(-1, 1, *spatial) & read.view(1, -1, *spatial)
+        mask[model.slices[f"{layer}.weight"]] = weight.expand(shape).flatten()
         if f"{layer}.bias" in model.slices:
             mask[model.slices[f"{layer}.bias"]] = rows
-        before = rows
+    for norm, group in topology.norms.items():
+        for leaf in ("weight", "bias", "running_mean", "running_var"):
+            where = model.slices.get(f"{norm}.{leaf}")
+            if where is not None:
+                mask[where] = units(group, where.stop - where.start, norm)
+        if f"{norm}.num_batches_tracked" in model.slices:
+            mask[model.slices[f"{norm}.num_batches_tracked"]] = True
     return mask
 
 
@@ -245,17 +331,9 @@ class SubModels(Strategy):
 
     @property
     def widths(self) -> list[int]:
-        """d_l: the width (units or channels) of every hidden layer, in order (known after `setup`)."""
+        """d_g: the width (units or channels) of every hidden layer, in order, or of every channel group of a ResNet
+        (`channels`; known after `setup`)."""
         return list(self._widths)
-
-    def check_scaling(self) -> None:
-        """Refuse in one line a run whose cohorts would train on a backend without `LocalPlan.scales`."""
-        backend = self.ctx.engine.backend_for(self.ctx.clients_per_round)
-        if backend not in SCALING_BACKENDS:
-            raise ConfigError(
-                f"algorithm '{self.name}': the scaler runs on the dense, conv and sequential backends; this run "
-                f"trains on '{backend}': set algorithm.scaler=false or backend=sequential"
-            )
 
     def _draw(self, round_: int) -> Tensor:
         """(K,) a level per client: ``fix`` splits the clients in the proportions (as nearly as whole clients
@@ -285,8 +363,8 @@ class SubModels(Strategy):
         return self.capacity(round_)[clients]
 
     def unit_sets(self, round_: int, client: int, level: float) -> list[Tensor]:
-        """The units (d_l,) bool of every hidden layer that `client` trains at `level` in round `round_`: the first
-        ⌈r·d_l⌉ (HeteroFL's static slices)."""
+        """The units (d_g,) bool of every hidden layer (channel group: `channels`) that `client` trains at `level`
+        in round `round_`: the first ⌈r·d_g⌉ (HeteroFL's static slices)."""
         return first_units(self._widths, level)
 
     def scales(self, levels: Tensor) -> Tensor | None:
@@ -338,7 +416,9 @@ class SubModels(Strategy):
 
     def level_scores(self) -> dict[float, ClientScores]:
         """The test scores of the evaluated global model at the first ⌈r·d⌉ units of each level (once per
-        evaluation)."""
+        evaluation). Under the statistics policy ``recompute`` (the default on a model with batch norm) the engine
+        scores each level's masked model with batch-norm statistics worked out at that level (`Engine.evaluated`:
+        HeteroFL's static batch norm, a forward pass over the training data per level)."""
         if self._evaluated is not None and not self._scores:
             w = self._evaluated
             self._scores = {r: self.ctx.engine.scores(torch.where(m, w, 0.0), "test") for r, m in self._prefix.items()}

@@ -123,8 +123,8 @@ class RoundClock:
         (``plan.masks``), 1 for the full model."""
         if plan.masks is None or self.flops is None:
             return 1.0
-        flops = self.flops.to(plan.masks.device)
-        return (plan.masks.double() @ flops / flops.sum()).cpu()
+        flops = self.flops.to(plan.masks.device)  # of the parameters: running statistics (after them) cost none
+        return (plan.masks[:, : len(flops)].double() @ flops / flops.sum()).cpu()
 
     def _comm(self, rows: Tensor | slice = slice(None)) -> Tensor:
         lat = 2 * self.profiles.latency_s[self.clients[rows]].double()
