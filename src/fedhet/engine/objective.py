@@ -105,7 +105,10 @@ class ParameterTerm(LocalTerm):
 
 
 class DataTerm(LocalTerm):
-    """An extra loss on the model's outputs, differentiated by autograd."""
+    """An extra loss on the model's outputs, differentiated by autograd. With ``needs_exits`` it reads a multi-exit
+    model's exits (`ModelView.exits`): a run of another model with it is refused before it starts."""
+
+    needs_exits: ClassVar[bool] = False
 
     def loss(self, view: ModelView) -> Tensor:
         """The term's value (a scalar) on the client's mini-batch."""

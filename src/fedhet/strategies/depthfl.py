@@ -58,6 +58,7 @@ class ExitDistillation(DataTerm):
 
     name: ClassVar[str] = "exit_distillation"
     description: ClassVar[str] = "mutual self-distillation among a multi-exit model's exits (DepthFL)"
+    needs_exits: ClassVar[bool] = True
     weight: float = Field(1.0, ge=0, description="weight λ of the distillation term")
 
     def loss(self, view: ModelView) -> Tensor:
