@@ -17,6 +17,7 @@ from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import RunState, resume, run
 from fedhet.models.base import MODELS
+from fedhet.models.flops import parameter_flops
 from fedhet.strategies.base import ServerContext, Strategy
 from fedhet.strategies.depthfl import DepthFL, ExitDistillation, depth_mask, exit_mask, mutual_distillation
 from fedhet.strategies.fedavg import FedAvg
@@ -236,3 +237,30 @@ def test_combinations_it_cannot_run_are_refused_before_anything_is_written(
         "model={name: mlp_exits, hidden: [8, 8, 8, 8]}",
     ]
     assert_refused([*base, *changes, "--rounds", "1", "--out", "runs/r"], fragment, tmp_path)
+
+
+def test_a_shallow_client_computes_its_share_of_the_flops() -> None:
+    """Depth 1 of a 3 → 4 → 4 network with exits of 2 classes: block 1 (2·12 + 4) and exit 1 (2·8 + 2) of the
+    FLOPs of both blocks and exits (100), the share the clock charges (`RoundClock.work_share`)."""
+    model = exits_model()
+    flops = parameter_flops(model.module, (3,))
+    shallow = depth_mask(model.module, model.names, model.numels, 1)  # type: ignore[arg-type]
+    assert float(flops.sum()) == 100 and float(shallow.double() @ flops) == 46
+
+
+@pytest.mark.slow
+def test_a_run_whose_slow_clients_train_one_block_is_faster_on_the_clock() -> None:
+    base = {
+        "dataset": "digits",
+        "model": {"name": "mlp_exits", "hidden": [32, 32, 32, 32]},
+        "num_clients": 8,
+        "clients_per_round": 8,
+        "rounds": 1,
+        "local": {"steps": 2, "lr": 0.1, "batch_size": 10},
+        "system": {"name": "lognormal", "capacity": {"levels": [1.0, 0.25], "by": "speed"}},
+    }
+    algorithm = {"name": "depthfl", "levels": [1.0, 0.25], "assignment": "system"}
+    state = run(parse_config({**base, "algorithm": algorithm}))
+    assert sorted(state.experiment.strategy.capacity(0).tolist()) == [0.25] * 4 + [1.0] * 4
+    full = run(parse_config({**base, "algorithm": "fedavg"}))
+    assert state.final["time_s"] < full.final["time_s"]
