@@ -13,6 +13,8 @@ from torch import Tensor, nn
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalSettings
+from fedhet.engine.task import TASKS
+from fedhet.errors import ConfigError
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import RunState, resume, run
@@ -221,6 +223,7 @@ def test_a_resumed_run_writes_the_uninterrupted_runs_files(tmp_path: Path) -> No
             "has none",
         ),
         (["--set", "algorithm.name=depthfl", "--set", "local.terms=[{name: proximal, mu: 0.1}]"], "pulls"),
+        (["--algorithm", "fedavg", "--set", "local.dp_sgd={clip: 1.0, noise_multiplier: 1.0}"], "multi-exit"),
     ],
 )
 def test_combinations_it_cannot_run_are_refused_before_anything_is_written(
@@ -264,3 +267,12 @@ def test_a_run_whose_slow_clients_train_one_block_is_faster_on_the_clock() -> No
     assert sorted(state.experiment.strategy.capacity(0).tolist()) == [0.25] * 4 + [1.0] * 4
     full = run(parse_config({**base, "algorithm": "fedavg"}))
     assert state.final["time_s"] < full.final["time_s"]
+
+
+def test_self_distillation_on_a_task_without_classes_is_refused() -> None:
+    torch.manual_seed(0)
+    module = MODELS.build({"name": "mlp_exits", "hidden": [4, 4]}).build((3,), 1)
+    model = FlatModel(module, task=TASKS.build("regression"))
+    with pytest.raises(ConfigError, match=r"algorithm\.distill=false"):
+        setup(DepthFL(levels=[1.0, 0.5]), "sequential", model)
+    setup(DepthFL(levels=[1.0, 0.5], distill=False), "sequential", model)  # the sum of the exits' squared errors

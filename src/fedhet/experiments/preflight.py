@@ -25,8 +25,14 @@ def check_run(config: RunConfig, data: FederatedData, model: FlatModel) -> None:
     check_model_fits(config, data, model)
 
 
-def check_terms(terms: Sequence[LocalTerm], model: FlatModel) -> None:
-    """Refuse a local term that reads a multi-exit model's exits (``needs_exits``) on a model without exits."""
+def check_exits(config: RunConfig, terms: Sequence[LocalTerm], model: FlatModel) -> None:
+    """Refuse a local term that reads a multi-exit model's exits (``needs_exits``) on a model without exits, and
+    DP-SGD on a multi-exit model (its per-sample gradients are of one output's loss)."""
+    if config.local.dp_sgd is not None and model.exits:
+        raise ConfigError(
+            "local.dp_sgd clips per-sample gradients of one output's loss and cannot train a multi-exit model; use "
+            "client-level DP (algorithm: {name: dp, ...}) or a model without exits"
+        )
     for term in terms:
         if isinstance(term, DataTerm) and term.needs_exits and not model.exits:
             raise ConfigError(
