@@ -128,3 +128,33 @@ def test_every_layer_of_every_exit_is_counted_in_the_flops() -> None:
     module = MODELS.build({"name": "mlp_exits", "hidden": [4, 4]}).build((3,), 2)
     flops = parameter_flops(module, (3,))
     assert float(flops.sum()) == (2 * 12 + 4) + (2 * 16 + 4) + 2 * (2 * 8 + 2)
+
+
+def test_the_cnn_with_exits_pools_while_it_can_and_averages_its_exits() -> None:
+    torch.manual_seed(0)
+    module = MODELS.build({"name": "cnn_exits", "channels": [3, 4, 5]}).build((1, 4, 4), 2)
+    assert isinstance(module, MultiExit) and module.num_exits == 3
+    x = torch.randn(2, 16)  # flat 4×4 images
+    z, held = module(x, exits=True)
+    assert z.shape == (3, 2, 2) and held.tolist() == [1.0, 1.0, 1.0]
+    torch.testing.assert_close(module(x), z.mean(0))
+    pools = [sum(isinstance(m, torch.nn.MaxPool2d) for m in block) for block in module.blocks]
+    assert pools == [1, 1, 0]  # 4 → 2 → 1 pixel, then no more pooling
+    flops = parameter_flops(module, (1, 4, 4))
+    # (2 FLOPs a weight + 1 a bias) at each output position: 4×4, 2×2 and 1×1 pixels
+    convs = (2 * 3 * 1 * 9 + 3) * 16 + (2 * 4 * 3 * 9 + 4) * 4 + (2 * 5 * 4 * 9 + 5) * 1
+    heads = sum(2 * c * 2 + 2 for c in (3, 4, 5))
+    assert float(flops.sum()) == convs + heads
+
+
+def test_the_cnn_trains_alike_on_both_autograd_backends() -> None:
+    torch.manual_seed(0)
+    data = tiny_data(SIZES, dim=16, classes=2, seed=5)
+    params = []
+    for backend in ("sequential", "vectorised"):
+        torch.manual_seed(0)
+        module = MODELS.build({"name": "cnn_exits", "channels": [3, 4]}).build((16,), 2)
+        engine = Engine(FlatModel(module), data, backend=backend, seed=1)  # type: ignore[arg-type]
+        plan = LocalPlan.uniform(torch.tensor([0, 1]), 2, 0.1, 8)
+        params.append(engine.train(engine.model.initial_params(), plan, 0).params)
+    torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)

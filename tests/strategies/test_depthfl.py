@@ -25,6 +25,7 @@ from fedhet.strategies.depthfl import DepthFL, ExitDistillation, depth_mask, exi
 from fedhet.strategies.fedavg import FedAvg
 from helpers.hostile import assert_refused
 from helpers.personal import BATCH, LR, TOL, data, run_round, weighted
+from helpers.tiny import tiny_data
 
 AUTOGRAD = ["sequential", "vectorised"]
 
@@ -276,3 +277,42 @@ def test_self_distillation_on_a_task_without_classes_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"algorithm\.distill=false"):
         setup(DepthFL(levels=[1.0, 0.5]), "sequential", model)
     setup(DepthFL(levels=[1.0, 0.5], distill=False), "sequential", model)  # the sum of the exits' squared errors
+
+
+def _truncated_loss(module: nn.Module, w: dict[str, Tensor], x: Tensor, y: Tensor, depth: int) -> Tensor:
+    """The DepthFL loss of the network cut after `depth` blocks, run block by block (no zeroed exits involved)."""
+
+    def part(name: str) -> dict[str, Tensor]:
+        return {n[len(name) + 1 :]: v for n, v in w.items() if n.startswith(name + ".")}
+
+    h, z = module.stem(x), []  # type: ignore[operator]
+    for i in range(depth):
+        h = torch.func.functional_call(module.blocks[i], part(f"blocks.{i}"), (h,))  # type: ignore[index]
+        z.append(torch.func.functional_call(module.heads[i], part(f"heads.{i}"), (h,)))  # type: ignore[index]
+    loss = sum(F.cross_entropy(zi, y) for zi in z)
+    pairs = [kl(z[j], z[i]).mean() for i in range(depth) for j in range(depth) if i != j]
+    return loss + (sum(pairs) / (depth - 1) if depth > 1 else 0.0)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("backend", AUTOGRAD)
+def test_the_cnn_round_matches_the_truncated_networks_trained_by_hand(backend: str) -> None:
+    cohort = tiny_data([4, 6], dim=16, classes=2, seed=3)
+    torch.manual_seed(0)
+    model = FlatModel(MODELS.build({"name": "cnn_exits", "channels": [2, 3, 3]}).build((16,), 2))
+    strategy = DepthFL(levels=[1.0, 0.5], capacities=[0.5, 1.0])  # depths 2 (⌈0.5·3⌉) and 3 of 3 blocks
+    engine = Engine(model, cohort, backend=backend, seed=1)  # type: ignore[arg-type]
+    strategy.setup(ServerContext(engine, LocalSettings(1, LR, BATCH), seed=0, clients_per_round=2))
+    w = model.initial_params()
+    steps = []
+    for k, depth in ((0, 2), (1, 3)):
+        x, y = cohort.train.client(k)
+        v = {n: t.clone().requires_grad_(True) for n, t in model.unflatten(w).items()}
+        grads = torch.autograd.grad(_truncated_loss(model.module, v, x, y, depth), list(v.values()), allow_unused=True)
+        flat = torch.cat(
+            [g.reshape(-1) if g is not None else torch.zeros(t.numel()) for g, t in zip(grads, v.values(), strict=True)]
+        )
+        mask = depth_mask(model.module, model.names, model.numels, depth)  # type: ignore[arg-type]
+        steps.append(torch.where(mask, w - LR * flat, 0.0))
+    clients = torch.tensor([0, 1])
+    result = strategy.local_training(0, clients, w, lambda plan: engine.train(w, plan, 0))
+    torch.testing.assert_close(result.params, torch.stack(steps), **TOL)
