@@ -37,7 +37,7 @@ def check_exits(config: RunConfig, terms: Sequence[LocalTerm], model: FlatModel)
         if isinstance(term, DataTerm) and term.needs_exits and not model.exits:
             raise ConfigError(
                 f"local term '{term.name}' reads a multi-exit model's exits, and this model has none; use a model "
-                "with exits (model: mlp_exits)"
+                "with exits (model: mlp_exits or cnn_exits)"
             )
 
 

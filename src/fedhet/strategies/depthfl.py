@@ -1,8 +1,8 @@
 """DepthFL (Kim, Yu, Kim, Moon, ICLR 2023): clients of different capacity train depth sub-models of one global model.
 
 The global model has a classifier (exit) after each of its D blocks (a multi-exit model, `fedhet.models.exits`:
-``model: mlp_exits``). A client of depth level r ∈ (0, 1] trains the first d = ⌈r·D⌉ blocks and their d exits
-(§3.1: the deeper blocks pruned off), as a masked full model (`LocalPlan.masks`: the deeper blocks and exits are
+``model: mlp_exits`` or ``cnn_exits``). A client of depth level r ∈ (0, 1] trains the first d = ⌈r·D⌉ blocks and
+their d exits (§3.1: the deeper blocks pruned off), as a masked full model (`LocalPlan.masks`: the deeper blocks and exits are
 zero and stay zero), on the loss (§3.3, with mutual self-distillation among its exits)
 
     L_k = Σ_{i≤d} L_ce(y, ŷ_i) + λ/(d−1) Σ_{i≤d} Σ_{j≤d, j≠i} KL(ŷ_j ‖ ŷ_i)
@@ -109,7 +109,7 @@ class DepthFL(SubModels):
         flat = self.ctx.engine.model
         module = flat.module
         if not isinstance(module, MultiExit):
-            raise ConfigError(f"{what} trains a model with exits after its blocks: use model: mlp_exits")
+            raise ConfigError(f"{what} trains a model with exits after its blocks: use model: mlp_exits or cnn_exits")
         if self.distill and flat.task.name != "classification":
             raise ConfigError(f"{what}: self-distillation compares class probabilities; set algorithm.distill=false")
         blocks = module.num_exits
