@@ -2,8 +2,8 @@
 
 The global model has a classifier (exit) after each of its D blocks (a multi-exit model, `fedhet.models.exits`:
 ``model: mlp_exits`` or ``cnn_exits``). A client of depth level r ∈ (0, 1] trains the first d = ⌈r·D⌉ blocks and
-their d exits (§3.1: the deeper blocks pruned off), as a masked full model (`LocalPlan.masks`: the deeper blocks and exits are
-zero and stay zero), on the loss (§3.3, with mutual self-distillation among its exits)
+their d exits (§3.1: the deeper blocks pruned off), as a masked full model (`LocalPlan.masks`: the deeper blocks
+and exits are zero and stay zero), on the loss (§3.3, with mutual self-distillation among its exits)
 
     L_k = Σ_{i≤d} L_ce(y, ŷ_i) + λ/(d−1) Σ_{i≤d} Σ_{j≤d, j≠i} KL(ŷ_j ‖ ŷ_i)
 
