@@ -154,7 +154,8 @@ class SubModels(Strategy):
 
     A scheme overrides `unit_sets` (which units a client of level r keeps in round t), and may override
     `trained_levels` (the level a client trains at in a round: its capacity by default) and `scales` (factors on
-    the layers' outputs in training: HeteroFL's scaler)."""
+    the layers' outputs in training: HeteroFL's scaler). A scheme that does not cut hidden units overrides
+    `level_masks` and `sub_model` instead (DepthFL's depths: `fedhet.strategies.depthfl`)."""
 
     sub_models = True
     weighting: Literal["samples", "uniform"] = Field("samples", description="FedAvg's client weights p_k")
