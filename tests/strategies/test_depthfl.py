@@ -14,7 +14,7 @@ from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalSettings
 from fedhet.engine.task import TASKS
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, FedhetNote
 from fedhet.experiments.callbacks import Callback
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import RunState, resume, run
@@ -316,3 +316,11 @@ def test_the_cnn_round_matches_the_truncated_networks_trained_by_hand(backend: s
     clients = torch.tensor([0, 1])
     result = strategy.local_training(0, clients, w, lambda plan: engine.train(w, plan, 0))
     torch.testing.assert_close(result.params, torch.stack(steps), **TOL)
+
+
+def test_a_config_without_a_model_trains_the_multi_exit_mlp_and_says_so(tmp_path: Path) -> None:
+    config = {key: value for key, value in SMALL.items() if key != "model"}
+    with pytest.warns(FedhetNote, match="trains model mlp_exits unless the config names a model"):
+        state = run(parse_config({**config, "algorithm": "depthfl", "rounds": 1}), tmp_path / "r")
+    assert state.experiment.engine.model.exits == 4
+    assert "name: mlp_exits" in (tmp_path / "r/config.yaml").read_text()

@@ -209,6 +209,10 @@ def implied(config: RunConfig, parts: Components, dataset: Dataset) -> tuple[Run
     elif "partition" not in given and not task.classes:
         changes["partition"] = {"name": "iid"}
         notes.append(f"task {task.name}: no classes to split by, so partition iid; name a partition to split otherwise")
+    model = parts.algorithm.default_model
+    if "model" not in given and model is not None:
+        changes["model"] = {"name": model}
+        notes.append(f"algorithm {parts.algorithm.name} trains model {model} unless the config names a model")
     if not changes:
         return config, notes
     return parse_config({**config.model_dump(mode="json"), **changes}), notes

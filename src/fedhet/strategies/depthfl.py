@@ -94,6 +94,7 @@ class DepthFL(SubModels):
 
     name: ClassVar[str] = "depthfl"
     description: ClassVar[str] = "DepthFL: depth sub-models of a multi-exit model per client capacity (Kim et al. 2023)"
+    default_model: ClassVar[str | None] = "mlp_exits"
     levels: list[float] = Field(
         default_factory=lambda: [1.0, 0.75, 0.5, 0.25],
         min_length=1,
