@@ -271,12 +271,13 @@ def test_personal_models_are_the_native_ones_whichever_worker_answers(
     assert_same_metrics(native, actors)
 
 
-@pytest.mark.parametrize("algorithm", ["heterofl", "fedrolex", "fjord"])
+@pytest.mark.parametrize("algorithm", ["heterofl", "fedrolex", "fjord", "depthfl"])
 def test_sub_models_on_flower_nodes_give_the_native_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_task: None, algorithm: str
 ) -> None:
-    """HeteroFL (its scaler on), FedRolex and FjORD: the plans' masks and scales reach the nodes, whose engines train
-    the sub-models; every metrics.csv value, the accuracy at every level included, within 1e-5 of the native run."""
+    """HeteroFL (its scaler on), FedRolex, FjORD and DepthFL (its self-distillation term and multi-exit model): the
+    plans' masks, scales and terms reach the nodes, whose engines train the sub-models; every metrics.csv value, the
+    accuracy at every level included, within 1e-5 of the native run."""
     from flower_helpers import assert_same_metrics, read_metrics, small_config
 
     from fedhet.experiments.runner import run
@@ -284,7 +285,10 @@ def test_sub_models_on_flower_nodes_give_the_native_numbers(
 
     monkeypatch.setattr(apps, "_WORKERS", {})
     levels = {"name": algorithm, "levels": [1, 0.5, 0.25]}
-    config = small_config(levels, model={"name": "mlp", "hidden": [16]})
+    model = (
+        {"name": "mlp_exits", "hidden": [16, 16, 16, 16]} if algorithm == "depthfl" else {"name": "mlp", "hidden": [16]}
+    )
+    config = small_config(levels, model=model)
     run(config, tmp_path / "native")
     run(config, tmp_path / "nodes", builder=remote_builder(Actors(2), Settings(min_nodes=2)))
     native, nodes = read_metrics(tmp_path / "native"), read_metrics(tmp_path / "nodes")

@@ -13,6 +13,7 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +21,7 @@ from torch.func import functional_call
 
 from fedhet.engine.task import CLASSIFICATION, Task
 from fedhet.models.base import Statistics
+from fedhet.models.exits import MultiExit, ensemble, exit_losses
 
 _STAT_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
@@ -95,6 +97,7 @@ class FlatModel:
         self.module = module
         self.task = task
         self.statistics: Statistics = statistics
+        self.exits = module.num_exits if isinstance(module, MultiExit) else 0
         named = list(module.named_parameters())
         buffers = _statistics(module)
         self.num_params = sum(p.numel() for _, p in named)
@@ -185,14 +188,30 @@ class FlatModel:
             return functional_call(self.module, params, (x,))
 
     def forward_tracked(
-        self, params: dict[str, Tensor], stats: dict[str, Tensor], x: Tensor, weight: Tensor | None = None
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+        self,
+        params: dict[str, Tensor],
+        stats: dict[str, Tensor],
+        x: Tensor,
+        weight: Tensor | None = None,
+        exits: bool = False,
+    ) -> tuple[Any, dict[str, Tensor]]:
         """The outputs, and the running statistics `stats` (by name) after this batch: new tensors, as a training
         forward pass of the module updates them (works under vmap and `torch.func.grad`). Within `padded_batches`,
-        `weight` (the batch's row weights) leaves the padding rows out of batch norm's statistics."""
+        `weight` (the batch's row weights) leaves the padding rows out of batch norm's statistics. With `exits` (a
+        multi-exit model) the outputs are the exits' (outputs, held) for `training_losses`."""
         new = {n: t.clone() for n, t in stats.items()}
         with self.batch_weights(weight):
-            return functional_call(self.module, {**params, **new}, (x,)), new
+            kwargs = {"exits": True} if exits else None
+            return functional_call(self.module, {**params, **new}, (x,), kwargs), new
+
+    def training_losses(self, out: Any, y: Tensor) -> tuple[Tensor, Tensor]:
+        """The logits and the per-sample training losses of a training forward pass's outputs `out`: the task's
+        loss; for a multi-exit model (`out`: its exits' (outputs, held)) the ensemble and the sum of the task's
+        loss over the held exits (`fedhet.models.exits.exit_losses`)."""
+        if not self.exits:
+            return out, self.task.loss(out, y)
+        z, held = out
+        return ensemble(z, held), exit_losses(self.task.loss, z, held, y)
 
     @contextmanager
     def padded_batches(self, padded: bool = True) -> Iterator[None]:
@@ -253,7 +272,8 @@ class FlatModel:
     def module_batch_loss(self, x: Tensor, y: Tensor, weight: Tensor) -> Tensor:
         """`batch_loss` with the module's own (bound) parameters, for plain autograd."""
         with self.batch_weights(weight):
-            losses = self.task.loss(self.module(x), y)
+            out = self.module(x, exits=True) if self.exits else self.module(x)
+        losses = self.training_losses(out, y)[1]
         return (losses * weight).sum() / weight.sum().clamp_min(1.0)
 
     def batch_loss(self, flat: Tensor, x: Tensor, y: Tensor, weight: Tensor) -> Tensor:

@@ -197,6 +197,9 @@ def make_step(
     if dp is not None and statistics:
         raise ConfigError("local.dp_sgd cannot train a model with batch-norm running statistics (per-sample gradients)")
     forward = model.forward  # a data term's forward passes leave the running statistics as they are
+    exits = bool(model.exits)  # a multi-exit model trains on the sum of its held exits' losses
+    if dp is not None and exits:
+        raise ConfigError("local.dp_sgd cannot train a multi-exit model (its per-sample gradients see one output)")
 
     private_gradient = _private_gradient(forward, task, dp, frozen) if dp is not None else None
 
@@ -214,12 +217,15 @@ def make_step(
         private: tuple[Tree, Tensor] | None = None,
     ) -> tuple[Tree, dict[str, Any], dict[str, Any], Tensor]:
         def objective(v: Tree, s: Tree, xb: Tensor, yb: Tensor, wb: Tensor) -> tuple[Tensor, tuple[Tensor, Tree]]:
-            logits, s = model.forward_tracked(v, s, xb, wb)  # s: the running statistics after this batch
-            loss = (task.loss(logits, yb) * wb).sum() / wb.sum().clamp_min(1.0)
+            out, s = model.forward_tracked(v, s, xb, wb, exits)  # s: the running statistics after this batch
+            logits, losses = model.training_losses(out, yb)
+            loss = (losses * wb).sum() / wb.sum().clamp_min(1.0)
             total = loss
+            z, held = out if exits else (None, None)
             for term, srv, cli in zip(terms, server, client, strict=True):
                 if isinstance(term, DataTerm):
-                    total = total + term.loss(ModelView(forward, v, xb, yb, wb, logits, start, srv, cli))
+                    view = ModelView(forward, v, xb, yb, wb, logits, start, srv, cli, z, held)
+                    total = total + term.loss(view)
             return total, (loss, s)
 
         gradient = grad(objective, has_aux=True)

@@ -47,7 +47,8 @@ class Aligned:
 @dataclass(frozen=True)
 class ModelView:
     """What a `DataTerm` sees of one client's mini-batch: the model as a function of a parameter dictionary, the
-    client's weights, the batch and its logits, and the term's aligned tensors as parameter dictionaries."""
+    client's weights, the batch and its logits, and the term's aligned tensors as parameter dictionaries; for a
+    multi-exit model (`fedhet.models.exits`) also every exit's outputs and which exits the client holds."""
 
     forward: Callable[[Tree, Tensor], Tensor]  # logits of the model with the given parameters on inputs x
     params: Tree
@@ -58,6 +59,8 @@ class ModelView:
     start: Tree
     server: Mapping[str, Tree]
     client: Mapping[str, Tree]
+    exits: Tensor | None = None  # a multi-exit model's exit outputs (D, B, C); `logits` is their ensemble
+    held: Tensor | None = None  # (D,) 1 where the client holds the exit, 0 where its sub-model lacks it
 
     def mean(self, per_sample: Tensor) -> Tensor:
         """The weighted mean over the batch, as the data loss averages (padding rows count 0)."""
@@ -102,7 +105,10 @@ class ParameterTerm(LocalTerm):
 
 
 class DataTerm(LocalTerm):
-    """An extra loss on the model's outputs, differentiated by autograd."""
+    """An extra loss on the model's outputs, differentiated by autograd. With ``needs_exits`` it reads a multi-exit
+    model's exits (`ModelView.exits`): a run of another model with it is refused before it starts."""
+
+    needs_exits: ClassVar[bool] = False
 
     def loss(self, view: ModelView) -> Tensor:
         """The term's value (a scalar) on the client's mini-batch."""

@@ -35,7 +35,7 @@ from fedhet.errors import ConfigError, FedhetNote
 from fedhet.experiments.config import RunConfig, dump_yaml, parse_config
 from fedhet.experiments.evaluation import scores_personal
 from fedhet.experiments.footprint import check_memory
-from fedhet.experiments.preflight import check_run
+from fedhet.experiments.preflight import check_exits, check_run
 from fedhet.metrics.base import Metric, check_columns
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
@@ -209,6 +209,10 @@ def implied(config: RunConfig, parts: Components, dataset: Dataset) -> tuple[Run
     elif "partition" not in given and not task.classes:
         changes["partition"] = {"name": "iid"}
         notes.append(f"task {task.name}: no classes to split by, so partition iid; name a partition to split otherwise")
+    model = parts.algorithm.default_model
+    if "model" not in given and model is not None:
+        changes["model"] = {"name": model}
+        notes.append(f"algorithm {parts.algorithm.name} trains model {model} unless the config names a model")
     if not changes:
         return config, notes
     return parse_config({**config.model_dump(mode="json"), **changes}), notes
@@ -418,6 +422,7 @@ def build(config: RunConfig, make: EngineMaker = make_engine) -> Experiment:
     data = federate_dataset(config, parts, dataset)
     model = build_model(config, parts, data.input_shape, data.num_classes, data.task)
     check_run(config, data, model)  # before the engine probes the model, and before anything is written
+    check_exits(config, parts.terms, model)
     engine = make(config, parts, model, data)
     experiment = assemble(config, parts, data, engine)
     check_memory(experiment)  # the clients' state and a round's cohort must fit: before anything is written

@@ -4,11 +4,13 @@ before anything is written: the model must fit the data, and one round's mini-ba
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
 from fedhet.data.dataset import FederatedData
 from fedhet.engine.functional import FlatModel
+from fedhet.engine.objective import DataTerm, LocalTerm
 from fedhet.engine.plan import MAX_BATCH_BYTES, batch_bytes
 from fedhet.errors import ConfigError
 from fedhet.experiments.config import RunConfig
@@ -21,6 +23,22 @@ def check_run(config: RunConfig, data: FederatedData, model: FlatModel) -> None:
         spec.require()  # a tracker whose library is missing: before the run folder is created
     check_batch_memory(config, data)
     check_model_fits(config, data, model)
+
+
+def check_exits(config: RunConfig, terms: Sequence[LocalTerm], model: FlatModel) -> None:
+    """Refuse a local term that reads a multi-exit model's exits (``needs_exits``) on a model without exits, and
+    DP-SGD on a multi-exit model (its per-sample gradients are of one output's loss)."""
+    if config.local.dp_sgd is not None and model.exits:
+        raise ConfigError(
+            "local.dp_sgd clips per-sample gradients of one output's loss and cannot train a multi-exit model; use "
+            "client-level DP (algorithm: {name: dp, ...}) or a model without exits"
+        )
+    for term in terms:
+        if isinstance(term, DataTerm) and term.needs_exits and not model.exits:
+            raise ConfigError(
+                f"local term '{term.name}' reads a multi-exit model's exits, and this model has none; use a model "
+                "with exits (model: mlp_exits or cnn_exits)"
+            )
 
 
 def local_steps(config: RunConfig, data: FederatedData) -> int:

@@ -18,6 +18,7 @@ level (``test_accuracy_level<r>``, clients.csv ``capacity``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -239,7 +240,8 @@ class SubModels(Strategy):
 
     A scheme overrides `unit_sets` (which units a client of level r keeps in round t), and may override
     `trained_levels` (the level a client trains at in a round: its capacity by default) and `scales` (factors on
-    the layers' outputs in training: HeteroFL's scaler)."""
+    the layers' outputs in training: HeteroFL's scaler). A scheme that does not cut hidden units overrides
+    `level_masks` and `sub_model` instead (DepthFL's depths: `fedhet.strategies.depthfl`)."""
 
     sub_models = True
     weighting: Literal["samples", "uniform"] = Field("samples", description="FedAvg's client weights p_k")
@@ -295,9 +297,7 @@ class SubModels(Strategy):
         zero) before anything runs; fix the clients' levels."""
         super().setup(ctx)
         what = f"algorithm '{self.name}'"
-        model = ctx.engine.model
-        self._layers = sliced_layers(model, what)
-        self._widths = hidden_widths(model, self._layers)
+        self._prefix = self.level_masks(what)
         if not ctx.local.plan(torch.zeros(1, dtype=torch.long), ctx.train_sizes[:1]).anchor_free:
             raise ConfigError(
                 f"{what}: the local objective has a term that pulls the sliced-off weights off zero (a proximal "
@@ -306,12 +306,19 @@ class SubModels(Strategy):
         k = ctx.num_clients
         if self.capacities is not None and len(self.capacities) != k:
             raise ConfigError(f"{what}: capacities lists {len(self.capacities)} levels for {k} clients")
-        self._prefix = {level: width_mask(model, self._layers, level) for level in self.levels}
         if self.assignment == "system":
             self._fixed = self._from_system(ctx, what)
         else:
             self._fixed = torch.tensor(self.capacities) if self.capacities is not None else self._draw(0)
         self._round_masks = None
+
+    def level_masks(self, what: str) -> dict[float, Tensor]:
+        """Check the model (`ConfigError` naming `what` if the scheme cannot cut it) and give the (P,) mask of each
+        level's sub-model, the one each level is scored at: here the first ⌈r·d⌉ units of every hidden layer."""
+        model = self.ctx.engine.model
+        self._layers = sliced_layers(model, what)
+        self._widths = hidden_widths(model, self._layers)
+        return {level: width_mask(model, self._layers, level) for level in self.levels}
 
     def _from_system(self, ctx: ServerContext, what: str) -> Tensor:
         """(K,) each client's capacity as the system model gives it (`fedhet.systems.base.Capacity`)."""
@@ -367,6 +374,19 @@ class SubModels(Strategy):
         in round `round_`: the first ⌈r·d_g⌉ (HeteroFL's static slices)."""
         return first_units(self._widths, level)
 
+    def sub_model(self, round_: int, client: int, level: float) -> tuple[Hashable, Callable[[], Tensor]]:
+        """A key naming the sub-model `client` trains at `level` in round `round_` (clients with equal keys train the
+        same one) and how to build its (P,) mask: the units of `unit_sets`."""
+        units = self.unit_sets(round_, client, level)
+        key = b"".join(bytes(u.numpy()) for u in units)
+
+        def build() -> Tensor:
+            if level in self._prefix and key == b"".join(bytes(u.numpy()) for u in first_units(self._widths, level)):
+                return self._prefix[level]
+            return unit_mask(self.ctx.engine.model, self._layers, units)
+
+        return key, build
+
     def scales(self, levels: Tensor) -> Tensor | None:
         """(m, L) factors on the outputs of the L sliced layers in training (`LocalPlan.scales`), or None."""
         return None
@@ -382,16 +402,12 @@ class SubModels(Strategy):
             return last[2], last[3]
         levels = self.trained_levels(round_, clients).tolist()
         model = self.ctx.engine.model
-        found: dict[bytes, tuple[Tensor, list[int]]] = {}
+        found: dict[Hashable, tuple[Tensor, list[int]]] = {}
         keys = []
         for i, (client, level) in enumerate(zip(clients.tolist(), levels, strict=True)):
-            units = self.unit_sets(round_, client, level)
-            key = b"".join(bytes(u.numpy()) for u in units)
+            key, build = self.sub_model(round_, client, level)
             if key not in found:
-                prefix = level in self._prefix and key == b"".join(
-                    bytes(u.numpy()) for u in first_units(self._widths, level)
-                )
-                found[key] = (self._prefix[level] if prefix else unit_mask(model, self._layers, units), [])
+                found[key] = (build(), [])
             found[key][1].append(i)
             keys.append(key)
         masks = torch.stack([found[key][0] for key in keys]) if keys else torch.zeros(0, model.size, dtype=torch.bool)
