@@ -373,3 +373,24 @@ def test_the_ledger_finds_the_mechanism_without_naming_it() -> None:
     assert strategy_mechanisms(private) == [private]
     ledger = Path(__file__).parents[2] / "src/fedhet/privacy/ledger.py"
     assert "secagg" not in ledger.read_text().lower()
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "deterministic"])
+@pytest.mark.parametrize("bits", [32, 51, 62])
+def test_the_wrapper_quantises_row_by_row_into_the_integers_of_all_rows_at_once(rounding: str, bits: int) -> None:
+    # `SecAgg._quantised` streams one survivor at a time; the reference quantises the whole (m, P) weighted matrix
+    engine = _engine(dim=40, classes=3)
+    secure = STRATEGIES.build({"name": "secagg", "bits": bits, "rounding": rounding, "degree": 4, "masks": "all"})
+    secure.setup(make_context(engine, steps=2, lr=0.5, m=len(SIZES)))
+    w = engine.initial_params()
+    result = engine.train(w, secure.inner.configure(0, torch.arange(len(SIZES)), w), 0).rows(torch.tensor([0, 2, 3, 5]))
+    weights = secure.inner.aggregation_weights(0, result)
+    weighted = (result.updates(w).double() * weights.double()[:, None]).contiguous()
+    want = quantise(weighted, bits, 1.0, len(SIZES), rounding, torch.Generator().manual_seed(9))  # type: ignore[arg-type]
+    order = np.array([0, 2, 3, 5])
+    total, every = secure._quantised(w, result, None, weights, len(SIZES), torch.Generator().manual_seed(9), order)
+    assert every is not None and np.array_equal(every[order], want) and not every[[1, 4]].any()
+    mod = np.uint64(2**bits - 1)
+    assert np.array_equal(total & mod, want.sum(axis=0, dtype=np.uint64) & mod)
+    unreduced, none = secure._quantised(w, result, None, weights, len(SIZES), torch.Generator().manual_seed(9), None)
+    assert none is None and np.array_equal(unreduced & mod, total & mod)

@@ -37,6 +37,7 @@ a server that lies about who dropped (with fewer than t honest survivors the noi
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -79,12 +80,14 @@ def quantise(
     gen: torch.Generator | None = None,
     overwrite: bool = False,
     noise: Tensor | None = None,
+    reduce: bool = True,
 ) -> np.ndarray:
     """x (…, P) clipped to [−c, c], scaled by `levels`, rounded (stochastic: ⌊v + U⌋, unbiased; deterministic: to
     the nearest) and taken mod 2^b (two's complement), as uint64. One float64 workspace, reused for the integers
     (`overwrite`: a contiguous float64 x is that workspace, and is lost); `noise`, a float32 tensor of x's shape, holds
     the stochastic rounding's U (a buffer kept across rounds: fresh memory for 10^7 numbers costs more than drawing
-    them)."""
+    them). Without `reduce` (b ≤ 51) the values are left as v + K mod 2^64 for a constant K ≡ 0 mod 2^b, the same
+    numbers mod 2^b (for a sum reduced once at its end)."""
     v = x.detach().to(torch.float64)  # x's own memory when x is float64
     if x.dtype == torch.float64 and not (overwrite and x.is_contiguous()):
         v = v.clone(memory_format=torch.contiguous_format)
@@ -94,8 +97,10 @@ def quantise(
         np.add(work, u.numpy(), out=work)
         np.floor(work, out=work)
     if bits <= 51:  # |v| < 2^50: adding 1.5·2^52 rounds to an integer (half to even) and leaves v mod 2^b in the bits
-        work += 1.5 * 2.0**52
+        work += 1.5 * 2.0**52  # its bits are K + v, K = 0x4338 << 48 ≡ 0 mod 2^b
         values = work.view(np.uint64)
+        if not reduce:
+            return values
     else:
         values = work.view(np.uint64)  # the same memory, element for element
         np.rint(work, out=values.view(np.int64), casting="unsafe")
@@ -113,21 +118,32 @@ def dequantise(total: np.ndarray, bits: int, clip: float, n: int) -> Tensor:
 # --- PRG, graph, key agreement, Shamir ----------------------------------------------------------------------------
 
 
+def _expand(seed: int, size: int, bits: int) -> np.ndarray:
+    """PRG(seed): `size` numbers uniform mod 2^b, the raw output of NumPy's SFC64 seeded by `seed` (the fastest of
+    NumPy's bit generators here), one 64-bit draw split into two numbers for b ≤ 32: uint32 for b ≤ 32, else
+    uint64."""
+    raw = np.random.SFC64(int(seed)).random_raw((size + 1) // 2 if bits <= 32 else size)
+    out = raw.view(np.uint32)[:size] if bits <= 32 else raw
+    out &= out.dtype.type(2**bits - 1)
+    return out
+
+
 def prg(seeds: np.ndarray, size: int, bits: int) -> np.ndarray:
-    """(len(seeds), size) uint64 values, uniform mod 2^b: NumPy's PCG64 seeded by each seed, one row per seed (a
-    real deployment would use a cryptographic PRG such as AES in counter mode)."""
+    """(len(seeds), size) uint64 values, uniform mod 2^b, one row per seed (`_expand`; a real deployment would use a
+    cryptographic PRG such as AES in counter mode)."""
     out = np.empty((len(seeds), size), dtype=np.uint64)
     for row, seed in zip(out, np.asarray(seeds, dtype=np.uint64).tolist(), strict=True):
-        row[:] = np.random.Generator(np.random.PCG64(seed)).integers(0, 2**bits, size=size, dtype=np.uint64)
+        row[:] = _expand(seed, size, bits)
     return out
 
 
 def prg_sum(seeds: Sequence[int], size: int, bits: int) -> np.ndarray:
-    """Σ_i PRG(seeds_i) mod 2^64 (uint64 wraps; reduce mod 2^b after), the rows of `prg` added as they are made."""
-    total = np.zeros(size, dtype=np.uint64)
+    """Σ_i PRG(seeds_i) as uint64, mod 2^64, or mod 2^32 for b ≤ 32 (added in uint32: a multiple of 2^b all the
+    same; reduce mod 2^b after), the rows of `prg` added as they are made."""
+    total = np.zeros(size, dtype=np.uint32 if bits <= 32 else np.uint64)
     for seed in seeds:
-        total += np.random.Generator(np.random.PCG64(int(seed))).integers(0, 2**bits, size=size, dtype=np.uint64)
-    return total
+        total += _expand(int(seed), size, bits)
+    return total.astype(np.uint64)
 
 
 def default_degree(n: int) -> int:
@@ -187,14 +203,22 @@ def reconstruct(shares: list[tuple[int, int]], threshold: int) -> int:
     if len(shares) < threshold:
         raise ValueError(f"{len(shares)} shares cannot rebuild a secret of threshold {threshold}")
     picked = shares[:threshold]
-    total = 0
-    for j, (xj, yj) in enumerate(picked):
+    basis = _lagrange_at_zero(tuple(x for x, _ in picked))
+    return sum(y * c for (_, y), c in zip(picked, basis, strict=True)) % PRIME
+
+
+@functools.lru_cache(maxsize=256)
+def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """ℓ_j(0) = Π_{m ≠ j} −x_m / (x_j − x_m) mod P for the points `xs` (they depend on which holders answered, not
+    on the secret: one computation serves a round's secrets)."""
+    out = []
+    for j, xj in enumerate(xs):
         num, den = 1, 1
-        for m, (xm, _) in enumerate(picked):
+        for m, xm in enumerate(xs):
             if m != j:
                 num, den = num * -xm % PRIME, den * (xj - xm) % PRIME
-        total = (total + yj * num * pow(den, -1, PRIME)) % PRIME
-    return total
+        out.append(num * pow(den, -1, PRIME) % PRIME)
+    return tuple(out)
 
 
 # --- one round ----------------------------------------------------------------------------------------------------
@@ -253,13 +277,16 @@ def masked_sum(x: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.nd
     """Σ_{u alive} y_u mod 2^b without forming each y_u: the survivors' inputs, self-masks, and only the pair masks
     that do not cancel (towards a dropout); the same integers as summing `masked_inputs`' rows, at a fraction of
     the cost (the pair masks between survivors cancel exactly, as the tests check)."""
-    mod = np.uint64(2**bits - 1)
-    survivors = np.flatnonzero(alive)
-    inputs = x if alive.all() else x[survivors]
-    total = inputs.sum(axis=0, dtype=np.uint64)
-    total += keys.self_masks([keys.self_seed[u] for u in survivors], x.shape[1], bits)
-    total += _unmatched(alive, keys, x.shape[1], bits, lambda u, v: pair_seed(keys.secret[u], keys.public[v]))
-    total &= mod
+    inputs = x if alive.all() else x[np.flatnonzero(alive)]
+    return masked_total(inputs.sum(axis=0, dtype=np.uint64), alive, keys, bits)
+
+
+def masked_total(inputs: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.ndarray:
+    """`masked_sum` from the survivors' inputs already summed, Σ_{u alive} x_u (uint64, mod 2^64): plus their
+    self-masks and the pair masks towards the dropouts, mod 2^b (a new array)."""
+    total = inputs + keys.self_masks([keys.self_seed[u] for u in np.flatnonzero(alive)], len(inputs), bits)
+    total += _unmatched(alive, keys, len(inputs), bits, lambda u, v: pair_seed(keys.secret[u], keys.public[v]))
+    total &= np.uint64(2**bits - 1)
     return total
 
 
@@ -466,24 +493,21 @@ class SecAgg(Wrapper, Mechanism):
         weights = self.inner.aggregation_weights(round_, result)
         assert weights is not None  # check_base refused bases without them
         gen = torch_gen(self.ctx.seed, "secagg-rounding", round_)
-        updates = result.updates(global_params)
+        updates: Tensor | None = None  # Δ_u row by row (`_quantised`) unless DP changes them first
         dp: dict[str, float] = {}
         if self.dp_clip is not None:
+            updates = result.updates(global_params)
             std = self.z * self.dp_clip / math.sqrt(t) if self.z > 0 else 0.0
             updates, clipped = dp_noise(updates, result.clients, self.dp_clip, std, self.ctx.seed, round_)
             share = float(clipped.double().mean()) if len(clipped) else float("nan")
             dp = {"dp_noise_std": std, "dp_noise_multiplier": self.z, "dp_clipped_share": share}
-        weighted = self._buffer("work", updates.shape, torch.float64)  # NumPy: torch's mixed-type product is slow
-        np.multiply(updates.numpy(), weights.double().numpy()[:, None], out=weighted.numpy())
-        noise = self._buffer("noise", updates.shape, torch.float32) if self.rounding == "stochastic" else None
-        x = quantise(weighted, self.bits, self.clip, n, self.rounding, gen, overwrite=True, noise=noise)  # p_u Δ_u
-        inputs = _rows(x, order, n)
-        if self.masks == "all":
-            masked = masked_inputs(inputs, keys, self.bits)[alive].sum(axis=0, dtype=np.uint64) & np.uint64(
-                2**self.bits - 1
-            )
+        inputs, x = self._quantised(
+            global_params, result, updates, weights, n, gen, order if self.masks == "all" else None
+        )
+        if x is not None:
+            masked = masked_inputs(x, keys, self.bits)[alive].sum(axis=0, dtype=np.uint64) & np.uint64(2**self.bits - 1)
         else:
-            masked = masked_sum(inputs, alive, keys, self.bits)
+            masked = masked_total(inputs, alive, keys, self.bits)
         total = unmask(masked, alive, keys, self.bits)
         self._last = {**self._columns(global_params.numel(), k, t, int((~alive).sum()), failed=total is None), **dp}
         if total is None:
@@ -500,9 +524,45 @@ class SecAgg(Wrapper, Mechanism):
         direction = dequantise(total, self.bits, self.clip, n) / float(weights.double().sum())
         return self.inner.server_step(global_params, direction.to(global_params.dtype))
 
+    def _quantised(
+        self,
+        global_params: Tensor,
+        result: LocalResult,
+        updates: Tensor | None,
+        weights: Tensor,
+        n: int,
+        gen: torch.Generator,
+        rows: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Σ_u x_u, x_u = Q(p_u Δ_u) (`quantise`, Δ_u a row of `updates`, else w − w_u), mod 2^b once reduced;
+        with `rows` (the survivors' rows of the cohort) also every x_u, zeros for the dropouts. One survivor at a
+        time, in the survivors' order, through a workspace of one row: the same integers as `quantise` on all the
+        rows at once (the stochastic rounding's U are the same draws of `gen`, taken row after row), without a
+        cohort-sized array in memory."""
+        size = global_params.numel()
+        work = self._buffer("work", torch.Size([1, size]), torch.float64)
+        noise = self._buffer("noise", torch.Size([1, size]), torch.float32) if self.rounding == "stochastic" else None
+        kind = torch.promote_types(global_params.dtype, result.params.dtype)
+        delta = self._buffer("delta", global_params.shape, kind) if updates is None else None
+        total = np.zeros(size, dtype=np.uint64)
+        every = np.zeros((n, size), dtype=np.uint64) if rows is not None else None
+        for i, p in enumerate(weights.double().tolist()):
+            if updates is None:
+                assert delta is not None
+                row = torch.sub(global_params, result.params[i], out=delta)  # `LocalResult.updates`, one row
+            else:
+                row = updates[i]
+            np.multiply(row.numpy(), np.float64(p), out=work.numpy()[0])  # in float64, as the weights are
+            x = quantise(
+                work, self.bits, self.clip, n, self.rounding, gen, overwrite=True, noise=noise, reduce=rows is not None
+            )[0]
+            total += x
+            if every is not None and rows is not None:
+                every[rows[i]] = x
+        return total, every
+
     def _buffer(self, name: str, shape: torch.Size, dtype: torch.dtype) -> Tensor:
-        """A workspace kept across rounds (a cohort's quantised updates: fresh memory of that size costs more than
-        the arithmetic on it)."""
+        """A workspace kept across rounds (one row of the quantisation)."""
         held = self._buffers.get(name)
         if held is None or held.shape != shape or held.dtype != dtype:
             held = self._buffers[name] = torch.empty(shape, dtype=dtype)
@@ -547,12 +607,3 @@ class SecAgg(Wrapper, Mechanism):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["base"])
         self._last = {str(k): float(v) for k, v in state["last"].items()}
-
-
-def _rows(x: np.ndarray, order: np.ndarray, n: int) -> np.ndarray:
-    """The survivors' quantised inputs at their rows of the cohort (zeros for the dropouts, whose y never arrives)."""
-    if np.array_equal(order, np.arange(n)):
-        return x
-    out = np.zeros((n, x.shape[1]), dtype=np.uint64)
-    out[order] = x
-    return out
