@@ -394,3 +394,26 @@ def test_the_wrapper_quantises_row_by_row_into_the_integers_of_all_rows_at_once(
     assert np.array_equal(total & mod, want.sum(axis=0, dtype=np.uint64) & mod)
     unreduced, none = secure._quantised(w, result, None, weights, len(SIZES), torch.Generator().manual_seed(9), None)
     assert none is None and np.array_equal(unreduced & mod, total & mod)
+
+
+# --- Flower's own SecAgg+ (tests/flower/test_secagg.py runs it) -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"bits": 40}, "at most 32 bits"),
+        ({"rounding": "deterministic"}, "rounds stochastically"),
+        ({"masks": "all"}, "masks: all"),
+        ({"dp_clip": 1.0}, "dp_clip"),
+    ],
+)
+def test_flowers_protocol_refuses_what_flowers_secagg_lacks(extra: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        STRATEGIES.build({"name": "secagg", "protocol": "flower", **extra})
+
+
+def test_flowers_protocol_is_refused_in_one_line_off_flower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["run", "--algorithm", "secagg", "--set", "algorithm.protocol=flower", "--out", "run", "--quiet"]
+    assert_refused(args, "--engine flower", tmp_path)

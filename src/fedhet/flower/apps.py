@@ -61,6 +61,7 @@ from fedhet.flower.node import (  # noqa: E402
     load_partition,
 )
 from fedhet.flower.remote import RemoteEngine, Settings, remote_builder  # noqa: E402
+from fedhet.flower.secagg import MODS, secure_mean, train_handler  # noqa: E402
 from fedhet.imports import ImportPolicy, import_policy  # noqa: E402
 
 log = logging.getLogger("fedhet.flower")
@@ -154,6 +155,18 @@ class GridTransport:
             time.sleep(min(wait, left))
             wait = min(2 * wait, MAX_POLL_S)
         return replies
+
+    def secure_mean(
+        self,
+        requests: dict[int, Config],
+        round_: int,
+        sizes: Callable[[int], tuple[int, int]],
+        clip: float,
+        bits: int,
+        timeout: float,
+    ) -> tuple[np.ndarray | None, set[int]]:
+        """Flower's SecAgg+ over the grid's nodes (`fedhet.flower.secagg.secure_mean`)."""
+        return secure_mean(self.grid, requests, round_, sizes, clip, bits, timeout)
 
 
 # ---- ClientApp ---------------------------------------------------------------------------------------------------
@@ -301,6 +314,16 @@ def _answer(message: Message, context: Context, policy: NodePolicy) -> Message:
     return Message(_record(out_arrays, out_config), reply_to=message)
 
 
+def secagg_worker(policy: NodePolicy | None) -> Callable[[dict[str, Any], Context], NodeWorker]:
+    """How a node's Flower SecAgg+ answer finds its `NodeWorker` (`policy`: None, a deployed node's own)."""
+
+    def worker_of(config: dict[str, Any], context: Context) -> NodeWorker:
+        node_config = dict(context.node_config)
+        return _worker(config, node_config, policy if policy is not None else NodePolicy.of(node_config))
+
+    return worker_of
+
+
 client_app = ClientApp()
 
 
@@ -308,6 +331,9 @@ client_app = ClientApp()
 def answer(message: Message, context: Context) -> Message:
     """A deployed node's answer: what its ``--node-config`` allows (`NodePolicy.of`)."""
     return answer_with(message, context, NodePolicy.of(dict(context.node_config)))
+
+
+client_app.train(mods=MODS)(train_handler(secagg_worker(None)))  # Flower's SecAgg+ (`fedhet.flower.secagg`)
 
 
 def make_client_app(policy: NodePolicy) -> ClientApp:
@@ -318,6 +344,7 @@ def make_client_app(policy: NodePolicy) -> ClientApp:
     def answer_in_simulation(message: Message, context: Context) -> Message:
         return answer_with(message, context, policy)
 
+    app.train(mods=MODS)(train_handler(secagg_worker(policy)))
     return app
 
 

@@ -9,6 +9,7 @@ round (the runner goes on with the others), are unavailable from then on, and sc
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -250,6 +251,40 @@ class RemoteEngine:
                 "every node was lost; restart the SuperNodes, then run again: the run resumes from its checkpoint"
             )
         return {n: r[0] for n, r in replies.items()}
+
+    def secure_mean(
+        self,
+        round_: int,
+        clients: Tensor,
+        weights: Tensor,
+        sizes: Callable[[int], tuple[int, int]],
+        clip: float,
+        bits: int,
+    ) -> tuple[Tensor | None, Tensor]:
+        """Σ_u p_u Δ_u / Σ_u p_u over `clients` (this round's survivors, weights p_u) by Flower's SecAgg+ between the
+        nodes that trained them (`fedhet.flower.secagg`), and the clients it includes. A node whose masked input
+        does not arrive leaves it, and the run (it is lost, as for any call); None when the workflow halted."""
+        secure = getattr(self.transport, "secure_mean", None)
+        if secure is None:
+            raise ConfigError("algorithm.protocol: flower runs Flower's SecAgg+ workflow, which needs Flower's Grid")
+        requests: dict[int, Config] = {}
+        for node, rows in self._groups(clients).items():
+            requests[node] = {
+                **self.base,
+                "op": "secagg",
+                "round": round_,
+                "seed": self.seed,
+                "clients": json.dumps(clients[rows].tolist()),
+                "weights": json.dumps(weights[rows].double().tolist()),
+            }
+        mean, nodes = secure(requests, round_, sizes, clip, bits, self.settings.timeout)
+        for node in set(requests) - nodes if mean is not None else ():
+            if node not in self.lost:
+                self.lost[node] = "secagg"
+                log.warning("node %s sent no masked input for secure aggregation: its clients leave the run", node)
+        included = [c for node in sorted(nodes) for c in json.loads(str(requests[node]["clients"]))]
+        out = None if mean is None else torch.from_numpy(np.asarray(mean, dtype=np.float64))
+        return out, torch.as_tensor(sorted(included), dtype=torch.long)
 
     def _stop_if_refused(self, requests: dict[int, Payload]) -> None:
         """A node that refused a call (its config, a stale client state) would refuse it again: the run stops with

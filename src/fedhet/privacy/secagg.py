@@ -41,7 +41,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -140,7 +140,7 @@ def prg(seeds: np.ndarray, size: int, bits: int) -> np.ndarray:
 def prg_sum(seeds: Sequence[int], size: int, bits: int) -> np.ndarray:
     """Σ_i PRG(seeds_i) as uint64, mod 2^64, or mod 2^32 for b ≤ 32 (added in uint32: a multiple of 2^b all the
     same; reduce mod 2^b after), the rows of `prg` added as they are made."""
-    total = np.zeros(size, dtype=np.uint32 if bits <= 32 else np.uint64)
+    total: np.ndarray = np.zeros(size, dtype=np.uint32 if bits <= 32 else np.uint64)
     for seed in seeds:
         total += _expand(int(seed), size, bits)
     return total.astype(np.uint64)
@@ -350,6 +350,24 @@ def dp_noise(
     return out, clipped
 
 
+@runtime_checkable
+class SecureMean(Protocol):
+    """An engine that aggregates by a real secure aggregation protocol (`fedhet.flower.remote.RemoteEngine`: Flower's
+    SecAgg+ between its nodes)."""
+
+    def secure_mean(
+        self,
+        round_: int,
+        clients: Tensor,
+        weights: Tensor,
+        sizes: Callable[[int], tuple[int, int]],
+        clip: float,
+        bits: int,
+    ) -> tuple[Tensor | None, Tensor]:
+        """Σ_u p_u Δ_u / Σ_u p_u over `clients` (None: the protocol failed) and the clients it includes."""
+        ...
+
+
 # --- the wrapper --------------------------------------------------------------------------------------------------
 
 
@@ -383,6 +401,11 @@ class SecAgg(Wrapper, Mechanism):
     masks: Literal["net", "all"] = Field(
         "net", description="net: only the masks that do not cancel; all: every client's masked vector (slower)"
     )
+    protocol: Literal["fedhet", "flower"] = Field(
+        "fedhet",
+        description="fedhet: simulated on the server; flower: Flower's SecAgg+ mod and workflow between the Flower "
+        "nodes (--engine flower; bits <= 32, stochastic rounding, no dp_clip)",
+    )
 
     dp_clip: float | None = Field(
         None,
@@ -410,6 +433,19 @@ class SecAgg(Wrapper, Mechanism):
 
     @model_validator(mode="after")
     def _consistent(self) -> SecAgg:
+        if self.protocol == "flower":
+            unsupported = [
+                what
+                for what, bad in (
+                    (f"bits {self.bits} (Flower's masks are at most 32 bits)", self.bits > 32),
+                    ("rounding: deterministic (Flower rounds stochastically)", self.rounding != "stochastic"),
+                    ("masks: all", self.masks != "net"),
+                    ("dp_clip (the noise would be added on the nodes)", self.dp_clip is not None),
+                )
+                if bad
+            ]
+            if unsupported:
+                raise ValueError(f"protocol: flower runs Flower's own SecAgg+, without {'; '.join(unsupported)}")
         if self.dp_clip is None:
             if self.noise_multiplier is not None:
                 raise ValueError(
@@ -441,6 +477,11 @@ class SecAgg(Wrapper, Mechanism):
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
         self._last, self._noted, self._buffers = {}, False, {}
+        if self.protocol == "flower" and not isinstance(ctx.engine, SecureMean):
+            raise ConfigError(
+                "algorithm.protocol: flower runs Flower's SecAgg+ between Flower nodes: run with --engine flower, "
+                "or leave algorithm.protocol at fedhet (simulated)"
+            )
         if 2 ** (self.bits - 1) - 1 < 2 * ctx.clients_per_round * 2**7:
             raise ConfigError(
                 f"algorithm.bits {self.bits} leaves too few quantisation levels for {ctx.clients_per_round} clients "
@@ -481,6 +522,8 @@ class SecAgg(Wrapper, Mechanism):
         }
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
+        if self.protocol == "flower":
+            return self._aggregate_on_flower(round_, global_params, result)
         cohort = self._cohort if self._cohort is not None else result.clients
         index = {c: i for i, c in enumerate(cohort.tolist())}
         order = np.array([index[c] for c in result.clients.tolist()], dtype=np.int64)  # survivors' cohort rows
@@ -511,18 +554,40 @@ class SecAgg(Wrapper, Mechanism):
         total = unmask(masked, alive, keys, self.bits)
         self._last = {**self._columns(global_params.numel(), k, t, int((~alive).sum()), failed=total is None), **dp}
         if total is None:
-            if not self._noted:
-                self._noted = True
-                warnings.warn(
-                    f"round {round_ + 1}: secure aggregation failed ({int((~alive).sum())} of {n} clients dropped, "
-                    f"and some secret kept fewer than t = {t} share holders), so the model did not change; "
-                    "metrics.csv marks such rounds (secagg_failed); lower algorithm.threshold or the dropouts",
-                    FedhetNote,
-                    stacklevel=2,
-                )
+            self._note_failure(round_, int((~alive).sum()), n, t)
             return global_params
         direction = dequantise(total, self.bits, self.clip, n) / float(weights.double().sum())
         return self.inner.server_step(global_params, direction.to(global_params.dtype))
+
+    def _aggregate_on_flower(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
+        """The base's weighted mean of the survivors by Flower's SecAgg+ between the nodes that trained them
+        (`fedhet.flower.secagg`); the engine is a `SecureMean`."""
+        engine = self.ctx.engine
+        assert isinstance(engine, SecureMean)  # setup refused other engines
+        n = len(self._cohort) if self._cohort is not None else len(result.clients)
+        weights = self.inner.aggregation_weights(round_, result)
+        assert weights is not None  # check_base refused bases without them
+        mean, included = engine.secure_mean(round_, result.clients, weights, self.sizes, self.clip, self.bits)
+        k, t = self.sizes(n)
+        lost = n - (len(included) if mean is not None else 0)
+        self._last = self._columns(global_params.numel(), k, t, lost, failed=mean is None)
+        if mean is None:
+            self._note_failure(round_, lost, n, t)
+            return global_params
+        return self.inner.server_step(global_params, mean.to(global_params.dtype))
+
+    def _note_failure(self, round_: int, lost: int, n: int, t: int) -> None:
+        """The first failed round of a run is a note."""
+        if self._noted:
+            return
+        self._noted = True
+        warnings.warn(
+            f"round {round_ + 1}: secure aggregation failed ({lost} of {n} clients dropped, "
+            f"and some secret kept fewer than t = {t} share holders), so the model did not change; "
+            "metrics.csv marks such rounds (secagg_failed); lower algorithm.threshold or the dropouts",
+            FedhetNote,
+            stacklevel=3,
+        )
 
     def _quantised(
         self,

@@ -1,0 +1,203 @@
+"""Flower's own SecAgg+ as the aggregation of a fedhet round (``algorithm: {name: secagg, protocol: flower}`` on
+``--engine flower``): `flwr.server.workflow.SecAggPlusWorkflow` on the server, `flwr.client.mod.secaggplus_mod` on
+the nodes, with Flower's key agreement, encrypted Shamir shares, masks and recovery of dropped nodes.
+
+A round: the nodes train as on any Flower run (`fedhet.flower.remote.RemoteEngine.train`), and each keeps its
+training (`NodeWorker.trained`). The strategy's aggregate then calls `secure_mean`, which runs the workflow's four
+stages over the nodes that hold survivors. At its third stage each node's ClientApp (`train_handler`) answers with
+its input, v = Σ_u p_u Δ_u / Σ_u p_u over its surviving clients (the public weights p_u come with the server's
+message, Δ_u = w − w_u from the kept training) and its weight W = Σ_u p_u as ``num_examples`` (an integer:
+round(W·2^30), with ``max_weight`` 2^30); the mod multiplies v by W (quantised to 1/T), clips each coordinate to
+[−c, c], quantises it to T levels with stochastic rounding, masks it and sends it. The workflow unmasks the sum
+and divides it by Σ W over the nodes whose masked vectors arrived: the base's weighted mean of the survivors.
+
+Parameters: c = ``algorithm.clip`` (``clipping_range``), 2^b = ``modulus_range`` (b = ``algorithm.bits`` ≤ 32),
+T = ⌊(2^b − 1)/n⌋ (at most 2^30, Flower's rounding works in int32) for n nodes, so that n values in [0, T] never
+wrap: the step 2c/T is fedhet's own 1/L = n·c/(2^(b−1) − 1) to within rounding, and the sum is within n·2c/T of
+the exact weighted sum per coordinate (stochastic rounding), plus the rounding of W to 1/T. The k-regular graph:
+``num_shares`` = k + 1 (Flower counts the node itself), ``reconstruction_threshold`` = t.
+
+The participants of Flower's protocol are nodes: with one client per node they are fedhet's clients; a node
+holding several of the cohort's clients adds theirs up in the clear first (one party) and the clip applies to its
+sum. Flower draws the rounding from NumPy's global generator: the node seeds it from (seed, "secagg-flower", round,
+its first client) before the mod quantises, so that a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedhet.flower import require_flwr
+
+require_flwr()
+
+import flwr.compat.common.recorddict_compat as compat  # noqa: E402
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.client.mod import secaggplus_mod  # noqa: E402
+from flwr.common import (  # noqa: E402
+    Code,
+    FitIns,
+    FitRes,
+    Parameters,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import SimpleClientManager  # noqa: E402
+from flwr.server.compat.legacy_context import LegacyContext  # noqa: E402
+from flwr.server.strategy import Strategy as LegacyStrategy  # noqa: E402
+from flwr.server.workflow import SecAggPlusWorkflow  # noqa: E402
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD  # noqa: E402
+from flwr.server.workflow.constant import Key as WorkflowKey  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+
+from fedhet.flower.node import NodeWorker  # noqa: E402
+from fedhet.seeding import numpy_rng  # noqa: E402
+
+MAX_WEIGHT = float(2**30)  # a node's weight W travels as the integer round(W·2^30) (Flower's num_examples)
+MAX_LEVELS = 2**30  # Flower's stochastic rounding casts to int32
+SECAGG_OP = "secagg"
+Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Message]
+
+
+def levels(bits: int, nodes: int) -> int:
+    """T = ⌊(2^b − 1)/n⌋, at most 2^30: n quantised values in [0, T] sum below 2^b."""
+    return min(MAX_LEVELS, (2**bits - 1) // max(nodes, 1))
+
+
+def workflow(nodes: int, degree: int, threshold: int, clip: float, bits: int, timeout: float) -> SecAggPlusWorkflow:
+    """Flower's SecAgg+ workflow for `nodes` nodes on fedhet's settings (module docstring)."""
+    return SecAggPlusWorkflow(
+        num_shares=min(degree, nodes - 1) + 1,
+        reconstruction_threshold=threshold,
+        max_weight=MAX_WEIGHT,
+        clipping_range=float(clip),
+        quantization_range=levels(bits, nodes),
+        modulus_range=2**bits,
+        timeout=timeout,
+    )
+
+
+# ---- the node ----------------------------------------------------------------------------------------------------
+
+
+def contribution(worker: NodeWorker, config: dict[str, Any]) -> tuple[np.ndarray, int]:
+    """The node's input to the sum, v = Σ_u p_u Δ_u / Σ_u p_u over the clients the server names (of its last
+    training, which must be the server's round), and its weight round(Σ_u p_u · 2^30)."""
+    round_ = int(config["round"])
+    if worker.trained is None or worker.trained[0] != round_:
+        raise RuntimeError(f"this node holds no training of round {round_ + 1} to aggregate securely")
+    _, global_params, result = worker.trained
+    clients = json.loads(str(config["clients"]))
+    weights = json.loads(str(config["weights"]))
+    row = {int(c): i for i, c in enumerate(result.clients.tolist())}
+    total = torch.zeros(global_params.numel(), dtype=torch.float64)
+    for client, p in zip(clients, weights, strict=True):
+        total += (global_params - result.params[row[int(client)]]).double() * float(p)
+    weight = float(sum(weights))
+    return (total / weight).numpy(), round(weight * MAX_WEIGHT)
+
+
+def train_handler(worker_of: Callable[[dict[str, Any], Context], NodeWorker]) -> Callable[[Message, Context], Message]:
+    """The ClientApp's ``train`` function under `secaggplus_mod`: the node's FitRes for the workflow's third stage
+    (`contribution`); `worker_of` finds the node's `NodeWorker` for the server's config."""
+
+    def handler(message: Message, context: Context) -> Message:
+        fitins = compat.recorddict_to_fitins(message.content, keep_input=True)
+        config = dict(fitins.config)
+        worker = worker_of(config, context)
+        vector, weight = contribution(worker, config)
+        first = int(json.loads(str(config["clients"]))[0])
+        # Flower's rounding draws from NumPy's global generator: seeded, a run is reproducible
+        np.random.seed(
+            int(numpy_rng(int(config["seed"]), "secagg-flower", int(config["round"]), first).integers(2**32))
+        )
+        fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([vector]), weight, {})
+        return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=message)
+
+    return handler
+
+
+MODS: list[Mod] = [secaggplus_mod]
+
+
+# ---- the server --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Proxy:
+    """What the workflow reads of a legacy ``ClientProxy``: the node id."""
+
+    node_id: int
+    cid: str = ""
+
+
+class _Round(LegacyStrategy):
+    """The legacy strategy the workflow drives: one FitIns per node (fedhet's config for its contribution), and the
+    workflow's unmasked mean kept as it is (every result carries it)."""
+
+    def __init__(self, requests: dict[int, dict[str, Any]]) -> None:
+        self.requests = requests
+        self.mean: np.ndarray | None = None
+        self.included: set[int] = set()
+
+    def initialize_parameters(self, client_manager: Any) -> Parameters | None:
+        return None
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: Any) -> list[Any]:
+        empty = ndarrays_to_parameters([])
+        return [(_Proxy(node), FitIns(empty, config)) for node, config in self.requests.items()]
+
+    def aggregate_fit(self, server_round: int, results: list[Any], failures: list[Any]) -> tuple[Any, dict[str, Any]]:
+        self.included = {int(proxy.node_id) for proxy, _ in results}
+        if results:
+            self.mean = parameters_to_ndarrays(results[0][1].parameters)[0]
+        return None, {}
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: Any) -> list[Any]:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, results: list[Any], failures: list[Any]) -> tuple[Any, dict]:
+        return None, {}
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Any]] | None:
+        return None
+
+
+def secure_mean(
+    grid: Grid,
+    requests: dict[int, dict[str, Any]],
+    round_: int,
+    sizes: Callable[[int], tuple[int, int]],
+    clip: float,
+    bits: int,
+    timeout: float,
+) -> tuple[np.ndarray | None, set[int]]:
+    """Run Flower's SecAgg+ workflow over the nodes of `requests` (node → the config of its contribution): the
+    unmasked weighted mean (None when the workflow halted: too few nodes, or a secret with fewer than t shares),
+    and the nodes whose masked vectors it includes. `sizes(n)` gives (k, t) for n nodes."""
+    degree, threshold = sizes(len(requests))
+    if len(requests) < 2 or threshold < 2:
+        return None, set()  # Flower's workflow needs two nodes, and reads a threshold of 1 as "every share"
+    state = RecordDict(
+        {
+            MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: round_ + 1}),
+            MAIN_PARAMS_RECORD: ArrayRecord(),
+        }
+    )
+    context = Context(run_id=0, node_id=0, node_config={}, state=state, run_config={})
+    strategy = _Round(requests)
+    legacy = LegacyContext(context, strategy=strategy, client_manager=SimpleClientManager())
+    workflow(len(requests), degree, threshold, clip, bits, timeout)(grid, legacy)
+    return strategy.mean, strategy.included
+
+
+def included_clients(requests: dict[int, dict[str, Any]], nodes: Iterable[int]) -> list[int]:
+    """The clients whose updates a secure mean over `nodes` includes."""
+    return sorted(int(c) for node in nodes for c in json.loads(str(requests[node]["clients"])))
