@@ -61,7 +61,7 @@ from fedhet.flower.node import (  # noqa: E402
     load_partition,
 )
 from fedhet.flower.remote import RemoteEngine, Settings, remote_builder  # noqa: E402
-from fedhet.flower.secagg import MODS, secure_mean, train_handler  # noqa: E402
+from fedhet.flower.secagg import MODS, keep_training, secure_input, secure_mean  # noqa: E402
 from fedhet.imports import ImportPolicy, import_policy  # noqa: E402
 
 log = logging.getLogger("fedhet.flower")
@@ -311,17 +311,9 @@ def _answer(message: Message, context: Context, policy: NodePolicy) -> Message:
     out_arrays, out_config = worker.handle(op, arrays, config)
     if op == "train":
         _save_state(worker, context, config, node_config, policy)
+        if config.get("keep_training"):  # for Flower's SecAgg+ (`fedhet.flower.secagg`), whichever process answers
+            keep_training(context, int(config["round"]), arrays["params"], out_arrays["clients"], out_arrays["params"])
     return Message(_record(out_arrays, out_config), reply_to=message)
-
-
-def secagg_worker(policy: NodePolicy | None) -> Callable[[dict[str, Any], Context], NodeWorker]:
-    """How a node's Flower SecAgg+ answer finds its `NodeWorker` (`policy`: None, a deployed node's own)."""
-
-    def worker_of(config: dict[str, Any], context: Context) -> NodeWorker:
-        node_config = dict(context.node_config)
-        return _worker(config, node_config, policy if policy is not None else NodePolicy.of(node_config))
-
-    return worker_of
 
 
 client_app = ClientApp()
@@ -333,7 +325,7 @@ def answer(message: Message, context: Context) -> Message:
     return answer_with(message, context, NodePolicy.of(dict(context.node_config)))
 
 
-client_app.train(mods=MODS)(train_handler(secagg_worker(None)))  # Flower's SecAgg+ (`fedhet.flower.secagg`)
+client_app.train(mods=MODS)(secure_input)  # Flower's SecAgg+ (`fedhet.flower.secagg`)
 
 
 def make_client_app(policy: NodePolicy) -> ClientApp:
@@ -344,7 +336,7 @@ def make_client_app(policy: NodePolicy) -> ClientApp:
     def answer_in_simulation(message: Message, context: Context) -> Message:
         return answer_with(message, context, policy)
 
-    app.train(mods=MODS)(train_handler(secagg_worker(policy)))
+    app.train(mods=MODS)(secure_input)
     return app
 
 

@@ -19,7 +19,7 @@ import yaml
 from torch import Tensor
 
 from fedhet.data.dataset import ClientData, FederatedData
-from fedhet.engine.plan import PHASES, LocalResult
+from fedhet.engine.plan import PHASES
 from fedhet.errors import ConfigError, DataError
 from fedhet.experiments.build import build_model, components, federated_data, make_engine
 from fedhet.experiments.config import RunConfig, dump_yaml, parse_config
@@ -203,9 +203,6 @@ class NodeWorker:
         )
         self.engine.state_history = config.checkpoint_every  # the server may rewind to its last checkpoint
         self.stamp = NO_STATE  # the version of the clients' state the engine holds
-        # the last training's round, global model and result, kept for a secure aggregation of it on this node
-        # (`fedhet.flower.secagg`): references to what the call made anyway
-        self.trained: tuple[int, Tensor, LocalResult] | None = None
 
     # -- the clients' state, versioned -------------------------------------------------------------------------
 
@@ -301,7 +298,6 @@ class NodeWorker:
                 return encode_scores(engine.personal_scores(params, plan, round_, split)), {}
             self.stamp = UNFINISHED
             result = engine.train(params, plan, round_)
-            self.trained = (round_, params, result)
             self.stamp = Stamp(round_ * PHASES + plan.phase, secrets.token_hex(8))
             return encode_result(result), {"state_version": self.stamp.version, "state_token": self.stamp.token}
         if op == "scores":  # the global model on both splits of every client here

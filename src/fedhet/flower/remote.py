@@ -123,6 +123,8 @@ class RemoteEngine:
         if not np.allclose(first, model.initial_params()[:16].numpy()):
             raise ConfigError("the nodes built a different initial model: give every node the same fedhet version")
         self.model, self.data, self.seed = model, data, config.seed
+        # Flower's SecAgg+ aggregates the round's training on the nodes (`secure_mean`): they keep it
+        self.keep_training = any(getattr(p, "protocol", None) == "flower" for p in parts.algorithm.parts())
         self.local = local_settings(config, parts)
         self.backend: BackendChoice = config.backend
         self._scored: tuple[Tensor, dict[str, tuple[Tensor, Tensor]]] | None = None
@@ -322,7 +324,7 @@ class RemoteEngine:
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         """The cohort's result in the plan's order; clients whose node was lost come back as NaN rows marked
         in ``dropped`` (the runner then goes on with the others)."""
-        config: Config = {"round": round_}
+        config: Config = {"round": round_, **({"keep_training": True} if self.keep_training else {})}
         per_node: dict[int, Arrays] = {}
         for node, rows in self._groups(plan.clients).items():
             arrays, scalars = encode_plan(plan, rows)

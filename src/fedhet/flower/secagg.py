@@ -3,13 +3,14 @@
 the nodes, with Flower's key agreement, encrypted Shamir shares, masks and recovery of dropped nodes.
 
 A round: the nodes train as on any Flower run (`fedhet.flower.remote.RemoteEngine.train`), and each keeps its
-training (`NodeWorker.trained`). The strategy's aggregate then calls `secure_mean`, which runs the workflow's four
-stages over the nodes that hold survivors. At its third stage each node's ClientApp (`train_handler`) answers with
-its input, v = Σ_u p_u Δ_u / Σ_u p_u over its surviving clients (the public weights p_u come with the server's
-message, Δ_u = w − w_u from the kept training) and its weight W = Σ_u p_u as ``num_examples`` (an integer:
-round(W·2^30), with ``max_weight`` 2^30); the mod multiplies v by W (quantised to 1/T), clips each coordinate to
-[−c, c], quantises it to T levels with stochastic rounding, masks it and sends it. The workflow unmasks the sum
-and divides it by Σ W over the nodes whose masked vectors arrived: the base's weighted mean of the survivors.
+training in its Flower context (`keep_training`), which Flower hands to whichever process answers the node next.
+The strategy's aggregate then calls `secure_mean`, which runs the workflow's four stages over the nodes that hold
+survivors. At its third stage each node's ClientApp answers (`secure_input`) with its input v = Σ_u p_u Δ_u / Σ_u p_u
+over its surviving clients (the public weights p_u come with the server's message, Δ_u = w − w_u from the kept
+training) and its weight W = Σ_u p_u as ``num_examples`` (an integer: round(W·2^30), with ``max_weight`` 2^30);
+the mod multiplies v by W (quantised to 1/T), clips each coordinate to [−c, c], quantises it to T levels with
+stochastic rounding, masks it and sends it. The workflow unmasks the sum and divides it by Σ W over the nodes whose
+masked vectors arrived: the base's weighted mean of the survivors.
 
 Parameters: c = ``algorithm.clip`` (``clipping_range``), 2^b = ``modulus_range`` (b = ``algorithm.bits`` ≤ 32),
 T = ⌊(2^b − 1)/n⌋ (at most 2^30, Flower's rounding works in int32) for n nodes, so that n values in [0, T] never
@@ -31,14 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedhet.flower import require_flwr
 
 require_flwr()
 
 import flwr.compat.common.recorddict_compat as compat  # noqa: E402
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.client.mod import secaggplus_mod  # noqa: E402
 from flwr.common import (  # noqa: E402
     Code,
@@ -57,12 +57,11 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 
-from fedhet.flower.node import NodeWorker  # noqa: E402
 from fedhet.seeding import numpy_rng  # noqa: E402
 
 MAX_WEIGHT = float(2**30)  # a node's weight W travels as the integer round(W·2^30) (Flower's num_examples)
 MAX_LEVELS = 2**30  # Flower's stochastic rounding casts to int32
-SECAGG_OP = "secagg"
+TRAINED, TRAINED_ROUND = "fedhet-secagg-training", "fedhet-secagg-round"  # a node's kept training
 Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Message]
 
 
@@ -87,41 +86,46 @@ def workflow(nodes: int, degree: int, threshold: int, clip: float, bits: int, ti
 # ---- the node ----------------------------------------------------------------------------------------------------
 
 
-def contribution(worker: NodeWorker, config: dict[str, Any]) -> tuple[np.ndarray, int]:
-    """The node's input to the sum, v = Σ_u p_u Δ_u / Σ_u p_u over the clients the server names (of its last
+def keep_training(
+    context: Context, round_: int, global_params: np.ndarray, clients: np.ndarray, params: np.ndarray
+) -> None:
+    """Keep a node's training of round `round_` in its Flower context, which Flower hands to whichever process
+    answers the node's next message (a simulation's actors serve any node): the global model, the clients trained
+    and their models."""
+    context.state[TRAINED] = ArrayRecord(
+        {"global": Array(np.ascontiguousarray(global_params)), "clients": Array(clients), "params": Array(params)}
+    )
+    context.state[TRAINED_ROUND] = ConfigRecord({"round": round_})
+
+
+def contribution(context: Context, config: dict[str, Any]) -> tuple[np.ndarray, int]:
+    """The node's input to the sum, v = Σ_u p_u Δ_u / Σ_u p_u over the clients the server names (of its kept
     training, which must be the server's round), and its weight round(Σ_u p_u · 2^30)."""
     round_ = int(config["round"])
-    if worker.trained is None or worker.trained[0] != round_:
+    if TRAINED not in context.state or int(context.state[TRAINED_ROUND]["round"]) != round_:
         raise RuntimeError(f"this node holds no training of round {round_ + 1} to aggregate securely")
-    _, global_params, result = worker.trained
-    clients = json.loads(str(config["clients"]))
-    weights = json.loads(str(config["weights"]))
-    row = {int(c): i for i, c in enumerate(result.clients.tolist())}
-    total = torch.zeros(global_params.numel(), dtype=torch.float64)
+    kept = context.state[TRAINED]
+    global_params = kept["global"].numpy().astype(np.float64)
+    params = kept["params"].numpy()
+    row = {int(c): i for i, c in enumerate(kept["clients"].numpy().tolist())}
+    clients, weights = json.loads(str(config["clients"])), json.loads(str(config["weights"]))
+    total = np.zeros(global_params.size, dtype=np.float64)
     for client, p in zip(clients, weights, strict=True):
-        total += (global_params - result.params[row[int(client)]]).double() * float(p)
+        total += (global_params - params[row[int(client)]]) * float(p)
     weight = float(sum(weights))
-    return (total / weight).numpy(), round(weight * MAX_WEIGHT)
+    return total / weight, round(weight * MAX_WEIGHT)
 
 
-def train_handler(worker_of: Callable[[dict[str, Any], Context], NodeWorker]) -> Callable[[Message, Context], Message]:
+def secure_input(message: Message, context: Context) -> Message:
     """The ClientApp's ``train`` function under `secaggplus_mod`: the node's FitRes for the workflow's third stage
-    (`contribution`); `worker_of` finds the node's `NodeWorker` for the server's config."""
-
-    def handler(message: Message, context: Context) -> Message:
-        fitins = compat.recorddict_to_fitins(message.content, keep_input=True)
-        config = dict(fitins.config)
-        worker = worker_of(config, context)
-        vector, weight = contribution(worker, config)
-        first = int(json.loads(str(config["clients"]))[0])
-        # Flower's rounding draws from NumPy's global generator: seeded, a run is reproducible
-        np.random.seed(
-            int(numpy_rng(int(config["seed"]), "secagg-flower", int(config["round"]), first).integers(2**32))
-        )
-        fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([vector]), weight, {})
-        return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=message)
-
-    return handler
+    (`contribution`), which the mod weighs, quantises and masks."""
+    config = dict(compat.recorddict_to_fitins(message.content, keep_input=True).config)
+    vector, weight = contribution(context, config)
+    first = int(json.loads(str(config["clients"]))[0])
+    # Flower's rounding draws from NumPy's global generator: seeded, a run is reproducible
+    np.random.seed(int(numpy_rng(int(config["seed"]), "secagg-flower", int(config["round"]), first).integers(2**32)))
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([vector]), weight, {})
+    return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=message)
 
 
 MODS: list[Mod] = [secaggplus_mod]
