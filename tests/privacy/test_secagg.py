@@ -417,3 +417,16 @@ def test_flowers_protocol_is_refused_in_one_line_off_flower(tmp_path: Path, monk
     monkeypatch.chdir(tmp_path)
     args = ["run", "--algorithm", "secagg", "--set", "algorithm.protocol=flower", "--out", "run", "--quiet"]
     assert_refused(args, "--engine flower", tmp_path)
+
+
+def test_keys_draw_their_secrets_and_shares_as_draws_one_by_one_would() -> None:
+    # Keys takes the bytes of all its 16-byte draws in one call per kind: the same stream as one call per draw
+    rng, ref = np.random.default_rng(3), np.random.default_rng(3)
+    keys = Keys(9, 4, 3, rng)
+    harary_graph(9, 4, ref)  # the graph's draws come first
+    secrets = [1 + int.from_bytes(ref.bytes(16), "little") % (2**127 - 3) for _ in range(9)]
+    seeds = [int(s) for s in ref.integers(0, 2**63, size=9)]
+    assert keys.secret == secrets and keys.self_seed == seeds
+    assert keys.secret_shares == [share(s, 4, 3, ref) for s in secrets]
+    assert keys.seed_shares == [share(s, 4, 3, ref) for s in seeds]
+    assert rng.integers(0, 2**63) == ref.integers(0, 2**63)

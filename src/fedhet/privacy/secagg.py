@@ -188,6 +188,11 @@ def pair_seed(secret: int, other_public: int) -> int:
 def share(secret: int, holders: int, threshold: int, rng: np.random.Generator) -> list[tuple[int, int]]:
     """Shamir's t-of-n shares (x, f(x)) for x = 1…holders of f(z) = s + a₁z + … + a_{t−1}z^(t−1) over GF(P)."""
     raw = rng.bytes(16 * (threshold - 1)) if threshold > 1 else b""  # the bytes of t − 1 draws of 16, in one call
+    return _shares(secret, holders, raw)
+
+
+def _shares(secret: int, holders: int, raw: bytes) -> list[tuple[int, int]]:
+    """`share` with the coefficients a₁, …, a_{t−1} from `raw`, 16 bytes each."""
     coeffs = [secret % PRIME] + [int.from_bytes(raw[i : i + 16], "little") % PRIME for i in range(0, len(raw), 16)]
     out = []
     for x in range(1, holders + 1):
@@ -231,12 +236,25 @@ class Keys:
     def __init__(self, n: int, degree: int, threshold: int, rng: np.random.Generator) -> None:
         self.n, self.degree, self.threshold = n, min(degree, n - 1), threshold
         self.graph = harary_graph(n, self.degree, rng)
-        self.secret = [1 + int.from_bytes(rng.bytes(16), "little") % (PRIME - 2) for _ in range(n)]
+        # the bytes of every draw of 16 (a secret key, a coefficient of `share`) in one call: Generator.bytes gives
+        # the same stream in one call as in many of multiples of 4 bytes (tested), at a fraction of the calls' cost
+        raw = rng.bytes(16 * n)
+        self.secret = [1 + int.from_bytes(raw[i : i + 16], "little") % (PRIME - 2) for i in range(0, 16 * n, 16)]
         self.public = [public_key(s) for s in self.secret]
         self.self_seed = [int(s) for s in rng.integers(0, 2**63, size=n)]
-        self.secret_shares = [share(s, len(g), threshold, rng) for s, g in zip(self.secret, self.graph, strict=True)]
-        self.seed_shares = [share(s, len(g), threshold, rng) for s, g in zip(self.self_seed, self.graph, strict=True)]
+        self.secret_shares = self._share_all(self.secret, threshold, rng)
+        self.seed_shares = self._share_all(self.self_seed, threshold, rng)
         self._self_masks: tuple[tuple[tuple[int, ...], int, int], np.ndarray] | None = None
+
+    def _share_all(self, secrets: list[int], threshold: int, rng: np.random.Generator) -> list[list[tuple[int, int]]]:
+        """`share` of each secret among its owner's neighbours, one after another (the coefficients' bytes in one
+        draw)."""
+        width = 16 * (threshold - 1)
+        raw = rng.bytes(width * len(secrets)) if width else b""
+        return [
+            _shares(secret, len(g), raw[i * width : (i + 1) * width])
+            for i, (secret, g) in enumerate(zip(secrets, self.graph, strict=True))
+        ]
 
     def self_masks(self, seeds: Sequence[int], size: int, bits: int) -> np.ndarray:
         """Σ_u PRG(b_u) over the self-mask seeds `seeds` (mod 2^64), expanded once a round: the survivors add it, and
@@ -617,7 +635,8 @@ class SecAgg(Wrapper, Mechanism):
                 row = torch.sub(global_params, result.params[i], out=delta)  # `LocalResult.updates`, one row
             else:
                 row = updates[i]
-            np.multiply(row.numpy(), np.float64(p), out=work.numpy()[0])  # in float64, as the weights are
+            work[0].copy_(row)
+            work.mul_(p)  # p_u Δ_u in float64, Δ_u's float32 values exactly
             x = quantise(
                 work, self.bits, self.clip, n, self.rounding, gen, overwrite=True, noise=noise, reduce=rows is not None
             )[0]
