@@ -21,7 +21,8 @@ weighted mean of the survivors' updates for weights proportional to public numbe
 What is simulated: the integer arithmetic, the graph, the key agreement (over the Mersenne prime 2^127 − 1, no
 real security), Shamir's scheme (exact integers over the same prime field), the dropouts and the recovery. What is
 not: encryption of the shares, signatures, a malicious server, dropouts during unmasking. The PRG is NumPy's
-PCG64 (`prg`), not a cryptographic one.
+SFC64 (`prg`), not a cryptographic one. With ``protocol: flower`` the round runs Flower's own SecAgg+ between the
+nodes of ``--engine flower`` instead (`SecureMean`, `fedhet.flower.secagg`).
 
 With differential privacy (``dp_clip: C``, ``noise_multiplier: z`` or a target ε through ``privacy.target_epsilon``:
 distributed DP, Kairouz et al., ICML 2021, in its simplest form): before step 1 each client clips its update to L2
