@@ -430,3 +430,14 @@ def test_keys_draw_their_secrets_and_shares_as_draws_one_by_one_would() -> None:
     assert keys.secret_shares == [share(s, 4, 3, ref) for s in secrets]
     assert keys.seed_shares == [share(s, 4, 3, ref) for s in seeds]
     assert rng.integers(0, 2**63) == ref.integers(0, 2**63)
+
+
+def test_the_pair_masks_towards_dropouts_are_expanded_once_and_rebuilt_seeds_reuse_them() -> None:
+    keys = Keys(6, 4, 3, np.random.default_rng(0))
+    signed = ((11, True), (12, False), (13, True))
+    first = keys.pair_masks(signed, 50, 16)
+    rows = prg(np.array([11, 12, 13], dtype=np.uint64), 50, 16)
+    assert np.array_equal(first, rows[0] - rows[1] + rows[2])  # uint64, mod 2^64
+    assert keys.pair_masks(tuple(signed), 50, 16) is first  # the same seeds (the server's, rebuilt): reused
+    other = keys.pair_masks(((11, True), (14, False), (13, True)), 50, 16)  # another seed: expanded afresh
+    assert other is not first and not np.array_equal(other, first)

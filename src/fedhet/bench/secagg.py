@@ -12,7 +12,7 @@ import torch
 
 from fedhet.bench.pairs import CostRow, in_turns, print_rows, round_runners, workload_engine
 from fedhet.bench.workloads import MLP
-from fedhet.privacy.secagg import SecAgg, prg_sum
+from fedhet.privacy.secagg import SecAgg, client_bytes, default_degree, prg_sum
 from fedhet.strategies.base import ServerContext, Strategy
 from fedhet.strategies.fedavg import FedAvg
 
@@ -60,6 +60,12 @@ def main() -> None:
         f"limit: the self-masks' bits alone {1e3 * masks:.0f} ms, the stochastic rounding's U alone "
         f"{1e3 * rounding:.0f} ms: no SecAgg+ round can cost less than {1 + masks / avg:.2f}x "
         f"({1 + (masks + rounding) / avg:.2f}x with stochastic rounding) a FedAvg round of {1e3 * avg:.0f} ms"
+    )
+    size = workload_engine(MLP).initial_params().numel()
+    sent = client_bytes(size, 32, default_degree(MLP.clients))
+    print(
+        f"simulated, not in the wall times: a client sends and receives {sent:,} bytes a SecAgg+ round "
+        f"(secagg_client_bytes) against the update's {4 * size:,}"
     )
 
 

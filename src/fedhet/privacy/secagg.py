@@ -246,6 +246,7 @@ class Keys:
         self.secret_shares = self._share_all(self.secret, threshold, rng)
         self.seed_shares = self._share_all(self.self_seed, threshold, rng)
         self._self_masks: tuple[tuple[tuple[int, ...], int, int], np.ndarray] | None = None
+        self._pair_masks: tuple[tuple[tuple[tuple[int, bool], ...], int, int], np.ndarray] | None = None
 
     def _share_all(self, secrets: list[int], threshold: int, rng: np.random.Generator) -> list[list[tuple[int, int]]]:
         """`share` of each secret among its owner's neighbours, one after another (the coefficients' bytes in one
@@ -265,6 +266,21 @@ class Keys:
         if self._self_masks is None or self._self_masks[0] != key:
             self._self_masks = (key, prg_sum(key[0], size, bits))
         return self._self_masks[1]
+
+    def pair_masks(self, signed: tuple[tuple[int, bool], ...], size: int, bits: int) -> np.ndarray:
+        """Σ ±PRG(s) over (s, +) pairs of `signed` (mod 2^64), expanded once a round like `self_masks`: other seeds
+        (a wrong reconstruction) are expanded afresh. Read-only."""
+        key = (signed, size, bits)
+        if self._pair_masks is None or self._pair_masks[0] != key:
+            total = np.zeros(size, dtype=np.uint64)
+            for seed, plus in signed:
+                mask = _expand(seed, size, bits)
+                if plus:
+                    total += mask
+                else:
+                    total -= mask
+            self._pair_masks = (key, total)
+        return self._pair_masks[1]
 
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every edge (u < v) and its seed s_uv, agreed from u's side."""
@@ -311,14 +327,10 @@ def masked_total(inputs: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -
 
 def _unmatched(alive: np.ndarray, keys: Keys, size: int, bits: int, seed: Callable[[int, int], int]) -> np.ndarray:
     """Σ over edges (u alive, v dropped) of the mask survivor u added for v: +PRG(s_uv) for u < v, −PRG(s_uv) for
-    u > v (mod 2^64); `seed(u, v)` gives s_uv."""
-    total = np.zeros(size, dtype=np.uint64)
-    for v in map(int, np.flatnonzero(~alive)):
-        for u in keys.graph[v]:
-            if alive[u]:
-                mask = prg(np.array([seed(u, v)], dtype=np.uint64), size, bits)[0]
-                total = total + mask if u < v else total - mask
-    return total
+    u > v (mod 2^64); `seed(u, v)` gives s_uv. Expanded once a round, as the self-masks are (`Keys.pair_masks`): the
+    survivors add it and the server, having rebuilt the dropouts' keys and so the same seeds, removes it."""
+    signed = tuple((seed(u, v), u < v) for v in map(int, np.flatnonzero(~alive)) for u in keys.graph[v] if alive[u])
+    return keys.pair_masks(signed, size, bits)
 
 
 def unmask(total: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.ndarray | None:
