@@ -100,6 +100,10 @@ def test_flowers_quantisation_step_is_fedhets() -> None:
     flower = workflow(nodes=6, degree=4, threshold=3, clip=0.5, bits=32, timeout=1.0)
     assert (flower.num_shares, flower.reconstruction_threshold, flower.clipping_range) == (5, 3, 0.5)
     assert (flower.quantization_range, flower.modulus_range) == (levels(32, 6), 2**32)
+    complete = workflow(nodes=4, degree=3, threshold=2, clip=1.0, bits=32, timeout=1.0)  # k = n − 1: SecAgg
+    assert (complete.num_shares, complete.reconstruction_threshold) == (1.0, 2)  # all of them, as a proportion
+    pair = workflow(nodes=2, degree=1, threshold=1, clip=1.0, bits=32, timeout=1.0)  # Flower's floor: 2 = all
+    assert (pair.num_shares, pair.reconstruction_threshold) == (1.0, 1.0)
 
 
 def test_flowers_secagg_gives_the_simulated_secagg_numbers(tmp_path: Path) -> None:
@@ -161,3 +165,14 @@ def test_too_many_dropped_nodes_fail_the_round_and_leave_the_model(tmp_path: Pat
     rows = read_metrics(tmp_path / "flower")
     assert float(rows[0]["secagg_failed"]) == 1
     assert torch.equal(state.params, state.experiment.engine.initial_params())
+
+
+def test_two_nodes_run_flowers_secagg_with_every_share(tmp_path: Path) -> None:
+    # n = 2: k = 1, t = 1, which Flower's integers cannot say (num_shares > 2, a threshold of 1 means "all"): the
+    # complete graph and every share, as proportions; the round is the simulated one
+    config = small_config(SECURE, num_clients=2, clients_per_round=2, rounds=1, partition="iid")
+    state, grid = flower_run(config, tmp_path / "flower", nodes=2)
+    simulated = run(small_config("secagg", num_clients=2, clients_per_round=2, rounds=1, partition="iid"))
+    assert sum(grid.trains.values()) == 2 * 4
+    assert float(read_metrics(tmp_path / "flower")[0]["secagg_failed"]) == 0
+    torch.testing.assert_close(state.params, simulated.params, atol=1e-6, rtol=0)

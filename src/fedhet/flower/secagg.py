@@ -16,7 +16,7 @@ Parameters: c = ``algorithm.clip`` (``clipping_range``), 2^b = ``modulus_range``
 T = ⌊(2^b − 1)/n⌋ (at most 2^30, Flower's rounding works in int32) for n nodes, so that n values in [0, T] never
 wrap: the step 2c/T is fedhet's own 1/L = n·c/(2^(b−1) − 1) to within rounding, and the sum is within n·2c/T of
 the exact weighted sum per coordinate (stochastic rounding), plus the rounding of W to 1/T. The k-regular graph:
-``num_shares`` = k + 1 (Flower counts the node itself), ``reconstruction_threshold`` = t.
+``num_shares`` = k + 1 (Flower counts the node itself), ``reconstruction_threshold`` = max(t, 2) (`workflow`).
 
 The participants of Flower's protocol are nodes: with one client per node they are fedhet's clients; a node
 holding several of the cohort's clients adds theirs up in the clear first (one party) and the clip applies to its
@@ -72,10 +72,15 @@ def levels(bits: int, nodes: int) -> int:
 
 
 def workflow(nodes: int, degree: int, threshold: int, clip: float, bits: int, timeout: float) -> SecAggPlusWorkflow:
-    """Flower's SecAgg+ workflow for `nodes` nodes on fedhet's settings (module docstring)."""
+    """Flower's SecAgg+ workflow for `nodes` nodes on fedhet's settings (module docstring). Flower reads an integer
+    ``num_shares`` below 3 and an integer threshold of 1 or of all the shares as errors or as proportions: the
+    complete graph is the proportion 1.0, and so is a threshold of every share; a threshold of 1 becomes 2 (Flower's
+    own floor)."""
+    shares = min(degree, nodes - 1) + 1
+    least = max(threshold, 2)
     return SecAggPlusWorkflow(
-        num_shares=min(degree, nodes - 1) + 1,
-        reconstruction_threshold=threshold,
+        num_shares=shares if shares < nodes else 1.0,
+        reconstruction_threshold=least if least < shares else 1.0,
         max_weight=MAX_WEIGHT,
         clipping_range=float(clip),
         quantization_range=levels(bits, nodes),
@@ -211,8 +216,8 @@ def secure_mean(
     unmasked weighted mean (None when the workflow halted: too few nodes, or a secret with fewer than t shares),
     and the nodes whose masked vectors it includes. `sizes(n)` gives (k, t) for n nodes."""
     degree, threshold = sizes(len(requests))
-    if len(requests) < 2 or threshold < 2:
-        return None, set()  # Flower's workflow needs two nodes, and reads a threshold of 1 as "every share"
+    if len(requests) < 2:
+        return None, set()  # Flower's workflow needs two nodes
     state = RecordDict(
         {
             MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: round_ + 1}),
