@@ -56,3 +56,15 @@ def test_personal_models_on_the_simulation_runtime_match_native(
     if algorithm == "ditto":
         simulate(config, tmp_path / "again", nodes=3, timeout=120)
         assert_same_metrics(flower, read_metrics(tmp_path / "again"), tol=0)
+
+
+def test_flowers_own_secagg_on_the_simulation_runtime_gives_the_simulated_secagg_numbers(tmp_path: Path) -> None:
+    """`algorithm.protocol: flower`: Flower's SecAgg+ workflow and mod between the simulated nodes (one client each,
+    any Ray actor answering any node's message) against fedhet's simulated secure aggregation (docs/secagg.md)."""
+    config = small_config({"name": "secagg", "protocol": "flower"}, rounds=2)
+    run(small_config("secagg", rounds=2), tmp_path / "native")
+    state = simulate(config, tmp_path / "flower", nodes=6, timeout=120)
+    assert state.status == "finished"
+    rows = read_metrics(tmp_path / "flower")
+    assert all(float(r["secagg_failed"]) == 0 and float(r["secagg_dropouts"]) == 0 for r in rows)
+    assert_same_metrics(read_metrics(tmp_path / "native"), rows)

@@ -373,3 +373,71 @@ def test_the_ledger_finds_the_mechanism_without_naming_it() -> None:
     assert strategy_mechanisms(private) == [private]
     ledger = Path(__file__).parents[2] / "src/fedhet/privacy/ledger.py"
     assert "secagg" not in ledger.read_text().lower()
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "deterministic"])
+@pytest.mark.parametrize("bits", [32, 51, 62])
+def test_the_wrapper_quantises_row_by_row_into_the_integers_of_all_rows_at_once(rounding: str, bits: int) -> None:
+    # `SecAgg._quantised` streams one survivor at a time; the reference quantises the whole (m, P) weighted matrix
+    engine = _engine(dim=40, classes=3)
+    secure = STRATEGIES.build({"name": "secagg", "bits": bits, "rounding": rounding, "degree": 4, "masks": "all"})
+    secure.setup(make_context(engine, steps=2, lr=0.5, m=len(SIZES)))
+    w = engine.initial_params()
+    result = engine.train(w, secure.inner.configure(0, torch.arange(len(SIZES)), w), 0).rows(torch.tensor([0, 2, 3, 5]))
+    weights = secure.inner.aggregation_weights(0, result)
+    weighted = (result.updates(w).double() * weights.double()[:, None]).contiguous()
+    want = quantise(weighted, bits, 1.0, len(SIZES), rounding, torch.Generator().manual_seed(9))  # type: ignore[arg-type]
+    order = np.array([0, 2, 3, 5])
+    total, every = secure._quantised(w, result, None, weights, len(SIZES), torch.Generator().manual_seed(9), order)
+    assert every is not None and np.array_equal(every[order], want) and not every[[1, 4]].any()
+    mod = np.uint64(2**bits - 1)
+    assert np.array_equal(total & mod, want.sum(axis=0, dtype=np.uint64) & mod)
+    unreduced, none = secure._quantised(w, result, None, weights, len(SIZES), torch.Generator().manual_seed(9), None)
+    assert none is None and np.array_equal(unreduced & mod, total & mod)
+
+
+# --- Flower's own SecAgg+ (tests/flower/test_secagg.py runs it) -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"bits": 40}, "at most 32 bits"),
+        ({"rounding": "deterministic"}, "rounds stochastically"),
+        ({"masks": "all"}, "masks: all"),
+        ({"dp_clip": 1.0}, "dp_clip"),
+    ],
+)
+def test_flowers_protocol_refuses_what_flowers_secagg_lacks(extra: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        STRATEGIES.build({"name": "secagg", "protocol": "flower", **extra})
+
+
+def test_flowers_protocol_is_refused_in_one_line_off_flower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["run", "--algorithm", "secagg", "--set", "algorithm.protocol=flower", "--out", "run", "--quiet"]
+    assert_refused(args, "--engine flower", tmp_path)
+
+
+def test_keys_draw_their_secrets_and_shares_as_draws_one_by_one_would() -> None:
+    # Keys takes the bytes of all its 16-byte draws in one call per kind: the same stream as one call per draw
+    rng, ref = np.random.default_rng(3), np.random.default_rng(3)
+    keys = Keys(9, 4, 3, rng)
+    harary_graph(9, 4, ref)  # the graph's draws come first
+    secrets = [1 + int.from_bytes(ref.bytes(16), "little") % (2**127 - 3) for _ in range(9)]
+    seeds = [int(s) for s in ref.integers(0, 2**63, size=9)]
+    assert keys.secret == secrets and keys.self_seed == seeds
+    assert keys.secret_shares == [share(s, 4, 3, ref) for s in secrets]
+    assert keys.seed_shares == [share(s, 4, 3, ref) for s in seeds]
+    assert rng.integers(0, 2**63) == ref.integers(0, 2**63)
+
+
+def test_the_pair_masks_towards_dropouts_are_expanded_once_and_rebuilt_seeds_reuse_them() -> None:
+    keys = Keys(6, 4, 3, np.random.default_rng(0))
+    signed = ((11, True), (12, False), (13, True))
+    first = keys.pair_masks(signed, 50, 16)
+    rows = prg(np.array([11, 12, 13], dtype=np.uint64), 50, 16)
+    assert np.array_equal(first, rows[0] - rows[1] + rows[2])  # uint64, mod 2^64
+    assert keys.pair_masks(tuple(signed), 50, 16) is first  # the same seeds (the server's, rebuilt): reused
+    other = keys.pair_masks(((11, True), (14, False), (13, True)), 50, 16)  # another seed: expanded afresh
+    assert other is not first and not np.array_equal(other, first)

@@ -1,14 +1,18 @@
 """What secure aggregation costs in time: a SecAgg+ round (quantised updates, pairwise and self masks over the
 default k-regular graph, no dropouts) against a FedAvg round on the MLP workload, 100 clients × 10 steps of 10,
-timed in turns (`python -m fedhet.bench.secagg` with one torch thread; the issue's goal: at most 1.5×)."""
+timed in turns (`python -m fedhet.bench.secagg` with one torch thread; the issue's goal: at most 1.5×), and the
+machine's limit beside it: the time of drawing the random numbers the protocol needs and nothing else."""
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import torch
 
 from fedhet.bench.pairs import CostRow, in_turns, print_rows, round_runners, workload_engine
 from fedhet.bench.workloads import MLP
-from fedhet.privacy.secagg import SecAgg
+from fedhet.privacy.secagg import SecAgg, client_bytes, default_degree, prg_sum
 from fedhet.strategies.base import ServerContext, Strategy
 from fedhet.strategies.fedavg import FedAvg
 
@@ -26,9 +30,43 @@ def secagg_round(reps: int = 3, backend: str = "dense", **settings: object) -> C
     return CostRow(f"SecAgg+ round ({what or 'defaults'}; {backend})", "FedAvg round", secure_s, avg_s, 1.5)
 
 
+def limits(reps: int = 3, bits: int = 32) -> tuple[float, float]:
+    """Seconds (best of `reps`) of the random numbers a round of the workload cannot do without: the n self-masks
+    of P numbers of b bits (`prg_sum`, SFC64's raw output, the fastest of NumPy's generators here) and the
+    stochastic rounding's n·P uniform numbers (torch's generator, which fixes the quantised integers)."""
+    size, n = workload_engine(MLP).initial_params().numel(), MLP.clients
+    noise = torch.empty(n, size)
+
+    def best(fn: object) -> float:
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()  # type: ignore[operator]
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    masks = best(lambda: prg_sum(np.arange(n).tolist(), size, bits))
+    rounding = best(lambda: torch.rand(noise.shape, out=noise))
+    return masks, rounding
+
+
 def main() -> None:
     torch.set_num_threads(1)
-    print_rows([secagg_round(), secagg_round(rounding="deterministic"), secagg_round(masks="all")], "no goal")
+    rows = [secagg_round(), secagg_round(rounding="deterministic"), secagg_round(masks="all")]
+    print_rows(rows, "no goal")
+    masks, rounding = limits()
+    avg = rows[0].reference_s
+    print(
+        f"limit: the self-masks' bits alone {1e3 * masks:.0f} ms, the stochastic rounding's U alone "
+        f"{1e3 * rounding:.0f} ms: no SecAgg+ round can cost less than {1 + masks / avg:.2f}x "
+        f"({1 + (masks + rounding) / avg:.2f}x with stochastic rounding) a FedAvg round of {1e3 * avg:.0f} ms"
+    )
+    size = workload_engine(MLP).initial_params().numel()
+    sent = client_bytes(size, 32, default_degree(MLP.clients))
+    print(
+        f"simulated, not in the wall times: a client sends and receives {sent:,} bytes a SecAgg+ round "
+        f"(secagg_client_bytes) against the update's {4 * size:,}"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -61,6 +61,7 @@ from fedhet.flower.node import (  # noqa: E402
     load_partition,
 )
 from fedhet.flower.remote import RemoteEngine, Settings, remote_builder  # noqa: E402
+from fedhet.flower.secagg import MODS, keep_training, secure_input, secure_mean  # noqa: E402
 from fedhet.imports import ImportPolicy, import_policy  # noqa: E402
 
 log = logging.getLogger("fedhet.flower")
@@ -154,6 +155,18 @@ class GridTransport:
             time.sleep(min(wait, left))
             wait = min(2 * wait, MAX_POLL_S)
         return replies
+
+    def secure_mean(
+        self,
+        requests: dict[int, Config],
+        round_: int,
+        sizes: Callable[[int], tuple[int, int]],
+        clip: float,
+        bits: int,
+        timeout: float,
+    ) -> tuple[np.ndarray | None, set[int]]:
+        """Flower's SecAgg+ over the grid's nodes (`fedhet.flower.secagg.secure_mean`)."""
+        return secure_mean(self.grid, requests, round_, sizes, clip, bits, timeout)
 
 
 # ---- ClientApp ---------------------------------------------------------------------------------------------------
@@ -298,6 +311,8 @@ def _answer(message: Message, context: Context, policy: NodePolicy) -> Message:
     out_arrays, out_config = worker.handle(op, arrays, config)
     if op == "train":
         _save_state(worker, context, config, node_config, policy)
+        if config.get("keep_training"):  # for Flower's SecAgg+ (`fedhet.flower.secagg`), whichever process answers
+            keep_training(context, int(config["round"]), arrays["params"], out_arrays["clients"], out_arrays["params"])
     return Message(_record(out_arrays, out_config), reply_to=message)
 
 
@@ -310,6 +325,9 @@ def answer(message: Message, context: Context) -> Message:
     return answer_with(message, context, NodePolicy.of(dict(context.node_config)))
 
 
+client_app.train(mods=MODS)(secure_input)  # Flower's SecAgg+ (`fedhet.flower.secagg`)
+
+
 def make_client_app(policy: NodePolicy) -> ClientApp:
     """A ClientApp whose nodes follow `policy` (the simulation's: the user's own config, state in the run folder)."""
     app = ClientApp()
@@ -318,6 +336,7 @@ def make_client_app(policy: NodePolicy) -> ClientApp:
     def answer_in_simulation(message: Message, context: Context) -> Message:
         return answer_with(message, context, policy)
 
+    app.train(mods=MODS)(secure_input)
     return app
 
 

@@ -9,6 +9,7 @@ round (the runner goes on with the others), are unavailable from then on, and sc
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -122,6 +123,8 @@ class RemoteEngine:
         if not np.allclose(first, model.initial_params()[:16].numpy()):
             raise ConfigError("the nodes built a different initial model: give every node the same fedhet version")
         self.model, self.data, self.seed = model, data, config.seed
+        # Flower's SecAgg+ aggregates the round's training on the nodes (`secure_mean`): they keep it
+        self.keep_training = any(getattr(p, "protocol", None) == "flower" for p in parts.algorithm.parts())
         self.local = local_settings(config, parts)
         self.backend: BackendChoice = config.backend
         self._scored: tuple[Tensor, dict[str, tuple[Tensor, Tensor]]] | None = None
@@ -251,6 +254,40 @@ class RemoteEngine:
             )
         return {n: r[0] for n, r in replies.items()}
 
+    def secure_mean(
+        self,
+        round_: int,
+        clients: Tensor,
+        weights: Tensor,
+        sizes: Callable[[int], tuple[int, int]],
+        clip: float,
+        bits: int,
+    ) -> tuple[Tensor | None, Tensor]:
+        """Σ_u p_u Δ_u / Σ_u p_u over `clients` (this round's survivors, weights p_u) by Flower's SecAgg+ between the
+        nodes that trained them (`fedhet.flower.secagg`), and the clients it includes. A node whose masked input
+        does not arrive leaves it, and the run (it is lost, as for any call); None when the workflow halted."""
+        secure = getattr(self.transport, "secure_mean", None)
+        if secure is None:
+            raise ConfigError("algorithm.protocol: flower runs Flower's SecAgg+ workflow, which needs Flower's Grid")
+        requests: dict[int, Config] = {}
+        for node, rows in self._groups(clients).items():
+            requests[node] = {
+                **self.base,
+                "op": "secagg",
+                "round": round_,
+                "seed": self.seed,
+                "clients": json.dumps(clients[rows].tolist()),
+                "weights": json.dumps(weights[rows].double().tolist()),
+            }
+        mean, nodes = secure(requests, round_, sizes, clip, bits, self.settings.timeout)
+        for node in set(requests) - nodes if mean is not None else ():
+            if node not in self.lost:
+                self.lost[node] = "secagg"
+                log.warning("node %s sent no masked input for secure aggregation: its clients leave the run", node)
+        included = [c for node in sorted(nodes) for c in json.loads(str(requests[node]["clients"]))]
+        out = None if mean is None else torch.from_numpy(np.asarray(mean, dtype=np.float64))
+        return out, torch.as_tensor(sorted(included), dtype=torch.long)
+
     def _stop_if_refused(self, requests: dict[int, Payload]) -> None:
         """A node that refused a call (its config, a stale client state) would refuse it again: the run stops with
         one line naming the node and what it refused, instead of losing the node or asking it again."""
@@ -287,7 +324,7 @@ class RemoteEngine:
     def train(self, global_params: Tensor, plan: LocalPlan, round_: int) -> LocalResult:
         """The cohort's result in the plan's order; clients whose node was lost come back as NaN rows marked
         in ``dropped`` (the runner then goes on with the others)."""
-        config: Config = {"round": round_}
+        config: Config = {"round": round_, **({"keep_training": True} if self.keep_training else {})}
         per_node: dict[int, Arrays] = {}
         for node, rows in self._groups(plan.clients).items():
             arrays, scalars = encode_plan(plan, rows)

@@ -21,7 +21,8 @@ weighted mean of the survivors' updates for weights proportional to public numbe
 What is simulated: the integer arithmetic, the graph, the key agreement (over the Mersenne prime 2^127 − 1, no
 real security), Shamir's scheme (exact integers over the same prime field), the dropouts and the recovery. What is
 not: encryption of the shares, signatures, a malicious server, dropouts during unmasking. The PRG is NumPy's
-PCG64 (`prg`), not a cryptographic one.
+SFC64 (`prg`), not a cryptographic one. With ``protocol: flower`` the round runs Flower's own SecAgg+ between the
+nodes of ``--engine flower`` instead (`SecureMean`, `fedhet.flower.secagg`).
 
 With differential privacy (``dp_clip: C``, ``noise_multiplier: z`` or a target ε through ``privacy.target_epsilon``:
 distributed DP, Kairouz et al., ICML 2021, in its simplest form): before step 1 each client clips its update to L2
@@ -37,10 +38,11 @@ a server that lies about who dropped (with fewer than t honest survivors the noi
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -79,12 +81,14 @@ def quantise(
     gen: torch.Generator | None = None,
     overwrite: bool = False,
     noise: Tensor | None = None,
+    reduce: bool = True,
 ) -> np.ndarray:
     """x (…, P) clipped to [−c, c], scaled by `levels`, rounded (stochastic: ⌊v + U⌋, unbiased; deterministic: to
     the nearest) and taken mod 2^b (two's complement), as uint64. One float64 workspace, reused for the integers
     (`overwrite`: a contiguous float64 x is that workspace, and is lost); `noise`, a float32 tensor of x's shape, holds
     the stochastic rounding's U (a buffer kept across rounds: fresh memory for 10^7 numbers costs more than drawing
-    them)."""
+    them). Without `reduce` (b ≤ 51) the values are left as v + K mod 2^64 for a constant K ≡ 0 mod 2^b, the same
+    numbers mod 2^b (for a sum reduced once at its end)."""
     v = x.detach().to(torch.float64)  # x's own memory when x is float64
     if x.dtype == torch.float64 and not (overwrite and x.is_contiguous()):
         v = v.clone(memory_format=torch.contiguous_format)
@@ -94,8 +98,10 @@ def quantise(
         np.add(work, u.numpy(), out=work)
         np.floor(work, out=work)
     if bits <= 51:  # |v| < 2^50: adding 1.5·2^52 rounds to an integer (half to even) and leaves v mod 2^b in the bits
-        work += 1.5 * 2.0**52
+        work += 1.5 * 2.0**52  # its bits are K + v, K = 0x4338 << 48 ≡ 0 mod 2^b
         values = work.view(np.uint64)
+        if not reduce:
+            return values
     else:
         values = work.view(np.uint64)  # the same memory, element for element
         np.rint(work, out=values.view(np.int64), casting="unsafe")
@@ -113,21 +119,32 @@ def dequantise(total: np.ndarray, bits: int, clip: float, n: int) -> Tensor:
 # --- PRG, graph, key agreement, Shamir ----------------------------------------------------------------------------
 
 
+def _expand(seed: int, size: int, bits: int) -> np.ndarray:
+    """PRG(seed): `size` numbers uniform mod 2^b, the raw output of NumPy's SFC64 seeded by `seed` (the fastest of
+    NumPy's bit generators here), one 64-bit draw split into two numbers for b ≤ 32: uint32 for b ≤ 32, else
+    uint64."""
+    raw = np.random.SFC64(int(seed)).random_raw((size + 1) // 2 if bits <= 32 else size)
+    out = raw.view(np.uint32)[:size] if bits <= 32 else raw
+    out &= out.dtype.type(2**bits - 1)
+    return out
+
+
 def prg(seeds: np.ndarray, size: int, bits: int) -> np.ndarray:
-    """(len(seeds), size) uint64 values, uniform mod 2^b: NumPy's PCG64 seeded by each seed, one row per seed (a
-    real deployment would use a cryptographic PRG such as AES in counter mode)."""
+    """(len(seeds), size) uint64 values, uniform mod 2^b, one row per seed (`_expand`; a real deployment would use a
+    cryptographic PRG such as AES in counter mode)."""
     out = np.empty((len(seeds), size), dtype=np.uint64)
     for row, seed in zip(out, np.asarray(seeds, dtype=np.uint64).tolist(), strict=True):
-        row[:] = np.random.Generator(np.random.PCG64(seed)).integers(0, 2**bits, size=size, dtype=np.uint64)
+        row[:] = _expand(seed, size, bits)
     return out
 
 
 def prg_sum(seeds: Sequence[int], size: int, bits: int) -> np.ndarray:
-    """Σ_i PRG(seeds_i) mod 2^64 (uint64 wraps; reduce mod 2^b after), the rows of `prg` added as they are made."""
-    total = np.zeros(size, dtype=np.uint64)
+    """Σ_i PRG(seeds_i) as uint64, mod 2^64, or mod 2^32 for b ≤ 32 (added in uint32: a multiple of 2^b all the
+    same; reduce mod 2^b after), the rows of `prg` added as they are made."""
+    total: np.ndarray = np.zeros(size, dtype=np.uint32 if bits <= 32 else np.uint64)
     for seed in seeds:
-        total += np.random.Generator(np.random.PCG64(int(seed))).integers(0, 2**bits, size=size, dtype=np.uint64)
-    return total
+        total += _expand(int(seed), size, bits)
+    return total.astype(np.uint64)
 
 
 def default_degree(n: int) -> int:
@@ -172,6 +189,11 @@ def pair_seed(secret: int, other_public: int) -> int:
 def share(secret: int, holders: int, threshold: int, rng: np.random.Generator) -> list[tuple[int, int]]:
     """Shamir's t-of-n shares (x, f(x)) for x = 1…holders of f(z) = s + a₁z + … + a_{t−1}z^(t−1) over GF(P)."""
     raw = rng.bytes(16 * (threshold - 1)) if threshold > 1 else b""  # the bytes of t − 1 draws of 16, in one call
+    return _shares(secret, holders, raw)
+
+
+def _shares(secret: int, holders: int, raw: bytes) -> list[tuple[int, int]]:
+    """`share` with the coefficients a₁, …, a_{t−1} from `raw`, 16 bytes each."""
     coeffs = [secret % PRIME] + [int.from_bytes(raw[i : i + 16], "little") % PRIME for i in range(0, len(raw), 16)]
     out = []
     for x in range(1, holders + 1):
@@ -187,14 +209,22 @@ def reconstruct(shares: list[tuple[int, int]], threshold: int) -> int:
     if len(shares) < threshold:
         raise ValueError(f"{len(shares)} shares cannot rebuild a secret of threshold {threshold}")
     picked = shares[:threshold]
-    total = 0
-    for j, (xj, yj) in enumerate(picked):
+    basis = _lagrange_at_zero(tuple(x for x, _ in picked))
+    return sum(y * c for (_, y), c in zip(picked, basis, strict=True)) % PRIME
+
+
+@functools.lru_cache(maxsize=256)
+def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """ℓ_j(0) = Π_{m ≠ j} −x_m / (x_j − x_m) mod P for the points `xs` (they depend on which holders answered, not
+    on the secret: one computation serves a round's secrets)."""
+    out = []
+    for j, xj in enumerate(xs):
         num, den = 1, 1
-        for m, (xm, _) in enumerate(picked):
+        for m, xm in enumerate(xs):
             if m != j:
                 num, den = num * -xm % PRIME, den * (xj - xm) % PRIME
-        total = (total + yj * num * pow(den, -1, PRIME)) % PRIME
-    return total
+        out.append(num * pow(den, -1, PRIME) % PRIME)
+    return tuple(out)
 
 
 # --- one round ----------------------------------------------------------------------------------------------------
@@ -207,12 +237,26 @@ class Keys:
     def __init__(self, n: int, degree: int, threshold: int, rng: np.random.Generator) -> None:
         self.n, self.degree, self.threshold = n, min(degree, n - 1), threshold
         self.graph = harary_graph(n, self.degree, rng)
-        self.secret = [1 + int.from_bytes(rng.bytes(16), "little") % (PRIME - 2) for _ in range(n)]
+        # the bytes of every draw of 16 (a secret key, a coefficient of `share`) in one call: Generator.bytes gives
+        # the same stream in one call as in many of multiples of 4 bytes (tested), at a fraction of the calls' cost
+        raw = rng.bytes(16 * n)
+        self.secret = [1 + int.from_bytes(raw[i : i + 16], "little") % (PRIME - 2) for i in range(0, 16 * n, 16)]
         self.public = [public_key(s) for s in self.secret]
         self.self_seed = [int(s) for s in rng.integers(0, 2**63, size=n)]
-        self.secret_shares = [share(s, len(g), threshold, rng) for s, g in zip(self.secret, self.graph, strict=True)]
-        self.seed_shares = [share(s, len(g), threshold, rng) for s, g in zip(self.self_seed, self.graph, strict=True)]
+        self.secret_shares = self._share_all(self.secret, threshold, rng)
+        self.seed_shares = self._share_all(self.self_seed, threshold, rng)
         self._self_masks: tuple[tuple[tuple[int, ...], int, int], np.ndarray] | None = None
+        self._pair_masks: tuple[tuple[tuple[tuple[int, bool], ...], int, int], np.ndarray] | None = None
+
+    def _share_all(self, secrets: list[int], threshold: int, rng: np.random.Generator) -> list[list[tuple[int, int]]]:
+        """`share` of each secret among its owner's neighbours, one after another (the coefficients' bytes in one
+        draw)."""
+        width = 16 * (threshold - 1)
+        raw = rng.bytes(width * len(secrets)) if width else b""
+        return [
+            _shares(secret, len(g), raw[i * width : (i + 1) * width])
+            for i, (secret, g) in enumerate(zip(secrets, self.graph, strict=True))
+        ]
 
     def self_masks(self, seeds: Sequence[int], size: int, bits: int) -> np.ndarray:
         """Σ_u PRG(b_u) over the self-mask seeds `seeds` (mod 2^64), expanded once a round: the survivors add it, and
@@ -222,6 +266,21 @@ class Keys:
         if self._self_masks is None or self._self_masks[0] != key:
             self._self_masks = (key, prg_sum(key[0], size, bits))
         return self._self_masks[1]
+
+    def pair_masks(self, signed: tuple[tuple[int, bool], ...], size: int, bits: int) -> np.ndarray:
+        """Σ ±PRG(s) over (s, +) pairs of `signed` (mod 2^64), expanded once a round like `self_masks`: other seeds
+        (a wrong reconstruction) are expanded afresh. Read-only."""
+        key = (signed, size, bits)
+        if self._pair_masks is None or self._pair_masks[0] != key:
+            total = np.zeros(size, dtype=np.uint64)
+            for seed, plus in signed:
+                mask = _expand(seed, size, bits)
+                if plus:
+                    total += mask
+                else:
+                    total -= mask
+            self._pair_masks = (key, total)
+        return self._pair_masks[1]
 
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every edge (u < v) and its seed s_uv, agreed from u's side."""
@@ -253,26 +312,25 @@ def masked_sum(x: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.nd
     """Σ_{u alive} y_u mod 2^b without forming each y_u: the survivors' inputs, self-masks, and only the pair masks
     that do not cancel (towards a dropout); the same integers as summing `masked_inputs`' rows, at a fraction of
     the cost (the pair masks between survivors cancel exactly, as the tests check)."""
-    mod = np.uint64(2**bits - 1)
-    survivors = np.flatnonzero(alive)
-    inputs = x if alive.all() else x[survivors]
-    total = inputs.sum(axis=0, dtype=np.uint64)
-    total += keys.self_masks([keys.self_seed[u] for u in survivors], x.shape[1], bits)
-    total += _unmatched(alive, keys, x.shape[1], bits, lambda u, v: pair_seed(keys.secret[u], keys.public[v]))
-    total &= mod
+    inputs = x if alive.all() else x[np.flatnonzero(alive)]
+    return masked_total(inputs.sum(axis=0, dtype=np.uint64), alive, keys, bits)
+
+
+def masked_total(inputs: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.ndarray:
+    """`masked_sum` from the survivors' inputs already summed, Σ_{u alive} x_u (uint64, mod 2^64): plus their
+    self-masks and the pair masks towards the dropouts, mod 2^b (a new array)."""
+    total = inputs + keys.self_masks([keys.self_seed[u] for u in np.flatnonzero(alive)], len(inputs), bits)
+    total += _unmatched(alive, keys, len(inputs), bits, lambda u, v: pair_seed(keys.secret[u], keys.public[v]))
+    total &= np.uint64(2**bits - 1)
     return total
 
 
 def _unmatched(alive: np.ndarray, keys: Keys, size: int, bits: int, seed: Callable[[int, int], int]) -> np.ndarray:
     """Σ over edges (u alive, v dropped) of the mask survivor u added for v: +PRG(s_uv) for u < v, −PRG(s_uv) for
-    u > v (mod 2^64); `seed(u, v)` gives s_uv."""
-    total = np.zeros(size, dtype=np.uint64)
-    for v in map(int, np.flatnonzero(~alive)):
-        for u in keys.graph[v]:
-            if alive[u]:
-                mask = prg(np.array([seed(u, v)], dtype=np.uint64), size, bits)[0]
-                total = total + mask if u < v else total - mask
-    return total
+    u > v (mod 2^64); `seed(u, v)` gives s_uv. Expanded once a round, as the self-masks are (`Keys.pair_masks`): the
+    survivors add it and the server, having rebuilt the dropouts' keys and so the same seeds, removes it."""
+    signed = tuple((seed(u, v), u < v) for v in map(int, np.flatnonzero(~alive)) for u in keys.graph[v] if alive[u])
+    return keys.pair_masks(signed, size, bits)
 
 
 def unmask(total: np.ndarray, alive: np.ndarray, keys: Keys, bits: int) -> np.ndarray | None:
@@ -323,6 +381,24 @@ def dp_noise(
     return out, clipped
 
 
+@runtime_checkable
+class SecureMean(Protocol):
+    """An engine that aggregates by a real secure aggregation protocol (`fedhet.flower.remote.RemoteEngine`: Flower's
+    SecAgg+ between its nodes)."""
+
+    def secure_mean(
+        self,
+        round_: int,
+        clients: Tensor,
+        weights: Tensor,
+        sizes: Callable[[int], tuple[int, int]],
+        clip: float,
+        bits: int,
+    ) -> tuple[Tensor | None, Tensor]:
+        """Σ_u p_u Δ_u / Σ_u p_u over `clients` (None: the protocol failed) and the clients it includes."""
+        ...
+
+
 # --- the wrapper --------------------------------------------------------------------------------------------------
 
 
@@ -356,6 +432,11 @@ class SecAgg(Wrapper, Mechanism):
     masks: Literal["net", "all"] = Field(
         "net", description="net: only the masks that do not cancel; all: every client's masked vector (slower)"
     )
+    protocol: Literal["fedhet", "flower"] = Field(
+        "fedhet",
+        description="fedhet: simulated on the server; flower: Flower's SecAgg+ mod and workflow between the Flower "
+        "nodes (--engine flower; bits <= 32, stochastic rounding, no dp_clip)",
+    )
 
     dp_clip: float | None = Field(
         None,
@@ -383,6 +464,19 @@ class SecAgg(Wrapper, Mechanism):
 
     @model_validator(mode="after")
     def _consistent(self) -> SecAgg:
+        if self.protocol == "flower":
+            unsupported = [
+                what
+                for what, bad in (
+                    (f"bits {self.bits} (Flower's masks are at most 32 bits)", self.bits > 32),
+                    ("rounding: deterministic (Flower rounds stochastically)", self.rounding != "stochastic"),
+                    ("masks: all", self.masks != "net"),
+                    ("dp_clip (the noise would be added on the nodes)", self.dp_clip is not None),
+                )
+                if bad
+            ]
+            if unsupported:
+                raise ValueError(f"protocol: flower runs Flower's own SecAgg+, without {'; '.join(unsupported)}")
         if self.dp_clip is None:
             if self.noise_multiplier is not None:
                 raise ValueError(
@@ -414,6 +508,11 @@ class SecAgg(Wrapper, Mechanism):
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
         self._last, self._noted, self._buffers = {}, False, {}
+        if self.protocol == "flower" and not isinstance(ctx.engine, SecureMean):
+            raise ConfigError(
+                "algorithm.protocol: flower runs Flower's SecAgg+ between Flower nodes: run with --engine flower, "
+                "or leave algorithm.protocol at fedhet (simulated)"
+            )
         if 2 ** (self.bits - 1) - 1 < 2 * ctx.clients_per_round * 2**7:
             raise ConfigError(
                 f"algorithm.bits {self.bits} leaves too few quantisation levels for {ctx.clients_per_round} clients "
@@ -454,6 +553,8 @@ class SecAgg(Wrapper, Mechanism):
         }
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
+        if self.protocol == "flower":
+            return self._aggregate_on_flower(round_, global_params, result)
         cohort = self._cohort if self._cohort is not None else result.clients
         index = {c: i for i, c in enumerate(cohort.tolist())}
         order = np.array([index[c] for c in result.clients.tolist()], dtype=np.int64)  # survivors' cohort rows
@@ -466,43 +567,99 @@ class SecAgg(Wrapper, Mechanism):
         weights = self.inner.aggregation_weights(round_, result)
         assert weights is not None  # check_base refused bases without them
         gen = torch_gen(self.ctx.seed, "secagg-rounding", round_)
-        updates = result.updates(global_params)
+        updates: Tensor | None = None  # Δ_u row by row (`_quantised`) unless DP changes them first
         dp: dict[str, float] = {}
         if self.dp_clip is not None:
+            updates = result.updates(global_params)
             std = self.z * self.dp_clip / math.sqrt(t) if self.z > 0 else 0.0
             updates, clipped = dp_noise(updates, result.clients, self.dp_clip, std, self.ctx.seed, round_)
             share = float(clipped.double().mean()) if len(clipped) else float("nan")
             dp = {"dp_noise_std": std, "dp_noise_multiplier": self.z, "dp_clipped_share": share}
-        weighted = self._buffer("work", updates.shape, torch.float64)  # NumPy: torch's mixed-type product is slow
-        np.multiply(updates.numpy(), weights.double().numpy()[:, None], out=weighted.numpy())
-        noise = self._buffer("noise", updates.shape, torch.float32) if self.rounding == "stochastic" else None
-        x = quantise(weighted, self.bits, self.clip, n, self.rounding, gen, overwrite=True, noise=noise)  # p_u Δ_u
-        inputs = _rows(x, order, n)
-        if self.masks == "all":
-            masked = masked_inputs(inputs, keys, self.bits)[alive].sum(axis=0, dtype=np.uint64) & np.uint64(
-                2**self.bits - 1
-            )
+        inputs, x = self._quantised(
+            global_params, result, updates, weights, n, gen, order if self.masks == "all" else None
+        )
+        if x is not None:
+            masked = masked_inputs(x, keys, self.bits)[alive].sum(axis=0, dtype=np.uint64) & np.uint64(2**self.bits - 1)
         else:
-            masked = masked_sum(inputs, alive, keys, self.bits)
+            masked = masked_total(inputs, alive, keys, self.bits)
         total = unmask(masked, alive, keys, self.bits)
         self._last = {**self._columns(global_params.numel(), k, t, int((~alive).sum()), failed=total is None), **dp}
         if total is None:
-            if not self._noted:
-                self._noted = True
-                warnings.warn(
-                    f"round {round_ + 1}: secure aggregation failed ({int((~alive).sum())} of {n} clients dropped, "
-                    f"and some secret kept fewer than t = {t} share holders), so the model did not change; "
-                    "metrics.csv marks such rounds (secagg_failed); lower algorithm.threshold or the dropouts",
-                    FedhetNote,
-                    stacklevel=2,
-                )
+            self._note_failure(round_, int((~alive).sum()), n, t)
             return global_params
         direction = dequantise(total, self.bits, self.clip, n) / float(weights.double().sum())
         return self.inner.server_step(global_params, direction.to(global_params.dtype))
 
+    def _aggregate_on_flower(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
+        """The base's weighted mean of the survivors by Flower's SecAgg+ between the nodes that trained them
+        (`fedhet.flower.secagg`); the engine is a `SecureMean`."""
+        engine = self.ctx.engine
+        assert isinstance(engine, SecureMean)  # setup refused other engines
+        n = len(self._cohort) if self._cohort is not None else len(result.clients)
+        weights = self.inner.aggregation_weights(round_, result)
+        assert weights is not None  # check_base refused bases without them
+        mean, included = engine.secure_mean(round_, result.clients, weights, self.sizes, self.clip, self.bits)
+        k, t = self.sizes(n)
+        lost = n - (len(included) if mean is not None else 0)
+        self._last = self._columns(global_params.numel(), k, t, lost, failed=mean is None)
+        if mean is None:
+            self._note_failure(round_, lost, n, t)
+            return global_params
+        return self.inner.server_step(global_params, mean.to(global_params.dtype))
+
+    def _note_failure(self, round_: int, lost: int, n: int, t: int) -> None:
+        """The first failed round of a run is a note."""
+        if self._noted:
+            return
+        self._noted = True
+        warnings.warn(
+            f"round {round_ + 1}: secure aggregation failed ({lost} of {n} clients dropped, "
+            f"and some secret kept fewer than t = {t} share holders), so the model did not change; "
+            "metrics.csv marks such rounds (secagg_failed); lower algorithm.threshold or the dropouts",
+            FedhetNote,
+            stacklevel=3,
+        )
+
+    def _quantised(
+        self,
+        global_params: Tensor,
+        result: LocalResult,
+        updates: Tensor | None,
+        weights: Tensor,
+        n: int,
+        gen: torch.Generator,
+        rows: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Σ_u x_u, x_u = Q(p_u Δ_u) (`quantise`, Δ_u a row of `updates`, else w − w_u), mod 2^b once reduced;
+        with `rows` (the survivors' rows of the cohort) also every x_u, zeros for the dropouts. One survivor at a
+        time, in the survivors' order, through a workspace of one row: the same integers as `quantise` on all the
+        rows at once (the stochastic rounding's U are the same draws of `gen`, taken row after row), without a
+        cohort-sized array in memory."""
+        size = global_params.numel()
+        work = self._buffer("work", torch.Size([1, size]), torch.float64)
+        noise = self._buffer("noise", torch.Size([1, size]), torch.float32) if self.rounding == "stochastic" else None
+        kind = torch.promote_types(global_params.dtype, result.params.dtype)
+        delta = self._buffer("delta", global_params.shape, kind) if updates is None else None
+        total = np.zeros(size, dtype=np.uint64)
+        every = np.zeros((n, size), dtype=np.uint64) if rows is not None else None
+        for i, p in enumerate(weights.double().tolist()):
+            if updates is None:
+                assert delta is not None
+                row = torch.sub(global_params, result.params[i], out=delta)  # `LocalResult.updates`, one row
+            else:
+                row = updates[i]
+            work[0].copy_(row)
+            work.mul_(p)  # p_u Δ_u in float64, Δ_u's float32 values exactly
+            x = quantise(
+                work, self.bits, self.clip, n, self.rounding, gen, overwrite=True, noise=noise, reduce=rows is not None
+            )[0]
+            total += x
+            if every is not None and rows is not None:
+                every[rows[i]] = x
+        return total, every
+
     def _buffer(self, name: str, shape: torch.Size, dtype: torch.dtype) -> Tensor:
-        """A workspace kept across rounds (a cohort's quantised updates: fresh memory of that size costs more than
-        the arithmetic on it)."""
+        """A workspace kept across rounds (one row of the quantisation)."""
         held = self._buffers.get(name)
         if held is None or held.shape != shape or held.dtype != dtype:
             held = self._buffers[name] = torch.empty(shape, dtype=dtype)
@@ -547,12 +704,3 @@ class SecAgg(Wrapper, Mechanism):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state["base"])
         self._last = {str(k): float(v) for k, v in state["last"].items()}
-
-
-def _rows(x: np.ndarray, order: np.ndarray, n: int) -> np.ndarray:
-    """The survivors' quantised inputs at their rows of the cohort (zeros for the dropouts, whose y never arrives)."""
-    if np.array_equal(order, np.arange(n)):
-        return x
-    out = np.zeros((n, x.shape[1]), dtype=np.uint64)
-    out[order] = x
-    return out
