@@ -13,6 +13,7 @@ from fedhet.data import (
     huggingface,
     images,
     in_memory,
+    markov_text,
     partition,
     real,
     shakespeare_text,
@@ -31,7 +32,7 @@ from fedhet.methods import cafed, fedgsnr, fedmgda, maxfl
 from fedhet.metrics import fairness, leakage, speed
 from fedhet.metrics.base import METRIC_PLUGINS
 from fedhet.models import fedmgda as fedmgda_models
-from fedhet.models import torch_model, zoo
+from fedhet.models import torch_model, transformer, zoo
 from fedhet.models.base import MODELS
 from fedhet.privacy import secagg
 from fedhet.privacy import strategy as dp_strategy
@@ -53,6 +54,7 @@ from fedhet.strategies import (
     fedrolex,
     finetune,
     fjord,
+    flexlora,
     heterofl,
     ifca,
     local_only,

@@ -209,9 +209,7 @@ class SubModels(Strategy):
         zero) before anything runs; fix the clients' levels."""
         super().setup(ctx)
         what = f"algorithm '{self.name}'"
-        model = ctx.engine.model
-        self._layers = sliced_layers(model, what)
-        self._widths = hidden_widths(model, self._layers)
+        self._prefix = self.level_masks(ctx.engine.model, what)
         if not ctx.local.plan(torch.zeros(1, dtype=torch.long), ctx.train_sizes[:1]).anchor_free:
             raise ConfigError(
                 f"{what}: the local objective has a term that pulls the sliced-off weights off zero (a proximal "
@@ -220,12 +218,18 @@ class SubModels(Strategy):
         k = ctx.num_clients
         if self.capacities is not None and len(self.capacities) != k:
             raise ConfigError(f"{what}: capacities lists {len(self.capacities)} levels for {k} clients")
-        self._prefix = {level: width_mask(model, self._layers, level) for level in self.levels}
         if self.assignment == "system":
             self._fixed = self._from_system(ctx, what)
         else:
             self._fixed = torch.tensor(self.capacities) if self.capacities is not None else self._draw(0)
         self._round_masks = None
+
+    def level_masks(self, model: FlatModel, what: str) -> dict[float, Tensor]:
+        """(P,) bool per level: the sub-model a client of that level trains by default (the first ⌈r·d⌉ units of
+        every hidden layer of an MLP or a zoo CNN; a model this scheme cannot slice is a one-line `ConfigError`)."""
+        self._layers = sliced_layers(model, what)
+        self._widths = hidden_widths(model, self._layers)
+        return {level: width_mask(model, self._layers, level) for level in self.levels}
 
     def _from_system(self, ctx: ServerContext, what: str) -> Tensor:
         """(K,) each client's capacity as the system model gives it (`fedhet.systems.base.Capacity`)."""
