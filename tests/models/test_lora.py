@@ -1,0 +1,66 @@
+"""LoRA adapters and the small transformer (`fedhet.models.lora`, `fedhet.models.transformer`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from fedhet.engine.functional import FlatModel
+from fedhet.errors import ConfigError
+from fedhet.models.lora import LoRA, LoRALinear, add_lora
+from fedhet.models.transformer import Transformer
+
+
+def test_the_adapted_layer_computes_wx_plus_scaled_bax() -> None:
+    torch.manual_seed(0)
+    base = nn.Linear(5, 3)
+    layer = LoRALinear(base, rank=2, alpha=6.0)
+    with torch.no_grad():
+        layer.lora_B.normal_()  # B starts at zero: give it a value to see the adapter
+    x = torch.randn(4, 5)
+    expected = x @ base.weight.T + base.bias + (6.0 / 2) * x @ layer.lora_A.T @ layer.lora_B.T
+    torch.testing.assert_close(layer(x), expected)
+    fresh = LoRALinear(base, rank=2, alpha=6.0)
+    torch.testing.assert_close(fresh(x), base(x))  # B = 0: the adapted model starts as the base model
+
+
+def test_only_the_adapters_train_and_targets_must_name_linear_layers() -> None:
+    module = Transformer(d_model=8, heads=2, layers=1, lora=LoRA(rank=2, targets=["q", "out"])).build((6,), 10)
+    trained = sorted(n for n, p in module.named_parameters() if p.requires_grad)
+    assert trained == ["blocks.0.q.lora_A", "blocks.0.q.lora_B", "out.lora_A", "out.lora_B"]
+    assert sorted(FlatModel(module).frozen) == sorted(n for n, p in module.named_parameters() if not p.requires_grad)
+    with pytest.raises(ConfigError, match="name no Linear layer"):
+        add_lora(nn.Sequential(nn.Linear(2, 2)), LoRA(targets=["q"]), "model")
+
+
+def test_the_transformer_is_causal_and_reads_the_last_position() -> None:
+    torch.manual_seed(0)
+    module = Transformer(d_model=8, heads=2, layers=2).build((5,), 7)
+    x = torch.randint(7, (3, 5))
+    y = module(x)
+    assert y.shape == (3, 7)
+    changed = x.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 7  # the last token matters
+    assert not torch.allclose(module(changed), y)
+    with pytest.raises(ConfigError, match="token sequences"):
+        Transformer().build((3, 4), 7)
+
+
+def test_base_weights_load_from_a_state_dict_and_a_wrong_one_is_refused(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    plain = Transformer(d_model=8, heads=2, layers=1).build((5,), 7)
+    torch.save(plain.state_dict(), tmp_path / "base.pt")
+    spec = Transformer(d_model=8, heads=2, layers=1, base=str(tmp_path / "base.pt"), lora=LoRA(rank=2))
+    adapted = spec.build((5,), 7)
+    x = torch.randint(7, (3, 5))
+    torch.testing.assert_close(adapted(x), plain(x))  # B = 0: exactly the pretrained model
+    with pytest.raises(ConfigError, match="another model's state dict"):
+        Transformer(d_model=8, heads=2, layers=2, base=str(tmp_path / "base.pt")).build((5,), 7)
+    with pytest.raises(ConfigError, match="not a file"):
+        Transformer(base=str(tmp_path / "none.pt")).build((5,), 7)
+    (tmp_path / "bad.pt").write_bytes(b"not a pickle")
+    with pytest.raises(ConfigError, match="cannot read"):
+        Transformer(base=str(tmp_path / "bad.pt")).build((5,), 7)
