@@ -41,8 +41,8 @@ def sample_texts(rng: np.random.Generator, chains: np.ndarray, length: int) -> n
     texts[:, 0] = rng.integers(vocab, size=users)
     rows = np.arange(users)
     for t in range(1, length):
-        draw = rng.random(users)
-        texts[:, t] = (cumulative[rows, texts[:, t - 1]] < draw[:, None]).sum(axis=1)
+        draw = rng.random((users, 1))
+        texts[:, t] = (cumulative[rows, texts[:, t - 1]] < draw).sum(axis=1)
     return texts
 
 

@@ -1,0 +1,41 @@
+"""The lora recipe (`fedhet.recipes.lora`): valid configs, and its quick version's table on the generated languages."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.reproduce import run_recipe
+from fedhet.recipes import get_recipe
+from fedhet.recipes.lora import METHODS, settings
+
+
+def test_both_stages_are_valid_configs_on_either_dataset() -> None:
+    for embedded in (True, False):
+        pretrain, finetune = settings(quick=False, embedded=embedded)
+        assert parse_config({**pretrain, "seed": 0}).spec("model").get("lora") is None
+        for algorithm in METHODS.values():
+            model = {**finetune["model"], "lora": {"rank": 16}}
+            parse_config({**finetune, "model": model, "algorithm": algorithm, "seed": 0})
+    assert settings(quick=False, embedded=True)[0]["dataset"]["generic"] is True  # pretraining: the generic corpus
+    assert settings(quick=False, embedded=False)[1]["dataset"]["name"] == "shakespeare_text"
+
+
+@pytest.mark.slow
+def test_the_quick_version_gives_each_ranks_share_and_accuracy(tmp_path: Path) -> None:
+    result = run_recipe(get_recipe("lora"), tmp_path / "out", quick=True, seeds=(0,), embedded=True, say=str)
+    rows = {
+        m.group(1): m.groups()[1:]
+        for m in re.finditer(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", result.table, flags=re.M)
+    }
+    assert sorted(rows, key=int) == ["2", "4", "8", "16"]
+    for share, own, everyone in rows.values():
+        assert float(share) == pytest.approx(0.25)
+        assert float(own) > 1 / 16 and float(everyone) > 1 / 16  # above chance (16 tokens)
+    for method in METHODS:
+        assert method in result.table
+    assert (tmp_path / "out" / "base-seed0.pt").is_file()
+    assert "markov_text" in (tmp_path / "out" / "table.md").read_text()
