@@ -56,6 +56,7 @@ from fedhet.strategies import (
     fjord,
     flexlora,
     heterofl,
+    hetlora,
     ifca,
     local_only,
     mifa,

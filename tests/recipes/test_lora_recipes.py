@@ -27,14 +27,13 @@ def test_both_stages_are_valid_configs_on_either_dataset() -> None:
 @pytest.mark.slow
 def test_the_quick_version_gives_each_ranks_share_and_accuracy(tmp_path: Path) -> None:
     result = run_recipe(get_recipe("lora"), tmp_path / "out", quick=True, seeds=(0,), embedded=True, say=str)
-    rows = {
-        m.group(1): m.groups()[1:]
-        for m in re.finditer(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", result.table, flags=re.M)
-    }
+    cell = r"([\d.]+)(?: ± [\d.]+)?"
+    pattern = rf"^\| (\d+) \| {cell} \| {cell} \| {cell} \| {cell} \| {cell} \|$"
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(pattern, result.table, flags=re.M)}
     assert sorted(rows, key=int) == ["2", "4", "8", "16"]
-    for share, own, everyone in rows.values():
+    for share, *accuracies in rows.values():
         assert float(share) == pytest.approx(0.25)
-        assert float(own) > 1 / 16 and float(everyone) > 1 / 16  # above chance (16 tokens)
+        assert all(float(a) > 1 / 16 for a in accuracies)  # above chance (16 tokens)
     for method in METHODS:
         assert method in result.table
     assert (tmp_path / "out" / "base-seed0.pt").is_file()

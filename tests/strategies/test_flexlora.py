@@ -17,6 +17,7 @@ from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import RunState, resume, run
 from fedhet.models.lora import LoRALinear
 from fedhet.strategies.flexlora import flexlora_aggregate, lora_layers, rank_mask, truncate
+from fedhet.strategies.hetlora import hetlora_aggregate
 from helpers.hostile import assert_refused
 
 
@@ -132,3 +133,32 @@ def test_a_model_without_adapters_or_a_server_optimiser_is_refused(tmp_path: Pat
     assert_refused([*flags, "--algorithm", "flexlora", "--out", "r"], "has none", tmp_path)
     lora = ["--set", "model.lora.rank=2", "--algorithm", "flexlora", "--out", "r"]
     assert_refused([*flags, *lora, "--set", "algorithm.server_optimizer=adam"], "no server optimiser", tmp_path)
+
+
+def test_hetlora_two_clients_of_ranks_2_and_1_aggregate_as_computed_by_hand() -> None:
+    """The clients above: ‖B₁A₁‖_F = √5, ‖B₂A₂‖_F = 2, so p = (√5, 2) / (√5 + 2) = (0.527864, 0.472136), and the
+    zero-padded factors average to A = [[p₁, 0, p₂], [0, 2p₁, 0]], B = [[p₁ + 2p₂, 0], [0, p₁]]."""
+    model = _model()
+    w = model.initial_params()
+    one = _params(model, w, [[1, 0, 0], [0, 2, 0]], [[1, 0], [0, 1]])
+    two = _params(model, w, [[0, 0, 1], [0, 0, 0]], [[2, 0], [0, 0]])
+    new = hetlora_aggregate(model, lora_layers(model), w, torch.stack([one, two]), None)
+    p1, p2 = 0.527864, 0.472136
+    torch.testing.assert_close(
+        new[model.slices["0.lora_A"]].reshape(2, 3), torch.tensor([[p1, 0, p2], [0, 2 * p1, 0]]), atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        new[model.slices["0.lora_B"]].reshape(2, 2), torch.tensor([[p1 + 2 * p2, 0], [0, p1]]), atol=1e-6, rtol=0
+    )
+    assert torch.equal(new[rank_mask(model, ["0"], 0)], w[rank_mask(model, ["0"], 0)])  # the base kept
+    given = hetlora_aggregate(model, lora_layers(model), w, torch.stack([one, two]), torch.tensor([0.25, 0.75]))
+    torch.testing.assert_close(given, 0.25 * one + 0.75 * two)  # FedAvg's weights: FedAvg of the factors
+
+
+def test_hetlora_runs_and_keeps_the_base(tmp_path: Path) -> None:
+    pre = api_run(_config(algorithm="fedavg", rounds=1), tmp_path / "pre")
+    tuned = api_run(_config(str(tmp_path / "pre" / "model.pt"), algorithm={"name": "hetlora", "levels": [1, 0.25]}))
+    assert tuned.state_dict is not None and pre.state_dict is not None
+    for name, value in pre.state_dict.items():
+        assert torch.equal(tuned.state_dict[name], value), name
+    assert {"test_accuracy_level1", "test_accuracy_level0.25"} <= set(tuned.final)

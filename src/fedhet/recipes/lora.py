@@ -1,18 +1,18 @@
-"""Heterogeneous LoRA ranks (``fedhet reproduce lora``): FlexLoRA (Bai et al. 2024) on a small transformer trained
-here from scratch (no downloaded weights).
+"""Heterogeneous LoRA ranks (``fedhet reproduce lora``): FlexLoRA (Bai et al. 2024) and HetLoRA (Cho et al. 2024) on
+a small transformer trained here from scratch (no downloaded weights).
 
 Two stages per seed:
 
 1. **pretraining**: the whole transformer (``transformer``, no adapters) trained with FedAvg on a generic corpus;
    its final weights are saved as ``OUT/base-seed<k>.pt``;
 2. **fine-tuning**: LoRA adapters (rank r_max = 16 on q, v, fc1, fc2 and the read-out; the base frozen) trained on
-   the clients' own data, with FlexLoRA at mixed ranks {2, 4, 8, 16} (a quarter of the clients each, ``fix``),
-   against every client at rank 2, every client at rank 16, and FedAvg of the factors at rank 16.
+   the clients' own data, with FlexLoRA and HetLoRA at mixed ranks {2, 4, 8, 16} (a quarter of the clients each,
+   ``fix``), against FlexLoRA with every client at rank 2 and at rank 16, and FedAvg of the factors at rank 16.
 
 Data: Shakespeare (``shakespeare_text``, one client per speaking role; the generic corpus is the same roles' text,
 for want of another) when its file is in ``data/shakespeare_text/``, else the generated ``markov_text`` languages
 (the generic corpus: their generic chain; each client: the shared task chain mixed with its own). The tables give,
-for the mixed-rank run, each rank's share of the clients, its clients' next-token accuracy (each at its own rank,
+for the mixed-rank runs, each rank's share of the clients, its clients' next-token accuracy (each at its own rank,
 clients.csv ``capacity_test_accuracy``) and the global model's at that rank over all clients; and each method's
 mean accuracy of the clients at their own rank.
 """
@@ -68,11 +68,12 @@ QUICK_PRETRAIN: dict[str, Any] = {"rounds": 3}
 QUICK_FINETUNE: dict[str, Any] = {"rounds": 4}
 METHODS: dict[str, dict[str, Any]] = {
     "FlexLoRA, ranks {2, 4, 8, 16}": {"name": "flexlora", "levels": LEVELS},
+    "HetLoRA, ranks {2, 4, 8, 16}": {"name": "hetlora", "levels": LEVELS},
     "FlexLoRA, all at rank 2": {"name": "flexlora", "levels": [0.125]},
     "FlexLoRA, all at rank 16": {"name": "flexlora", "levels": [1.0]},
     "FedAvg of the factors, rank 16": {"name": "fedavg"},
 }
-MIXED = next(iter(METHODS))
+MIXED = [m for m in METHODS if "{" in m]  # the mixed-rank methods
 
 
 def rank_of(level: float) -> int:
@@ -144,7 +145,7 @@ def lora_study(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | 
     ]
     outcomes = executor.run(tasks, post=client_accuracy, stage="fine-tuning")
     data = "the generated markov_text languages" if embedded else "Shakespeare (shakespeare_text)"
-    table = f"### FlexLoRA on a small transformer, {data}\n\nseeds: {', '.join(map(str, seeds))}"
+    table = f"### Heterogeneous LoRA ranks on a small transformer, {data}\n\nseeds: {', '.join(map(str, seeds))}"
     table += " (quick)" if quick else ""
     table += "\n\n" + rank_table(outcomes) + "\n\n" + method_table(outcomes) + "\n"
     raise_failures(outcomes)
@@ -152,20 +153,26 @@ def lora_study(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | 
 
 
 def rank_table(outcomes: list[Outcome]) -> str:
-    """Per rank of the mixed-rank run: its share of the clients, its clients' accuracy (each at its rank), and the
-    global model's at that rank on all clients (mean ± std over seeds)."""
-    runs = [o for o in outcomes if o.task.meta["method"] == MIXED and o.ok]
+    """Per rank: its share of the clients, and for each mixed-rank method its clients' accuracy (each at its rank)
+    and the global model's at that rank on all clients (mean ± std over seeds)."""
     rows = []
     for level in sorted(LEVELS):
-        share, own, everyone = [], [], []
-        for o in runs:
-            levels, accuracy = np.array(o.result["level"]), np.array(o.result["accuracy"])
-            mine = np.isclose(levels, level)
-            share.append(float(mine.mean()))
-            own.append(float(np.nanmean(accuracy[mine])) if mine.any() else math.nan)
-            everyone.append(o.final.get(f"test_accuracy_level{level:g}", math.nan))
-        rows.append([str(rank_of(level)), mean_std(share), mean_std(own), mean_std(everyone)])
-    header = ["rank", "share of clients", "its clients' accuracy (at their rank)", "global model at this rank, all"]
+        share: list[float] = []
+        cells = []
+        for method in MIXED:
+            own, everyone = [], []
+            for o in (o for o in outcomes if o.task.meta["method"] == method and o.ok):
+                levels, accuracy = np.array(o.result["level"]), np.array(o.result["accuracy"])
+                mine = np.isclose(levels, level)
+                share.append(float(mine.mean()))
+                own.append(float(np.nanmean(accuracy[mine])) if mine.any() else math.nan)
+                everyone.append(o.final.get(f"test_accuracy_level{level:g}", math.nan))
+            cells += [mean_std(own), mean_std(everyone)]
+        rows.append([str(rank_of(level)), mean_std(share), *cells])
+    header = ["rank", "share of clients"]
+    for method in MIXED:
+        name = method.split(",")[0]
+        header += [f"{name}: its clients (at their rank)", f"{name}: global model at this rank, all clients"]
     return markdown_table(header, rows)
 
 
@@ -183,7 +190,7 @@ def method_table(outcomes: list[Outcome]) -> str:
 def lora() -> Recipe:
     return Recipe(
         name="lora",
-        description="FlexLoRA: heterogeneous LoRA ranks on a small transformer pretrained here (Bai et al. 2024)",
+        description="FlexLoRA, HetLoRA: heterogeneous LoRA ranks on a small transformer pretrained here",
         base={},
         methods={},
         columns={},

@@ -96,24 +96,12 @@ def flexlora_aggregate(model: FlatModel, layers: list[str], global_params: Tenso
     return out
 
 
-@STRATEGIES.register
-class FlexLoRA(SubModels):
-    """LoRA adapters of a rank per client; the server averages the full-size products and gives each client the
-    SVD truncation to its rank (Bai et al. 2024)."""
-
-    name: ClassVar[str] = "flexlora"
-    description: ClassVar[str] = "FlexLoRA: LoRA of a rank per client, SVD of the averaged products (Bai et al. 2024)"
+class LoRARanks(SubModels):
+    """Clients of a LoRA rank each: a client of level ℓ trains the first ⌈ℓ · r_max⌉ rows of every A and columns of
+    every B (the rest held at zero), the global model is scored at every level's rank; the aggregation is the
+    method's (FlexLoRA, HetLoRA)."""
 
     _lora: list[str] = PrivateAttr(default_factory=list)
-
-    def setup(self, ctx: ServerContext) -> None:
-        plain = isinstance(self.server_optimizer, ServerSGD) and self.server_optimizer == ServerSGD()
-        if not plain or self.server_lr != 1 or ctx.server_schedule is not None:
-            raise ConfigError(
-                f"algorithm '{self.name}' replaces the adapters by the SVD of the averaged products (their factors "
-                "change basis every round): it takes no server optimiser, server_lr or server schedule"
-            )
-        super().setup(ctx)
 
     def level_masks(self, model: FlatModel, what: str) -> dict[float, Tensor]:
         """The rank-⌈ℓ · r_max⌉ adapters of every level ℓ (every other coordinate whole)."""
@@ -136,6 +124,24 @@ class FlexLoRA(SubModels):
             return torch.zeros(0, self.ctx.engine.model.size, dtype=torch.bool), []
         groups = [(torch.nonzero(which == i).flatten(), self._prefix[levels[i]]) for i in sorted(set(which.tolist()))]
         return masks, groups
+
+
+@STRATEGIES.register
+class FlexLoRA(LoRARanks):
+    """LoRA adapters of a rank per client; the server averages the full-size products and gives each client the
+    SVD truncation to its rank (Bai et al. 2024)."""
+
+    name: ClassVar[str] = "flexlora"
+    description: ClassVar[str] = "FlexLoRA: LoRA of a rank per client, SVD of the averaged products (Bai et al. 2024)"
+
+    def setup(self, ctx: ServerContext) -> None:
+        plain = isinstance(self.server_optimizer, ServerSGD) and self.server_optimizer == ServerSGD()
+        if not plain or self.server_lr != 1 or ctx.server_schedule is not None:
+            raise ConfigError(
+                f"algorithm '{self.name}' replaces the adapters by the SVD of the averaged products (their factors "
+                "change basis every round): it takes no server optimiser, server_lr or server schedule"
+            )
+        super().setup(ctx)
 
     def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
         p = fedavg_weights(self.ctx.train_sizes[result.clients], self.weighting)
