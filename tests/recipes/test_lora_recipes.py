@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedhet.experiments.config import parse_config
@@ -38,3 +39,23 @@ def test_the_quick_version_gives_each_ranks_share_and_accuracy(tmp_path: Path) -
         assert method in result.table
     assert (tmp_path / "out" / "base-seed0.pt").is_file()
     assert "markov_text" in (tmp_path / "out" / "table.md").read_text()
+
+
+def _complete_works(path: Path) -> None:
+    """A Complete Works stand-in in Gutenberg's newer layout: 20 speaking roles of about 3,600 characters each."""
+    rng = np.random.default_rng(0)
+    words = ["thou", "art", "the", "sun", "and", "moon", "my", "lord", "good", "night", "sweet", "prince"]
+    parts = ["ACT I\n\nSCENE I. A street.\n"]
+    for _ in range(30):
+        parts += [f"ROLE{chr(65 + r)}.\n" + " ".join(rng.choice(words, 20)) + ".\n" for r in range(20)]
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(parts))
+
+
+@pytest.mark.slow
+def test_with_shakespeares_file_present_the_recipe_runs_on_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _complete_works(tmp_path / "data" / "shakespeare_text" / "pg100.txt")
+    monkeypatch.chdir(tmp_path)
+    result = run_recipe(get_recipe("lora"), tmp_path / "out", quick=True, seeds=(0,), say=str)
+    assert "Shakespeare (shakespeare_text)" in result.table
+    assert re.search(r"^\| 16 \| 0\.2500 ", result.table, flags=re.M)
