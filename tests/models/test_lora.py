@@ -64,3 +64,24 @@ def test_base_weights_load_from_a_state_dict_and_a_wrong_one_is_refused(tmp_path
     (tmp_path / "bad.pt").write_bytes(b"not a pickle")
     with pytest.raises(ConfigError, match="cannot read"):
         Transformer(base=str(tmp_path / "bad.pt")).build((5,), 7)
+
+
+@pytest.mark.parametrize(
+    ("sets", "fragment"),
+    [
+        (["model.base=missing.pt"], "is not a file"),
+        (["model.lora.targets=[zz]"], "name no Linear layer"),
+        (["model.lora.rank=0"], "rank"),
+        (["model.heads=5"], "must divide d_model"),
+    ],
+)
+def test_bad_transformer_settings_are_refused_before_anything_is_written(
+    sets: list[str], fragment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from helpers.hostile import assert_refused
+
+    monkeypatch.chdir(tmp_path)
+    args = ["run", "--dataset", "markov_text", "--model", "transformer", "--rounds", "1", "--out", "r"]
+    for item in sets:
+        args += ["--set", item]
+    assert_refused(args, fragment, tmp_path)
