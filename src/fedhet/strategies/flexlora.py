@@ -56,8 +56,8 @@ def truncate(w: Tensor, rank: int) -> tuple[Tensor, Tensor]:
     u, s, vh = torch.linalg.svd(w, full_matrices=False)
     k = min(rank, len(s))
     root = s[:k].sqrt()
-    b = torch.zeros(w.shape[0], rank, dtype=w.dtype)
-    a = torch.zeros(rank, w.shape[1], dtype=w.dtype)
+    b = torch.zeros(w.shape[0], rank, dtype=w.dtype, device=w.device)
+    a = torch.zeros(rank, w.shape[1], dtype=w.dtype, device=w.device)
     b[:, :k] = u[:, :k] * root
     a[:k] = root[:, None] * vh[:k]
     return b, a
