@@ -85,3 +85,29 @@ def test_bad_transformer_settings_are_refused_before_anything_is_written(
     for item in sets:
         args += ["--set", item]
     assert_refused(args, fragment, tmp_path)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "vectorised"])
+def test_the_engine_never_trains_a_frozen_base_whatever_the_algorithm(backend: str) -> None:
+    """FedAvg on a LoRA model is FedAvg of the factors: the base weights come back exactly as sent."""
+    from fedhet.api import run
+
+    config = {
+        "dataset": {"name": "markov_text", "vocab": 6, "seq_len": 4, "num_users": 4, "samples_per_user": 20},
+        "partition": "natural",
+        "model": {"name": "transformer", "d_model": 8, "heads": 2, "layers": 1, "lora": {"rank": 2}},
+        "num_clients": 4,
+        "clients_per_round": 3,
+        "rounds": 2,
+        "local": {"steps": 3, "lr": 0.2, "batch_size": 8, "optimizer": {"name": "sgd", "momentum": 0.9}},
+        "algorithm": "fedavg",
+        "backend": backend,
+    }
+    result = run(config)
+    assert result.state_dict is not None
+    names = [n for n in result.state_dict if "lora_" not in n]
+    start = run({**config, "rounds": 1, "local": {**config["local"], "lr": 1e-30}}).state_dict  # the initial base
+    assert start is not None
+    for name in names:
+        assert torch.equal(result.state_dict[name], start[name]), name
+    assert not torch.equal(result.state_dict["blocks.0.q.lora_B"], torch.zeros(8, 2))  # the adapters trained
