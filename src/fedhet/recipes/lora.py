@@ -118,7 +118,6 @@ def lora_study(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | 
     pretrain, finetune = settings(quick, embedded)
     out = out.resolve()
     pre = [Task({**pretrain, "seed": s}, out / "pretrain" / f"seed{s}", f"pretrain, seed {s}") for s in seeds]
-    executor.check_data(pre)
     done = executor.run(pre, post=final_model, stage="pretraining")
     raise_failures(done)
     import torch
