@@ -111,3 +111,10 @@ def test_the_engine_never_trains_a_frozen_base_whatever_the_algorithm(backend: s
     for name in names:
         assert torch.equal(result.state_dict[name], start[name]), name
     assert not torch.equal(result.state_dict["blocks.0.q.lora_B"], torch.zeros(8, 2))  # the adapters trained
+
+
+def test_a_base_file_is_kept_as_an_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "base.pt").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    assert Transformer(base="base.pt").base == str((tmp_path / "base.pt").resolve())
+    assert Transformer(base="missing.pt").base == "missing.pt"  # refused when the model is built

@@ -11,11 +11,12 @@ them by name.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Annotated, ClassVar
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from torch import Tensor, nn
 
 from fedhet.errors import ConfigError
@@ -84,6 +85,14 @@ class Transformer(ModelSpec):
     heads: PositiveInt = Field(4, le=64, description="attention heads (must divide d_model)")
     lora: LoRA | None = Field(None, description="low-rank adapters: {rank, alpha, targets}; the base frozen")
     base: str | None = Field(None, description="a .pt state dict of this transformer without adapters to start from")
+
+    @field_validator("base")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        """An existing file as an absolute path (a run folder's config.yaml then works from anywhere)."""
+        if value is not None and Path(value).expanduser().is_file():
+            return str(Path(value).expanduser().resolve())
+        return value
 
     @model_validator(mode="after")
     def _heads_divide(self) -> Transformer:
