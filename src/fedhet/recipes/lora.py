@@ -66,12 +66,14 @@ PRETRAIN: dict[str, Any] = {
 FINETUNE: dict[str, Any] = {**PRETRAIN, "clients_per_round": 10, "rounds": 10}
 QUICK_PRETRAIN: dict[str, Any] = {"rounds": 3}
 QUICK_FINETUNE: dict[str, Any] = {"rounds": 4}
-METHODS: dict[str, dict[str, Any]] = {
-    "FlexLoRA, ranks {2, 4, 8, 16}": {"name": "flexlora", "levels": LEVELS},
-    "HetLoRA, ranks {2, 4, 8, 16}": {"name": "hetlora", "levels": LEVELS},
-    "FlexLoRA, all at rank 2": {"name": "flexlora", "levels": [0.125]},
-    "FlexLoRA, all at rank 16": {"name": "flexlora", "levels": [1.0]},
-    "FedAvg of the factors, rank 16": {"name": "fedavg"},
+METHODS: dict[str, dict[str, Any]] = {  # each method's changes to the fine-tuning config
+    "FlexLoRA, ranks {2, 4, 8, 16}": {"algorithm": {"name": "flexlora", "levels": LEVELS}},
+    "HetLoRA, ranks {2, 4, 8, 16}": {"algorithm": {"name": "hetlora", "levels": LEVELS}},
+    "FlexLoRA, all at rank 2": {"algorithm": {"name": "flexlora", "levels": [0.125]}},
+    "FlexLoRA, all at rank 16": {"algorithm": {"name": "flexlora", "levels": [1.0]}},
+    "FedAvg of the factors, rank 16": {"algorithm": {"name": "fedavg"}},
+    # the pretrained base as it is: one round whose steps cannot move the adapters (B stays 0 to 1e-30)
+    "pretrained base, no fine-tuning": {"algorithm": {"name": "fedavg"}, "rounds": 1, "local": {"lr": 1e-30}},
 }
 MIXED = [m for m in METHODS if "{" in m]  # the mixed-rank methods
 
@@ -128,18 +130,12 @@ def lora_study(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | 
         write_bytes(out / f"base-seed{seed}.pt", buffer.getbuffer())
     tasks = [
         Task(
-            {
-                **finetune,
-                "model": {**MODEL, "lora": LORA, "base": str(out / f"base-seed{seed}.pt")},
-                "algorithm": algorithm,
-                "eval_every": finetune["rounds"],
-                "seed": seed,
-            },
+            _finetune_config(finetune, changes, out / f"base-seed{seed}.pt", seed),
             out / safe_name(method) / f"seed{seed}",
             f"{method}, seed {seed}",
             {"method": method, "seed": seed},
         )
-        for method, algorithm in METHODS.items()
+        for method, changes in METHODS.items()
         for seed in seeds
     ]
     outcomes = executor.run(tasks, post=client_accuracy, stage="fine-tuning")
@@ -149,6 +145,12 @@ def lora_study(out: Path, quick: bool, seeds: tuple[int, ...], embedded: bool | 
     table += "\n\n" + rank_table(outcomes) + "\n\n" + method_table(outcomes) + "\n"
     raise_failures(outcomes)
     return table
+
+
+def _finetune_config(finetune: dict[str, Any], changes: dict[str, Any], base: Path, seed: int) -> dict[str, Any]:
+    """A method's fine-tuning run: LoRA on the pretrained `base`, evaluated at its last round."""
+    config = deep_merge({**finetune, "model": {**MODEL, "lora": LORA, "base": str(base)}}, changes)
+    return {**config, "eval_every": config["rounds"], "seed": seed}
 
 
 def rank_table(outcomes: list[Outcome]) -> str:
