@@ -13,6 +13,7 @@ from fedhet.data import (
     huggingface,
     images,
     in_memory,
+    markov_text,
     partition,
     real,
     shakespeare_text,
@@ -30,7 +31,7 @@ from fedhet.engine.task import TASKS
 from fedhet.methods import cafed, fedgsnr, fedmgda, maxfl
 from fedhet.metrics import fairness, leakage, speed
 from fedhet.metrics.base import METRIC_PLUGINS
-from fedhet.models import exits, torch_model, zoo
+from fedhet.models import exits, torch_model, transformer, zoo
 from fedhet.models import fedmgda as fedmgda_models
 from fedhet.models.base import MODELS
 from fedhet.privacy import secagg
@@ -54,7 +55,9 @@ from fedhet.strategies import (
     fedrolex,
     finetune,
     fjord,
+    flexlora,
     heterofl,
+    hetlora,
     ifca,
     local_only,
     mifa,

@@ -37,7 +37,7 @@ from pydantic import Field
 from fedhet.data.dataset import Dataset
 from fedhet.data.files import not_a_file, read_text
 from fedhet.data.real import ALL_LETTERS, encode_chars
-from fedhet.data.sources import DATASETS, DatasetSource
+from fedhet.data.sources import DATASETS, DatasetSource, random_dataset
 from fedhet.errors import DataError
 
 __all__ = ["ShakespeareText", "parse_roles", "role_windows"]
@@ -151,6 +151,20 @@ class ShakespeareText(DatasetSource):
         raise DataError(
             f"missing dataset file: no Complete Works text in '{folder}'; save Project Gutenberg eBook #100 "
             f"(plain text UTF-8) there as pg100.txt, or pass --set dataset.file=PATH"
+        )
+
+    def stand_in(self, scale: float = 1.0) -> Dataset:
+        """Random windows for ``--estimate``: about 1,000 roles (by play) of at most `max_samples_per_role` each
+        (4,000 without a cap; most roles speak fewer characters, so this errs on the large side)."""
+        per_role = min(self.max_samples_per_role or 4000, 4000)
+        return random_dataset(
+            self.name,
+            1000 * per_role,
+            (self.seq_len,),
+            len(ALL_LETTERS),
+            scale,
+            users=1000,
+            vocabulary=len(ALL_LETTERS),
         )
 
     def load(self, data_dir: Path, download: bool = False) -> Dataset:

@@ -294,7 +294,8 @@ class Engine:
         if plan.masks is not None and starts is not None:  # sub-models: the coordinates outside a client's mask
             starts = torch.where(plan.masks, starts, 0.0)  # start (and stay) at zero (from the anchor: `train_cohort`)
         backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size, cohort.dense_runs)
-        frozen = self.mask(plan.frozen, "local.frozen") if plan.frozen else None
+        patterns = (*plan.frozen, *self.model.frozen)  # the plan's and the model's own (a LoRA model's base)
+        frozen = self.mask(patterns, "local.frozen") if patterns else None
         request = TrainRequest(
             self.model,
             self.data.train,

@@ -101,6 +101,8 @@ class FlatModel:
         named = list(module.named_parameters())
         buffers = _statistics(module)
         self.num_params = sum(p.numel() for _, p in named)
+        # parameters the module freezes (``requires_grad = False``: a LoRA model's base): never trained
+        self.frozen = tuple(n for n, p in named if not p.requires_grad)
         self.stat_names = [n for n, _ in buffers]
         self._norms = [m for _, m in tracking_norms(module)]
         self.names = [n for n, _ in named] + self.stat_names

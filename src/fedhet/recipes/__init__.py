@@ -9,6 +9,7 @@ from fedhet.recipes import (  # registers each paper's recipes
     fedmgda,
     fedmgda_leaf,
     leakage,
+    lora,
     maxfl,
     personal,
     privacy,
