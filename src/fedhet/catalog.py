@@ -30,8 +30,8 @@ from fedhet.engine.task import TASKS
 from fedhet.methods import cafed, fedgsnr, fedmgda, maxfl
 from fedhet.metrics import fairness, leakage, speed
 from fedhet.metrics.base import METRIC_PLUGINS
+from fedhet.models import architectures, torch_model, zoo
 from fedhet.models import fedmgda as fedmgda_models
-from fedhet.models import torch_model, zoo
 from fedhet.models.base import MODELS
 from fedhet.privacy import secagg
 from fedhet.privacy import strategy as dp_strategy
