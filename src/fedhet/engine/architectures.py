@@ -122,6 +122,12 @@ class ArchitectureEngine(Engine):
         )
         super().__init__(model, data, **settings)
         self.blocks = member_blocks(model)
+        self.dim = module.dim  # the representation's dimension d
+        # each member's head (W (C, d), b (C,)): its coordinates in the composite's vector
+        self.heads = [
+            (model.slices[f"members.{a}.head.weight"], model.slices[f"members.{a}.head.bias"])
+            for a in range(len(self.blocks))
+        ]
         self.parts = [Engine(FlatModel(m, model.task), data, **settings) for m in module.members]
         self.members = torch.zeros(data.num_clients, dtype=torch.long)
 
@@ -255,15 +261,14 @@ class ArchitectureEngine(Engine):
         starts = self.personal_starts(global_params, plan, round_)
         data = self.data.train
         for a, rows in self._routed(plan.clients):
-            member, block = module.members[a], self.blocks[a]
-            part = self.parts[a].model
+            block, part = self.blocks[a], self.parts[a].model
             for i in rows.tolist():
                 k = int(plan.clients[i])
                 flat = (starts[i] if starts is not None else global_params)[block]
                 lo, hi = int(data.offsets[k]), int(data.offsets[k + 1])
                 x, y = data.x[lo:hi], data.y[lo:hi]
                 with torch.no_grad():
-                    z = torch.func.functional_call(member, part.unflatten(flat), (x,), {"representation": True})
+                    z = part.representation(part.unflatten(flat), x)
                 sums[i].index_add_(0, y, z)
                 counts[i] += torch.bincount(y, minlength=classes).float()
         return sums, counts

@@ -197,6 +197,7 @@ def make_step(
     if dp is not None and statistics:
         raise ConfigError("local.dp_sgd cannot train a model with batch-norm running statistics (per-sample gradients)")
     forward = model.forward  # a data term's forward passes leave the running statistics as they are
+    represent = model.representation if model.has_representation else None
 
     private_gradient = _private_gradient(forward, task, dp, frozen) if dp is not None else None
 
@@ -219,7 +220,7 @@ def make_step(
             total = loss
             for term, srv, cli in zip(terms, server, client, strict=True):
                 if isinstance(term, DataTerm):
-                    total = total + term.loss(ModelView(forward, v, xb, yb, wb, logits, start, srv, cli))
+                    total = total + term.loss(ModelView(forward, v, xb, yb, wb, logits, start, srv, cli, represent))
             return total, (loss, s)
 
         gradient = grad(objective, has_aux=True)

@@ -58,6 +58,7 @@ class ModelView:
     start: Tree
     server: Mapping[str, Tree]
     client: Mapping[str, Tree]
+    represent: Callable[[Tree, Tensor], Tensor] | None = None  # z = f(x) before the head (`FlatModel.representation`)
 
     def mean(self, per_sample: Tensor) -> Tensor:
         """The weighted mean over the batch, as the data loss averages (padding rows count 0)."""

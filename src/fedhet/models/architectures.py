@@ -31,6 +31,8 @@ from fedhet.registry import spec_of
 class Member(nn.Module):
     """One architecture: a body g (a zoo model with ``dim`` outputs), a ReLU, and a linear head (dim → C)."""
 
+    gives_representation = True  # `fedhet.engine.functional.FlatModel.representation`
+
     def __init__(self, body: nn.Module, dim: int, num_classes: int) -> None:
         super().__init__()
         self.body = body
