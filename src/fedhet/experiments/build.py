@@ -332,7 +332,7 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     system = parts.system if parts.system.simulates_time or not strategy.asynchronous else Constant()
     system.setup(data.num_clients, config.seed)
     if isinstance(parts.model, Architectures):
-        check_architectures(parts.model, strategy, engine, system, config.seed)
+        check_architectures(parts.model, strategy, engine, system, config)
     timed = system.simulates_time and config.deadline.seconds is not None
     dropping = timed and config.deadline.rule.drops_clients
     check_sampling(
@@ -415,7 +415,7 @@ def privacy_ledger(
 
 
 def check_architectures(
-    spec: Architectures, strategy: Strategy, engine: EngineProtocol, system: SystemModel, seed: int
+    spec: Architectures, strategy: Strategy, engine: EngineProtocol, system: SystemModel, config: RunConfig
 ) -> None:
     """A run of several architectures: a strategy that shares no weights between them, on the native engine; each
     client given its member (`fedhet.engine.architectures.assign_members`)."""
@@ -427,7 +427,8 @@ def check_architectures(
         )
     if not isinstance(engine, ArchitectureEngine):
         raise ConfigError("model: architectures runs on fedhet's own engine, not on Flower nodes")
-    engine.assign(assign_members(spec, engine.model, engine.data.num_clients, seed, system))
+    engine.place_client_state(config.personal_state, None)  # in memory: refused before anything is written
+    engine.assign(assign_members(spec, engine.model, engine.data.num_clients, config.seed, system))
 
 
 EngineMaker = Callable[[RunConfig, Components, FlatModel, FederatedData], EngineProtocol]
