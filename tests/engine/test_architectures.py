@@ -156,3 +156,15 @@ def test_refusals_in_one_line() -> None:
         eng.place_client_state("disk", None)
     # a proximal term (no tensors of its own) is fine: it pulls each member towards its own received block
     eng.train(w, LocalPlan.uniform(clients, 1, 0.1, 4, terms=(Proximal(mu=0.1),)), 0)
+
+
+def test_members_train_on_the_backends_of_their_kind() -> None:
+    """An MLP member trains on the dense backend and a CNN member on conv, as the zoo's models do (`auto`)."""
+    model = composite(
+        [{"name": "mlp", "hidden": [5]}, {"name": "cnn_mnist", "channels": [2, 3], "hidden": 4}], inputs=16
+    )
+    eng = ArchitectureEngine(model, tiny_data([5, 6], dim=16, classes=3))
+    eng.assign(torch.tensor([0, 1]))
+    eng.train(eng.initial_params(), LocalPlan.uniform(torch.arange(2), 1, 0.1, 4), 0)
+    assert [part.last_backend for part in eng.parts] == ["dense", "conv"]
+    assert eng.last_backend == "dense+conv"

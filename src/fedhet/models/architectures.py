@@ -19,6 +19,7 @@ train.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_serializer, field_validator, model_validator
@@ -28,20 +29,20 @@ from fedhet.models.base import MODELS, ModelSpec
 from fedhet.registry import spec_of
 
 
-class Member(nn.Module):
-    """One architecture: a body g (a zoo model with ``dim`` outputs), a ReLU, and a linear head (dim → C)."""
+class Member(nn.Sequential):
+    """One architecture: a body g (a zoo model with ``dim`` outputs), a ReLU, and a linear head (dim → C); a
+    sequence of modules, so that the dense and conv backends run it as they run the zoo's MLPs and CNNs."""
 
     gives_representation = True  # `fedhet.engine.functional.FlatModel.representation`
 
     def __init__(self, body: nn.Module, dim: int, num_classes: int) -> None:
-        super().__init__()
-        self.body = body
-        self.head = nn.Linear(dim, num_classes)
+        super().__init__(OrderedDict(body=body, relu=nn.ReLU(), head=nn.Linear(dim, num_classes)))
 
     def forward(self, x: Tensor, representation: bool = False) -> Tensor:
         """The logits, or with `representation` the representation z = ReLU(g(x)) (B, dim)."""
-        z = self.body(x).relu()
-        return z if representation else self.head(z)
+        body, relu, head = self  # the modules body, relu and head
+        z = relu(body(x))
+        return z if representation else head(z)
 
 
 class Composite(nn.Module):
