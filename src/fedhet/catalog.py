@@ -45,6 +45,7 @@ from fedhet.strategies import (
     fedavg,
     fedbn,
     fedbuff,
+    feddf,
     fedgh,
     fednova,
     fedopt,
