@@ -42,9 +42,9 @@ class Interrupt(Callback):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["fedproto", "fedgh", "local_only"])
+@pytest.mark.parametrize("algorithm", ["fedproto", "fedgh", "local_only", "feddf"])
 def test_a_resumed_run_is_byte_identical(tmp_path: Path, algorithm: str) -> None:
-    cfg = parse_config({**SMALL, "algorithm": algorithm})
+    cfg = parse_config({**SMALL, "algorithm": algorithm, "unseen_clients": 2})
     run(cfg, tmp_path / "full")
     with pytest.raises(KeyboardInterrupt):
         run(cfg, tmp_path / "cut", callbacks=[Interrupt(at=2)])
@@ -53,8 +53,9 @@ def test_a_resumed_run_is_byte_identical(tmp_path: Path, algorithm: str) -> None
     for name in ("metrics.csv", "clients.csv"):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
     header = (tmp_path / "full/metrics.csv").read_text().splitlines()[0].split(",")
-    for column in ("personal_test_accuracy_arch0", "personal_test_accuracy_arch1", "personal_test_accuracy_worst10"):
-        assert column in header
+    personal = "" if algorithm == "feddf" else "personal_"  # FedDF: a global model per architecture
+    for column in ("test_accuracy_arch0", "test_accuracy_arch1", "test_accuracy_worst10"):
+        assert personal + column in header
     clients = (tmp_path / "full/clients.csv").read_text().splitlines()
     assert clients[0].split(",")[1] == "architecture"
     assert {line.split(",")[1] for line in clients[1:]} == {"0", "1"}
@@ -68,6 +69,7 @@ def test_a_resumed_run_is_byte_identical(tmp_path: Path, algorithm: str) -> None
         (["--algorithm", "fedgh", "--set", "model.members=[{name: resnet8}]"], "batch-norm running statistics"),
         (["--algorithm", "fedproto", "--set", "model={name: mlp}"], "use model: architectures"),
         (["--algorithm", "fedproto", "--set", "personal_state=disk"], "in memory"),
+        (["--algorithm", "feddf"], "set unseen_clients"),
     ],
 )
 def test_what_cannot_apply_is_refused_in_one_line(
