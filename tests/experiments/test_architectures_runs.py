@@ -70,6 +70,7 @@ def test_a_resumed_run_is_byte_identical(tmp_path: Path, algorithm: str) -> None
         (["--algorithm", "fedproto", "--set", "model={name: mlp}"], "use model: architectures"),
         (["--algorithm", "fedproto", "--set", "personal_state=disk"], "in memory"),
         (["--algorithm", "feddf"], "set unseen_clients"),
+        (["--algorithm", "fedgh", "--set", "system=lognormal", "--set", "deadline.seconds=5"], "no deadline yet"),
     ],
 )
 def test_what_cannot_apply_is_refused_in_one_line(

@@ -177,8 +177,14 @@ TINY = {
     "local": {"steps": 2, "lr": 0.1, "batch_size": 8},
     "seed": 1,
 }
+ARCHITECTURES = {"model": {"name": "architectures", "members": [{"name": "mlp", "hidden": [8]}]}}
+NEEDS: dict[str, dict[str, Any]] = {  # what a strategy needs beside TINY (several architectures, held-out clients)
+    "fedproto": ARCHITECTURES,
+    "fedgh": ARCHITECTURES,
+    "feddf": {**ARCHITECTURES, "unseen_clients": 2},
+}
 COMPONENTS = (
-    [{"algorithm": c.name} for c in STRATEGIES]
+    [{"algorithm": c.name, **NEEDS.get(c.name, {})} for c in STRATEGIES]
     + [{"availability": c.name} for c in AVAILABILITY]
     + [{"metrics": [c.name]} for c in METRIC_PLUGINS]
 )

@@ -44,8 +44,8 @@ def architecture_engine(ctx: ServerContext, method: str) -> ArchitectureEngine:
     """The run's engine, which must route clients to their architectures (``model: architectures``)."""
     if not isinstance(ctx.engine, ArchitectureEngine):
         raise ConfigError(
-            f"algorithm '{method}' shares class prototypes of a representation: use model: architectures (one "
-            "member or several), e.g. model: {name: architectures, members: [{name: mlp, hidden: [64]}]}"
+            f"algorithm '{method}' runs clients of different architectures: use model: architectures (one member "
+            "or several), e.g. model: {name: architectures, members: [{name: mlp, hidden: [64]}]}"
         )
     return ctx.engine
 
