@@ -168,3 +168,16 @@ def test_members_train_on_the_backends_of_their_kind() -> None:
     eng.train(eng.initial_params(), LocalPlan.uniform(torch.arange(2), 1, 0.1, 4), 0)
     assert [part.last_backend for part in eng.parts] == ["dense", "conv"]
     assert eng.last_backend == "dense+conv"
+
+
+def test_the_clock_charges_each_client_its_own_architecture() -> None:
+    """Sizes and personal parts per member, and the share of the largest member's FLOPs per sample: a 4-3 linear
+    body and a 3-3 head (2·(12 + 9) + 6 = 48 FLOPs) against a 4-5-3 body and the head (2·(20 + 15 + 9) + 11 = 99)."""
+    eng = engine()
+    plan = LocalPlan.uniform(torch.tensor([1, 2]), 1, 0.1, 4, personal=Personal("x", ("body",)))
+    size, personal, share = eng.clock_costs(plan)
+    assert size.tolist() == [eng.blocks[1].stop - eng.blocks[1].start, eng.blocks[0].stop - eng.blocks[0].start]
+    assert personal.tolist() == [20 + 5 + 15 + 3, 12 + 3]  # the bodies
+    torch.testing.assert_close(share, torch.tensor([1.0, 48 / 99], dtype=torch.float64))
+    _, none, _ = eng.clock_costs(replace(plan, personal=None))
+    assert none.tolist() == [0, 0]

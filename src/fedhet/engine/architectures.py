@@ -31,6 +31,7 @@ from fedhet.engine.protocol import Split
 from fedhet.engine.state_store import PersonalState
 from fedhet.errors import ConfigError
 from fedhet.models.architectures import Architectures, Composite
+from fedhet.models.flops import parameter_flops
 from fedhet.seeding import numpy_rng
 from fedhet.systems.base import SystemModel
 
@@ -130,6 +131,7 @@ class ArchitectureEngine(Engine):
         ]
         self.parts = [Engine(FlatModel(m, model.task), data, **settings) for m in module.members]
         self.members = torch.zeros(data.num_clients, dtype=torch.long)
+        self._flops: Tensor | None = None  # `member_flops`
 
     def assign(self, members: Tensor) -> None:
         """Give each client (K,) its member; per-architecture metrics read them from ``data.info``."""
@@ -248,6 +250,27 @@ class ArchitectureEngine(Engine):
         for a, rows in self._routed(clients):
             out[rows] = self.parts[a].sampled_losses(params[self.blocks[a]], clients[rows], batch, round_, stream)
         return out
+
+    def clock_costs(self, plan: LocalPlan) -> tuple[Tensor, Tensor, Tensor]:
+        """What the round's clock charges each of the plan's clients (`fedhet.systems.clock.RoundClock.schedule`):
+        its architecture's parameters (m,), those of them that stay on the client (its personal part), and its
+        share of the forward FLOPs per sample of the largest architecture (a system model's seconds per sample are
+        the largest architecture's)."""
+        members = self.members[plan.clients]
+        sizes = torch.tensor([b.stop - b.start for b in self.blocks])
+        personal = torch.zeros(len(self.blocks), dtype=torch.long)
+        if plan.personal is not None:
+            spec = plan.personal
+            personal = torch.stack([part.mask(spec.parts, spec.what).sum() for part in self.parts])
+        flops = self.member_flops()
+        return sizes[members], personal[members], flops[members] / flops.max()
+
+    def member_flops(self) -> Tensor:
+        """(n,) float64 each architecture's forward FLOPs per sample (`fedhet.models.flops`), worked out once."""
+        if self._flops is None:
+            shape = self.data.input_shape
+            self._flops = torch.stack([parameter_flops(part.model.module, shape).double().sum() for part in self.parts])
+        return self._flops
 
     def representations(self, global_params: Tensor, plan: LocalPlan, round_: int) -> tuple[Tensor, Tensor]:
         """The sum (m, C, dim) and the number (m, C) of the representations z = f(x) of each class on each of the

@@ -427,11 +427,6 @@ def check_architectures(
         )
     if not isinstance(engine, ArchitectureEngine):
         raise ConfigError("model: architectures runs on fedhet's own engine, not on Flower nodes")
-    if config.deadline.seconds is not None:
-        raise ConfigError(
-            "model: architectures has no deadline yet: the round clock charges each client the whole composite "
-            "model's bytes and compute, not its own architecture's; leave the deadline out"
-        )
     engine.place_client_state(config.personal_state, None)  # in memory: refused before anything is written
     engine.assign(assign_members(spec, engine.model, engine.data.num_clients, config.seed, system))
 
