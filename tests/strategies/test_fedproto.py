@@ -30,32 +30,39 @@ def test_global_prototypes_two_clients_by_hand() -> None:
 
 
 def test_one_local_step_with_the_prototype_term_by_hand() -> None:
-    """A client of 4 samples, one full-batch step: θ ← θ − η ∇(CE + λ mean_b mean_d (z_b − C̄_{y_b})²·[y_b has C̄]),
-    with z = ReLU(A x + a), logits = H z + h written out."""
-    eng = engine(members=[0], sizes=[4])
+    """Two clients of two architectures, one full-batch step each: θ ← θ − η ∇(CE + λ mean_b mean_d (z_b −
+    C̄_{y_b})²·[y_b has C̄]), with z = ReLU(A x + a) (client 0) and z = ReLU(B ReLU(A x + a) + c) (client 1),
+    logits = H z + h, written out."""
+    eng = engine(members=[0, 1], sizes=[4, 3])
     w = eng.initial_params()
-    block = eng.blocks[0]
     prototypes = torch.tensor([[0.5, -0.2, 0.1], [0.3, 0.3, 0.3], [0.0, 0.0, 0.0]])
     present = torch.tensor([True, True, False])
     lam, lr = 2.0, 0.3
     term = PrototypeTerm(lam=lam).with_prototypes(prototypes, present)
-    plan = LocalPlan.uniform(torch.tensor([0]), 1, lr, 4, terms=(term,), personal=PERSONAL)
+    plan = LocalPlan.uniform(torch.tensor([0, 1]), 1, lr, 4, terms=(term,), personal=PERSONAL)
     eng.train(w, plan, 0)
     trained = eng.personal_starts(w, replace(plan, phase=1), 0)
     assert trained is not None
-    # by hand
-    names = eng.parts[0].model.names
-    assert names == ["body.1.weight", "body.1.bias", "head.weight", "head.bias"]
-    theta = [t.clone().requires_grad_(True) for t in eng.parts[0].model.unflatten(w[block]).values()]
-    x, y = eng.data.train.x, eng.data.train.y
-    big_a, small_a, big_h, small_h = theta
-    z = torch.relu(x @ big_a.T + small_a)
-    loss = F.cross_entropy(z @ big_h.T + small_h, y)
-    loss = loss + lam * (((z - prototypes[y]) ** 2).mean(1) * present[y].float()).mean()
-    grads = torch.autograd.grad(loss, theta)
-    expected = torch.cat([(t - lr * g).reshape(-1) for t, g in zip(theta, grads, strict=True)]).detach()
-    torch.testing.assert_close(trained[0, block], expected, atol=1e-6, rtol=1e-5)
-    assert torch.equal(trained[0, eng.blocks[1]], w[eng.blocks[1]])  # the other member: untouched
+    data = eng.data.train
+
+    def body0(x: torch.Tensor, t: list[torch.Tensor]) -> torch.Tensor:
+        return torch.relu(x @ t[0].T + t[1])
+
+    def body1(x: torch.Tensor, t: list[torch.Tensor]) -> torch.Tensor:
+        return torch.relu(torch.relu(x @ t[0].T + t[1]) @ t[2].T + t[3])
+
+    for k, body in enumerate((body0, body1)):
+        block = eng.blocks[k]
+        theta = [t.clone().requires_grad_(True) for t in eng.parts[k].model.unflatten(w[block]).values()]
+        x, y = data.x[data.offsets[k] : data.offsets[k + 1]], data.y[data.offsets[k] : data.offsets[k + 1]]
+        z = body(x, theta[:-2])
+        loss = F.cross_entropy(z @ theta[-2].T + theta[-1], y)
+        loss = loss + lam * (((z - prototypes[y]) ** 2).mean(1) * present[y].float()).mean()
+        grads = torch.autograd.grad(loss, theta)
+        expected = torch.cat([(t - lr * g).reshape(-1) for t, g in zip(theta, grads, strict=True)]).detach()
+        torch.testing.assert_close(trained[k, block], expected, atol=1e-6, rtol=1e-5)
+        other = eng.blocks[1 - k]
+        assert torch.equal(trained[k, other], w[other])  # the other architecture: untouched
 
 
 def test_the_term_is_zero_without_prototypes_so_round_one_is_local_training() -> None:
