@@ -423,7 +423,7 @@ def check_architectures(
     if not strategy.architectures:
         raise ConfigError(
             f"model: architectures gives clients different models, and algorithm '{name}' averages weights of one "
-            "model; use fedproto, fedgh or local_only"
+            "model; use fedproto, fedgh, feddf or local_only"
         )
     if not isinstance(engine, ArchitectureEngine):
         raise ConfigError("model: architectures runs on fedhet's own engine, not on Flower nodes")
