@@ -123,3 +123,28 @@ def test_a_model_without_architectures_is_refused() -> None:
     plain = Engine(linear_model(3, 2), tiny_data([4, 5]))
     with pytest.raises(ConfigError, match="use model: architectures"):
         FedProto().setup(make_context(plain))
+
+
+def test_nearest_prototype_inference_by_hand() -> None:
+    """Each test sample is given the class of the nearest global prototype among those present."""
+    eng = engine()
+    proto = FedProto(prototype_accuracy=True)
+    ctx = context(eng)
+    proto.setup(ctx)
+    w, clients = eng.initial_params(), torch.arange(4)
+    proto.aggregate(0, w, proto.local_training(0, clients, w, lambda plan: eng.train(w, plan, 0)))
+    proto._present = torch.tensor([True, False, True])  # class 1 has no prototype: never predicted
+    got = proto.nearest_prototype_accuracy(0, w, clients)
+    prototypes = proto.prototypes[0]
+    data = eng.data.test
+    after = eng.personal_starts(w, replace(proto.personalization(clients), phase=1), 0)
+    assert after is not None
+    for k in range(4):
+        a = int(eng.members[k])
+        x, y = data.x[data.offsets[k] : data.offsets[k + 1]], data.y[data.offsets[k] : data.offsets[k + 1]]
+        z = eng.parts[a].model.representation(eng.parts[a].model.unflatten(after[k, eng.blocks[a]]), x)
+        d0, d2 = ((z - prototypes[0]) ** 2).sum(1), ((z - prototypes[2]) ** 2).sum(1)
+        predicted = torch.where(d0 <= d2, 0, 2)
+        assert float(got[k]) == pytest.approx(float((predicted == y).float().mean()))
+    ctx.params, ctx.round = w, 0
+    assert proto.round_metrics()["personal_test_accuracy_prototypes"] == pytest.approx(float(got.mean()))

@@ -14,6 +14,7 @@ local terms that send vectors of the model's size (SCAFFOLD's control variates).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -272,28 +273,32 @@ class ArchitectureEngine(Engine):
             self._flops = torch.stack([parameter_flops(part.model.module, shape).double().sum() for part in self.parts])
         return self._flops
 
-    def representations(self, global_params: Tensor, plan: LocalPlan, round_: int) -> tuple[Tensor, Tensor]:
-        """The sum (m, C, dim) and the number (m, C) of the representations z = f(x) of each class on each of the
-        plan's clients' training data, under its model as the plan starts it (its personal model with
-        ``plan.personal``, as stored by the trainings before the plan's phase): local class prototypes are
-        sum / number (FedProto's eq. 4)."""
-        module = self.model.module
-        assert isinstance(module, Composite)
-        m, classes = len(plan.clients), self.data.num_classes
-        sums, counts = torch.zeros(m, classes, module.dim), torch.zeros(m, classes)
+    def client_representations(
+        self, global_params: Tensor, plan: LocalPlan, round_: int, split: Split = "train"
+    ) -> Iterator[tuple[int, Tensor, Tensor]]:
+        """(row, z (n_k, dim), y (n_k,)) for each of the plan's clients: the representations z = f(x) of its `split`
+        data under its model as the plan starts it (its personal model with ``plan.personal``, as stored by the
+        trainings before the plan's phase), and the labels."""
         starts = self.personal_starts(global_params, plan, round_)
-        data = self.data.train
+        data = self.split(split)
         for a, rows in self._routed(plan.clients):
             block, part = self.blocks[a], self.parts[a].model
             for i in rows.tolist():
                 k = int(plan.clients[i])
                 flat = (starts[i] if starts is not None else global_params)[block]
                 lo, hi = int(data.offsets[k]), int(data.offsets[k + 1])
-                x, y = data.x[lo:hi], data.y[lo:hi]
                 with torch.no_grad():
-                    z = part.representation(part.unflatten(flat), x)
-                sums[i].index_add_(0, y, z)
-                counts[i] += torch.bincount(y, minlength=classes).float()
+                    yield i, part.representation(part.unflatten(flat), data.x[lo:hi]), data.y[lo:hi]
+
+    def representations(self, global_params: Tensor, plan: LocalPlan, round_: int) -> tuple[Tensor, Tensor]:
+        """The sum (m, C, dim) and the number (m, C) of the representations of each class on each of the plan's
+        clients' training data (`client_representations`): local class prototypes are sum / number (FedProto's
+        eq. 4)."""
+        m, classes = len(plan.clients), self.data.num_classes
+        sums, counts = torch.zeros(m, classes, self.dim), torch.zeros(m, classes)
+        for i, z, y in self.client_representations(global_params, plan, round_):
+            sums[i].index_add_(0, y, z)
+            counts[i] += torch.bincount(y, minlength=classes).float()
         return sums, counts
 
     def state_dict(self) -> dict[str, Any]:

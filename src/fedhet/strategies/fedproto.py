@@ -144,6 +144,12 @@ class FedProto(SharesPrototypes):
         "samples", description="global prototypes: weighted by the clients' samples of the class (eq. 6) or uniform"
     )
 
+    prototype_accuracy: bool = Field(
+        False,
+        description="also score each client's nearest-prototype classifier (the paper's second inference) on its "
+        "test data after every round: personal_test_accuracy_prototypes",
+    )
+
     _prototypes: Tensor | None = PrivateAttr(None)  # (C, d) the global prototypes
     _present: Tensor | None = PrivateAttr(None)  # (C,) bool: the classes that have one
 
@@ -172,7 +178,27 @@ class FedProto(SharesPrototypes):
         return global_params
 
     def round_metrics(self) -> dict[str, float]:
-        return {"prototype_classes": float(self.prototypes[1].sum())}
+        metrics = {"prototype_classes": float(self.prototypes[1].sum())}
+        if self.prototype_accuracy:
+            params = self.ctx.params if self.ctx.params is not None else self.ctx.engine.initial_params()
+            seen = torch.nonzero(self.ctx.engine.data.seen).flatten()
+            accuracy = self.nearest_prototype_accuracy(self.ctx.round, params, seen)
+            metrics["personal_test_accuracy_prototypes"] = float(accuracy.double().nanmean())
+        return metrics
+
+    def nearest_prototype_accuracy(self, round_: int, global_params: Tensor, clients: Tensor) -> Tensor:
+        """(m,) each client's test accuracy when its model predicts the class of the nearest global prototype,
+        argmin_j ‖f_i(x) − C̄^(j)‖ over the classes that have one (the paper's inference by prototypes), with the
+        models the clients hold after round `round_`; NaN for a client without test data."""
+        engine = architecture_engine(self.ctx, self.name)
+        prototypes, present = self.prototypes
+        plan = replace(self.personalization(clients), phase=1)
+        out = torch.full((len(clients),), float("nan"))
+        for i, z, y in engine.client_representations(global_params, plan, round_, "test"):
+            distance = torch.cdist(z, prototypes).masked_fill(~present, float("inf"))
+            if len(y):
+                out[i] = (distance.argmin(1) == y).float().mean()
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         prototypes, present = self.prototypes
