@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedhet.catalog import STRATEGIES
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import ConfigError
@@ -148,3 +149,10 @@ def test_nearest_prototype_inference_by_hand() -> None:
         assert float(got[k]) == pytest.approx(float((predicted == y).float().mean()))
     ctx.params, ctx.round = w, 0
     assert proto.round_metrics()["personal_test_accuracy_prototypes"] == pytest.approx(float(got.mean()))
+
+
+@pytest.mark.parametrize("name", ["fedproto", "fedgh", "feddf"])
+@pytest.mark.parametrize("setting", [{"server_lr": 0.5}, {"server_optimizer": "adam"}])
+def test_a_server_step_is_refused_not_ignored(name: str, setting: dict[str, object]) -> None:
+    with pytest.raises(ConfigError, match="takes no server step"):
+        STRATEGIES.build({"name": name, **setting}, where="algorithm")

@@ -32,8 +32,8 @@ from fedhet.engine.functional import FlatModel
 from fedhet.engine.plan import LocalResult
 from fedhet.errors import ConfigError
 from fedhet.seeding import numpy_rng
-from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy
-from fedhet.strategies.fedproto import architecture_engine
+from fedhet.strategies.base import STRATEGIES, ServerContext
+from fedhet.strategies.fedproto import NoServerStep, architecture_engine
 
 
 def ensemble_logits(models: list[tuple[FlatModel, Tensor]], x: Tensor) -> Tensor:
@@ -70,7 +70,7 @@ def distill(
 
 
 @STRATEGIES.register
-class FedDF(Strategy):
+class FedDF(NoServerStep):
     """A global model per architecture: FedAvg within each, then distillation of every client's model into it."""
 
     name: ClassVar[str] = "feddf"

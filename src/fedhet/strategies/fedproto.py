@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator
 from torch import Tensor
 
 from fedhet.engine.architectures import ArchitectureEngine
@@ -36,6 +36,7 @@ from fedhet.engine.personal import Personal
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import ConfigError
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train, by_client
+from fedhet.strategies.server import ServerOptimizer
 
 PERSONAL = Personal("fedproto")  # the whole model
 
@@ -90,7 +91,26 @@ class PrototypeTerm(DataTerm):
         return self.lam * view.mean(per_sample)
 
 
-class SharesPrototypes(Strategy):
+class NoServerStep(Strategy):
+    """A strategy whose server takes no step on a global model (its own rule replaces it): ``server_lr`` and
+    ``server_optimizer`` are refused rather than ignored."""
+
+    @field_validator("server_lr")
+    @classmethod
+    def _no_server_lr(cls, value: float) -> float:
+        if value != 1.0:
+            raise ValueError(f"{cls.name} takes no server step on the weights; leave server_lr out")
+        return value
+
+    @field_validator("server_optimizer", mode="after")
+    @classmethod
+    def _no_server_optimizer(cls, value: ServerOptimizer) -> ServerOptimizer:
+        if value.name != "sgd":
+            raise ValueError(f"{cls.name} takes no server step on the weights; leave server_optimizer out")
+        return value
+
+
+class SharesPrototypes(NoServerStep):
     """The common part of FedProto and FedGH: personal models (``personal``) of any architecture whose class sums of
     representations (eq. 4) the server collects after each round's training (`round_prototypes`)."""
 
