@@ -31,7 +31,7 @@ from fedhet.engine.task import TASKS
 from fedhet.methods import cafed, fedgsnr, fedmgda, maxfl
 from fedhet.metrics import fairness, leakage, speed
 from fedhet.metrics.base import METRIC_PLUGINS
-from fedhet.models import exits, torch_model, transformer, zoo
+from fedhet.models import architectures, exits, torch_model, transformer, zoo
 from fedhet.models import fedmgda as fedmgda_models
 from fedhet.models.base import MODELS
 from fedhet.privacy import secagg
@@ -47,9 +47,12 @@ from fedhet.strategies import (
     fedavg,
     fedbn,
     fedbuff,
+    feddf,
+    fedgh,
     fednova,
     fedopt,
     fedper,
+    fedproto,
     fedprox,
     fedrep,
     fedrolex,

@@ -177,8 +177,23 @@ TINY = {
     "local": {"steps": 2, "lr": 0.1, "batch_size": 8},
     "seed": 1,
 }
+ARCHITECTURES = {"model": {"name": "architectures", "members": [{"name": "mlp", "hidden": [8]}]}}
+NEEDS: dict[str, dict[str, Any]] = {  # what a strategy needs beside TINY (several architectures, held-out clients)
+    "fedproto": ARCHITECTURES,
+    "fedgh": ARCHITECTURES,
+    "feddf": {**ARCHITECTURES, "unseen_clients": 2},
+    "depthfl": {"model": {"name": "mlp_exits", "hidden": [8, 8, 8, 8]}},
+    **{
+        name: {
+            "dataset": {"name": "markov_text", "vocab": 6, "seq_len": 4, "num_users": 6, "samples_per_user": 20},
+            "partition": {"name": "natural"},
+            "model": {"name": "transformer", "d_model": 8, "heads": 2, "layers": 1, "lora": {"rank": 2}},
+        }
+        for name in ("flexlora", "hetlora")
+    },
+}
 COMPONENTS = (
-    [{"algorithm": c.name} for c in STRATEGIES]
+    [{"algorithm": c.name, **NEEDS.get(c.name, {})} for c in STRATEGIES]
     + [{"availability": c.name} for c in AVAILABILITY]
     + [{"metrics": [c.name]} for c in METRIC_PLUGINS]
 )

@@ -105,3 +105,14 @@ def test_a_round_is_empty_when_the_deadline_leaves_everyone_out() -> None:
     assert again == time
     again.load_state_dict({"time_s": 1.0, "bytes_down": 2.0, "bytes_up": 3.0})  # a checkpoint from before
     assert again.empty_rounds == 0
+
+
+def test_clients_of_different_architectures_each_pay_their_own() -> None:
+    """Sizes 250k, 125k, 250k parameters (half of the first kept personal), shares 1, 0.5, 0.25 of the largest
+    architecture's compute: 100 steps of 10 samples at 1, 2, 4 ms a sample are 1, 1, 1 s; the bytes 0.5, 0.5, 1 MB
+    each way at 1 MB/s, with 0.5 s latency each way."""
+    clock = RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES)
+    size, personal = torch.tensor([250_000, 125_000, 250_000]), torch.tensor([125_000, 0, 0])
+    clock.schedule(_plan([100, 100, 100]), size, personal, torch.tensor([1.0, 0.5, 0.25]))
+    assert clock.finish_times().tolist() == pytest.approx([1 + 1 + 1, 1 + 1 + 1, 1 + 1 + 2])
+    assert clock.traffic() == (2e6, 2e6)

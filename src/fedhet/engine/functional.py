@@ -238,6 +238,17 @@ class FlatModel:
         finally:
             self._weight[0] = None
 
+    @property
+    def has_representation(self) -> bool:
+        """Whether the module gives a representation (``forward(x, representation=True)``: a member of
+        ``model: architectures``, `fedhet.models.architectures.Member`)."""
+        return bool(getattr(self.module, "gives_representation", False))
+
+    def representation(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        """The representation z = f(x) before the head, for a module that gives one (works under vmap)."""
+        with self.untracked():
+            return functional_call(self.module, params, (x,), {"representation": True})
+
     def logits(self, flat: Tensor, x: Tensor) -> Tensor:
         return self.forward(self.unflatten(flat), x)
 

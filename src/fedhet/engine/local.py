@@ -200,6 +200,7 @@ def make_step(
     exits = bool(model.exits)  # a multi-exit model trains on the sum of its held exits' losses
     if dp is not None and exits:
         raise ConfigError("local.dp_sgd cannot train a multi-exit model (its per-sample gradients see one output)")
+    represent = model.representation if model.has_representation else None
 
     private_gradient = _private_gradient(forward, task, dp, frozen) if dp is not None else None
 
@@ -224,7 +225,7 @@ def make_step(
             z, held = out if exits else (None, None)
             for term, srv, cli in zip(terms, server, client, strict=True):
                 if isinstance(term, DataTerm):
-                    view = ModelView(forward, v, xb, yb, wb, logits, start, srv, cli, z, held)
+                    view = ModelView(forward, v, xb, yb, wb, logits, start, srv, cli, z, held, represent)
                     total = total + term.loss(view)
             return total, (loss, s)
 

@@ -61,6 +61,7 @@ class ModelView:
     client: Mapping[str, Tree]
     exits: Tensor | None = None  # a multi-exit model's exit outputs (D, B, C); `logits` is their ensemble
     held: Tensor | None = None  # (D,) 1 where the client holds the exit, 0 where its sub-model lacks it
+    represent: Callable[[Tree, Tensor], Tensor] | None = None  # z = f(x) before the head (`FlatModel.representation`)
 
     def mean(self, per_sample: Tensor) -> Tensor:
         """The weighted mean over the batch, as the data loss averages (padding rows count 0)."""

@@ -22,6 +22,7 @@ from fedhet.data.partition import Partitioner
 from fedhet.data.shift import client_groups, shift_clients
 from fedhet.data.shift_config import NoShift, ShiftComponent
 from fedhet.data.sources import DatasetSource
+from fedhet.engine.architectures import ArchitectureEngine, assign_members
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
 from fedhet.engine.objective import TERMS, LocalTerm
@@ -37,6 +38,7 @@ from fedhet.experiments.evaluation import scores_personal
 from fedhet.experiments.footprint import check_memory
 from fedhet.experiments.preflight import check_exits, check_run
 from fedhet.metrics.base import Metric, check_columns
+from fedhet.models.architectures import Architectures
 from fedhet.models.base import ModelSpec
 from fedhet.plugins import load_plugins
 from fedhet.privacy.ledger import (
@@ -295,7 +297,12 @@ def local_settings(config: RunConfig, parts: Components) -> LocalSettings:
 def make_engine(
     config: RunConfig, parts: Components, model: FlatModel, data: FederatedData, cls: type[Engine] = Engine
 ) -> Engine:
-    """The engine (of class `cls`) over `data` with the config's backend and local settings."""
+    """The engine (of class `cls`) over `data` with the config's backend and local settings (a model of several
+    architectures: `ArchitectureEngine`, which routes each client to its own)."""
+    if isinstance(parts.model, Architectures):
+        if cls is not Engine:
+            raise ConfigError("model: architectures runs in one process: leave out the Ray actors (actors)")
+        cls = ArchitectureEngine
     return cls(
         model,
         data,
@@ -328,6 +335,8 @@ def assemble(config: RunConfig, parts: Components, data: FederatedData, engine: 
     # an asynchronous strategy needs a clock: without a system model every client runs at the constant one's speed
     system = parts.system if parts.system.simulates_time or not strategy.asynchronous else Constant()
     system.setup(data.num_clients, config.seed)
+    if isinstance(parts.model, Architectures):
+        check_architectures(parts.model, strategy, engine, system, config)
     timed = system.simulates_time and config.deadline.seconds is not None
     dropping = timed and config.deadline.rule.drops_clients
     check_sampling(
@@ -407,6 +416,23 @@ def privacy_ledger(
         planned_participations(strategy, data.seen, config.rounds) if uniform else None,
     )
     return PrivacyLedger(config.privacy, mechanisms, shape)
+
+
+def check_architectures(
+    spec: Architectures, strategy: Strategy, engine: EngineProtocol, system: SystemModel, config: RunConfig
+) -> None:
+    """A run of several architectures: a strategy that shares no weights between them, on the native engine; each
+    client given its member (`fedhet.engine.architectures.assign_members`)."""
+    name = strategy.name
+    if not strategy.architectures:
+        raise ConfigError(
+            f"model: architectures gives clients different models, and algorithm '{name}' averages weights of one "
+            "model; use fedproto, fedgh, feddf or local_only"
+        )
+    if not isinstance(engine, ArchitectureEngine):
+        raise ConfigError("model: architectures runs on fedhet's own engine, not on Flower nodes")
+    engine.place_client_state(config.personal_state, None)  # in memory: refused before anything is written
+    engine.assign(assign_members(spec, engine.model, engine.data.num_clients, config.seed, system))
 
 
 EngineMaker = Callable[[RunConfig, Components, FlatModel, FederatedData], EngineProtocol]

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from fedhet.data.dataset import TargetScale
+from fedhet.engine.architectures import ARCHITECTURE
 from fedhet.engine.evaluate import ClientScores, scores_of_some
 from fedhet.engine.plan import LocalPlan, LocalSettings
 from fedhet.engine.protocol import EngineProtocol, Split
@@ -85,8 +86,9 @@ def evaluate_global(
             metrics.update(task_metrics(task, test, everywhere(unseen), "unseen_test", pooled=False))
     if task.accuracy:
         metrics.update(group_accuracy(test.accuracy, data.info.get("group"), everywhere(seen), "test_accuracy"))
+        metrics.update(architecture_accuracy(test.accuracy, data.info, everywhere(seen), "test_accuracy"))
     columns = {
-        **{key: data.info[key] for key in ("group", "shift_level") if key in data.info},
+        **{key: data.info[key] for key in ("group", "shift_level", ARCHITECTURE) if key in data.info},
         "seen": data.seen,  # whether the client trains (1) or not (0), also when it was not scored (a lost node's)
         "train_samples": train.count,
         "test_samples": test.count,
@@ -109,17 +111,25 @@ def evaluate_global(
     return metrics, columns, test, train
 
 
-def group_accuracy(accuracy: Tensor, groups: Tensor | None, clients: Tensor, prefix: str) -> dict[str, float]:
+def group_accuracy(
+    accuracy: Tensor, groups: Tensor | None, clients: Tensor, prefix: str, label: str = "group"
+) -> dict[str, float]:
     """With ground-truth groups (``shift``): ``<prefix>_group<g>``, the mean of the (K,) `accuracy` over the
-    `clients` (a (K,) mask) of each group g, and ``<prefix>_worst_group``, the lowest of them; none without."""
+    `clients` (a (K,) mask) of each group g, and ``<prefix>_worst_group``, the lowest of them; none without. The
+    clients' architectures (``model: architectures``) are groups too (`label` ``arch``)."""
     if groups is None:
         return {}
     out = {}
     for g in torch.unique(groups[clients]).tolist():
-        out[f"{prefix}_group{g}"] = float(accuracy[clients & (groups == g)].double().mean())
+        out[f"{prefix}_{label}{g}"] = float(accuracy[clients & (groups == g)].double().mean())
     if out:
-        out[f"{prefix}_worst_group"] = min(out.values())
+        out[f"{prefix}_worst_{label}"] = min(out.values())
     return out
+
+
+def architecture_accuracy(accuracy: Tensor, info: dict[str, Tensor], clients: Tensor, prefix: str) -> dict[str, float]:
+    """``<prefix>_arch<a>``: the mean accuracy of the `clients` of each architecture a (``model: architectures``)."""
+    return group_accuracy(accuracy, info.get(ARCHITECTURE), clients, prefix, "arch")
 
 
 def target_factor(task: Task, scale: TargetScale | None, name: str) -> float:
@@ -224,6 +234,7 @@ def evaluate_personal(
                 metrics[f"{prefix}personal_appeal"] = float(appealing.double().mean())
     if task.accuracy:
         metrics.update(group_accuracy(scores.accuracy, data.info.get("group"), seen, "personal_test_accuracy"))
+        metrics.update(architecture_accuracy(scores.accuracy, data.info, seen, "personal_test_accuracy"))
     columns = {"personal_test_accuracy": scores.accuracy, "personal_test_loss": reported.loss}
     columns.update({f"personal_test_{name}": values for name, values in reported.extra.items()})
     return metrics, columns

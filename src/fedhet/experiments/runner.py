@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from fedhet.atomic import read_plain, write_bytes
+from fedhet.engine.architectures import ArchitectureEngine
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.errors import DivergenceError, FedhetError, FedhetNote
@@ -389,8 +390,11 @@ def _trainer(state: RunState, round_: int, clock: RoundClock | None = None) -> T
         plan = attack.corrupt_plan(plan, round_)
         if clock is None:
             return exp.engine.train(params, plan, round_)
-        personal = int(plan.personal.mask(model).sum()) if plan.personal is not None else 0
-        scheduled = clock.schedule(plan, model.size, personal)
+        if isinstance(exp.engine, ArchitectureEngine):  # each client its own architecture's bytes and compute
+            scheduled = clock.schedule(plan, *exp.engine.clock_costs(plan))
+        else:
+            personal = int(plan.personal.mask(model).sum()) if plan.personal is not None else 0
+            scheduled = clock.schedule(plan, model.size, personal)
         result = exp.engine.train(params, scheduled.plan, round_)
         late = scheduled.late
         result.dropped = late if result.dropped is None else result.dropped | late

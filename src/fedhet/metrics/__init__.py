@@ -37,6 +37,11 @@ METRICS: dict[str, str] = {
     "(test_accuracy_group<g>: group g's)",
     "personal_test_accuracy_worst_group": "as test_accuracy_worst_group, of the personalised models "
     "(personal_test_accuracy_group<g>: group g's)",
+    "test_accuracy_worst_arch": "the lowest over architectures (model: architectures) of the mean test accuracy of "
+    "the clients of an architecture under its global model (test_accuracy_arch<a>: architecture a's)",
+    "personal_test_accuracy_worst_arch": "as test_accuracy_worst_arch, of the personalised models "
+    "(personal_test_accuracy_arch<a>: architecture a's)",
+    "prototype_classes": "fedproto: the number of classes that have a global prototype",
     "ari": "adjusted Rand index of the clients' last chosen clusters against their ground-truth groups (shift; "
     "IFCA, CFL), over the clients that chose one",
     "clusters": "number of cluster models (CFL)",
@@ -86,6 +91,7 @@ for _name, _text in TASK_METRICS.items():
 CLIENT_COLUMNS: dict[str, str] = {
     "client": "the client's id",
     "group": "the client's ground-truth group (shift)",
+    "architecture": "the client's architecture: its member of model: architectures (0, 1, ...)",
     "shift_level": "the level of the client's shift (its group's, or its own: a noise std, a blur sigma, an angle)",
     "seen": "1 for a client that trains, 0 for an unseen (held-out) one",
     "system_capacity": "the largest width level the client can hold (system.capacity)",

@@ -25,6 +25,7 @@ class LocalOnly(Strategy):
 
     name: ClassVar[str] = "local_only"
     description: ClassVar[str] = "local training alone: each client its own model, nothing shared (a baseline)"
+    architectures: ClassVar[bool] = True  # each client may have its own architecture (model: architectures)
 
     def configure(self, round_: int, clients: Tensor, global_params: Tensor) -> LocalPlan:
         return replace(super().configure(round_, clients, global_params), personal=PERSONAL)

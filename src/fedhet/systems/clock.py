@@ -85,20 +85,31 @@ class RoundClock:
         position = {int(k): i for i, k in enumerate(self.clients.tolist())}
         return torch.as_tensor([position[int(k)] for k in plan.clients.tolist()], dtype=torch.long)
 
-    def schedule(self, plan: LocalPlan, size: int, personal: int) -> Scheduled:
+    def schedule(
+        self, plan: LocalPlan, size: int | Tensor, personal: int | Tensor, share: Tensor | None = None
+    ) -> Scheduled:
         """Charge `plan` to its clients (rows of the cohort): the steps the deadline's policy allows them
         (``partial``: those that fit), none for the clients it leaves out (``drop``; ``overselect``: all but the
-        `keep` that the round's first plan makes finish first), and when their updates arrive."""
+        `keep` that the round's first plan makes finish first), and when their updates arrive. Clients of different
+        architectures (``model: architectures``) give each row its own model's `size` and `personal` part (m,) and
+        its `share` (m,) of the compute of the largest architecture."""
         rows = self.rows(plan)
         rule = self.deadline.rule
-        down, up = plan_bytes(plan, size, personal)
-        sent = torch.tensor([down, up], dtype=torch.float64).expand(len(rows), 2)
+        if isinstance(size, Tensor):  # each client its own architecture's model
+            server = sum(t.numel() for term in plan.terms for t in term.server_tensors().values())
+            reported = sum(len(term.client_state) for term in plan.terms if term.reports_state)
+            shared = (size - personal).double()
+            sent = FLOAT_BYTES * torch.stack([shared + server, shared + reported * size.double()], 1)
+        else:
+            down, up = plan_bytes(plan, size, int(personal))
+            sent = torch.tensor([down, up], dtype=torch.float64).expand(len(rows), 2)
         if plan.masks is not None:  # a sub-model travels alone: its coordinates instead of the whole model's
             sent = sent + FLOAT_BYTES * (plan.masks.sum(1).double().cpu() - (size - personal)).unsqueeze(1)
         self.down[rows] = torch.maximum(self.down[rows], sent[:, 0])
         self.up[rows] = torch.maximum(self.up[rows], sent[:, 1])
         batch = torch.minimum(self.sizes[plan.clients], torch.tensor(plan.batch_size)).double()
-        per_step = batch * self.profiles.sample_s[plan.clients].double() * self.work_share(plan)
+        work = self.work_share(plan) if share is None else share.double()
+        per_step = batch * self.profiles.sample_s[plan.clients].double() * work
         steps = plan.steps.clone()
         seconds = self.deadline.seconds
         if seconds is not None and rule.cuts_at_deadline:
