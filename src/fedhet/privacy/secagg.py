@@ -513,6 +513,12 @@ class SecAgg(Wrapper, Mechanism):
                 "algorithm.protocol: flower runs Flower's SecAgg+ between Flower nodes: run with --engine flower, "
                 "or leave algorithm.protocol at fedhet (simulated)"
             )
+        if self.protocol == "flower" and getattr(ctx.attack, "update", "none") != "none":
+            raise ConfigError(
+                "algorithm.protocol: flower keeps each client's update on its node (the server learns their sum "
+                "only), so the attack's update corruption has nothing to act on: set attack.update: none, or leave "
+                "algorithm.protocol at fedhet"
+            )
         if 2 ** (self.bits - 1) - 1 < 2 * ctx.clients_per_round * 2**7:
             raise ConfigError(
                 f"algorithm.bits {self.bits} leaves too few quantisation levels for {ctx.clients_per_round} clients "
