@@ -227,7 +227,7 @@ def test_a_run_with_dropouts_reports_them_and_resumes_identically(tmp_path: Path
         "local": {"steps": 2, "lr": 0.1, "batch_size": 8},
         "algorithm": {"name": "secagg", "degree": 4, "threshold": 2},
         "system": "lognormal",
-        "deadline": {"seconds": 0.5},
+        "deadline": {"seconds": 0.85},  # 50 ms latency × 2 × 4 of SecAgg+'s round trips, the bytes, the steps
         "seed": 1,
     }
     cfg = parse_config(config)
@@ -241,6 +241,33 @@ def test_a_run_with_dropouts_reports_them_and_resumes_identically(tmp_path: Path
     assert [float(r["secagg_dropouts"]) for r in rows] == [float(r["late_clients"]) for r in rows]
     assert any(float(r["secagg_dropouts"]) > 0 for r in rows)
     assert all(float(r["secagg_failed"]) == 0 for r in rows)  # recovered from the neighbours' shares
+
+
+def test_the_protocols_bytes_and_round_trips_are_on_the_simulated_clock(tmp_path: Path) -> None:
+    # the same run with and without secure aggregation on a constant system model: each round of the secagg run
+    # lasts longer by (client_bytes − 4P)/upload bandwidth + 3 more round trips × 2 latencies, and sends those bytes
+    config = {
+        "dataset": "digits",
+        "model": {"name": "mlp", "hidden": [8]},
+        "num_clients": 8,
+        "clients_per_round": 6,
+        "rounds": 2,
+        "local": {"steps": 2, "lr": 0.1, "batch_size": 8},
+        "system": {"name": "constant", "upload_mbps": 0.5, "latency_ms": 40},
+        "seed": 1,
+    }
+    plain = run(parse_config({**config, "algorithm": "fedavg"}), tmp_path / "fedavg")
+    secure = run(parse_config({**config, "algorithm": {"name": "secagg", "degree": 4}}), tmp_path / "secagg")
+    size = plain.experiment.engine.model.size
+    extra = client_bytes(size, 32, 4) - 4 * size
+    assert extra == 4 * 16 * 2 + 5 * 16  # b = 32: the masked vector is the update's size; the shares and keys
+    rounds = [list(csv.DictReader((tmp_path / name / "metrics.csv").open())) for name in ("fedavg", "secagg")]
+    for t, (a, b) in enumerate(zip(*rounds, strict=True), start=1):
+        seconds = float(b["time_s"]) - float(a["time_s"])
+        assert seconds == pytest.approx(t * (extra / (0.5e6 / 8) + 3 * 2 * 0.040), rel=1e-9)
+        assert float(b["bytes_up"]) - float(a["bytes_up"]) == pytest.approx(t * 6 * extra)
+        assert float(b["bytes_down"]) == float(a["bytes_down"])
+    assert secure.status == "finished"
 
 
 def test_wrapper_refuses_a_base_without_weights() -> None:

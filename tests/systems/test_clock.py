@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedhet.engine.personal import Personal
-from fedhet.engine.plan import LocalPlan
+from fedhet.engine.plan import LocalPlan, Upload
 from fedhet.strategies.scaffold import ControlVariates
 from fedhet.systems.base import Profiles
 from fedhet.systems.clock import Deadline, RoundClock, SimulatedTime, plan_bytes
@@ -105,3 +105,12 @@ def test_a_round_is_empty_when_the_deadline_leaves_everyone_out() -> None:
     assert again == time
     again.load_state_dict({"time_s": 1.0, "bytes_down": 2.0, "bytes_up": 3.0})  # a checkpoint from before
     assert again.empty_rounds == 0
+
+
+def test_a_protocols_upload_replaces_the_update_and_its_round_trips_cost_latency() -> None:
+    # secure aggregation's 1.5 MB and three more round trips: 0.5 + 1 (down) + 0.5 + 1.5 (up) + 3 × 2 × 0.5 = 6.5 s
+    clock = RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES)
+    clock.schedule(_plan([0, 0, 0], upload=Upload(1.5e6, trips=3)), SIZE, 0)
+    assert clock.finish_times().tolist() == pytest.approx([6.5, 6.5, 6.5])
+    assert clock.traffic() == (3e6, 4.5e6)
+    assert plan_bytes(_plan([1, 1, 1], upload=Upload(1.5e6)), SIZE, 0) == (1e6, 1.5e6)

@@ -42,6 +42,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -49,7 +50,7 @@ import torch
 from pydantic import Field, PrivateAttr, model_validator
 from torch import Tensor
 
-from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.plan import LocalPlan, LocalResult, Upload
 from fedhet.errors import ConfigError, FedhetNote
 from fedhet.privacy.accounting import Release
 from fedhet.privacy.mechanisms import Mechanism, RunShape, Unit
@@ -62,6 +63,7 @@ from fedhet.strategies.wrapper import Wrapper
 PRIME = 2**127 - 1  # the field of Shamir's shares and the group of the simulated Diffie-Hellman
 GENERATOR = 3
 FIELD_BYTES = 16  # one field element (a share, a public key) on the wire
+EXTRA_TRIPS = 3  # the protocol's message round trips besides the masked input: advertise keys, share keys, unmask
 
 
 # --- quantisation -------------------------------------------------------------------------------------------------
@@ -533,6 +535,8 @@ class SecAgg(Wrapper, Mechanism):
         return k, min(self.threshold if self.threshold is not None else default_threshold(k), max(k, 1))
 
     def local_training(self, round_: int, clients: Tensor, global_params: Tensor, train: Train) -> LocalResult:
+        upload = Upload(client_bytes(global_params.numel(), self.bits, self.sizes(len(clients))[0]), EXTRA_TRIPS)
+
         def plain(plan: LocalPlan) -> LocalResult:
             reported = [t.name for t in plan.terms if t.reports_state]
             if reported:
@@ -540,7 +544,7 @@ class SecAgg(Wrapper, Mechanism):
                     f"secure aggregation hides the model updates, but '{self.inner.name}' also sends the state of "
                     f"{', '.join(reported)} in the clear; choose another base strategy"
                 )
-            return train(plan)
+            return train(replace(plan, upload=upload))  # the protocol's bytes and round trips on the clock
 
         result = self.inner.local_training(round_, clients, global_params, plain)
         self._cohort = result.clients.clone()
