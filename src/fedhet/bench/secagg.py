@@ -64,8 +64,8 @@ def main() -> None:
     size = workload_engine(MLP).initial_params().numel()
     sent = client_bytes(size, 32, default_degree(MLP.clients))
     print(
-        f"simulated, not in the wall times: a client sends and receives {sent:,} bytes a SecAgg+ round "
-        f"(secagg_client_bytes) against the update's {4 * size:,}"
+        f"on the simulated clock (with a system model), not in the wall times: a client sends and receives "
+        f"{sent:,} bytes a SecAgg+ round (secagg_client_bytes) against the update's {4 * size:,}"
     )
 
 
