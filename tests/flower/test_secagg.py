@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from flower_helpers import assert_same_metrics, read_metrics, small_config
@@ -22,9 +23,11 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.errors import ConfigError
 from fedhet.experiments.build import build
 from fedhet.experiments.runner import run
 from fedhet.flower.apps import GridTransport, NodePolicy, make_client_app
+from fedhet.flower.codec import Payload
 from fedhet.flower.remote import RemoteEngine, Settings, remote_builder
 from fedhet.flower.secagg import levels, workflow
 from fedhet.imports import ImportPolicy
@@ -85,10 +88,29 @@ class LocalGrid:
         return self.pull_messages(self.push_messages(messages))
 
 
-def flower_run(config: Any, out: Path, nodes: int, silent: dict[int, int] | None = None) -> tuple[Any, LocalGrid]:
+class Recording(GridTransport):
+    """Flower's Grid transport that keeps every training reply the server gets (op, arrays)."""
+
+    def __init__(self, grid: Any) -> None:
+        super().__init__(grid)
+        self.trained: list[dict[str, np.ndarray]] = []
+
+    def ask(self, requests: dict[int, Payload], timeout: float) -> dict[int, Payload]:
+        replies = super().ask(requests, timeout)
+        if any(config["op"] == "train" for _, config in requests.values()):
+            self.trained.extend(arrays for arrays, _ in replies.values())
+        return replies
+
+
+def flower_run(
+    config: Any, out: Path, nodes: int, silent: dict[int, int] | None = None, transport: list[Recording] | None = None
+) -> tuple[Any, LocalGrid]:
     grid = LocalGrid(make_client_app(NodePolicy(ImportPolicy(None, ""))), nodes, silent)
     settings = Settings(timeout=0.5, min_nodes=nodes, wait=5.0)  # a silent node costs a stage this long
-    return run(config, out, builder=remote_builder(GridTransport(grid), settings)), grid  # type: ignore[arg-type]
+    recording = Recording(grid)
+    if transport is not None:
+        transport.append(recording)
+    return run(config, out, builder=remote_builder(recording, settings)), grid  # type: ignore[arg-type]
 
 
 def test_flowers_quantisation_step_is_fedhets() -> None:
@@ -110,8 +132,16 @@ def test_flowers_secagg_gives_the_simulated_secagg_numbers(tmp_path: Path) -> No
     # one client per node: Flower's participants are fedhet's clients; 4 of 6 a round, k = 3 (complete), t = 2
     config = small_config(SECURE, clients_per_round=4, rounds=2)
     simulated = run(small_config({"name": "secagg"}, clients_per_round=4, rounds=2), tmp_path / "simulated")
-    state, grid = flower_run(config, tmp_path / "flower", nodes=6)
+    recorded: list[Recording] = []
+    state, grid = flower_run(config, tmp_path / "flower", nodes=6, transport=recorded)
     assert state.status == "finished"
+    # the server never gets a client's model: the training replies hold ids, steps, losses and learning rates only
+    size = state.experiment.engine.model.size
+    replies = recorded[0].trained
+    assert len(replies) == 2 * 4
+    for arrays in replies:
+        assert set(arrays) == {"clients", "train_loss", "steps", "lr"}
+        assert all(a.size == len(arrays["clients"]) < size for a in arrays.values())
     # tolerance: the nodes' stochastic rounding, n·2c/T = 4·2/⌊(2^32 − 1)/4⌋ ≈ 7.5e-9 per coordinate a round
     assert_same_metrics(read_metrics(tmp_path / "simulated"), read_metrics(tmp_path / "flower"), tol=1e-5)
     torch.testing.assert_close(state.params, simulated.params, atol=1e-6, rtol=0)
@@ -176,3 +206,11 @@ def test_two_nodes_run_flowers_secagg_with_every_share(tmp_path: Path) -> None:
     assert sum(grid.trains.values()) == 2 * 4
     assert float(read_metrics(tmp_path / "flower")[0]["secagg_failed"]) == 0
     torch.testing.assert_close(state.params, simulated.params, atol=1e-6, rtol=0)
+
+
+def test_an_update_attack_is_refused_since_the_updates_stay_on_the_nodes(tmp_path: Path) -> None:
+    # the server never holds a client's update under protocol: flower: an attack that corrupts them there is refused
+    config = small_config(SECURE, rounds=1, attack={"name": "malicious", "update": "gaussian", "fraction": 0.5})
+    with pytest.raises(ConfigError, match=r"attack\.update: none"):
+        flower_run(config, tmp_path / "flower", nodes=6)
+    assert not (tmp_path / "flower" / "metrics.csv").exists()

@@ -57,7 +57,7 @@ def test_quantise_by_hand() -> None:
 
 def test_stochastic_rounding_is_unbiased() -> None:
     x = torch.full((1, 20000), 0.3 / 127)  # 0.3 of a level: rounds to 0 or 1
-    q = quantise(x, 8, 1.0, 1, "stochastic", torch.Generator().manual_seed(1))
+    q = quantise(x, 8, 1.0, 1, "stochastic", np.random.SFC64(1))
     assert set(np.unique(q).tolist()) == {0, 1}
     assert q.mean() == pytest.approx(0.3, abs=0.02)
 
@@ -65,24 +65,23 @@ def test_stochastic_rounding_is_unbiased() -> None:
 @pytest.mark.parametrize("rounding", ["stochastic", "deterministic"])
 @pytest.mark.parametrize("bits", [8, 32, 51, 52, 62])
 def test_quantise_gives_the_reference_integers_and_overwrites_only_when_asked(rounding: str, bits: int) -> None:
-    # the reference: the textbook float64 expression (clip, scale, + float32 U, floor / round half to even), mod 2^b
+    # the reference: the textbook float64 expression (clip, scale, + U, floor / round half to even), mod 2^b, with
+    # U = j·2^-32 for the 32-bit halves j of SFC64(7)'s raw draws, 501 draws a row of 1001 (the last half unused)
     x = torch.randn(3, 1001, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.3
     v = x.clamp(-1.0, 1.0) * ((2 ** (bits - 1) - 1) / 4)
-    v = (
-        (v + torch.rand(v.shape, generator=torch.Generator().manual_seed(7))).floor()
-        if rounding == "stochastic"
-        else v.round()
-    )
+    raw = np.random.SFC64(7).random_raw(3 * 501).reshape(3, 501)
+    u = torch.from_numpy(np.stack([row.view(np.uint32)[:1001] for row in raw]).astype(np.float64) / 2**32)
+    v = (v + u).floor() if rounding == "stochastic" else v.round()
     want = v.to(torch.int64).numpy().view(np.uint64) & np.uint64(2**bits - 1)
     kept = x.clone()
-    got = quantise(x, bits, 1.0, 4, rounding, torch.Generator().manual_seed(7))  # type: ignore[arg-type]
+    got = quantise(x, bits, 1.0, 4, rounding, np.random.SFC64(7))
     assert np.array_equal(got, want) and torch.equal(x, kept)
-    again = quantise(x, bits, 1.0, 4, rounding, torch.Generator().manual_seed(7), overwrite=True)  # type: ignore[arg-type]
+    again = quantise(x, bits, 1.0, 4, rounding, np.random.SFC64(7), overwrite=True)  # type: ignore[arg-type]
     assert np.array_equal(again, want)
     assert not torch.equal(x, kept)  # asked to: x was the workspace
     assert quantise(x.float().t(), bits, 1.0, 4, "deterministic").shape == (1001, 3)  # a float32 view: copied
     leaf = kept.clone().requires_grad_()  # x itself was the workspace above
-    assert np.array_equal(quantise(leaf, bits, 1.0, 4, rounding, torch.Generator().manual_seed(7)), want)  # type: ignore[arg-type]
+    assert np.array_equal(quantise(leaf, bits, 1.0, 4, rounding, np.random.SFC64(7)), want)  # type: ignore[arg-type]
     assert torch.equal(leaf.detach(), kept)
 
 
@@ -129,7 +128,7 @@ def test_unmasked_sum_is_the_plain_sum(seed: int, lost: tuple[int, ...]) -> None
     rng = np.random.default_rng(seed)
     keys = Keys(n, 6, 3, rng)
     x = torch.randn(n, 40, generator=torch.Generator().manual_seed(seed)) * 0.1
-    q = quantise(x, bits, clip, n, "stochastic", torch.Generator().manual_seed(seed))
+    q = quantise(x, bits, clip, n, "stochastic", np.random.SFC64(seed))
     alive = np.ones(n, dtype=bool)
     alive[list(lost)] = False
     y = masked_inputs(q, keys, bits)
@@ -227,7 +226,7 @@ def test_a_run_with_dropouts_reports_them_and_resumes_identically(tmp_path: Path
         "local": {"steps": 2, "lr": 0.1, "batch_size": 8},
         "algorithm": {"name": "secagg", "degree": 4, "threshold": 2},
         "system": "lognormal",
-        "deadline": {"seconds": 0.5},
+        "deadline": {"seconds": 0.85},  # 50 ms latency × 2 × 4 of SecAgg+'s round trips, the bytes, the steps
         "seed": 1,
     }
     cfg = parse_config(config)
@@ -241,6 +240,33 @@ def test_a_run_with_dropouts_reports_them_and_resumes_identically(tmp_path: Path
     assert [float(r["secagg_dropouts"]) for r in rows] == [float(r["late_clients"]) for r in rows]
     assert any(float(r["secagg_dropouts"]) > 0 for r in rows)
     assert all(float(r["secagg_failed"]) == 0 for r in rows)  # recovered from the neighbours' shares
+
+
+def test_the_protocols_bytes_and_round_trips_are_on_the_simulated_clock(tmp_path: Path) -> None:
+    # the same run with and without secure aggregation on a constant system model: each round of the secagg run
+    # lasts longer by (client_bytes − 4P)/upload bandwidth + 3 more round trips × 2 latencies, and sends those bytes
+    config = {
+        "dataset": "digits",
+        "model": {"name": "mlp", "hidden": [8]},
+        "num_clients": 8,
+        "clients_per_round": 6,
+        "rounds": 2,
+        "local": {"steps": 2, "lr": 0.1, "batch_size": 8},
+        "system": {"name": "constant", "upload_mbps": 0.5, "latency_ms": 40},
+        "seed": 1,
+    }
+    plain = run(parse_config({**config, "algorithm": "fedavg"}), tmp_path / "fedavg")
+    secure = run(parse_config({**config, "algorithm": {"name": "secagg", "degree": 4}}), tmp_path / "secagg")
+    size = plain.experiment.engine.model.size
+    extra = client_bytes(size, 32, 4) - 4 * size
+    assert extra == 4 * 16 * 2 + 5 * 16  # b = 32: the masked vector is the update's size; the shares and keys
+    rounds = [list(csv.DictReader((tmp_path / name / "metrics.csv").open())) for name in ("fedavg", "secagg")]
+    for t, (a, b) in enumerate(zip(*rounds, strict=True), start=1):
+        seconds = float(b["time_s"]) - float(a["time_s"])
+        assert seconds == pytest.approx(t * (extra / (0.5e6 / 8) + 3 * 2 * 0.040), rel=1e-9)
+        assert float(b["bytes_up"]) - float(a["bytes_up"]) == pytest.approx(t * 6 * extra)
+        assert float(b["bytes_down"]) == float(a["bytes_down"])
+    assert secure.status == "finished"
 
 
 def test_wrapper_refuses_a_base_without_weights() -> None:
@@ -386,13 +412,13 @@ def test_the_wrapper_quantises_row_by_row_into_the_integers_of_all_rows_at_once(
     result = engine.train(w, secure.inner.configure(0, torch.arange(len(SIZES)), w), 0).rows(torch.tensor([0, 2, 3, 5]))
     weights = secure.inner.aggregation_weights(0, result)
     weighted = (result.updates(w).double() * weights.double()[:, None]).contiguous()
-    want = quantise(weighted, bits, 1.0, len(SIZES), rounding, torch.Generator().manual_seed(9))  # type: ignore[arg-type]
+    want = quantise(weighted, bits, 1.0, len(SIZES), rounding, np.random.SFC64(9))
     order = np.array([0, 2, 3, 5])
-    total, every = secure._quantised(w, result, None, weights, len(SIZES), torch.Generator().manual_seed(9), order)
+    total, every = secure._quantised(w, result, None, weights, len(SIZES), np.random.SFC64(9), order)
     assert every is not None and np.array_equal(every[order], want) and not every[[1, 4]].any()
     mod = np.uint64(2**bits - 1)
     assert np.array_equal(total & mod, want.sum(axis=0, dtype=np.uint64) & mod)
-    unreduced, none = secure._quantised(w, result, None, weights, len(SIZES), torch.Generator().manual_seed(9), None)
+    unreduced, none = secure._quantised(w, result, None, weights, len(SIZES), np.random.SFC64(9), None)
     assert none is None and np.array_equal(unreduced & mod, total & mod)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedhet.engine.personal import Personal
-from fedhet.engine.plan import LocalPlan
+from fedhet.engine.plan import LocalPlan, Upload
 from fedhet.strategies.scaffold import ControlVariates
 from fedhet.systems.base import Profiles
 from fedhet.systems.clock import Deadline, RoundClock, SimulatedTime, plan_bytes
@@ -116,3 +116,12 @@ def test_clients_of_different_architectures_each_pay_their_own() -> None:
     clock.schedule(_plan([100, 100, 100]), size, personal, torch.tensor([1.0, 0.5, 0.25]))
     assert clock.finish_times().tolist() == pytest.approx([1 + 1 + 1, 1 + 1 + 1, 1 + 1 + 2])
     assert clock.traffic() == (2e6, 2e6)
+
+
+def test_a_protocols_upload_replaces_the_update_and_its_round_trips_cost_latency() -> None:
+    # secure aggregation's 1.5 MB and three more round trips: 0.5 + 1 (down) + 0.5 + 1.5 (up) + 3 × 2 × 0.5 = 6.5 s
+    clock = RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES)
+    clock.schedule(_plan([0, 0, 0], upload=Upload(1.5e6, trips=3)), SIZE, 0)
+    assert clock.finish_times().tolist() == pytest.approx([6.5, 6.5, 6.5])
+    assert clock.traffic() == (3e6, 4.5e6)
+    assert plan_bytes(_plan([1, 1, 1], upload=Upload(1.5e6)), SIZE, 0) == (1e6, 1.5e6)

@@ -12,7 +12,7 @@ import torch
 
 from fedhet.bench.pairs import CostRow, in_turns, print_rows, round_runners, workload_engine
 from fedhet.bench.workloads import MLP
-from fedhet.privacy.secagg import SecAgg, client_bytes, default_degree, prg_sum
+from fedhet.privacy.secagg import SecAgg, client_bytes, default_degree, prg_sum, uniform
 from fedhet.strategies.base import ServerContext, Strategy
 from fedhet.strategies.fedavg import FedAvg
 
@@ -33,9 +33,9 @@ def secagg_round(reps: int = 3, backend: str = "dense", **settings: object) -> C
 def limits(reps: int = 3, bits: int = 32) -> tuple[float, float]:
     """Seconds (best of `reps`) of the random numbers a round of the workload cannot do without: the n self-masks
     of P numbers of b bits (`prg_sum`, SFC64's raw output, the fastest of NumPy's generators here) and the
-    stochastic rounding's n·P uniform numbers (torch's generator, which fixes the quantised integers)."""
+    stochastic rounding's n·P uniform numbers (`uniform`: from SFC64's raw bits too)."""
     size, n = workload_engine(MLP).initial_params().numel(), MLP.clients
-    noise = torch.empty(n, size)
+    noise = np.empty((n, size))
 
     def best(fn: object) -> float:
         times = []
@@ -46,7 +46,7 @@ def limits(reps: int = 3, bits: int = 32) -> tuple[float, float]:
         return min(times)
 
     masks = best(lambda: prg_sum(np.arange(n).tolist(), size, bits))
-    rounding = best(lambda: torch.rand(noise.shape, out=noise))
+    rounding = best(lambda: uniform(np.random.SFC64(0), noise.shape, noise))
     return masks, rounding
 
 
@@ -64,8 +64,8 @@ def main() -> None:
     size = workload_engine(MLP).initial_params().numel()
     sent = client_bytes(size, 32, default_degree(MLP.clients))
     print(
-        f"simulated, not in the wall times: a client sends and receives {sent:,} bytes a SecAgg+ round "
-        f"(secagg_client_bytes) against the update's {4 * size:,}"
+        f"on the simulated clock (with a system model), not in the wall times: a client sends and receives "
+        f"{sent:,} bytes a SecAgg+ round (secagg_client_bytes) against the update's {4 * size:,}"
     )
 
 

@@ -78,6 +78,16 @@ def epoch_steps(sizes: Tensor, batch_size: int, epochs: float) -> Tensor:
     return torch.where(sizes > 0, steps, torch.zeros_like(steps))
 
 
+@dataclass(frozen=True)
+class Upload:
+    """What a client sends for a plan under a protocol, in place of its update: `sent` bytes (instead of the shared
+    update's 4 bytes a parameter) and `trips`, the protocol's message round trips besides the upload itself (each
+    costs the client's latency both ways)."""
+
+    sent: float  # bytes
+    trips: int = 0
+
+
 @dataclass
 class LocalPlan:
     """Instructions for one round's cohort.
@@ -110,6 +120,9 @@ class LocalPlan:
 
     Differential privacy (`fedhet.engine.privacy`): ``clip`` clips (and, for local DP, noises) the update each
     client sends, after its steps; ``dp_sgd`` makes every step a DP-SGD step (per-sample clipping and noise).
+
+    ``upload`` (`Upload`) says what each client sends in place of its update under a protocol (secure aggregation):
+    the simulated clock charges it (`fedhet.systems.clock`); training ignores it, and it does not travel to nodes.
     """
 
     clients: Tensor  # (m,) int64 client ids
@@ -128,6 +141,7 @@ class LocalPlan:
     dp_sgd: ExampleDP | None = None
     masks: Tensor | None = None  # (m, P) bool: the coordinates each client trains (the others: zero)
     scales: Tensor | None = None  # (m, L) float32: factors on the outputs of the L Linear/Conv2d layers in training
+    upload: Upload | None = None  # what a client sends instead of its update (secure aggregation), for the clock
 
     def __post_init__(self) -> None:
         m = len(self.clients)

@@ -61,7 +61,7 @@ from fedhet.flower.node import (  # noqa: E402
     load_partition,
 )
 from fedhet.flower.remote import RemoteEngine, Settings, remote_builder  # noqa: E402
-from fedhet.flower.secagg import MODS, keep_training, secure_input, secure_mean  # noqa: E402
+from fedhet.flower.secagg import MODS, keep_training, secure_input, secure_mean, withhold_models  # noqa: E402
 from fedhet.imports import ImportPolicy, import_policy  # noqa: E402
 
 log = logging.getLogger("fedhet.flower")
@@ -313,6 +313,7 @@ def _answer(message: Message, context: Context, policy: NodePolicy) -> Message:
         _save_state(worker, context, config, node_config, policy)
         if config.get("keep_training"):  # for Flower's SecAgg+ (`fedhet.flower.secagg`), whichever process answers
             keep_training(context, int(config["round"]), arrays["params"], out_arrays["clients"], out_arrays["params"])
+            out_arrays = withhold_models(out_arrays)  # the server learns the models' sum only, by SecAgg+
     return Message(_record(out_arrays, out_config), reply_to=message)
 
 

@@ -143,10 +143,13 @@ def encode_result(result: LocalResult) -> Arrays:
 
 
 def decode_result(arrays: Arrays) -> LocalResult:
+    """A node's training reply; without ``params`` (Flower's SecAgg+ keeps the models on the nodes,
+    `fedhet.flower.secagg.withhold_models`) the result holds no models: ``params`` of shape (m, 0)."""
     deltas = {key[len(_DELTA) :]: to_torch(a) for key, a in arrays.items() if key.startswith(_DELTA)}
+    clients = to_torch(arrays["clients"])
     return LocalResult(
-        to_torch(arrays["clients"]),
-        to_torch(arrays["params"]),
+        clients,
+        to_torch(arrays["params"]) if "params" in arrays else torch.zeros(len(clients), 0),
         to_torch(arrays["train_loss"]),
         to_torch(arrays["steps"]),
         to_torch(arrays["lr"]),

@@ -331,7 +331,10 @@ class RemoteEngine:
             config.update(scalars)
             per_node[node] = {**arrays, "params": to_numpy(global_params)}
         replies = self._call("train", per_node, config)
-        m, p, nan = len(plan.clients), self.model.size, float("nan")
+        got = concat_results([decode_result(replies[n]) for n in sorted(replies)], plan.clients) if replies else None
+        # under Flower's SecAgg+ the nodes keep their clients' models (`fedhet.flower.secagg.withhold_models`)
+        m, nan = len(plan.clients), float("nan")
+        p = got.params.shape[1] if got is not None else (0 if self.keep_training else self.model.size)
         full = LocalResult(
             plan.clients,
             torch.full((m, p), nan),
@@ -340,8 +343,7 @@ class RemoteEngine:
             plan.lr,
             dropped=torch.ones(m, dtype=torch.bool),
         )
-        if replies:
-            got = concat_results([decode_result(replies[n]) for n in sorted(replies)], plan.clients)
+        if got is not None:
             rows = torch.nonzero(torch.isin(plan.clients, got.clients)).flatten()
             full.params[rows], full.train_loss[rows], full.steps[rows] = got.params, got.train_loss, got.steps
             full.dropped[rows] = False  # type: ignore[index]

@@ -3,7 +3,8 @@
 the nodes, with Flower's key agreement, encrypted Shamir shares, masks and recovery of dropped nodes.
 
 A round: the nodes train as on any Flower run (`fedhet.flower.remote.RemoteEngine.train`), and each keeps its
-training in its Flower context (`keep_training`), which Flower hands to whichever process answers the node next.
+training in its Flower context (`keep_training`), which Flower hands to whichever process answers the node next;
+its reply carries no model (`withhold_models`): the server learns the weighted sum only.
 The strategy's aggregate then calls `secure_mean`, which runs the workflow's four stages over the nodes that hold
 survivors. At its third stage each node's ClientApp answers (`secure_input`) with its input v = Σ_u p_u Δ_u / Σ_u p_u
 over its surviving clients (the public weights p_u come with the server's message, Δ_u = w − w_u from the kept
@@ -102,6 +103,14 @@ def keep_training(
         {"global": Array(np.ascontiguousarray(global_params)), "clients": Array(clients), "params": Array(params)}
     )
     context.state[TRAINED_ROUND] = ConfigRecord({"round": round_})
+
+
+def withhold_models(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A node's training reply under SecAgg+ (`fedhet.flower.codec.encode_result`) without the clients' models: what
+    the server then learns of each client is what a SecAgg+ deployment sends in the clear besides the masked
+    vectors, its id, its steps, its mean training loss and its learning rate (the strategy's metadata; the
+    aggregation weights are public sample counts the server already holds)."""
+    return {key: value for key, value in arrays.items() if key != "params"}
 
 
 def contribution(context: Context, config: dict[str, Any]) -> tuple[np.ndarray, int]:

@@ -42,6 +42,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -49,19 +50,20 @@ import torch
 from pydantic import Field, PrivateAttr, model_validator
 from torch import Tensor
 
-from fedhet.engine.plan import LocalPlan, LocalResult
+from fedhet.engine.plan import LocalPlan, LocalResult, Upload
 from fedhet.errors import ConfigError, FedhetNote
 from fedhet.privacy.accounting import Release
 from fedhet.privacy.mechanisms import Mechanism, RunShape, Unit
 from fedhet.privacy.settings import PrivacyConfig
 from fedhet.privacy.strategy import uniform_by_default, weights_of
-from fedhet.seeding import numpy_rng, torch_gen
+from fedhet.seeding import derive_seed, numpy_rng, torch_gen
 from fedhet.strategies.base import STRATEGIES, ServerContext, Strategy, Train
 from fedhet.strategies.wrapper import Wrapper
 
 PRIME = 2**127 - 1  # the field of Shamir's shares and the group of the simulated Diffie-Hellman
 GENERATOR = 3
 FIELD_BYTES = 16  # one field element (a share, a public key) on the wire
+EXTRA_TRIPS = 3  # the protocol's message round trips besides the masked input: advertise keys, share keys, unmask
 
 
 # --- quantisation -------------------------------------------------------------------------------------------------
@@ -72,30 +74,39 @@ def levels(bits: int, clip: float, n: int) -> float:
     return (2 ** (bits - 1) - 1) / (n * clip)
 
 
+def uniform(stream: np.random.SFC64, shape: tuple[int, ...], out: np.ndarray | None = None) -> np.ndarray:
+    """Stochastic rounding's U, float64 in [0, 1): j·2^−32 for j the 32-bit halves of SFC64's raw 64-bit output (the
+    masks' fast bits, `_expand`), each row of P numbers from the next ⌈P/2⌉ draws of `stream` (an odd P leaves the
+    last half unused), row after row; `out` (contiguous, of `shape`) receives them."""
+    out = np.empty(shape) if out is None else out
+    for row in out.reshape(-1, shape[-1]):
+        np.multiply(stream.random_raw((len(row) + 1) // 2).view(np.uint32)[: len(row)], 2.0**-32, out=row)
+    return out
+
+
 def quantise(
     x: Tensor,
     bits: int,
     clip: float,
     n: int,
     rounding: Literal["stochastic", "deterministic"],
-    gen: torch.Generator | None = None,
+    gen: np.random.SFC64 | None = None,
     overwrite: bool = False,
-    noise: Tensor | None = None,
+    noise: np.ndarray | None = None,
     reduce: bool = True,
 ) -> np.ndarray:
-    """x (…, P) clipped to [−c, c], scaled by `levels`, rounded (stochastic: ⌊v + U⌋, unbiased; deterministic: to
-    the nearest) and taken mod 2^b (two's complement), as uint64. One float64 workspace, reused for the integers
-    (`overwrite`: a contiguous float64 x is that workspace, and is lost); `noise`, a float32 tensor of x's shape, holds
-    the stochastic rounding's U (a buffer kept across rounds: fresh memory for 10^7 numbers costs more than drawing
-    them). Without `reduce` (b ≤ 51) the values are left as v + K mod 2^64 for a constant K ≡ 0 mod 2^b, the same
-    numbers mod 2^b (for a sum reduced once at its end)."""
+    """x (…, P) clipped to [−c, c], scaled by `levels`, rounded (stochastic: ⌊v + U⌋ with U from `gen`, `uniform`,
+    unbiased to within 2^−32 of a level; deterministic: to the nearest) and taken mod 2^b (two's complement), as
+    uint64. One float64 workspace, reused for the integers (`overwrite`: a contiguous float64 x is that workspace,
+    and is lost); `noise`, a contiguous float64 array of x's shape, holds the U (a buffer kept across rounds: fresh
+    memory for 10^7 numbers costs more than drawing them). Without `reduce` (b ≤ 51) the values are left as
+    v + K mod 2^64 for a constant K ≡ 0 mod 2^b, the same numbers mod 2^b (for a sum reduced once at its end)."""
     v = x.detach().to(torch.float64)  # x's own memory when x is float64
     if x.dtype == torch.float64 and not (overwrite and x.is_contiguous()):
         v = v.clone(memory_format=torch.contiguous_format)
     work = v.clamp_(-clip, clip).mul_(levels(bits, clip, n)).numpy()
-    if rounding == "stochastic":  # float32 U: 2^-24 of a level is ample
-        u = torch.rand(v.shape, generator=gen, out=noise) if noise is not None else torch.rand(v.shape, generator=gen)
-        np.add(work, u.numpy(), out=work)
+    if rounding == "stochastic":  # 2^-32 of a level is ample
+        np.add(work, uniform(gen if gen is not None else np.random.SFC64(), work.shape, noise), out=work)
         np.floor(work, out=work)
     if bits <= 51:  # |v| < 2^50: adding 1.5·2^52 rounds to an integer (half to even) and leaves v mod 2^b in the bits
         work += 1.5 * 2.0**52  # its bits are K + v, K = 0x4338 << 48 ≡ 0 mod 2^b
@@ -513,6 +524,12 @@ class SecAgg(Wrapper, Mechanism):
                 "algorithm.protocol: flower runs Flower's SecAgg+ between Flower nodes: run with --engine flower, "
                 "or leave algorithm.protocol at fedhet (simulated)"
             )
+        if self.protocol == "flower" and getattr(ctx.attack, "update", "none") != "none":
+            raise ConfigError(
+                "algorithm.protocol: flower keeps each client's update on its node (the server learns their sum "
+                "only), so the attack's update corruption has nothing to act on: set attack.update: none, or leave "
+                "algorithm.protocol at fedhet"
+            )
         if 2 ** (self.bits - 1) - 1 < 2 * ctx.clients_per_round * 2**7:
             raise ConfigError(
                 f"algorithm.bits {self.bits} leaves too few quantisation levels for {ctx.clients_per_round} clients "
@@ -527,6 +544,8 @@ class SecAgg(Wrapper, Mechanism):
         return k, min(self.threshold if self.threshold is not None else default_threshold(k), max(k, 1))
 
     def local_training(self, round_: int, clients: Tensor, global_params: Tensor, train: Train) -> LocalResult:
+        upload = Upload(client_bytes(global_params.numel(), self.bits, self.sizes(len(clients))[0]), EXTRA_TRIPS)
+
         def plain(plan: LocalPlan) -> LocalResult:
             reported = [t.name for t in plan.terms if t.reports_state]
             if reported:
@@ -534,7 +553,7 @@ class SecAgg(Wrapper, Mechanism):
                     f"secure aggregation hides the model updates, but '{self.inner.name}' also sends the state of "
                     f"{', '.join(reported)} in the clear; choose another base strategy"
                 )
-            return train(plan)
+            return train(replace(plan, upload=upload))  # the protocol's bytes and round trips on the clock
 
         result = self.inner.local_training(round_, clients, global_params, plain)
         self._cohort = result.clients.clone()
@@ -566,7 +585,7 @@ class SecAgg(Wrapper, Mechanism):
         keys = Keys(n, k, t, rng)
         weights = self.inner.aggregation_weights(round_, result)
         assert weights is not None  # check_base refused bases without them
-        gen = torch_gen(self.ctx.seed, "secagg-rounding", round_)
+        gen = np.random.SFC64(derive_seed(self.ctx.seed, "secagg-rounding", round_))
         updates: Tensor | None = None  # Δ_u row by row (`_quantised`) unless DP changes them first
         dp: dict[str, float] = {}
         if self.dp_clip is not None:
@@ -627,7 +646,7 @@ class SecAgg(Wrapper, Mechanism):
         updates: Tensor | None,
         weights: Tensor,
         n: int,
-        gen: torch.Generator,
+        gen: np.random.SFC64,
         rows: np.ndarray | None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Σ_u x_u, x_u = Q(p_u Δ_u) (`quantise`, Δ_u a row of `updates`, else w − w_u), mod 2^b once reduced;
@@ -637,7 +656,11 @@ class SecAgg(Wrapper, Mechanism):
         cohort-sized array in memory."""
         size = global_params.numel()
         work = self._buffer("work", torch.Size([1, size]), torch.float64)
-        noise = self._buffer("noise", torch.Size([1, size]), torch.float32) if self.rounding == "stochastic" else None
+        noise = (
+            self._buffer("noise", torch.Size([1, size]), torch.float64).numpy()
+            if self.rounding == "stochastic"
+            else None
+        )
         kind = torch.promote_types(global_params.dtype, result.params.dtype)
         delta = self._buffer("delta", global_params.shape, kind) if updates is None else None
         total = np.zeros(size, dtype=np.uint64)

@@ -426,8 +426,8 @@ class DP(MechanismWrapper, Mechanism):
     ) -> None:
         """Warn once (one line) when the aggregate's noise outweighs the clipped mean update d = Σ_k p_k Δ_k by
         more than √T: then even the T rounds' updates added up (signal T‖d‖, noise √T‖ξ‖) are mostly noise."""
-        if self._warned or std <= 0 or not len(weights):
-            return
+        if self._warned or std <= 0 or not len(weights) or result.params.shape[-1] != global_params.numel():
+            return  # (no models: Flower's SecAgg+ keeps them on the nodes, `fedhet.flower.secagg.withhold_models`)
         p = weights.to(result.params.dtype)
         signal = float(torch.linalg.vector_norm(p.sum() * global_params - p @ result.params))  # ‖Σ_k p_k Δ_k‖
         noise = std * math.sqrt(global_params.numel())

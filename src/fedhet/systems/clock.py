@@ -7,7 +7,9 @@ A client's round is download + compute + upload (`Profiles.durations`):
   server tensors (SCAFFOLD's c);
 * compute: the samples of its local steps (steps × min(batch, its samples)) times its seconds per sample, times
   its sub-model's share of the full model's FLOPs where it trains one (``plan.masks``, `fedhet.models.flops`);
-* upload: the shared part of its model and the state rows its terms report (SCAFFOLD's Δc_i).
+* upload: the shared part of its model and the state rows its terms report (SCAFFOLD's Δc_i); under a protocol
+  (``plan.upload``: secure aggregation) the protocol's bytes instead of the model's, and the latency of its extra
+  message round trips.
 
 A round of several plans (Ditto's two, FedRep's two phases) charges each client once for what it receives and
 sends (the largest plan's) and for the compute of all its plans. A synchronous round lasts until its last client
@@ -41,11 +43,13 @@ FLOAT_BYTES = 4
 
 def plan_bytes(plan: LocalPlan, size: int, personal: int) -> tuple[float, float]:
     """Bytes a client of `plan` receives and sends: the shared part of a model of `size` parameters (`personal` of
-    them stay on the client) and the terms' server tensors down, the shared part and the reported state rows up."""
+    them stay on the client) and the terms' server tensors down, the shared part (a protocol's bytes instead,
+    ``plan.upload``) and the reported state rows up."""
     shared = size - personal
     down = shared + sum(t.numel() for term in plan.terms for t in term.server_tensors().values())
-    up = shared + sum(size * len(term.client_state) for term in plan.terms if term.reports_state)
-    return float(FLOAT_BYTES * down), float(FLOAT_BYTES * up)
+    reported = sum(size * len(term.client_state) for term in plan.terms if term.reports_state)
+    sent = plan.upload.sent if plan.upload is not None else FLOAT_BYTES * shared
+    return float(FLOAT_BYTES * down), float(sent + FLOAT_BYTES * reported)
 
 
 @dataclass
@@ -72,11 +76,12 @@ class RoundClock:
     down: Tensor = field(init=False)  # (m,) bytes received
     up: Tensor = field(init=False)  # (m,) bytes sent
     compute: Tensor = field(init=False)  # (m,) seconds of local steps
+    trips: Tensor = field(init=False)  # (m,) a protocol's message round trips besides the update (`plan.upload`)
     left_out: Tensor = field(init=False)  # (m,) bool: no update of theirs arrives in time
 
     def __post_init__(self) -> None:
         m = len(self.clients)
-        self.down, self.up, self.compute = (torch.zeros(m, dtype=torch.float64) for _ in range(3))
+        self.down, self.up, self.compute, self.trips = (torch.zeros(m, dtype=torch.float64) for _ in range(4))
         self.left_out = torch.zeros(m, dtype=torch.bool)
         self.planned = False  # whether a plan was scheduled already (over-selection ranks by the first)
 
@@ -107,6 +112,8 @@ class RoundClock:
             sent = sent + FLOAT_BYTES * (plan.masks.sum(1).double().cpu() - (size - personal)).unsqueeze(1)
         self.down[rows] = torch.maximum(self.down[rows], sent[:, 0])
         self.up[rows] = torch.maximum(self.up[rows], sent[:, 1])
+        if plan.upload is not None:
+            self.trips[rows] = self.trips[rows].clamp_min(float(plan.upload.trips))
         batch = torch.minimum(self.sizes[plan.clients], torch.tensor(plan.batch_size)).double()
         work = self.work_share(plan) if share is None else share.double()
         per_step = batch * self.profiles.sample_s[plan.clients].double() * work
@@ -138,7 +145,7 @@ class RoundClock:
         return (plan.masks[:, : len(flops)].double() @ flops / flops.sum()).cpu()
 
     def _comm(self, rows: Tensor | slice = slice(None)) -> Tensor:
-        lat = 2 * self.profiles.latency_s[self.clients[rows]].double()
+        lat = 2 * (1 + self.trips[rows]) * self.profiles.latency_s[self.clients[rows]].double()
         return (
             lat
             + self.down[rows] / self.profiles.down_bps[self.clients[rows]]
