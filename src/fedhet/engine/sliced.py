@@ -119,7 +119,7 @@ def train_sliced(request: TrainRequest, layers: list[DenseLayer]) -> Trained | N
     losses = torch.full((m,), float("nan"), device=dev)
     for (rows, units), full in zip(grouped, whole, strict=True):
         at = rows.to(dev)
-        plan = replace(request.plan.rows(rows), masks=None, starts=None)
+        plan = replace(request.plan, masks=None, starts=None).rows(rows)  # not the (m, P) masks' rows: a copy
         starts = request.starts[at] if request.starts is not None else None  # else: the anchor
         if full:
             sub = replace(request, plan=plan, cohort=request.cohort.rows(at), starts=starts, reuse=None)
@@ -187,10 +187,27 @@ def _groups(masks: Tensor, layers: list[DenseLayer]) -> list[tuple[Tensor, list[
         members.setdefault(key, []).append(i)
     out = []
     for rows in members.values():
-        first = rows_np[rows[0]]
-        units = unit_structure(layers, masks[rows[0]])
-        whole = first.tobytes()
-        if units is None or not all(rows_np[i].tobytes() == whole for i in rows[1:]):
+        whole = rows_np[rows[0]].tobytes()
+        if not all(rows_np[i].tobytes() == whole for i in rows[1:]):
+            return None
+        units = _unit_structure(layers, masks[rows[0]], whole)
+        if units is None:
             return None
         out.append((torch.tensor(rows), units))
     return out
+
+
+_UNITS: dict[
+    tuple[object, ...], list[Tensor] | None
+] = {}  # the last few masks' units, by their bytes (a run meets a handful)
+
+
+def _unit_structure(layers: list[DenseLayer], mask: Tensor, key: bytes) -> list[Tensor] | None:
+    """`unit_structure` of `mask` (its bytes: `key`), kept for the next rounds."""
+    geometry = tuple((la.weight.start, la.bias.start if la.bias else None, la.shape) for la in layers)
+    cached = (geometry, key)
+    if cached not in _UNITS:
+        if len(_UNITS) >= 16:
+            _UNITS.pop(next(iter(_UNITS)))
+        _UNITS[cached] = unit_structure(layers, mask)
+    return _UNITS[cached]
