@@ -127,6 +127,31 @@ def test_sharded_training_writes_the_one_process_run_folder(tmp_path: Path, algo
     same_files(tmp_path / "one", tmp_path / "two")
 
 
+def test_each_actor_is_sent_its_shards_rows_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clients' state travels for the cohort only, and the driver's store is never read whole (a round's cost
+    follows its cohort, not the clients with rows): SCAFFOLD's c_i of 20 clients, 6 a round."""
+    from fedhet.engine.state import ClientStore
+
+    sent: list[tuple[set[int], set[int]]] = []  # each shard's clients, and the clients whose rows it was sent
+
+    class Recording(InProcessPool):
+        def train(self, shards: list[Any], *args: Any) -> list[Any]:
+            sent.extend((set(plan.clients.tolist()), {k for t in state.values() for k in t}) for plan, state in shards)
+            return super().train(shards, *args)
+
+    config = parse_config({**SMALL, "algorithm": "scaffold", "clients_per_round": 6, "rounds": 5})
+    whole = ClientStore.state_dict
+    driver: list[ClientStore] = []
+    monkeypatch.setattr(ClientStore, "state_dict", lambda self: [] if self in driver else whole(self))
+    with Recording(2) as pool:
+        experiment = pool.builder(config)
+        driver.append(experiment.engine.client_state)  # reading it whole would give a list: the actor fails
+        state = run(config, builder=lambda _: experiment)
+    held = state.experiment.engine.client_state
+    assert len(held.clients(held.keys()[0])) > 6  # the store holds more clients than a cohort
+    assert all(rows <= cohort for cohort, rows in sent) and any(rows for _, rows in sent)
+
+
 def test_varying_steps_give_the_one_process_numbers(tmp_path: Path) -> None:
     """Epochs: clients of different steps, trained in order of decreasing steps."""
     config = parse_config({**SMALL, "clients_per_round": 9, "local": {"epochs": 1, "batch_size": 8}})

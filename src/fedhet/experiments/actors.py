@@ -254,13 +254,10 @@ class ShardedEngine(Engine):
         probe = fresh_cohort(plan.rows(torch.arange(min(m, 1))), global_params)  # what the objective needs
         backend = self.backend_for(m, probe.autograd_only, plan.batch_size)
         order, chunk, starts = one_process_chunks(self, plan, backend)
-        stored = self.client_state.state_dict()
         shards, picked = [], []
         for rows in split_work(plan.steps[order], self.spread or self.pool.count, starts):
             part = plan.rows(order[rows])
-            wanted = set(part.clients.tolist())
-            state = {key: {k: h for k, h in table.items() if k in wanted} for key, table in stored.items()}
-            shards.append((part, state))
+            shards.append((part, self.client_state.rows_of(part.clients.tolist())))  # the shard's rows alone
             picked.append(order[rows])
         asked = min(self.spread or self.pool.count, m)
         if len(starts) < asked and not self._noted:  # fewer chunks than actors
