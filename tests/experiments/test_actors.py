@@ -243,3 +243,26 @@ def test_a_cohort_of_one_chunk_trains_on_one_actor_with_a_note(tmp_path: Path) -
     with InProcessPool(2) as pool, pytest.warns(FedhetNote, match="trains on 1 of the 2 actors; set chunk_size"):
         run(config, tmp_path / "two", builder=pool.builder)
     assert pool.calls == [[16], [16]]
+
+
+def test_an_outbox_carries_the_models_and_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An actor on the driver's machine writes its models into the driver's `Outbox` (not through Ray's object
+    store): the driver reads them bit for bit; the file's name goes once the actor has it open, and a larger shard
+    gets a new file."""
+    import mmap
+
+    import fedhet.experiments.actors as actors
+
+    monkeypatch.setattr(actors, "SHARED_MEMORY", str(tmp_path))
+    box = actors.Outbox()
+    models = torch.randn(3, 5)
+    name = box.ready(models.numel() * 4)
+    assert Path(name).parent == tmp_path and (Path(name).stat().st_mode & 0o077) == 0  # the driver's user alone
+    opened = actors._map_file(name)
+    torch.frombuffer(opened, dtype=torch.float32, count=15).copy_(models.view(-1))
+    assert torch.equal(box.models((3, 5)), models)
+    box.opened()
+    assert not list(tmp_path.iterdir()) and box.ready(15 * 4) == ""  # open in both processes, the name gone
+    assert box.ready(2 * mmap.PAGESIZE) != ""  # outgrown (a page at least): a new file
+    box.close()
+    assert not list(tmp_path.iterdir())

@@ -157,7 +157,7 @@ def _group_sums(params: Tensor, groups: list[Group], share: Tensor) -> Tensor:
     `SPAN_GAP` apart merged), client by client: a pass over what each client trained, not over all of (m, P).
     The same terms added in the same order as the matrix product's; that product where a mask is scattered (more
     than 16 spans)."""
-    spans = []
+    spans: list[list[tuple[int, int]]] = []
     for _, mask in groups:
         edges = np.flatnonzero(np.diff(mask.numpy().view(np.int8), prepend=0, append=0))  # run starts, stops
         starts, stops = edges[0::2], edges[1::2]
