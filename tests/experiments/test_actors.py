@@ -250,6 +250,7 @@ def test_an_outbox_carries_the_models_and_leaves_no_file(tmp_path: Path, monkeyp
     store): the driver reads them bit for bit; the file's name goes once the actor has it open, and a larger shard
     gets a new file."""
     import mmap
+    import os
 
     import fedhet.experiments.actors as actors
 
@@ -266,3 +267,9 @@ def test_an_outbox_carries_the_models_and_leaves_no_file(tmp_path: Path, monkeyp
     assert box.ready(2 * mmap.PAGESIZE) != ""  # outgrown (a page at least): a new file
     box.close()
     assert not list(tmp_path.iterdir())
+
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    assert box.ready(60) is None and not list(tmp_path.iterdir())  # no room: through Ray, nothing left behind

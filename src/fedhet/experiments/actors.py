@@ -227,15 +227,22 @@ class Outbox:
         self.map: mmap.mmap | None = None
         self.size = 0
 
-    def ready(self, nbytes: int) -> str:
-        """The file's name for a shard of `nbytes` of models (a new, larger file where the last is too small)."""
+    def ready(self, nbytes: int) -> str | None:
+        """The file's name for a shard of `nbytes` of models (a new, larger file where the last is too small; None
+        where shared memory has no room: the models then go through Ray)."""
         if self.map is None or nbytes > self.size:
             self.close()
             size = max(nbytes + nbytes // 4, mmap.PAGESIZE)
-            fd, path = tempfile.mkstemp(prefix="fedhet-actor-", dir=SHARED_MEMORY)  # 0600, a new name
             try:
-                os.ftruncate(fd, size)
+                fd, path = tempfile.mkstemp(prefix="fedhet-actor-", dir=SHARED_MEMORY)  # 0600, a new name
+            except OSError:
+                return None
+            try:
+                os.posix_fallocate(fd, 0, size)  # no room: an error here, not a SIGBUS in the actor's write
                 self.map = mmap.mmap(fd, size)
+            except OSError:
+                os.unlink(path)
+                return None
             finally:
                 os.close(fd)
             self.path, self.size = path, size
