@@ -155,8 +155,8 @@ SPAN_GAP = 4096  # coordinates outside a mask that `_group_sums` reads rather th
 def _group_sums(params: Tensor, groups: list[Group], share: Tensor) -> Tensor:
     """(G, P) share @ params, row g over the spans of group g's mask only (its runs of True, those less than
     `SPAN_GAP` apart merged), client by client: a pass over what each client trained, not over all of (m, P).
-    The same terms added in the same order as the matrix product's; that product where a mask is scattered (more
-    than 16 spans)."""
+    The same terms as the matrix product's, added client after client (the product's own order differs for some
+    shapes: the last bits may differ); the product where a mask is scattered (more than 16 spans)."""
     spans: list[list[tuple[int, int]]] = []
     for _, mask in groups:
         edges = np.flatnonzero(np.diff(mask.numpy().view(np.int8), prepend=0, append=0))  # run starts, stops
