@@ -15,6 +15,9 @@ back, so checkpoints, resumes and personalised evaluation read it where a one-pr
 Ray is an optional extra (``pip install 'fedhet[ray]'``). Without an address the actors run on a local Ray instance
 started for the run; with one (``auto``, ``HOST:PORT``) on that cluster, one actor per `threads` cores (and one GPU
 each with ``device: cuda``). The data travels through Ray's object store: the nodes need no data files.
+The global model goes into the object store once a round for all actors; an actor on the driver's machine writes
+its models into a shared-memory `Outbox` that the driver reads in place, one elsewhere returns them through the
+object store.
 """
 
 from __future__ import annotations
