@@ -74,3 +74,23 @@ def test_a_mask_that_is_not_a_sub_network_of_units_is_left_to_the_masked_network
     assert train_sliced(request(model, torn.unsqueeze(0)), layers) is None
     momentum = request(model, masks, optimizer=SGD(momentum=0.9))
     assert train_sliced(momentum, layers) is None  # optimiser state: the masked network
+
+
+def test_every_coordinate_of_the_models_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The result is not cleared before the sub-networks are scattered into it: memory that starts as NaN must
+    end as the trained values and zeros (prefixes, rolling windows, any unit sets, the full model)."""
+    model = two_hidden()
+    layers = dense_layers(model)
+    assert layers is not None
+    masks = masks_of(model)
+    full = train_dense(request(model, masks), layers)
+    empty = torch.empty
+
+    def dirty(*args: object, **kwargs: object) -> torch.Tensor:
+        out = empty(*args, **kwargs)  # type: ignore[call-overload]
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty", dirty)
+    sliced = train_sliced(request(model, masks), layers)
+    assert sliced is not None
+    torch.testing.assert_close(sliced[0], full[0].masked_fill(~masks, 0.0), atol=1e-6, rtol=1e-5)

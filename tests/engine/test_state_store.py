@@ -97,3 +97,27 @@ def test_hostile_state_and_precision_settings_are_refused_in_one_line(
     monkeypatch.chdir(tmp_path)
     tiny = ["--dataset", "digits", "--rounds", "1", "--quiet", "--set", "num_clients=4", "--set", "local.steps=1"]
     assert_refused(["run", *tiny, *sets, "--out", "run"], fragment, tmp_path)
+
+
+@pytest.mark.parametrize("tables", [False, True])
+def test_rows_of_some_clients_load_as_their_part_of_the_whole_state(tables: bool) -> None:
+    """`rows_of` (what `--actors` sends a shard) holds those clients' rows alone, and an engine that loads it reads
+    for them what one that loads the whole `state_dict` reads (rows in the tables, packed, and this round's)."""
+    store = TableStore(6) if tables else ClientStore()
+    for r in range(3):
+        clients = torch.tensor([r, r + 1, 5])
+        store.write("t.c", clients, torch.arange(3.0).view(3, 1) + 10 * r, r)
+        store.prune(r)
+    part = store.rows_of([1, 2, 4])
+    assert set(part) == {"t.c"}
+    held = {k for k in part["t.c"] if k != "#packed"}
+    if "#packed" in part["t.c"]:
+        held |= set(part["t.c"]["#packed"]["clients"].tolist())
+    assert held == {1, 2}
+    one, whole = ClientStore(), ClientStore()
+    one.load_state_dict(part)
+    whole.load_state_dict(store.state_dict())
+    asked = torch.tensor([1, 2, 4])
+    for r in (2, 3):
+        for a, b in zip(one.latest("t.c", asked, r), whole.latest("t.c", asked, r), strict=True):
+            assert (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))

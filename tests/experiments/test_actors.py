@@ -127,6 +127,31 @@ def test_sharded_training_writes_the_one_process_run_folder(tmp_path: Path, algo
     same_files(tmp_path / "one", tmp_path / "two")
 
 
+def test_each_actor_is_sent_its_shards_rows_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clients' state travels for the cohort only, and the driver's store is never read whole (a round's cost
+    follows its cohort, not the clients with rows): SCAFFOLD's c_i of 20 clients, 6 a round."""
+    from fedhet.engine.state import ClientStore
+
+    sent: list[tuple[set[int], set[int]]] = []  # each shard's clients, and the clients whose rows it was sent
+
+    class Recording(InProcessPool):
+        def train(self, shards: list[Any], *args: Any) -> list[Any]:
+            sent.extend((set(plan.clients.tolist()), {k for t in state.values() for k in t}) for plan, state in shards)
+            return super().train(shards, *args)
+
+    config = parse_config({**SMALL, "algorithm": "scaffold", "clients_per_round": 6, "rounds": 5})
+    whole = ClientStore.state_dict
+    driver: list[ClientStore] = []
+    monkeypatch.setattr(ClientStore, "state_dict", lambda self: [] if self in driver else whole(self))
+    with Recording(2) as pool:
+        experiment = pool.builder(config)
+        driver.append(experiment.engine.client_state)  # reading it whole would give a list: the actor fails
+        state = run(config, builder=lambda _: experiment)
+    held = state.experiment.engine.client_state
+    assert len(held.clients(held.keys()[0])) > 6  # the store holds more clients than a cohort
+    assert all(rows <= cohort for cohort, rows in sent) and any(rows for _, rows in sent)
+
+
 def test_varying_steps_give_the_one_process_numbers(tmp_path: Path) -> None:
     """Epochs: clients of different steps, trained in order of decreasing steps."""
     config = parse_config({**SMALL, "clients_per_round": 9, "local": {"epochs": 1, "batch_size": 8}})
@@ -218,3 +243,33 @@ def test_a_cohort_of_one_chunk_trains_on_one_actor_with_a_note(tmp_path: Path) -
     with InProcessPool(2) as pool, pytest.warns(FedhetNote, match="trains on 1 of the 2 actors; set chunk_size"):
         run(config, tmp_path / "two", builder=pool.builder)
     assert pool.calls == [[16], [16]]
+
+
+def test_an_outbox_carries_the_models_and_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An actor on the driver's machine writes its models into the driver's `Outbox` (not through Ray's object
+    store): the driver reads them bit for bit; the file's name goes once the actor has it open, and a larger shard
+    gets a new file."""
+    import mmap
+    import os
+
+    import fedhet.experiments.actors as actors
+
+    monkeypatch.setattr(actors, "SHARED_MEMORY", str(tmp_path))
+    box = actors.Outbox()
+    models = torch.randn(3, 5)
+    name = box.ready(models.numel() * 4)
+    assert Path(name).parent == tmp_path and (Path(name).stat().st_mode & 0o077) == 0  # the driver's user alone
+    opened = actors._map_file(name)
+    torch.frombuffer(opened, dtype=torch.float32, count=15).copy_(models.view(-1))
+    assert torch.equal(box.models((3, 5)), models)
+    box.opened()
+    assert not list(tmp_path.iterdir()) and box.ready(15 * 4) == ""  # open in both processes, the name gone
+    assert box.ready(2 * mmap.PAGESIZE) != ""  # outgrown (a page at least): a new file
+    box.close()
+    assert not list(tmp_path.iterdir())
+
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    assert box.ready(60) is None and not list(tmp_path.iterdir())  # no room: through Ray, nothing left behind

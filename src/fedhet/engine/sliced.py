@@ -115,11 +115,11 @@ def train_sliced(request: TrainRequest, layers: list[DenseLayer]) -> Trained | N
     whole = [bool(all(bool(u.all()) for u in units)) for _, units in grouped]
     if len(grouped) == 1 and whole[0]:  # every client trains the whole model: no mask to apply
         return train_dense(replace(request, plan=replace(request.plan, masks=None)), layers)
-    params = torch.zeros(m, size, device=dev)
+    params = torch.empty(m, size, device=dev)  # every row written once: trained, or by `_scatter` (zeros elsewhere)
     losses = torch.full((m,), float("nan"), device=dev)
     for (rows, units), full in zip(grouped, whole, strict=True):
         at = rows.to(dev)
-        plan = replace(request.plan.rows(rows), masks=None, starts=None)
+        plan = replace(request.plan, masks=None, starts=None).rows(rows)  # not the (m, P) masks' rows: a copy
         starts = request.starts[at] if request.starts is not None else None  # else: the anchor
         if full:
             sub = replace(request, plan=plan, cohort=request.cohort.rows(at), starts=starts, reuse=None)
@@ -143,32 +143,45 @@ def train_sliced(request: TrainRequest, layers: list[DenseLayer]) -> Trained | N
 
 
 def _scatter(params: Tensor, at: Tensor, trained: Tensor, layers: list[DenseLayer], net: _SubNetwork) -> None:
-    """Write the sub-network's models `trained` (g, P_sub) into rows `at` of `params` (zero there): each layer's
-    kept rows and columns, a strided block where the kept units are the first ones."""
+    """Write the sub-network's models `trained` (g, P_sub) into rows `at` of `params`, zeros elsewhere (each of
+    their coordinates written once, as `params` is not cleared first): each layer's kept rows and columns, a strided
+    block where the kept units are the first ones."""
     g, m, dev = len(at), len(params), params.device
     inputs: Tensor | None = None  # the kept inputs of the layer (None: all)
     for la, sub, kept in zip(layers, net.layers, net.kept, strict=True):
         out = kept.to(dev)
         weight = trained[:, sub.weight].view(g, *sub.shape)
         target = params[:, la.weight].view(m, *la.shape)
+        rows, cols = sub.shape
         prefix = int(kept[-1]) + 1 == len(kept) and (inputs is None or int(inputs[-1]) + 1 == len(inputs))
         if prefix:  # the first k rows and columns
-            target[:, : sub.shape[0], : sub.shape[1]].index_copy_(0, at, weight)
+            target[:, :rows, :cols].index_copy_(0, at, weight)
+            for rest in (target[:, :rows, cols:], target[:, rows:]):
+                if rest.numel():
+                    _zero_rows(rest, at)
         else:
             block = torch.zeros(g, *la.shape, device=dev)
-            spread = weight if inputs is None else torch.zeros(g, sub.shape[0], la.shape[1], device=dev)
+            spread = weight if inputs is None else torch.zeros(g, rows, la.shape[1], device=dev)
             if inputs is not None:
                 spread.index_copy_(2, inputs.to(dev), weight)
             target.index_copy_(0, at, block.index_copy_(1, out, spread))
         if la.bias is not None and sub.bias is not None:
             bias = params[:, la.bias]
             if prefix:
-                bias[:, : len(kept)].index_copy_(0, at, trained[:, sub.bias])
+                bias[:, :rows].index_copy_(0, at, trained[:, sub.bias])
+                if rows < la.shape[0]:
+                    _zero_rows(bias[:, rows:], at)
             else:
                 bias.index_copy_(
                     0, at, torch.zeros(g, la.shape[0], device=dev).index_copy_(1, out, trained[:, sub.bias])
                 )
         inputs = kept
+
+
+def _zero_rows(tensor: Tensor, at: Tensor) -> None:
+    """tensor[at] = 0, row by row (2× faster than `index_fill_` on a strided view)."""
+    for i in at.tolist():
+        tensor[i].zero_()
 
 
 def _groups(masks: Tensor, layers: list[DenseLayer]) -> list[tuple[Tensor, list[Tensor]]] | None:
@@ -187,10 +200,27 @@ def _groups(masks: Tensor, layers: list[DenseLayer]) -> list[tuple[Tensor, list[
         members.setdefault(key, []).append(i)
     out = []
     for rows in members.values():
-        first = rows_np[rows[0]]
-        units = unit_structure(layers, masks[rows[0]])
-        whole = first.tobytes()
-        if units is None or not all(rows_np[i].tobytes() == whole for i in rows[1:]):
+        whole = rows_np[rows[0]].tobytes()
+        if not all(rows_np[i].tobytes() == whole for i in rows[1:]):
+            return None
+        units = _unit_structure(layers, masks[rows[0]], whole)
+        if units is None:
             return None
         out.append((torch.tensor(rows), units))
     return out
+
+
+_UNITS: dict[
+    tuple[object, ...], list[Tensor] | None
+] = {}  # the last few masks' units, by their bytes (a run meets a handful)
+
+
+def _unit_structure(layers: list[DenseLayer], mask: Tensor, key: bytes) -> list[Tensor] | None:
+    """`unit_structure` of `mask` (its bytes: `key`), kept for the next rounds."""
+    geometry = tuple((la.weight.start, la.bias.start if la.bias else None, la.shape) for la in layers)
+    cached = (geometry, key)
+    if cached not in _UNITS:
+        if len(_UNITS) >= 16:
+            _UNITS.pop(next(iter(_UNITS)))
+        _UNITS[cached] = unit_structure(layers, mask)
+    return _UNITS[cached]

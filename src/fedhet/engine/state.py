@@ -122,6 +122,12 @@ class ClientStore:
         save or clone them before training on)."""
         return {key: {k: list(history) for k, history in table.items()} for key, table in self._rows.items()}
 
+    def rows_of(self, clients: list[int]) -> dict[str, Any]:
+        """`state_dict` of `clients` alone (every key, with the rows of those of them that have some): what a shard
+        trained by another engine needs (`fedhet.experiments.actors`), read in time that follows `clients`, not the
+        number of clients with rows."""
+        return {key: {k: list(table[k]) for k in clients if k in table} for key, table in self._rows.items()}
+
     def update(self, state: dict[str, Any]) -> None:
         """Replace the rows of the clients `state` holds (a `state_dict` of some clients: those another engine
         trained, `fedhet.experiments.actors`) with its rows; the other clients keep theirs."""

@@ -152,6 +152,19 @@ class TableStore(ClientStore):
             state[key] = {**state.get(key, {}), PACKED: packed}
         return state
 
+    def rows_of(self, clients: list[int]) -> dict[str, Any]:
+        """`ClientStore.rows_of`, with the tables' rows of `clients` packed as `state_dict` packs them."""
+        state = super().rows_of(clients)
+        for key, table in self._tables.items():
+            index = torch.tensor([k for k in clients if table.versions[k] >= 0], dtype=torch.long)
+            packed = {
+                "clients": index,
+                "versions": torch.from_numpy(table.versions[index.numpy()]),
+                "rows": table.rows[index],
+            }
+            state[key] = {**state.get(key, {}), PACKED: packed}
+        return state
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Rows as `state_dict` (or `ClientStore.state_dict`) gave them: packed ones into the tables."""
         self.close()

@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from typing import Literal
 
+import numpy as np
 import torch
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from torch import Tensor, nn
@@ -215,7 +216,8 @@ def masked_average(
 ) -> Tensor:
     """d_j = Σ_k p_k m_kj (w_j − w_kj) / Σ_k p_k m_kj, and 0 where no client's mask holds j (HeteroFL Eq. 2),
     computed as w_j − Σ_k p_k m_kj w_kj / Σ_k p_k m_kj. With `groups` (the rows of each distinct mask, as
-    `SubModels.masks` gives them) the sums run per distinct mask: (G, m) × (m, P) and G passes over P."""
+    `SubModels.masks` gives them) the sums run per distinct mask, each over its clients' masked parts only
+    (`_group_sums`), and G passes over P."""
     p = weights.to(params.dtype)
     if groups is None:
         total = p @ masks.to(params.dtype)
@@ -224,7 +226,7 @@ def masked_average(
         share = torch.zeros(len(groups), len(p), dtype=params.dtype)
         for g, (rows, _) in enumerate(groups):
             share[g, rows] = p[rows]
-        sums = share @ params  # (G, P): each group's weighted sum of its clients' models
+        sums = _group_sums(params, groups, share)  # (G, P): each group's weighted sum of its clients' models
         total = torch.zeros_like(global_params)
         kept = torch.zeros_like(global_params)
         for (_, mask), part, weight in zip(groups, sums, share.sum(1).tolist(), strict=True):
@@ -232,6 +234,33 @@ def masked_average(
             kept.add_(part.masked_fill_(~mask, 0.0))
     mean = kept / total.clamp_min(torch.finfo(params.dtype).tiny)
     return torch.where(total > 0, global_params - mean, 0.0)
+
+
+SPAN_GAP = 4096  # coordinates outside a mask that `_group_sums` reads rather than start another span
+
+
+def _group_sums(params: Tensor, groups: list[Group], share: Tensor) -> Tensor:
+    """(G, P) share @ params, row g over the spans of group g's mask only (its runs of True, those less than
+    `SPAN_GAP` apart merged), client by client: a pass over what each client trained, not over all of (m, P).
+    The same terms as the matrix product's, added client after client (the product's own order differs for some
+    shapes: the last bits may differ); the product where a mask is scattered (more than 16 spans)."""
+    spans: list[list[tuple[int, int]]] = []
+    for _, mask in groups:
+        edges = np.flatnonzero(np.diff(mask.numpy().view(np.int8), prepend=0, append=0))  # run starts, stops
+        starts, stops = edges[0::2], edges[1::2]
+        if not len(starts):
+            spans.append([])
+            continue
+        join = np.flatnonzero(starts[1:] - stops[:-1] >= SPAN_GAP)  # the gaps that start a new span
+        spans.append(list(zip(starts[np.r_[0, join + 1]].tolist(), stops[np.r_[join, -1]].tolist(), strict=True)))
+    if any(len(s) > 16 for s in spans):
+        return share @ params
+    sums = torch.zeros(len(groups), params.shape[1], dtype=params.dtype)
+    for out, weights, (rows, _), runs in zip(sums, share.tolist(), groups, spans, strict=True):
+        for k in rows.tolist():
+            for a, b in runs:
+                out[a:b].add_(params[k, a:b], alpha=weights[k])
+    return sums
 
 
 class SubModels(Strategy):
