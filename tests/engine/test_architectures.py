@@ -114,18 +114,18 @@ def test_representations_are_class_sums_of_each_clients_model() -> None:
 def test_assignment_fix_splits_in_proportions_and_system_follows_capacity() -> None:
     model = composite()
     spec = Architectures(members=[{"name": "mlp", "hidden": []}, {"name": "mlp", "hidden": [5]}], proportions=[1, 3])
-    fixed = assign_members(spec, model, 8, 0, Constant())
+    fixed = assign_members(spec, model, 8, 0, None)
     assert torch.bincount(fixed).tolist() == [2, 6]
-    assert torch.equal(fixed, assign_members(spec, model, 8, 0, Constant()))  # seeded
+    assert torch.equal(fixed, assign_members(spec, model, 8, 0, None))  # seeded
     system = Constant(capacity=Capacity(levels=[1.0, 0.5, 0.1], proportions=[1, 1, 1]))
     system.setup(30, 0)
     by_capacity = Architectures(members=spec.members, assignment="system", levels=[0.5, 1.0])
-    members = assign_members(by_capacity, model, 30, 0, system)
+    members = assign_members(by_capacity, model, 30, 0, system.capacities())
     capacity = system.capacities()
     assert torch.equal(members[capacity == 1.0], torch.ones(int((capacity == 1.0).sum()), dtype=torch.long))
     assert bool((members[capacity < 1.0] == 0).all())  # 0.5 fits member 0; 0.1 fits none: the smallest
     with pytest.raises(ConfigError, match=r"set system\.capacity"):
-        assign_members(by_capacity, model, 30, 0, Constant())
+        assign_members(by_capacity, model, 30, 0, None)
 
 
 def test_default_levels_are_parameter_shares() -> None:
@@ -133,7 +133,9 @@ def test_default_levels_are_parameter_shares() -> None:
     spec = Architectures(members=[{"name": "mlp", "hidden": []}, {"name": "mlp", "hidden": [5]}], assignment="system")
     system = Constant(capacity=Capacity(levels=[1.0, 0.9], proportions=[1, 1]))
     system.setup(10, 0)
-    members = assign_members(spec, model, 10, 0, system)  # member 0 is about 0.6 of member 1: 0.9 holds member 0
+    members = assign_members(
+        spec, model, 10, 0, system.capacities()
+    )  # member 0 is about 0.6 of member 1: 0.9 holds member 0
     assert torch.equal(members, (system.capacities() == 1.0).long())
 
 

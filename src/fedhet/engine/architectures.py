@@ -34,7 +34,6 @@ from fedhet.errors import ConfigError
 from fedhet.models.architectures import Architectures, Composite
 from fedhet.models.flops import parameter_flops
 from fedhet.seeding import numpy_rng
-from fedhet.systems.base import SystemModel
 
 ARCHITECTURE = "architecture"  # data.info's key: each client's member (K,), for per-architecture metrics
 
@@ -58,19 +57,19 @@ def member_levels(spec: Architectures, model: FlatModel) -> list[float]:
     return [s / max(sizes) for s in sizes]
 
 
-def assign_members(spec: Architectures, model: FlatModel, k: int, seed: int, system: SystemModel) -> Tensor:
+def assign_members(spec: Architectures, model: FlatModel, k: int, seed: int, capacities: Tensor | None) -> Tensor:
     """(K,) int64 each client's member. ``fix``: the clients, in a seeded random order, split in the proportions (as
     nearly as whole clients allow); ``system``: the member of the largest level within the client's capacity (the
-    smallest member where none fits)."""
+    system model's `capacities`, (K,); the smallest member where none fits)."""
     n = len(spec.members)
     if spec.assignment == "system":
-        if system.capacity is None:
+        if capacities is None:
             raise ConfigError(
                 "model.assignment: system takes each client's architecture from the system model's capacity, and "
                 "the run sets none; set system.capacity (levels, proportions, by), or use model.assignment: fix"
             )
         levels = torch.tensor(member_levels(spec, model), dtype=torch.float64)
-        capacity = system.capacities().double()
+        capacity = capacities.double()
         fits = levels.unsqueeze(0) <= capacity.unsqueeze(1) + 1e-12  # (K, n)
         ranked = torch.where(fits, levels.unsqueeze(0), -1.0)
         best = ranked.argmax(1)  # the first member of the largest level that fits

@@ -432,7 +432,8 @@ def check_architectures(
     if not isinstance(engine, ArchitectureEngine):
         raise ConfigError("model: architectures runs on fedhet's own engine, not on Flower nodes")
     engine.place_client_state(config.personal_state, None)  # in memory: refused before anything is written
-    engine.assign(assign_members(spec, engine.model, engine.data.num_clients, config.seed, system))
+    capacities = system.capacities() if system.capacity is not None else None
+    engine.assign(assign_members(spec, engine.model, engine.data.num_clients, config.seed, capacities))
 
 
 EngineMaker = Callable[[RunConfig, Components, FlatModel, FederatedData], EngineProtocol]
