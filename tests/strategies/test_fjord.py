@@ -39,7 +39,8 @@ def small_network_sgd(model: FlatModel, w: torch.Tensor, k: int, widths: list[in
         logits = torch.tanh(x @ small["w1"].T + small["b1"]) @ small["w2"].T + small["b2"]
         grads = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, y), list(small.values()))
         new = {n: (v - LR * g).detach() for (n, v), g in zip(small.items(), grads, strict=True)}
-        p["0.weight"][:u], p["0.bias"][:u], p["2.weight"][:, :u], p["2.bias"] = new["w1"], new["b1"], new["w2"], new["b2"]
+        p["0.weight"][:u], p["0.bias"][:u] = new["w1"], new["b1"]
+        p["2.weight"][:, :u], p["2.bias"] = new["w2"], new["b2"]
     return torch.cat([v.reshape(-1) for v in p.values()])
 
 
@@ -95,8 +96,10 @@ def test_the_sequential_and_vectorised_backends_train_the_same_per_step_sub_mode
     for backend in ("vectorised", "sequential"):
         engine = Engine(mlp(), tiny_data([3, 5, 4], dim=3), backend=backend, seed=1, chunk_size=2)  # type: ignore[arg-type]
         masks = torch.stack([width_mask(engine.model, ["0", "2"], r) for r in (0.25, 0.5, 1.0)])
-        plan = LocalPlan(torch.arange(3), torch.tensor([3, 1, 2]), torch.full((3,), LR), 2)
-        plan = LocalPlan(**{**plan.__dict__, "step_masks": masks, "step_index": torch.tensor([[2, 0, 1], [1, 0, 0], [0, 2, 0]])})
+        index = torch.tensor([[2, 0, 1], [1, 0, 0], [0, 2, 0]])  # client 1 takes one step, client 2 two
+        plan = LocalPlan(
+            torch.arange(3), torch.tensor([3, 1, 2]), torch.full((3,), LR), 2, step_masks=masks, step_index=index
+        )
         assert plan.masks is not None and plan.masks.sum(1).tolist() == [masks[2].sum(), masks[1].sum(), masks[2].sum()]
         out.append(engine.train(engine.model.initial_params(), plan, 0).params)
         assert engine.last_backend == backend

@@ -454,6 +454,9 @@ def _train_functional(request: TrainRequest) -> Trained:
     return params, losses, _with_rule_state(opt_state, rule_state)
 
 
+State = tuple[Tree, dict[str, Any]]  # a step's parameters and optimiser state
+
+
 def _restricted(model: FlatModel, w: Tree, sub: Tensor) -> Tree:
     """The parameters `w` ((..., shape) leaves) with the coordinates outside the step's sub-model `sub` ((..., P)
     bool, a plan's step masks) at zero: what the step's forward pass reads."""
@@ -461,9 +464,7 @@ def _restricted(model: FlatModel, w: Tree, sub: Tensor) -> Tree:
     return {n: torch.where(mask[n], v, 0.0) for n, v in w.items()}
 
 
-def _outside_kept(
-    model: FlatModel, cohort: Cohort, sub: Tensor, after: tuple[Tree, dict[str, Any]], before: tuple[Tree, dict[str, Any]]
-) -> tuple[Tree, dict[str, Any]]:
+def _outside_kept(model: FlatModel, cohort: Cohort, sub: Tensor, after: State, before: State) -> State:
     """The parameters (running statistics included) and the optimiser's "param" states after a step of the
     sub-model `sub` ((..., P) bool), with the coordinates outside it as they were before the step."""
     mask = _tree(model, sub)
@@ -669,7 +670,8 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
     layers = dense_layers(model) if backend == "dense" else None
     spec = conv_layers(model) if backend == "conv" else None
     masks = request.plan.masks
-    if request.plan.step_masks is not None and (layers is not None or spec is not None or request.cohort.rule is not None):
+    hand_derived = layers is not None or spec is not None
+    if request.plan.step_masks is not None and (hand_derived or request.cohort.rule is not None):
         raise ConfigError(
             f"a plan's per-step sub-models (step masks) run on the sequential and vectorised backends, not on "
             f"'{backend}' (nor with a local rule)"

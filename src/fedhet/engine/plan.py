@@ -158,7 +158,7 @@ class LocalPlan:
                 raise ValueError("a plan's step_masks must be (S, P) bool")
             if self.step_index.dim() != 2 or len(self.step_index) != m or self.step_index.shape[1] < t:
                 raise ValueError(f"a plan's step_index must be ({m}, T) with T >= every client's steps")
-            if self.step_index.numel() and not (0 <= int(self.step_index.min()) and int(self.step_index.max()) < s):
+            if self.step_index.numel() and not (int(self.step_index.min()) >= 0 and int(self.step_index.max()) < s):
                 raise ValueError(f"a plan's step_index must point into its {s} step_masks")
             if self.masks is None:
                 self.masks = self.step_union()
@@ -226,8 +226,9 @@ class LocalPlan:
         used.scatter_(1, torch.where(taken, self.step_index, s), True)  # column s: the steps not taken
         return (used[:, :s].to(torch.float32) @ self.step_masks.to(torch.float32)) > 0
 
-    def step_mask(self, rows: Tensor | slice, t: int) -> Tensor | None:
-        """(len(rows), P) bool: the sub-model the plan's clients `rows` train at step t (None without step masks)."""
+    def step_mask(self, rows: Tensor | slice | int, t: int) -> Tensor | None:
+        """(len(rows), P) bool (one row: (P,)): the sub-model the plan's clients `rows` train at step t (None without
+        step masks)."""
         if self.step_masks is None or self.step_index is None:
             return None
         return self.step_masks[self.step_index[rows, t]]
