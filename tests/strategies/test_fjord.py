@@ -162,3 +162,63 @@ def test_a_resumed_run_is_byte_identical(tmp_path: Path) -> None:
     once = run(parse_config(config("round")), tmp_path / "round")
     assert (tmp_path / "round" / "metrics.csv").read_bytes() != (tmp_path / "straight" / "metrics.csv").read_bytes()
     assert once.final["test_accuracy"] >= 0
+
+
+def bn_mlp(units: int) -> torch.nn.Sequential:
+    return torch.nn.Sequential(
+        torch.nn.Linear(3, units), torch.nn.BatchNorm1d(units, momentum=0.3), torch.nn.ReLU(), torch.nn.Linear(units, 2)
+    )
+
+
+def sgd_step(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One full-batch SGD step of `net` in training mode (its running statistics updated by the forward pass)."""
+    net.train()
+    loss = torch.nn.functional.cross_entropy(net(x), y)
+    grads = torch.autograd.grad(loss, list(net.parameters()))
+    with torch.no_grad():
+        for p, g in zip(net.parameters(), grads, strict=True):
+            p.sub_(LR * g)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "vectorised"])
+def test_a_step_of_a_narrower_sub_model_keeps_the_other_units_and_their_batch_norm_statistics(backend: str) -> None:
+    """One client's two steps: the whole network (4 units), then its first 2 units (p = 1, then 1/2), against the
+    two networks trained by hand: units 2 and 3 (weights, batch-norm weight, bias and running statistics) keep
+    what the first step left."""
+    torch.manual_seed(0)
+    module = bn_mlp(4)
+    with torch.no_grad():
+        module[1].running_mean.copy_(torch.randn(4))
+        module[1].running_var.copy_(torch.rand(4) + 0.5)
+    model = FlatModel(module)
+    federated = tiny_data([6], dim=3, classes=2, seed=5)
+    engine = Engine(model, federated, backend=backend, seed=1)  # type: ignore[arg-type]
+    layers = ["0", "3"]
+    masks = torch.stack([width_mask(model, layers, r) for r in (0.25, 0.5, 1.0)])
+    plan = LocalPlan(
+        torch.tensor([0]),
+        torch.tensor([2]),
+        torch.full((1,), LR),
+        6,
+        step_masks=masks,
+        step_index=torch.tensor([[2, 1]]),
+    )
+    w0 = model.initial_params()
+    got = model.unflatten(engine.train(w0, plan, 0).params[0])
+    x, y = federated.train.client(0)
+    whole = bn_mlp(4)
+    start = model.unflatten(w0)
+    whole.load_state_dict({n: start[n].to(t.dtype) for n, t in whole.state_dict().items()})
+    sgd_step(whole, x, y)
+    after_one = {n: v.clone() for n, v in whole.state_dict().items()}
+    half = bn_mlp(2)
+    cut = {"3.weight": (slice(None), slice(0, 2)), "3.bias": (slice(None),)}  # the rest: the first 2 units
+    half.load_state_dict(
+        {n: after_one[n][cut.get(n, (slice(0, 2),) if after_one[n].dim() else ())] for n in half.state_dict()}
+    )
+    sgd_step(half, x, y)
+    expected = {n: v.clone() for n, v in after_one.items()}
+    for n, v in half.state_dict().items():
+        expected[n][cut.get(n, (slice(0, 2),) if v.dim() else ())] = v
+    for n, v in expected.items():
+        torch.testing.assert_close(got[n], v.float(), **TOL, msg=n)
