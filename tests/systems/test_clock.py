@@ -121,7 +121,8 @@ def test_clients_of_different_architectures_each_pay_their_own() -> None:
 def test_a_sub_model_per_step_costs_the_mean_share_of_its_steps() -> None:
     """Four parameters of 1, 1, 2 and 4 FLOPs (8 in all); step masks of shares 1/8, 1/4 and 1: a client whose steps
     train shares 1, 1/8 and 1/4 pays (1 + 1/8 + 1/4)/3 of the full model's compute per step (not its union's 1)."""
-    clock = RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES, flops=torch.tensor([1.0, 1.0, 2.0, 4.0], dtype=torch.float64))
+    flops = torch.tensor([1.0, 1.0, 2.0, 4.0], dtype=torch.float64)
+    clock = RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES, flops=flops)
     step_masks = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
     index = torch.tensor([[2, 0, 1], [1, 1, 0], [0, 0, 0]])
     plan = _plan([3, 2, 0], step_masks=step_masks, step_index=index)
