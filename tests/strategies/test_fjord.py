@@ -11,7 +11,7 @@ import torch
 
 from fedhet.engine.engine import Engine
 from fedhet.engine.functional import FlatModel
-from fedhet.engine.plan import LocalPlan
+from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.experiments.config import parse_config
 from fedhet.experiments.runner import resume, run
 from fedhet.flower.codec import decode_plan, encode_plan
@@ -222,3 +222,28 @@ def test_a_step_of_a_narrower_sub_model_keeps_the_other_units_and_their_batch_no
         expected[n][cut.get(n, (slice(0, 2),) if v.dim() else ())] = v
     for n, v in expected.items():
         torch.testing.assert_close(got[n], v.float(), **TOL, msg=n)
+
+
+def test_a_client_cut_short_counts_for_the_widest_sub_model_of_the_steps_it_took() -> None:
+    """Client 1 (capacity 1/2) draws p = 1/4, then 1/2: had a deadline cut it to one step, the units of 1/2 beyond
+    1/4 are averaged over client 0 alone (Eq. 2); with both steps taken, over both."""
+    strategy = FjORD(levels=LEVELS, capacities=[1.0, 0.5])
+    engine = setup(strategy, "vectorised")
+    model, clients = engine.model, torch.tensor([0, 1])
+    levels = sorted(LEVELS)
+    t = next(
+        t
+        for t in range(40)
+        if [levels[i] for i in strategy.step_draws(t, clients, torch.tensor([2, 2]))[1]] == [0.25, 0.5]
+    )
+    w = torch.zeros(model.size)
+    params = torch.stack([torch.full((model.size,), 2.0), torch.full((model.size,), 4.0)])
+    quarter, half = width_mask(model, ["0", "2"], 0.25), width_mask(model, ["0", "2"], 0.5)
+    between = half & ~quarter
+    both = (3 * 2.0 + 5 * 4.0) / 8  # the clients' sizes: 3 and 5
+    for steps, expected in (([2, 2], both), ([2, 1], 2.0)):
+        strategy.configure(t, clients, w)
+        result = LocalResult(clients, params, torch.zeros(2), torch.tensor(steps), torch.full((2,), LR))
+        got = strategy.aggregate(t, w, result)
+        assert got[quarter].tolist() == pytest.approx([both] * int(quarter.sum()))
+        assert got[between].tolist() == pytest.approx([expected] * int(between.sum()))

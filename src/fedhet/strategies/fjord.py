@@ -20,7 +20,7 @@ import torch
 from pydantic import Field, PrivateAttr
 from torch import Tensor
 
-from fedhet.engine.plan import LocalPlan
+from fedhet.engine.plan import LocalPlan, LocalResult
 from fedhet.seeding import numpy_rng
 from fedhet.strategies.base import STRATEGIES
 from fedhet.strategies.submodels import SubModels
@@ -37,6 +37,7 @@ class FjORD(SubModels):
         "batch", description="batch: p drawn for every local mini-batch (the paper); round: once per client per round"
     )
 
+    _taken: tuple[Tensor, Tensor] | None = PrivateAttr(None)  # (clients, the steps they took) in `aggregate`
     _drawn: tuple[int, Tensor, Tensor, Tensor] | None = PrivateAttr(None)  # (round, clients, steps, (m, T) draws)
 
     def _allowed(self, round_: int) -> tuple[Tensor, Tensor]:
@@ -60,7 +61,9 @@ class FjORD(SubModels):
         return out
 
     def _steps(self, clients: Tensor) -> Tensor:
-        """(m,) the local steps of `clients` (the run's local settings)."""
+        """(m,) the local steps of `clients`: those they took (while `aggregate` reads a result), else the run's."""
+        if self._taken is not None and torch.equal(self._taken[0], clients):
+            return self._taken[1]
         return self.ctx.local.plan(clients, self.ctx.train_sizes[clients]).steps
 
     def trained_levels(self, round_: int, clients: Tensor) -> Tensor:
@@ -89,3 +92,14 @@ class FjORD(SubModels):
             return plan  # every client's steps train one sub-model (its mask): no per-step masks needed
         levels = sorted(self.levels)
         return replace(plan, step_masks=torch.stack([self._prefix[r] for r in levels]), step_index=index)
+
+    def aggregate(self, round_: int, global_params: Tensor, result: LocalResult) -> Tensor:
+        """Eq. 2 over the clients' sub-models; with per-batch draws each client counts for the widest p of the steps
+        it took (fewer than planned where a deadline cut its work: `fedhet.systems.clock`)."""
+        if self.draws == "batch" and not torch.equal(result.steps, self._steps(result.clients)):
+            self._taken, self._round_masks = (result.clients, result.steps), None
+        try:
+            return super().aggregate(round_, global_params, result)
+        finally:
+            if self._taken is not None:
+                self._taken, self._round_masks = None, None
