@@ -4,11 +4,12 @@ A client of capacity p_max ∈ (0, 1] trains, at every local mini-batch, the sub
 every hidden layer (ordered dropout, §3), p drawn uniformly from the levels ``levels`` that are at most p_max (the
 paper's U_{p_max}(D), §3.2): ``draws: batch`` (the default), p drawn for every (client, step) from the run's seeded
 stream (seed, "fjord", round, client), whatever the cohort and the backend, carried to the engine as per-step
-sub-models (`fedhet.engine.plan.LocalPlan.step_masks`). ``draws: round`` draws one p per client per round (seeded by
-(seed, round); the behaviour, and the numbers, of fedhet before 0.6). Aggregation: each coordinate is averaged over
-the clients that trained it (`fedhet.strategies.submodels.masked_average`, as FjORD's §3.3 aggregates the
-sub-models); with per-batch draws a client counts for the units of its largest drawn p (the union of its steps'
-sub-models: a unit its draws never reached it did not train). Not implemented: FjORD's self-distillation.
+sub-models (`fedhet.engine.plan.LocalPlan.step_masks`). ``draws: round`` draws one p per client per round (seeded
+by (seed, round)): the behaviour, and the numbers, of fedhet's FjORD before per-batch draws. Aggregation: each
+coordinate is averaged over the clients that trained it (`fedhet.strategies.submodels.masked_average`, as FjORD's
+§3.3 aggregates the sub-models); with per-batch draws a client counts for the units of its widest drawn p (the
+union of its steps' sub-models: a unit its draws never reached it did not train). Not implemented: FjORD's
+self-distillation.
 """
 
 from __future__ import annotations
