@@ -271,20 +271,25 @@ def test_personal_models_are_the_native_ones_whichever_worker_answers(
     assert_same_metrics(native, actors)
 
 
-@pytest.mark.parametrize("algorithm", ["heterofl", "fedrolex", "fjord", "depthfl"])
+@pytest.mark.parametrize(
+    ("algorithm", "extra"),
+    [("heterofl", {}), ("fedrolex", {}), ("fjord", {}), ("fjord", {"draws": "round"}), ("depthfl", {})],
+    ids=["heterofl", "fedrolex", "fjord-per-batch", "fjord-per-round", "depthfl"],
+)
 def test_sub_models_on_flower_nodes_give_the_native_numbers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_task: None, algorithm: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_task: None, algorithm: str, extra: dict
 ) -> None:
-    """HeteroFL (its scaler on), FedRolex, FjORD and DepthFL (its self-distillation term and multi-exit model): the
-    plans' masks, scales and terms reach the nodes, whose engines train the sub-models; every metrics.csv value, the
-    accuracy at every level included, within 1e-5 of the native run."""
+    """HeteroFL (its scaler on), FedRolex, FjORD (p per mini-batch: the plans' step masks; and per round) and
+    DepthFL (its self-distillation term and multi-exit model): the plans' masks, scales and terms reach the nodes,
+    whose engines train the sub-models; every metrics.csv value, the accuracy at every level included, within 1e-5
+    of the native run."""
     from flower_helpers import assert_same_metrics, read_metrics, small_config
 
     from fedhet.experiments.runner import run
     from fedhet.flower.remote import Settings, remote_builder
 
     monkeypatch.setattr(apps, "_WORKERS", {})
-    levels = {"name": algorithm, "levels": [1, 0.5, 0.25]}
+    levels = {"name": algorithm, "levels": [1, 0.5, 0.25], **extra}
     model = (
         {"name": "mlp_exits", "hidden": [16, 16, 16, 16]} if algorithm == "depthfl" else {"name": "mlp", "hidden": [16]}
     )

@@ -163,7 +163,9 @@ def test_fedrolex_rounds_0_1_2_with_a_full_and_a_half_client_match_the_hand_comp
 
 
 def test_fjord_draws_p_up_to_each_clients_capacity_and_trains_the_first_units() -> None:
-    strategy = STRATEGIES.build({"name": "fjord", "levels": [1, 0.5, 0.25], "capacities": [1, 0.5, 0.25] * 10})
+    strategy = STRATEGIES.build(
+        {"name": "fjord", "levels": [1, 0.5, 0.25], "capacities": [1, 0.5, 0.25] * 10, "draws": "round"}
+    )
     assert isinstance(strategy, FjORD)
     engine = Engine(mlp(), tiny_data([3] * 30, dim=3), backend="dense")
     strategy.setup(make_context(engine, m=30))
@@ -179,7 +181,8 @@ def test_fjord_draws_p_up_to_each_clients_capacity_and_trains_the_first_units() 
 
 
 def test_fjord_round_with_two_clients_matches_the_hand_computed_model() -> None:
-    strategy = FjORD(levels=[1.0, 0.5], capacities=[1.0, 0.5])
+    """``draws: round`` (one p per client per round); per-batch draws: tests/strategies/test_fjord.py."""
+    strategy = FjORD(levels=[1.0, 0.5], capacities=[1.0, 0.5], draws="round")
     engine = setup(strategy, "dense")
     model = engine.model
     w = model.initial_params()

@@ -125,3 +125,17 @@ def test_a_protocols_upload_replaces_the_update_and_its_round_trips_cost_latency
     assert clock.finish_times().tolist() == pytest.approx([6.5, 6.5, 6.5])
     assert clock.traffic() == (3e6, 4.5e6)
     assert plan_bytes(_plan([1, 1, 1], upload=Upload(1.5e6)), SIZE, 0) == (1e6, 1.5e6)
+
+
+def test_a_sub_model_per_step_costs_the_mean_share_of_its_steps() -> None:
+    """Four parameters of 1, 1, 2 and 4 FLOPs (8 in all); step masks of shares 1/8, 1/4 and 1: a client whose steps
+    train shares 1, 1/8 and 1/4 pays (1 + 1/8 + 1/4)/3 of the full model's compute per step (not its union's 1)."""
+    flops = torch.tensor([1.0, 1.0, 2.0, 4.0], dtype=torch.float64)
+    clock = RoundClock(PROFILES, torch.tensor([0, 1, 2]), SIZES, flops=flops)
+    step_masks = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    index = torch.tensor([[2, 0, 1], [1, 1, 0], [0, 0, 0]])
+    plan = _plan([3, 2, 0], step_masks=step_masks, step_index=index)
+    assert plan.masks is not None and plan.masks.sum(1).tolist() == [4, 2, 0]  # the unions
+    share = clock.work_share(plan)
+    assert isinstance(share, torch.Tensor)
+    assert share.tolist() == pytest.approx([(1 + 1 / 8 + 1 / 4) / 3, 1 / 4, 0.0])

@@ -36,7 +36,7 @@ from fedhet.engine.state import ClientStore
 from fedhet.engine.state_store import PersonalState, TableStore, choose_personal_state
 from fedhet.engine.step import Cohort, fresh_cohort
 from fedhet.engine.vmap_probe import probe_vmap
-from fedhet.errors import ConfigError, FedhetWarning
+from fedhet.errors import ConfigError, FedhetNote, FedhetWarning
 
 BackendChoice = Literal["auto", "sequential", "vectorised", "dense", "conv"]
 
@@ -168,6 +168,7 @@ class Engine:
         self.local = local or LocalSettings(steps=10, lr=0.05, batch_size=10)  # the run's default local training
         self.client_state = ClientStore()  # state the clients keep between rounds (see `fedhet.engine.state`)
         self.state_history = 1  # rounds a run may be rewound by and still find the clients' state (a checkpoint's age)
+        self._step_mask_note = False  # said once: dense/conv hand per-step sub-models to another backend
         self.last_backend: str | None = None  # what trained the last cohort (objectives may rule out a backend)
         self.reuse = Reuse()  # products of the round's mini-batches a second training may reuse (Ditto's)
         self._masks: dict[tuple[str, ...], Tensor] = {}  # `mask`'s answers
@@ -199,7 +200,7 @@ class Engine:
         cohort, starts, (params, losses, state) = self._run(global_params, plan, round_, clip=True)
         clipped = state.pop(CLIPPED, None)
         self.last_backend = self.backend_for(
-            len(plan.clients), cohort.autograd_only, plan.batch_size, cohort.dense_runs
+            len(plan.clients), cohort.autograd_only, plan.batch_size, cohort.dense_runs, plan.step_masks is not None
         )
         result = LocalResult(plan.clients, params, losses, plan.steps, plan.lr)
         anchor = starts if starts is not None else global_params
@@ -293,7 +294,8 @@ class Engine:
         starts = plan.starts if plan.starts is not None else self.personal_starts(global_params, plan, round_)
         if plan.masks is not None and starts is not None:  # sub-models: the coordinates outside a client's mask
             starts = torch.where(plan.masks, starts, 0.0)  # start (and stay) at zero (from the anchor: `train_cohort`)
-        backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size, cohort.dense_runs)
+        stepped = plan.step_masks is not None
+        backend = self.backend_for(len(plan.clients), cohort.autograd_only, plan.batch_size, cohort.dense_runs, stepped)
         patterns = (*plan.frozen, *self.model.frozen)  # the plan's and the model's own (a LoRA model's base)
         frozen = self.mask(patterns, "local.frozen") if patterns else None
         request = TrainRequest(
@@ -369,18 +371,37 @@ class Engine:
             )
 
     def backend_for(
-        self, cohort: int, autograd_only: bool = False, batch_size: int | None = None, dense_runs: bool | None = None
+        self,
+        cohort: int,
+        autograd_only: bool = False,
+        batch_size: int | None = None,
+        dense_runs: bool | None = None,
+        step_masks: bool = False,
     ) -> Backend:
         """The backend that trains a cohort of this size (see `resolve_backend`) with mini-batches of `batch_size`
         (default: the run's) and an objective the dense backend runs or not (`dense_runs`, default: not
-        `autograd_only`)."""
+        `autograd_only`). A plan with per-step sub-models (`step_masks`, `LocalPlan.step_masks`) trains on the
+        sequential or vectorised backend: with `dense` or `conv` chosen, on the one `auto` picks (a note says so)."""
+        choice = self.backend
+        if step_masks:
+            autograd_only, dense_runs = True, False
+            if choice in ("dense", "conv"):
+                if not self._step_mask_note:
+                    warnings.warn(
+                        f"backend '{choice}' does not train per-step sub-models (FjORD's per-batch draws): these "
+                        "cohorts train on the backend 'auto' picks for them (vectorised or sequential)",
+                        FedhetNote,
+                        stacklevel=3,
+                    )
+                    self._step_mask_note = True
+                choice = "auto"
         unprobed = self.model.vmap_probe is None and dense_layers(self.model) is None
-        if autograd_only and self.backend == "auto" and unprobed:
+        if autograd_only and choice == "auto" and unprobed:
             self._probe("auto")  # a CNN with an objective that needs autograd: vectorised if vmap runs it well
         batch = self.local.batch_size if batch_size is None else batch_size
         autocast = self.precision != "float32"  # the dense and conv backends' own products ignore autocast
         runs = None if dense_runs is None else dense_runs and not autocast
-        return resolve_backend(self.backend, self.model, cohort, self.device, autograd_only or autocast, batch, runs)
+        return resolve_backend(choice, self.model, cohort, self.device, autograd_only or autocast, batch, runs)
 
     def cohort(self, plan: LocalPlan, global_params: Tensor, round_: int) -> Cohort:
         """The plan's objective with the cohort's stored state (a term's initial state for clients never seen;

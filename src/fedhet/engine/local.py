@@ -160,11 +160,21 @@ def _train_one(
     for t in range(tau):
         _seed_dropout(model, request.seed, request.round_, t, plan.stream)
         rows = index[i, t]
+        sub = plan.step_mask(i, t)  # this step's sub-model (a plan's step masks), or None
+        if sub is not None:
+            before, stats = w.clone(), model.bound_statistics()
+            with torch.no_grad():
+                w.masked_fill_(~sub, 0.0)
         g.zero_()
         loss = model.module_batch_loss(data.x[rows], data.y[rows], weight[i, t])
         loss.backward()
         with torch.no_grad():
             new, after = cohort.optimizer.step(w, leaf_direction(g, w, terms), state, lr)
+            if sub is not None:  # outside the step's sub-model: the values, state and statistics of before the step
+                new = torch.where(sub, new, before)
+                after = {k: torch.where(sub, v, state[k]) if kinds[k] == "param" else v for k, v in after.items()}
+                if model.stat_names:
+                    model.bind_statistics(torch.where(sub[model.stats], model.bound_statistics(), stats))
             w.copy_(request.keep_frozen(new, w))
             state = {k: request.keep_frozen(v, state[k]) if kinds[k] == "param" else v for k, v in after.items()}
         total = total + loss.detach()
@@ -416,8 +426,11 @@ def _train_functional(request: TrainRequest) -> Trained:
             if denominators is not None:
                 noise, denominator = _private_inputs(request, torch.tensor([i]), t, denominators)
                 private = (tree_map(lambda v: v[0], noise), denominator[0])
+            sub = plan.step_mask(torch.tensor([i]), t)
+            before = (w, state)
+            w_in = _restricted(model, w, sub[0]) if sub is not None else w
             w, state, carried, loss = step(
-                w,
+                w_in,
                 start,
                 gather_rows(data.x, rows),
                 data.y[rows],
@@ -429,6 +442,8 @@ def _train_functional(request: TrainRequest) -> Trained:
                 carried,
                 private,
             )
+            if sub is not None:
+                w, state = _outside_kept(model, cohort, sub[0], (w, state), before)
             w, state, carried = tree_map(torch.Tensor.detach, (w, state, carried))
             total = total + loss.detach()
         params[i] = _flat(tree_map(lambda v: v.unsqueeze(0), w), 1)[0]
@@ -437,6 +452,29 @@ def _train_functional(request: TrainRequest) -> Trained:
             for k, v in _flat_state(tree_map(lambda v: v.unsqueeze(0), new), 1).items():
                 into[k][i] = v[0]
     return params, losses, _with_rule_state(opt_state, rule_state)
+
+
+State = tuple[Tree, dict[str, Any]]  # a step's parameters and optimiser state
+
+
+def _restricted(model: FlatModel, w: Tree, sub: Tensor) -> Tree:
+    """The parameters `w` ((..., shape) leaves) with the coordinates outside the step's sub-model `sub` ((..., P)
+    bool, a plan's step masks) at zero: what the step's forward pass reads."""
+    mask = _tree(model, sub)
+    return {n: torch.where(mask[n], v, 0.0) for n, v in w.items()}
+
+
+def _outside_kept(model: FlatModel, cohort: Cohort, sub: Tensor, after: State, before: State) -> State:
+    """The parameters (running statistics included) and the optimiser's "param" states after a step of the
+    sub-model `sub` ((..., P) bool), with the coordinates outside it as they were before the step."""
+    mask = _tree(model, sub)
+    kinds = cohort.optimizer.state_kinds()
+    w = {n: torch.where(mask[n], v, before[0][n]) for n, v in after[0].items()}
+    opt = {
+        k: {n: torch.where(mask[n], v[n], before[1][k][n]) for n in v} if kinds[k] == "param" else v
+        for k, v in after[1].items()
+    }
+    return w, opt
 
 
 VMAP_ACTIVATIONS = 8  # activations per sample of a generic model under vmap, in multiples of its input's size (a guess)
@@ -506,9 +544,12 @@ def _train_vectorised(request: TrainRequest, vstep: Callable[..., Any], scales: 
             if bool(active.all()):
                 rows = index[:, at]
                 private = _private_inputs(request, chunk_rows, t, denominators) if denominators is not None else None
+                sub = plan.step_mask(sel, t)
+                sub = sub.to(dev) if sub is not None else None
+                before = (w, opt)
                 w, opt, carried, loss = vstep(
                     scales[sel] if scales is not None else None,
-                    w,
+                    _restricted(model, w, sub) if sub is not None else w,
                     start,
                     gather_rows(data.x, rows),
                     data.y[rows],
@@ -520,6 +561,8 @@ def _train_vectorised(request: TrainRequest, vstep: Callable[..., Any], scales: 
                     carried,
                     private,
                 )
+                if sub is not None:
+                    w, opt = _outside_kept(model, cohort, sub, (w, opt), before)
                 total = total + loss
             else:
                 on_cpu = torch.nonzero(active).flatten()
@@ -529,9 +572,12 @@ def _train_vectorised(request: TrainRequest, vstep: Callable[..., Any], scales: 
                 private = None
                 if denominators is not None:
                     private = _private_inputs(request, chunk_rows[on_cpu], t, denominators)
+                sub = plan.step_mask(chunk_rows[on_cpu], t)
+                sub = sub.to(dev) if sub is not None else None
+                w_in = tree_map(pick, w)
                 new_w, new_opt, new_carried, loss = vstep(
                     scales[sel][ids] if scales is not None else None,
-                    tree_map(pick, w),
+                    _restricted(model, w_in, sub) if sub is not None else w_in,
                     start,
                     gather_rows(data.x, rows),
                     data.y[rows],
@@ -543,6 +589,9 @@ def _train_vectorised(request: TrainRequest, vstep: Callable[..., Any], scales: 
                     tree_map(pick, carried),
                     private,
                 )
+                if sub is not None:
+                    before = (w_in, tree_map(pick, opt))
+                    new_w, new_opt = _outside_kept(model, cohort, sub, (new_w, new_opt), before)
                 put = lambda full, new, ids=ids: full.index_put((ids,), new)  # noqa: E731
                 w, opt, carried = tree_map(put, (w, opt, carried), (new_w, new_opt, new_carried))
                 total[ids] += loss
@@ -621,6 +670,12 @@ def train_cohort(request: TrainRequest, backend: Backend, placed: ClientData | N
     layers = dense_layers(model) if backend == "dense" else None
     spec = conv_layers(model) if backend == "conv" else None
     masks = request.plan.masks
+    hand_derived = layers is not None or spec is not None
+    if request.plan.step_masks is not None and (hand_derived or request.cohort.rule is not None):
+        raise ConfigError(
+            f"a plan's per-step sub-models (step masks) run on the sequential and vectorised backends, not on "
+            f"'{backend}' (nor with a local rule)"
+        )
     if masks is not None:  # sub-models: as the smaller networks, or the masked full one from zeros outside the mask
         sliced = train_sliced(run, layers) if layers is not None else None
         if sliced is not None:

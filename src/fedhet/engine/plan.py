@@ -142,6 +142,8 @@ class LocalPlan:
     masks: Tensor | None = None  # (m, P) bool: the coordinates each client trains (the others: zero)
     scales: Tensor | None = None  # (m, L) float32: factors on the outputs of the L Linear/Conv2d layers in training
     upload: Upload | None = None  # what a client sends instead of its update (secure aggregation), for the clock
+    step_masks: Tensor | None = None  # (S, P) bool: the sub-models the clients' steps train (with ``step_index``)
+    step_index: Tensor | None = None  # (m, T) int64: which of ``step_masks`` client k's step t trains
 
     def __post_init__(self) -> None:
         m = len(self.clients)
@@ -162,6 +164,18 @@ class LocalPlan:
             raise ValueError(f"a plan's masks must be ({m}, P) bool")
         if self.scales is not None and (self.scales.dim() != 2 or len(self.scales) != m):
             raise ValueError(f"a plan's scales must be ({m}, L)")
+        if (self.step_masks is None) != (self.step_index is None):
+            raise ValueError("a plan's step_masks and step_index come together")
+        if self.step_masks is not None and self.step_index is not None:
+            s, t = len(self.step_masks), int(self.steps.max()) if m else 0
+            if self.step_masks.dim() != 2 or self.step_masks.dtype != torch.bool:
+                raise ValueError("a plan's step_masks must be (S, P) bool")
+            if self.step_index.dim() != 2 or len(self.step_index) != m or self.step_index.shape[1] < t:
+                raise ValueError(f"a plan's step_index must be ({m}, T) with T >= every client's steps")
+            if self.step_index.numel() and not (int(self.step_index.min()) >= 0 and int(self.step_index.max()) < s):
+                raise ValueError(f"a plan's step_index must point into its {s} step_masks")
+            if self.masks is None:
+                self.masks = self.step_union()
         if self.masks is not None and (self.personal is not None or self.clip is not None):
             raise ValueError("a plan's masks do not combine with personal parts or update clipping")
         self.terms = tuple(self.terms)
@@ -205,6 +219,7 @@ class LocalPlan:
         starts = self.starts[keep] if self.starts is not None else None
         masks = self.masks[keep] if self.masks is not None else None
         scales = self.scales[keep] if self.scales is not None else None
+        index = self.step_index[keep] if self.step_index is not None else None
         return replace(
             self,
             clients=self.clients[keep],
@@ -213,7 +228,24 @@ class LocalPlan:
             starts=starts,
             masks=masks,
             scales=scales,
+            step_index=index,
         )
+
+    def step_union(self) -> Tensor:
+        """(m, P) bool: each client's union of the ``step_masks`` of the steps it takes (none: all False)."""
+        assert self.step_masks is not None and self.step_index is not None
+        m, s = len(self.clients), len(self.step_masks)
+        taken = torch.arange(self.step_index.shape[1]).unsqueeze(0) < self.steps.unsqueeze(1)
+        used = torch.zeros(m, s + 1, dtype=torch.bool)
+        used.scatter_(1, torch.where(taken, self.step_index, s), True)  # column s: the steps not taken
+        return (used[:, :s].to(torch.float32) @ self.step_masks.to(torch.float32)) > 0
+
+    def step_mask(self, rows: Tensor | slice | int, t: int) -> Tensor | None:
+        """(len(rows), P) bool (one row: (P,)): the sub-model the plan's clients `rows` train at step t (None without
+        step masks)."""
+        if self.step_masks is None or self.step_index is None:
+            return None
+        return self.step_masks[self.step_index[rows, t]]
 
     @property
     def anchor_free(self) -> bool:

@@ -78,6 +78,9 @@ def encode_plan(plan: LocalPlan, rows: Tensor | slice = slice(None)) -> Payload:
         arrays["masks"] = to_numpy(plan.masks[rows])
     if plan.scales is not None:
         arrays["scales"] = to_numpy(plan.scales[rows])
+    if plan.step_masks is not None and plan.step_index is not None:
+        arrays["step_masks"] = to_numpy(plan.step_masks)  # a few (P,) masks, shared by the rows
+        arrays["step_index"] = to_numpy(plan.step_index[rows])
     if plan.clip is not None:
         config["clip"] = json.dumps(dataclasses.asdict(plan.clip))
     if plan.dp_sgd is not None:
@@ -107,6 +110,8 @@ def decode_plan(arrays: Arrays, config: Config) -> LocalPlan:
         starts=to_torch(arrays["starts"]) if "starts" in arrays else None,
         masks=to_torch(arrays["masks"]).bool() if "masks" in arrays else None,
         scales=to_torch(arrays["scales"]) if "scales" in arrays else None,
+        step_masks=to_torch(arrays["step_masks"]).bool() if "step_masks" in arrays else None,
+        step_index=to_torch(arrays["step_index"]).long() if "step_index" in arrays else None,
         clip=UpdateClip(**_fields(str(config["clip"]), UpdateClip)) if "clip" in config else None,
         dp_sgd=ExampleDP(**_fields(str(config["dp_sgd"]), ExampleDP)) if "dp_sgd" in config else None,
     )

@@ -6,7 +6,8 @@ A client's round is download + compute + upload (`Profiles.durations`):
   stays on the client, `fedhet.engine.personal`; a sub-model's coordinates alone, ``plan.masks``) and the terms'
   server tensors (SCAFFOLD's c);
 * compute: the samples of its local steps (steps × min(batch, its samples)) times its seconds per sample, times
-  its sub-model's share of the full model's FLOPs where it trains one (``plan.masks``, `fedhet.models.flops`);
+  its sub-model's share of the full model's FLOPs where it trains one (``plan.masks``, `fedhet.models.flops`; with a
+  sub-model per step, ``plan.step_masks``, the mean share over its steps);
 * upload: the shared part of its model and the state rows its terms report (SCAFFOLD's Δc_i); under a protocol
   (``plan.upload``: secure aggregation) the protocol's bytes instead of the model's, and the latency of its extra
   message round trips.
@@ -138,11 +139,18 @@ class RoundClock:
 
     def work_share(self, plan: LocalPlan) -> Tensor | float:
         """(m,) each client's share of the full model's FLOPs: that of the coordinates its sub-model trains
-        (``plan.masks``), 1 for the full model."""
+        (``plan.masks``), 1 for the full model; with a sub-model per step (``plan.step_masks``), the mean over its
+        steps of theirs."""
         if plan.masks is None or self.flops is None:
             return 1.0
         flops = self.flops.to(plan.masks.device)  # of the parameters: running statistics (after them) cost none
-        return (plan.masks[:, : len(flops)].double() @ flops / flops.sum()).cpu()
+        share = (plan.masks[:, : len(flops)].double() @ flops / flops.sum()).cpu()
+        if plan.step_masks is None or plan.step_index is None:
+            return share
+        each = (plan.step_masks[:, : len(flops)].double() @ flops.to(plan.step_masks.device) / flops.sum()).cpu()
+        taken = torch.arange(plan.step_index.shape[1]).unsqueeze(0) < plan.steps.unsqueeze(1)
+        mean = torch.where(taken, each[plan.step_index], 0.0).sum(1) / plan.steps.clamp_min(1)
+        return torch.where(plan.steps > 0, mean, share)
 
     def _comm(self, rows: Tensor | slice = slice(None)) -> Tensor:
         lat = 2 * (1 + self.trips[rows]) * self.profiles.latency_s[self.clients[rows]].double()
