@@ -319,7 +319,7 @@ class Trainer:
         engine.client_state.load_state_dict(state)
         with torch_threads(self.threads):
             result = engine.train(params, plan, round_)
-        models, result.params = result.params, result.params[:0]
+        models, result.params = result.params, result.params[:0].clone()  # not a view: pickling one sends its storage
         if outbox:
             self._outbox = _map_file(outbox)
         box = self._outbox if outbox is not None else None
