@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +12,9 @@ import torch.nn.functional as F
 from fedhet.catalog import STRATEGIES
 from fedhet.engine.engine import Engine
 from fedhet.engine.plan import LocalPlan, LocalResult
-from fedhet.errors import ConfigError
+from fedhet.errors import ConfigError, FedhetNote
+from fedhet.experiments.config import parse_config
+from fedhet.experiments.runner import run
 from fedhet.strategies.fedproto import PERSONAL, FedProto, PrototypeTerm, global_prototypes
 from helpers.architectures import context, engine
 from helpers.tiny import linear_model, make_context, tiny_data
@@ -156,3 +159,14 @@ def test_nearest_prototype_inference_by_hand() -> None:
 def test_a_server_step_is_refused_not_ignored(name: str, setting: dict[str, object]) -> None:
     with pytest.raises(ConfigError, match="takes no server step"):
         STRATEGIES.build({"name": name, **setting}, where="algorithm")
+
+
+def test_a_config_without_a_model_trains_three_architectures_and_says_so(tmp_path: Path) -> None:
+    """`fedhet run --algorithm fedproto` on its own trains three MLPs of different widths (any input shape)."""
+    with pytest.warns(FedhetNote, match=r"trains model \{name: architectures, members: .*hidden: \[128, 64\]"):
+        state = run(
+            parse_config({"algorithm": "fedproto", "num_clients": 6, "clients_per_round": 3, "rounds": 1}),
+            tmp_path / "r",
+        )
+    assert len(state.experiment.engine.parts) == 3  # type: ignore[attr-defined]
+    assert "name: architectures" in (tmp_path / "r/config.yaml").read_text()

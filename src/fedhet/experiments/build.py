@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from fedhet.attacks.base import Attack
 from fedhet.availability.base import Availability
@@ -213,8 +214,10 @@ def implied(config: RunConfig, parts: Components, dataset: Dataset) -> tuple[Run
         notes.append(f"task {task.name}: no classes to split by, so partition iid; name a partition to split otherwise")
     model = parts.algorithm.default_model
     if "model" not in given and model is not None:
-        changes["model"] = {"name": model}
-        notes.append(f"algorithm {parts.algorithm.name} trains model {model} unless the config names a model")
+        changes["model"] = {"name": model} if isinstance(model, str) else model
+        flow = yaml.safe_dump(model, default_flow_style=True, width=1 << 20, sort_keys=False).strip()
+        named = model if isinstance(model, str) else flow
+        notes.append(f"algorithm {parts.algorithm.name} trains model {named} unless the config names a model")
     if not changes:
         return config, notes
     return parse_config({**config.model_dump(mode="json"), **changes}), notes

@@ -114,7 +114,9 @@ class Strategy(Component):
     model_config = ConfigDict(extra="forbid", frozen=False, arbitrary_types_allowed=True)
     asynchronous: ClassVar[bool] = False  # an `AsynchronousStrategy`: updates arrive one by one, no rounds
     sub_models: ClassVar[bool] = False  # its plans give clients sub-models (`LocalPlan.masks`): no DP (noise leaks)
-    default_model: ClassVar[str | None] = None  # the model a run of it builds where the config names none
+    default_model: ClassVar[str | dict[str, Any] | None] = (
+        None  # the model (a name or a spec) where the config names none
+    )
     architectures: ClassVar[bool] = False  # shares no weights between clients: runs with model: architectures
     server_lr: float = Field(1.0, gt=0, description="global (server) learning rate η_g")
     server_optimizer: ServerOptimizer = Field(

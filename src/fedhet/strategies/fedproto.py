@@ -110,12 +110,19 @@ class NoServerStep(Strategy):
         return value
 
 
+MIX = {  # the prototype methods' model where the config names none: three MLPs (any input shape)
+    "name": "architectures",
+    "members": [{"name": "mlp", "hidden": [32]}, {"name": "mlp", "hidden": [64]}, {"name": "mlp", "hidden": [128, 64]}],
+}
+
+
 class SharesPrototypes(NoServerStep):
     """The common part of FedProto and FedGH: personal models (``personal``) of any architecture whose class sums of
     representations (eq. 4) the server collects after each round's training (`round_prototypes`)."""
 
     architectures: ClassVar[bool] = True
     personal: ClassVar[Personal] = PERSONAL
+    default_model: ClassVar[str | dict[str, Any] | None] = MIX  # three architectures where the config names none
 
     _sums: Tensor | None = PrivateAttr(None)  # (K, C, d) the round's clients' sums of representations per class
     _counts: Tensor | None = PrivateAttr(None)  # (K, C)
