@@ -426,7 +426,7 @@ def _train_functional(request: TrainRequest) -> Trained:
             if denominators is not None:
                 noise, denominator = _private_inputs(request, torch.tensor([i]), t, denominators)
                 private = (tree_map(lambda v: v[0], noise), denominator[0])
-            sub = plan.step_mask(torch.tensor([i]), t)
+            sub = plan.step_mask(torch.tensor([i]), t) if plan.step_masks is not None else None
             before = (w, state)
             w_in = _restricted(model, w, sub[0]) if sub is not None else w
             w, state, carried, loss = step(

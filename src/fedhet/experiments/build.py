@@ -215,8 +215,10 @@ def implied(config: RunConfig, parts: Components, dataset: Dataset) -> tuple[Run
     model = parts.algorithm.default_model
     if "model" not in given and model is not None:
         changes["model"] = {"name": model} if isinstance(model, str) else model
-        flow = yaml.safe_dump(model, default_flow_style=True, width=1 << 20, sort_keys=False).strip()
-        named = model if isinstance(model, str) else flow
+        if isinstance(model, str):
+            named = model
+        else:  # a spec, in one line of YAML
+            named = yaml.safe_dump(model, default_flow_style=True, width=1 << 20, sort_keys=False).strip()
         notes.append(f"algorithm {parts.algorithm.name} trains model {named} unless the config names a model")
     if not changes:
         return config, notes
